@@ -1,0 +1,1 @@
+"""Chat through the swarm's healthiest servers."""

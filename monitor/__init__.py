@@ -1,0 +1,1 @@
+"""Swarm monitor for Petals."""

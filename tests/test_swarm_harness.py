@@ -1,0 +1,118 @@
+"""Specs of the swarm harness: a real private swarm on loopback, that we can break and clean up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from chat.remote_model import load_remote_model
+from monitor.local_swarm import LocalSwarm, ServerSpec, SwarmError
+from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from tests.conftest import swarm_processes
+
+HALF = TINY_NUM_BLOCKS // 2
+
+
+def test_greedy_generation_through_the_swarm_equals_local_transformers(swarm, tiny_model):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    input_ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+
+    remote = load_remote_model(tiny_model, swarm.dht)
+    local = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32)
+    with torch.no_grad():
+        through_swarm = remote.generate(input_ids, max_new_tokens=24, do_sample=False)
+        on_this_machine = local.generate(input_ids, max_new_tokens=24, do_sample=False)
+
+    assert through_swarm.shape[1] == input_ids.shape[1] + 24
+    assert through_swarm.tolist() == on_this_machine.tolist()
+
+
+def test_every_server_of_the_session_swarm_is_online(swarm):
+    states = swarm.server_states(range(TINY_NUM_BLOCKS))
+    for name in ("first-half", "second-half", "full"):
+        assert states[swarm.peer_id(name)] == {"ONLINE"}
+
+
+def test_every_p2pd_we_started_has_nat_traversal_and_relays_off(swarm):
+    daemons = [p for p in swarm_processes() if "p2pd" in p.name()]
+    # bootstrap + 3 servers + this process's DHT client at least
+    assert len(daemons) >= 5
+    for daemon in daemons:
+        args = daemon.cmdline()
+        for flag in ("-natPortMap=0", "-autonat=0", "-relay=0", "-autoRelay=0"):
+            assert flag in args, f"p2pd pid {daemon.pid} lacks {flag}: {' '.join(args)}"
+        listen = [a for a in args if a.startswith("-hostAddrs=")]
+        assert listen and all("/ip4/127.0.0.1/" in a for a in listen), args
+
+
+def test_a_killed_server_disappears_from_the_dht_and_a_restart_brings_it_back(make_swarm):
+    s = make_swarm([ServerSpec("a", 0, HALF), ServerSpec("b", 0, TINY_NUM_BLOCKS)])
+    peer_a = s.peer_id("a")
+    s.kill("a")
+    assert not s.servers["a"].alive()
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "ONLINE" in s.server_states(range(HALF)).get(peer_a, set()):
+        time.sleep(1)
+    assert "ONLINE" not in s.server_states(range(HALF)).get(peer_a, set())
+    assert s.server_states(range(HALF))[s.peer_id("b")] == {"ONLINE"}
+
+    assert s.restart("a") == peer_a  # same identity, same peer id, ONLINE again
+    assert s.server_states(range(HALF))[peer_a] == {"ONLINE"}
+
+
+def test_a_throttled_server_keeps_running_and_is_released(make_swarm):
+    s = make_swarm([ServerSpec("slow", 0, TINY_NUM_BLOCKS)])
+    s.throttle("slow", duty=0.8, period=0.2)
+    samples = []
+    for _ in range(20):
+        samples.append(open(f"/proc/{s.pid('slow')}/stat").read().split()[2])
+        time.sleep(0.03)
+    assert "T" in samples, "the main process is never stopped"
+    assert s.servers["slow"].alive()
+    s.unthrottle("slow")
+    time.sleep(0.1)
+    assert open(f"/proc/{s.pid('slow')}/stat").read().split()[2] != "T"
+    assert s.server_states(range(TINY_NUM_BLOCKS))[s.peer_id("slow")] == {"ONLINE"}
+
+
+def test_a_server_that_cannot_start_is_named_with_its_log(tiny_model):
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, start_timeout=60) as s:
+        with pytest.raises(SwarmError) as failure:
+            s.start([ServerSpec("broken", 0, TINY_NUM_BLOCKS + 5)])
+    message = str(failure.value)
+    assert "broken" in message and "log" in message
+    assert len(message.splitlines()) > 2  # the log tail comes along
+
+
+def test_the_harness_leaves_nothing_behind_even_if_its_process_is_killed(tiny_model, tmp_path):
+    before = time.time()
+    script = (
+        "import sys, time\n"
+        "from monitor.local_swarm import LocalSwarm, ServerSpec\n"
+        f"s = LocalSwarm({str(tiny_model)!r}, {TINY_DHT_PREFIX!r})\n"
+        f"s.start([ServerSpec('x', 0, {TINY_NUM_BLOCKS})])\n"
+        "print('UP', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        assert child.stdout.readline().strip() == "UP"
+        assert swarm_processes(since=before)
+        child.kill()  # no teardown code runs in the harness process
+        child.wait(10)
+        deadline = time.monotonic() + 20
+        while swarm_processes(since=before) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert swarm_processes(since=before) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
