@@ -85,3 +85,51 @@ class ProbeBatch:
     taken_at: float
     duration: float
     results: tuple[ProbeResult, ...]
+
+
+# ---- history, as the store hands it to the scores (plain rows, oldest first) -----------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One poll's view of one server for one model (or its absence: state OFFLINE, seen=False)."""
+
+    at: float
+    model: str
+    state: str
+    start: Optional[int] = None
+    end: Optional[int] = None
+    throughput: Optional[float] = None
+    inference_rps: Optional[float] = None
+    seen: bool = True  # False: the poll ran but this peer was not announced
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """One chat request's outcome on one peer's span, written by the chat."""
+
+    at: float
+    peer_id: str
+    model: str
+    start: int
+    end: int
+    ok: bool
+    seconds_per_token: Optional[float] = None  # for the whole span, per generated token
+    error: Optional[str] = None
+
+    @property
+    def seconds_per_token_per_block(self) -> Optional[float]:
+        if self.seconds_per_token is None or self.end <= self.start:
+            return None
+        return self.seconds_per_token / (self.end - self.start)
+
+
+@dataclass(frozen=True)
+class PeerHistory:
+    """Everything the score needs about one peer over a window."""
+
+    peer_id: str
+    observations: tuple[Observation, ...] = ()
+    probes: tuple[tuple[float, ProbeResult], ...] = ()  # (at, result)
+    outcomes: tuple[ChatOutcome, ...] = ()
+    first_seen: Optional[float] = None
