@@ -1,0 +1,192 @@
+"""Specs of the monitor end to end: a real swarm, the real poller, a real database."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+
+from monitor.jobs import Poller
+from monitor.local_swarm import ServerSpec
+from monitor.settings import ModelConfig, Settings
+from monitor.snapshot import ChatOutcome
+from monitor.store import Store
+from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+
+N = TINY_NUM_BLOCKS
+
+
+def make_settings(swarm, tmp_path, **extra) -> Settings:
+    return Settings(
+        data_dir=tmp_path,
+        initial_peers=swarm.initial_peers,
+        models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)],
+        probe_timeout=3,
+        **extra,
+    )
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    yield store
+    store.close()
+
+
+def poll(poller: Poller):
+    """One scheduler round, as the jobs run it: probes, then the scrape and its diagnosis."""
+    poller.probe_once()
+    snapshot = poller.poll_once()
+    assert snapshot is not None, poller.stats.last_error
+    return poller.store.latest_model_status()[TINY_DHT_PREFIX]
+
+
+def poll_until(poller: Poller, predicate, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        status = poll(poller)
+        if predicate(status) or time.monotonic() > deadline:
+            return status
+        time.sleep(1)
+
+
+def test_all_servers_online_is_healthy(swarm, sqlite_store, tmp_path):
+    poller = Poller(make_settings(swarm, tmp_path), sqlite_store, swarm.dht)
+    status = poll(poller)
+    assert status["state"] == "healthy", status["reasons"]
+    assert status["coverage_pct"] == 100
+    assert status["min_redundancy"] == 2
+    assert status["servers_online"] == 3
+
+
+def test_outage_is_diagnosed_named_and_kept_in_history(make_swarm, sqlite_store, tmp_path):
+    s = make_swarm([ServerSpec("a", 0, N // 2), ServerSpec("b", 0, N), ServerSpec("c", N // 2, N)])
+    poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
+    assert poll(poller)["state"] == "healthy"
+
+    s.stop("b")  # every block now has one server
+    status = poll_until(poller, lambda st: st["state"] != "healthy")
+    assert status["state"] == "degraded"
+    assert any(f"0:{N}" in reason for reason in status["reasons"]), status["reasons"]
+
+    s.kill("a")  # the only server of 0:N/2
+    outage_started = time.time()
+    status = poll_until(poller, lambda st: st["state"] == "broken")
+    assert status["state"] == "broken"
+    assert any(f"0:{N // 2}" in reason for reason in status["reasons"]), status["reasons"]
+    assert not any(f"{N // 2}:{N}" in reason and "no" in reason.lower() for reason in status["reasons"])
+
+    s.restart("a")
+    s.restart("b")
+    status = poll_until(poller, lambda st: st["state"] == "healthy")
+    assert status["state"] == "healthy", status["reasons"]
+
+    outages = sqlite_store.outage_intervals(TINY_DHT_PREFIX, outage_started - 120, time.time() + 1)
+    assert len(outages) == 1
+    start, end = outages[0]
+    assert start >= outage_started - 1 and end is not None and end > start
+
+
+def test_a_peer_that_disappears_and_returns_loses_uptime(make_swarm, sqlite_store, tmp_path):
+    s = make_swarm([ServerSpec("steady", 0, N), ServerSpec("flaky", 0, N)])
+    poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
+    for _ in range(3):
+        poll(poller)
+    s.stop("flaky")
+    poll_until(poller, lambda st: st["servers_online"] == 1)
+    for _ in range(3):
+        poll(poller)
+    s.restart("flaky")
+    poll_until(poller, lambda st: st["servers_online"] == 2)
+
+    scores = sqlite_store.latest_scores()
+    steady, flaky = scores[s.peer_id("steady")], scores[s.peer_id("flaky")]
+    assert flaky.score < steady.score
+    assert any("online" in line for line in flaky.explanation)
+
+
+def test_a_throttled_peer_scores_lower_once_chat_outcomes_show_it_slow(make_swarm, sqlite_store, tmp_path, tiny_model):
+    import torch
+    from transformers import AutoTokenizer
+
+    from chat.remote_model import load_remote_model
+
+    s = make_swarm([ServerSpec("fast", 0, N), ServerSpec("slow", 0, N)])
+    poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
+    poll(poller)
+    s.throttle("slow", duty=0.8, period=0.2)
+
+    input_ids = AutoTokenizer.from_pretrained(tiny_model)("Hello", return_tensors="pt")["input_ids"]
+    for name in ("fast", "slow"):
+        peer = s.peer_id(name)
+        model = load_remote_model(tiny_model, s.dht, allowed_servers=[peer])
+        for _ in range(2):
+            started = time.perf_counter()
+            with torch.no_grad():
+                model.generate(input_ids, max_new_tokens=8, do_sample=False)
+            seconds_per_token = (time.perf_counter() - started) / 8
+            sqlite_store.record_chat_outcome(ChatOutcome(at=time.time(), peer_id=peer, model=TINY_DHT_PREFIX,
+                                                         start=0, end=N, ok=True,
+                                                         seconds_per_token=seconds_per_token))
+    poll(poller)
+    scores = sqlite_store.latest_scores()
+    assert scores[s.peer_id("slow")].score < scores[s.peer_id("fast")].score
+    assert any("chat" in line for line in scores[s.peer_id("slow")].explanation)
+
+
+def test_a_locked_sqlite_database_skips_polls_without_crashing_and_writing_resumes(swarm, sqlite_store, tmp_path):
+    poller = Poller(make_settings(swarm, tmp_path), sqlite_store, swarm.dht)
+    poll(poller)
+    polls_before = sqlite_store.last_poll()
+
+    locker = sqlite3.connect(tmp_path / "monitor.db", timeout=0.1)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        assert poller.poll_once() is not None  # scrape works; the write is skipped, not fatal
+        assert poller.stats.failures.get("scrape", 0) >= 1
+    finally:
+        locker.rollback()
+        locker.close()
+
+    poll(poller)
+    assert sqlite_store.last_poll().id > polls_before.id
+
+
+def test_a_stopped_postgres_skips_polls_without_crashing_and_writing_resumes(swarm, postgres, tmp_path):
+    store = Store(postgres.url)
+    store.migrate()
+    try:
+        poller = Poller(make_settings(swarm, tmp_path), store, swarm.dht)
+        poll(poller)
+        first = store.last_poll().id
+        postgres.stop()
+        try:
+            poller.poll_once()
+            poller.probe_once()
+            assert poller.stats.failures.get("scrape", 0) >= 1
+        finally:
+            postgres.start()
+        poll(poller)
+        assert store.last_poll().id > first
+    finally:
+        store.close()
+
+
+def test_poll_once_prints_a_report_per_model(swarm, tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "monitor.cli", "poll", "--once",
+         "--initial-peers", *swarm.initial_peers, "--model", f"{TINY_DHT_PREFIX}:{N}"],
+        capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "SWARM_MONITOR_DATA_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert f"({TINY_DHT_PREFIX}, {N} blocks): HEALTHY" in out
+    for name in ("first-half", "second-half", "full"):
+        assert name in out
+    assert "--block_indices" in out
