@@ -37,7 +37,7 @@ def model_report(model, health, rows: Sequence[ServerRow], scores: Mapping[str, 
     if health.est_tokens_per_s:
         lines.append(f"  best route: ~{health.est_tokens_per_s:.1f} tokens/s")
     if health.recommendation is not None:
-        lines.append(f"  a new server helps most with: {health.recommendation.flag}")
+        lines.append(f"  a new server helps most with: {health.recommendation.argument}")
     for row in sorted(rows, key=lambda r: (r.start, r.end, r.peer_id)):
         score = scores.get(row.peer_id)
         score_text = f" score {score.score:3.0f}" if score is not None else ""
