@@ -109,6 +109,7 @@ def _poll_once_report(poller) -> str:
     if snapshot is None:
         raise click.ClickException(f"the scrape failed: {poller.stats.last_error.get('scrape')}")
     poller.probe_once()
+    poller.refresh_scores()
     probes = poller.store.latest_probes()
     healths = {m.dht_prefix: coverage.diagnose(m, snapshot.rows_for(m.dht_prefix), probes,
                                                min_tokens_per_s=poller.settings.min_tokens_per_s,
@@ -199,6 +200,7 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
             "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name)],
             "scrape_period": min(settings.scrape_period, 10.0),
             "probe_period": min(settings.probe_period, 10.0),
+            "score_period": min(settings.score_period, 10.0),
         })
         _run_service(settings, demo_controls=DemoControls(swarm))
     click.echo("Stopped.")

@@ -23,6 +23,7 @@ from monitor.snapshot import ModelInfo, ProbeBatch, Snapshot
 log = logging.getLogger(__name__)
 
 SCORE_WINDOW = 7 * 24 * 3600  # scores look at a week of history
+PROBE_WINDOW = 24 * 3600  # ... and a day of probes
 DB_RETRY_DELAY = 2.0
 
 
@@ -85,7 +86,6 @@ class Poller:
             return snapshot
         self._last_snapshot = snapshot
         self.stats.ok("scrape")
-        self.refresh_scores(snapshot.taken_at)
         return snapshot
 
     def analyse(self, snapshot: Snapshot, probes) -> tuple[list[dict], dict]:
@@ -110,9 +110,11 @@ class Poller:
         return model_status, block_coverage
 
     def refresh_scores(self, now: Optional[float] = None) -> dict:
+        """Score every peer from a week of history (its own job: it reads much more than a poll)."""
         now = now or time.time()
         try:
-            histories = self.store.peer_histories(now - SCORE_WINDOW, now)
+            histories = self.store.peer_histories(now - SCORE_WINDOW, now, merge_runs=True,
+                                                  probes_since=now - PROBE_WINDOW)
             result = scores.score_swarm(histories, now)
             self.store.record_scores(now, result)
         except Exception as e:  # noqa: BLE001
@@ -176,6 +178,7 @@ class Poller:
         first = {"next_run_time": _now_datetime()} if run_now else {}
         scheduler.add_job(self.poll_once, "interval", seconds=s.scrape_period, id="scrape", **first)
         scheduler.add_job(self.probe_once, "interval", seconds=s.probe_period, id="probe", **first)
+        scheduler.add_job(self.refresh_scores, "interval", seconds=s.score_period, id="scores", **first)
         scheduler.add_job(self.rollup_once, "interval", seconds=s.rollup_period, id="rollup")
         scheduler.start()
         self._scheduler = scheduler

@@ -97,9 +97,11 @@ def _uptime(history: PeerHistory, now: float) -> tuple[float, str]:
         polls = [o for o in history.observations if o.at >= now - window]
         if not polls:
             continue
-        ratio = sum(_up(o) for o in polls) / len(polls)
+        # A row may stand for many polls (an hourly rollup, a merged run): weigh by `samples`.
+        samples = sum(o.samples for o in polls)
+        ratio = sum(o.samples for o in polls if _up(o)) / samples
         ratios[label] = ratio
-        weighted += weight * _shrink(ratio, len(polls), PRIOR["uptime"])
+        weighted += weight * _shrink(ratio, samples, PRIOR["uptime"])
         weights += weight
     if not ratios:
         return NEUTRAL, "online: no polls seen yet"
@@ -144,9 +146,9 @@ def _flaps(history: PeerHistory, now: float) -> tuple[float, str]:
         for before, after in zip(observations, observations[1:]):
             if after.at < now - FLAP_WINDOW:
                 continue
-            polls += 1
+            polls += before.samples
             if _up(before):
-                chances += 1
+                chances += before.samples
                 flaps += not _up(after)
     if not polls:
         return NEUTRAL, "state flaps: no polls in the last 24 h"

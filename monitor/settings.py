@@ -50,6 +50,7 @@ class Settings(BaseModel):
     probe_timeout: float = Field(default=5, gt=0)
     probe_concurrency: int = Field(default=32, gt=0, le=1024)
     scrape_batch_blocks: int = Field(default=256, gt=0)  # blocks per DHT call (keeps pickles small)
+    score_period: float = Field(default=300, gt=0)  # peer scores read a week of history
     rollup_period: float = Field(default=3600, gt=0)
 
     database_url: Optional[str] = None  # default: SQLite file in data_dir

@@ -102,6 +102,7 @@ class Observation:
     throughput: Optional[float] = None
     inference_rps: Optional[float] = None
     seen: bool = True  # False: the poll ran but this peer was not announced
+    samples: int = 1  # polls this row stands for: 1 per poll; many for an hourly rollup row (at = hour)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,10 @@ from monitor.local_swarm import LocalSwarm, ServerSpec
 from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
 
 SESSION_STARTED = time.time()
+# Every process this session starts inherits this marker (p2pd too: hivemind passes the
+# environment on), so the leftover check sees only our own processes, not a parallel run's.
+SESSION_MARKER = "SWARM_MONITOR_TEST_SESSION"
+os.environ[SESSION_MARKER] = str(os.getpid())
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
@@ -31,7 +35,8 @@ def swarm_processes(since: float = SESSION_STARTED) -> list[psutil.Process]:
             if proc.info["create_time"] < since - 1 or proc.pid == os.getpid():
                 continue
             if "p2pd" in (proc.info["name"] or "") or "monitor.server_process" in cmdline:
-                found.append(proc)
+                if proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
+                    found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
@@ -98,3 +103,31 @@ def pytest_sessionfinish(session, exitstatus):
         lines = "\n".join(f"  pid {p.pid}: {' '.join(p.cmdline())[:200]}" for p in left if p.is_running())
         print(f"\nLEFTOVER SWARM PROCESSES after the test session:\n{lines}")
         session.exitstatus = 1
+
+
+# ---- PostgreSQL (the store's tests; tests/postgres.py) ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A private PostgreSQL cluster for the session: ``.url`` (database ``monitor``),
+    ``.create_database()`` -> URL of a fresh one, ``.stop()`` / ``.start()`` / ``.restart()``.
+    Fails (never skips) when PostgreSQL cannot start: CI must test the PostgreSQL store."""
+    from postgres import PostgresUnavailable, start_cluster
+
+    try:
+        cluster = start_cluster()
+    except PostgresUnavailable as e:
+        pytest.fail(f"PostgreSQL test cluster did not start: {e}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def postgres_url(postgres) -> str:
+    """URL of a new empty database in the session cluster (restarted if a test left it stopped)."""
+    if not postgres.running:
+        postgres.start()
+    return postgres.create_database()

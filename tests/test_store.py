@@ -1,0 +1,548 @@
+"""Specs of the SQL store, on SQLite and on a real PostgreSQL (tests/postgres.py).
+
+Polls are written through the store's own write path (``record_poll``) with made-up times, so days
+of history take a second; the swarm is not needed here.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import statistics
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from monitor.snapshot import (
+    JOINING,
+    OFFLINE,
+    ONLINE,
+    ChatOutcome,
+    ModelInfo,
+    ProbeBatch,
+    ProbeResult,
+    ServerRow,
+    Snapshot,
+)
+from monitor.store import HOUR, Store, StoreSchemaError, StoreUnavailable
+
+DAY = 24 * HOUR
+T0 = 1_699_999_200.0  # an hour boundary
+LLAMA = ModelInfo("llama-70b-hf", 8, repository="meta-llama/Llama-2-70b-hf", name="Llama 2 70B", official=True)
+MIXTRAL = ModelInfo("mixtral-hf", 4)
+
+
+def peer(name: str) -> str:
+    return f"12D3KooW{name:_<44}"[:52]
+
+
+def row(name: str, model: ModelInfo = LLAMA, start: int = 0, end: int = None, state: str = ONLINE, **extra) -> ServerRow:
+    return ServerRow(peer_id=peer(name), model=model.dht_prefix, start=start,
+                     end=model.num_blocks if end is None else end, state=state, **extra)
+
+
+def snapshot(at: float, rows, models=(LLAMA,), **extra) -> Snapshot:
+    return Snapshot(taken_at=at, duration=1.5, models=tuple(models), servers=tuple(rows), **extra)
+
+
+def status(model: ModelInfo, state: str, **extra) -> dict:
+    return {"model": model.dht_prefix, "state": state, "reasons": extra.pop("reasons", [f"{state} because"]),
+            "coverage_pct": 100.0, "servers_online": 2, "min_redundancy": 1, "est_tokens_per_s": 5.0, **extra}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'db' / 'monitor.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(store_url):
+    s = Store(store_url)
+    s.migrate()
+    yield s
+    s.close()
+
+
+# ---- the latest poll -------------------------------------------------------------------------
+
+
+def test_a_recorded_poll_comes_back_as_the_same_snapshot(store):
+    full = row("full", throughput=101.5, inference_rps=12.25, forward_rps=300.0, network_rps=55.5,
+               cache_tokens_left=2**33, version="2.2.0", torch_dtype="bfloat16", quant_type="nf4",
+               using_relay=False, public_name="full 🦙", adapters=("a/lora",),
+               next_pings={peer("half"): 0.012, peer("other"): 0.5})
+    half = row("half", start=0, end=4, state=JOINING)
+    mix = row("full", MIXTRAL, public_name="full 🦙")
+    bare = row("bare", MIXTRAL, start=1, end=3, state=OFFLINE, using_relay=True)
+    snap = snapshot(T0, [full, half, mix, bare], models=(LLAMA, MIXTRAL), invalid_records=3,
+                    errors=("bad record from x",))
+
+    poll_id = store.record_poll(snap, model_status=[status(LLAMA, "degraded"), status(MIXTRAL, "healthy")],
+                                block_coverage={LLAMA.dht_prefix: [(2, 150.0)] * 4 + [(1, 101.5)] * 4})
+
+    assert store.latest_snapshot() == snap
+    last = store.last_poll()
+    assert (last.id, last.at, last.ok, last.n_servers, last.n_models, last.invalid_records, last.errors) == (
+        poll_id, T0, True, 4, 2, 3, ("bad record from x",))
+    latest = store.latest_model_status()
+    assert latest[LLAMA.dht_prefix]["state"] == "degraded"
+    assert latest[MIXTRAL.dht_prefix] == {"at": T0, **{k: v for k, v in status(MIXTRAL, "healthy").items()
+                                                       if k != "model"}}
+    assert store.peer_ids() == sorted([peer("full"), peer("half"), peer("bare")])
+
+
+def test_the_latest_snapshot_is_the_latest_good_poll_not_a_failed_one(store):
+    assert store.latest_snapshot() is None and store.last_poll() is None
+    first = snapshot(T0, [row("a")])
+    store.record_poll(first)
+    store.record_poll(snapshot(T0 + 60, [row("a"), row("b")]))
+    failed_id = store.record_failed_poll(T0 + 120, "TimeoutError: the DHT did not answer")
+
+    assert store.latest_snapshot().taken_at == T0 + 60
+    assert len(store.latest_snapshot().servers) == 2
+    last = store.last_poll()
+    assert (last.id, last.ok, last.errors) == (failed_id, False, ("TimeoutError: the DHT did not answer",))
+
+
+def test_next_pings_are_kept_for_an_hour_only(store):
+    pinging = row("a", next_pings={peer("b"): 0.01})
+    store.record_poll(snapshot(T0, [pinging]))
+    store.record_poll(snapshot(T0 + 2 * HOUR, [pinging]))
+    assert store.latest_snapshot().servers[0].next_pings == {peer("b"): 0.01}
+    with store.engine.connect() as conn:
+        kept = conn.execute(sa.text("SELECT at FROM server_pings")).scalars().all()
+    assert kept == [T0 + 2 * HOUR]
+
+
+def test_latest_probes_are_the_newest_per_peer(store):
+    store.record_probes(ProbeBatch(T0, 1.0, (ProbeResult(peer("a"), "server", True, rtt=0.02),
+                                             ProbeResult(peer("b"), "server", False, error="timeout"))))
+    store.record_probes(ProbeBatch(T0 + 60, 1.0, (
+        ProbeResult(peer("a"), "server", False, joining=True, error="protocol not supported"),
+        ProbeResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"))))
+    store.record_probes(ProbeBatch(T0 - 60, 1.0, (ProbeResult(peer("a"), "server", True, rtt=9.0),)))  # late
+
+    latest = store.latest_probes()
+    assert latest == {
+        peer("a"): ProbeResult(peer("a"), "server", False, joining=True, error="protocol not supported"),
+        peer("b"): ProbeResult(peer("b"), "server", False, error="timeout"),
+        peer("boot"): ProbeResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"),
+    }
+    assert set(store.latest_probes(since=T0 + 30)) == {peer("a"), peer("boot")}
+    assert store.peer_ids() == []  # probed peers are not servers until a poll sees them
+
+
+def test_scores_keep_the_latest_per_peer(store):
+    from monitor.scores import PeerScore
+
+    store.record_scores(T0, {peer("a"): PeerScore(peer("a"), 40.0, {"uptime": (0.5, 30.0, 15.0)}, ("online 50%",))})
+    store.record_scores(T0 + 60, {peer("a"): PeerScore(peer("a"), 72.5, {"uptime": (0.9, 30.0, 27.0)}, ("online 90%",))})
+    score = store.latest_scores()[peer("a")]
+    assert (score.score, score.at, score.explanation) == (72.5, T0 + 60, ("online 90%",))
+    assert score.components["uptime"] == {"value": 0.9, "weight": 30.0, "points": 27.0}
+
+
+def test_a_reopened_store_keeps_history(store_url):
+    first = Store(store_url)
+    first.migrate()
+    snap = snapshot(T0, [row("a", throughput=3.0)])
+    first.record_poll(snap, model_status=[status(LLAMA, "healthy")])
+    first.record_chat_outcome(ChatOutcome(T0, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="timed out"))
+    first.close()
+
+    again = Store(store_url)  # a service restart
+    again.migrate()  # a no-op at head
+    try:
+        assert again.latest_snapshot() == snap
+        history = again.peer_history(peer("a"), T0 - 1, T0 + 1)
+        assert history.outcomes[0].error == "timed out"
+        assert history.first_seen == T0
+    finally:
+        again.close()
+
+
+# ---- history ---------------------------------------------------------------------------------
+
+
+def test_state_changes_and_outages_come_from_consecutive_polls(store):
+    states = ["healthy", "healthy", "broken", "broken", "degraded", "broken", "healthy"]
+    for i, state in enumerate(states):
+        store.record_poll(snapshot(T0 + 60 * i, [row("a")]), model_status=[status(LLAMA, state)])
+
+    changes = store.state_changes(LLAMA.dht_prefix, T0, T0 + 3600)
+    assert [(c.at - T0, c.from_state, c.to_state) for c in changes] == [
+        (0, None, "healthy"), (120, "healthy", "broken"), (240, "broken", "degraded"),
+        (300, "degraded", "broken"), (360, "broken", "healthy")]
+    assert changes[1].reasons == ("broken because",)
+    assert store.outage_intervals(LLAMA.dht_prefix, T0, T0 + 3600) == [(T0 + 120, T0 + 240), (T0 + 300, T0 + 360)]
+    # an outage that began before the window is returned whole; one still going has no end
+    assert store.outage_intervals(LLAMA.dht_prefix, T0 + 200, T0 + 250) == [(T0 + 120, T0 + 240)]
+    store.record_poll(snapshot(T0 + 420, [row("a")]), model_status=[status(LLAMA, "broken")])
+    assert store.outage_intervals(LLAMA.dht_prefix, T0 + 400, T0 + 500) == [(T0 + 420, None)]
+    assert [h["state"] for h in store.model_status_history(LLAMA.dht_prefix, T0, T0 + 3600)] == states + ["broken"]
+
+
+def test_peer_history_counts_the_polls_that_did_not_see_the_peer(store):
+    # "b" appears at the second poll, misses the fourth, and serves two models
+    for i in range(5):
+        rows = [row("a")]
+        if i in (1, 2, 4):
+            rows += [row("b", throughput=10.0 + i), row("b", MIXTRAL, state=JOINING if i == 1 else ONLINE)]
+        store.record_poll(snapshot(T0 + 60 * i, rows, models=(LLAMA, MIXTRAL)))
+    store.record_failed_poll(T0 + 300, "scrape failed")  # a failed poll is no evidence either way
+    store.record_probes(ProbeBatch(T0 + 30, 0.5, (ProbeResult(peer("b"), "server", True, rtt=0.05),)))
+    store.record_chat_outcome(ChatOutcome(T0 + 90, peer("b"), LLAMA.dht_prefix, 0, 8, ok=True, seconds_per_token=0.4))
+
+    history = store.peer_history(peer("b"), T0, T0 + 400)
+    assert history.first_seen == T0 + 60
+    seen = [(o.at - T0, o.model, o.state, o.seen) for o in history.observations]
+    assert sorted(seen) == sorted([
+        (60, LLAMA.dht_prefix, ONLINE, True), (60, MIXTRAL.dht_prefix, JOINING, True),
+        (120, LLAMA.dht_prefix, ONLINE, True), (120, MIXTRAL.dht_prefix, ONLINE, True),
+        (180, LLAMA.dht_prefix, OFFLINE, False), (180, MIXTRAL.dht_prefix, OFFLINE, False),
+        (240, LLAMA.dht_prefix, ONLINE, True), (240, MIXTRAL.dht_prefix, ONLINE, True),
+    ])
+    assert [o.at for o in history.observations] == sorted(o.at for o in history.observations)
+    assert history.observations[0].throughput == 11.0
+    assert history.probes == ((T0 + 30, ProbeResult(peer("b"), "server", True, rtt=0.05)),)
+    assert history.outcomes == (ChatOutcome(T0 + 90, peer("b"), LLAMA.dht_prefix, 0, 8, ok=True, seconds_per_token=0.4),)
+    assert store.peer_observations(peer("b"), T0, T0 + 400) == list(history.observations)
+
+    everyone = {h.peer_id: h for h in store.peer_histories(T0, T0 + 400)}
+    assert set(everyone) == {peer("a"), peer("b")}
+    assert everyone[peer("b")] == history
+    assert all(o.seen for o in everyone[peer("a")].observations) and len(everyone[peer("a")].observations) == 5
+    recent = {h.peer_id: h for h in store.peer_histories(T0, T0 + 400, probes_since=T0 + 60)}
+    assert recent[peer("b")].probes == () and recent[peer("b")].observations == history.observations
+    assert store.peer_history(peer("nobody"), T0, T0 + 400).observations == ()
+
+
+# ---- rollups and retention -------------------------------------------------------------------
+
+
+def _four_days(store) -> float:
+    """Polls every 10 min for 4 days: "steady" always ONLINE; "flaky" gone on day 1, hours 3-5;
+    the model broken (block 2 unserved) in day 1, hour 4; probes of both every 10 min."""
+    t = T0
+    rng = random.Random(7)
+    while t < T0 + 4 * DAY:
+        gone = T0 + 3 * HOUR <= t < T0 + 6 * HOUR
+        broken = T0 + 4 * HOUR <= t < T0 + 5 * HOUR
+        rows = [row("steady", throughput=100.0)] + ([] if gone else [row("flaky", throughput=50.0)])
+        blocks = [(2, 150.0)] * LLAMA.num_blocks
+        if broken:
+            blocks[2] = (0, 0.0)
+        store.record_poll(snapshot(t, rows), model_status=[status(LLAMA, "broken" if broken else "healthy")],
+                          block_coverage={LLAMA.dht_prefix: blocks})
+        store.record_probes(ProbeBatch(t + 5, 1.0, (
+            ProbeResult(peer("steady"), "server", True, rtt=0.02 + rng.random() / 100),
+            ProbeResult(peer("flaky"), "server", not gone, rtt=None if gone else 0.03,
+                        error="timeout" if gone else None))))
+        t += 600
+    return t
+
+
+def _uptime(observations) -> tuple[int, int]:
+    return (sum(o.samples for o in observations if o.seen and o.state == ONLINE), sum(o.samples for o in observations))
+
+
+def _flaps(observations) -> int:
+    up = [o.seen and o.state == ONLINE for o in observations]
+    return sum(1 for before, after in zip(up, up[1:]) if before and not after)
+
+
+def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_range(store):
+    end = _four_days(store)
+    now = end + 1800
+    model = LLAMA.dht_prefix
+    before = {
+        "uptime": _uptime(store.peer_observations(peer("flaky"), T0, now)),
+        "outages": store.outage_intervals(model, T0, now),
+        "changes": store.state_changes(model, T0, now),
+        "status_polls": len(store.model_status_history(model, T0, now)),
+    }
+    assert before["uptime"] == (4 * 144 - 18, 4 * 144)
+    raw = store.peer_observations(peer("flaky"), T0, now)
+    merged = store.peer_observations(peer("flaky"), T0, now, merge_runs=True)
+    assert (_uptime(merged), _flaps(merged)) == (_uptime(raw), _flaps(raw)) == (before["uptime"], 1)
+    assert len(merged) == 4 * 24 and len(raw) == 4 * 144  # one row per hour while nothing changes
+    assert before["outages"] == [(T0 + 4 * HOUR, T0 + 5 * HOUR)]
+
+    counts = store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=30)
+
+    cutoff = T0 + 2 * DAY  # now - 2 days, floored to the hour
+    assert counts["hours_rolled_up"] == 4 * 24
+    assert counts["polls"] == 2 * 144 and counts["server_observations"] == 2 * 144 * 2 - 18
+    assert counts["probe_results"] == 2 * 144 * 2
+    history = store.model_status_history(model, T0, now)
+    hourly = [h for h in history if h["samples"] > 1]
+    assert [h["at"] for h in hourly] == [T0 + i * HOUR for i in range(48)]  # old part: one row per hour
+    assert all(h["samples"] == 1 and h["at"] >= cutoff for h in history[48:])  # raw part: every poll
+    assert len(history) == 48 + 2 * 144
+    broken_hour = hourly[4]
+    assert (broken_hour["state"], broken_hour["states"], broken_hour["reasons"]) == (
+        "broken", {"broken": 6}, ["broken because"])
+    assert hourly[3]["states"] == {"healthy": 6}
+
+    # the peer's uptime, the state changes and the outages are exactly what the raw rows said
+    assert _uptime(store.peer_observations(peer("flaky"), T0, now)) == before["uptime"]
+    assert store.outage_intervals(model, T0, now) == before["outages"]
+    assert store.state_changes(model, T0, now) == before["changes"]
+    flaky_old = [o for o in store.peer_observations(peer("flaky"), T0, cutoff) if o.at < cutoff]
+    assert {(o.at, o.seen, o.samples) for o in flaky_old if not o.seen} == {
+        (T0 + h * HOUR, False, 6) for h in (3, 4, 5)}
+
+    # the heatmap: hourly columns (min per block) for the old part, every poll for the recent part
+    times, matrix = store.block_coverage_series(model, T0, now)
+    assert len(times) == 48 + 2 * 144 and times == sorted(times) and times[0] == T0
+    assert len(matrix) == LLAMA.num_blocks
+    assert matrix[2][4] == 0 and matrix[2][3] == 2 and matrix[1][4] == 2
+    _, mean = store.block_coverage_series(model, T0, T0 + 6 * HOUR, stat="mean")
+    assert mean[2][4] == 0 and mean[0][4] == 2
+    _, throughput = store.block_coverage_series(model, T0, T0 + 2 * HOUR, value="throughput")
+    assert throughput[0][0] == 150.0
+
+    probes = store.probe_stats(peer("flaky"), T0, now)
+    assert [p["n"] for p in probes[:48]] == [6] * 48 and probes[4]["ok"] == 0 and probes[2]["ok"] == 6
+    assert sum(p["n"] for p in probes) == 4 * 144
+    assert all(at >= cutoff for at, _ in store.peer_history(peer("flaky"), T0, now).probes)
+
+    # idempotent: running again changes nothing
+    again = store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=30)
+    assert again["hours_rolled_up"] == 0 and sum(again.values()) == 0
+    assert store.model_status_history(model, T0, now) == history
+
+    # rollups older than their retention go too; the last state change per model stays
+    later = now + 40 * DAY
+    gone = store.rollup_and_prune(later, raw_retention_days=2, rollup_retention_days=30)
+    assert gone["hourly_model_status"] == 96 - 0 and gone["polls"] == 2 * 144
+    assert store.model_status_history(model, T0, later) == []
+    assert store.state_changes(model, T0, later)[-1].to_state == "healthy"
+
+
+def test_rollup_uptime_does_not_count_polls_before_a_peer_first_appeared(store):
+    for i in range(6):  # "late" appears at the 4th poll of the hour
+        store.record_poll(snapshot(T0 + 600 * i, [row("early")] + ([row("late")] if i >= 3 else [])))
+    store.rollup_and_prune(T0 + 3 * DAY, raw_retention_days=1, rollup_retention_days=30)
+    assert _uptime(store.peer_observations(peer("late"), T0, T0 + HOUR)) == (3, 3)
+    assert _uptime(store.peer_observations(peer("early"), T0, T0 + HOUR)) == (6, 6)
+
+
+# ---- migrations ------------------------------------------------------------------------------
+
+
+def test_migrating_an_empty_database_gives_exactly_the_models_schema(store):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from monitor.store import metadata
+
+    assert store.current_revision() == "0002"
+    with store.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
+
+
+def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
+    old = Store(store_url)
+    old.migrate("0001")
+    assert old.current_revision() == "0001"
+    snap = snapshot(T0, [row("a", next_pings={peer("b"): 0.1}), row("b")])
+    old.record_poll(snap, model_status=[status(LLAMA, "healthy")], block_coverage={LLAMA.dht_prefix: [(1, 2.0)] * 8})
+    old.record_probes(ProbeBatch(T0, 1.0, (ProbeResult(peer("a"), "server", True, rtt=0.01),)))
+    with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no chat_outcomes.error
+        old.record_chat_outcome(ChatOutcome(T0, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
+    with old.engine.begin() as conn:  # an outcome as revision 1 wrote it
+        key = conn.execute(sa.text("SELECT id FROM peers WHERE peer_id = :p"), {"p": peer("a")}).scalar()
+        conn.execute(sa.text('INSERT INTO chat_outcomes (at, peer, model, start, "end", ok, seconds_per_token) '
+                             "VALUES (:at, :peer, :model, 0, 8, :ok, 0.5)"),
+                     {"at": T0, "peer": key, "model": LLAMA.dht_prefix, "ok": True})
+    old.close()
+
+    new = Store(store_url)
+    new.migrate()
+    try:
+        assert new.current_revision() == "0002"
+        assert new.latest_snapshot() == snap
+        assert new.latest_probes()[peer("a")].rtt == 0.01
+        assert new.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"
+        new.record_chat_outcome(ChatOutcome(T0 + 1, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
+        outcomes = new.peer_history(peer("a"), T0 - 1, T0 + 2).outcomes
+        assert [(o.ok, o.seconds_per_token, o.error) for o in outcomes] == [(True, 0.5, None), (False, None, "boom")]
+    finally:
+        new.close()
+
+
+def test_an_unmigrated_database_says_to_migrate(store_url):
+    s = Store(store_url)
+    try:
+        with pytest.raises(StoreSchemaError, match="migrate"):
+            s.latest_snapshot()
+    finally:
+        s.close()
+
+
+def test_the_default_store_is_a_sqlite_file_in_wal_mode_in_the_data_dir(tmp_path):
+    from monitor.settings import Settings
+
+    store = Store.from_settings(Settings(data_dir=tmp_path / "not" / "yet"))
+    store.migrate()
+    store.close()
+    path = tmp_path / "not" / "yet" / "monitor.db"
+    with sqlite3.connect(path) as conn:  # WAL: the web threads read while the poller writes
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+# ---- resilience ------------------------------------------------------------------------------
+
+
+def test_a_locked_sqlite_file_raises_store_unavailable_soon_and_works_after(tmp_path):
+    path = tmp_path / "monitor.db"
+    store = Store(f"sqlite:///{path}", timeout=1.0)
+    store.migrate()
+    store.record_poll(snapshot(T0, [row("a")]))
+    locker = sqlite3.connect(path)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="locked") as raised:
+            store.record_poll(snapshot(T0 + 60, [row("a")]))
+        assert 0.9 < time.monotonic() - started < 5
+        assert str(path) in str(raised.value)
+        assert store.latest_snapshot().taken_at == T0  # WAL: readers are not blocked by the writer
+    finally:
+        locker.rollback()
+        locker.close()
+    store.record_poll(snapshot(T0 + 120, [row("a")]))
+    assert store.last_poll().at == T0 + 120
+    store.close()
+
+
+def test_a_stopped_postgres_raises_store_unavailable_and_the_same_store_works_after_restart(postgres, postgres_url):
+    store = Store(postgres_url, timeout=2.0)
+    store.migrate()
+    store.record_poll(snapshot(T0, [row("a")]))
+    postgres.stop()
+    try:
+        started = time.monotonic()
+        for call in (lambda: store.record_poll(snapshot(T0 + 60, [row("a")])), store.latest_snapshot):
+            with pytest.raises(StoreUnavailable, match="unavailable"):
+                call()
+        assert time.monotonic() - started < 10
+    finally:
+        postgres.start()
+    store.record_poll(snapshot(T0 + 120, [row("a")]))
+    assert [store.last_poll().at, store.latest_snapshot().taken_at] == [T0 + 120, T0 + 120]
+    store.close()
+
+
+def test_readers_never_see_a_half_written_poll(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    errors, seen = [], []
+    done = threading.Event()
+
+    def read():
+        try:
+            while not done.is_set():
+                snap, last = store.latest_snapshot(), store.last_poll()
+                if snap is not None:
+                    n = int(snap.taken_at - T0)  # poll i has i + 1 servers
+                    assert len(snap.servers) == n + 1, (n, len(snap.servers))
+                    seen.append(n)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    for i in range(30):
+        store.record_poll(snapshot(T0 + i, [row(f"p{j}") for j in range(i + 1)]))
+    done.set()
+    for t in readers:
+        t.join()
+    store.close()
+    assert not errors, errors[0]
+    assert seen
+
+
+# ---- cost ------------------------------------------------------------------------------------
+
+
+def _big_snapshot(at: float, servers: int = 500, models: int = 4, pings: int = 10) -> Snapshot:
+    """``servers`` servers spread over ``models`` models of 80 blocks, announcing like petals 2.2."""
+    infos = [ModelInfo(f"org/model-{m}-70b-hf", 80, repository=f"org/model-{m}", name=f"Model {m}") for m in range(models)]
+    ids = [peer(f"s{i:04d}") for i in range(servers)]
+    rng = random.Random(int(at))
+    rows = []
+    for i, peer_id in enumerate(ids):
+        start = rng.randrange(0, 60)
+        rows.append(ServerRow(
+            peer_id=peer_id, model=infos[i % models].dht_prefix, start=start, end=start + rng.randrange(4, 21),
+            state=ONLINE, throughput=rng.uniform(10, 500), inference_rps=rng.uniform(5, 50),
+            forward_rps=rng.uniform(100, 900), network_rps=rng.uniform(50, 500),
+            cache_tokens_left=rng.randrange(0, 200_000), version="2.2.0", torch_dtype="bfloat16",
+            quant_type="nf4", using_relay=rng.random() < 0.3, public_name=f"server {i}",
+            next_pings={p: rng.uniform(0.001, 0.3) for p in rng.sample(ids, pings)},
+        ))
+    return Snapshot(taken_at=at, duration=3.0, models=tuple(infos), servers=tuple(rows))
+
+
+def test_recording_and_reading_a_500_server_poll_is_fast(tmp_path, record_property):
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    snaps = [_big_snapshot(T0 + 60 * i) for i in range(6)]
+    blocks = {m.dht_prefix: [(3, 300.0)] * 80 for m in snaps[0].models}
+    statuses = [status(m, "healthy") for m in snaps[0].models]
+    writes, reads = [], []
+    for snap in snaps:
+        started = time.perf_counter()
+        store.record_poll(snap, model_status=statuses, block_coverage=blocks)
+        writes.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert store.latest_snapshot() == snap
+        reads.append(time.perf_counter() - started)
+    store.close()
+    write, read = statistics.median(writes[1:]), statistics.median(reads[1:])
+    record_property("record_poll_ms", round(write * 1000, 1))
+    record_property("latest_snapshot_ms", round(read * 1000, 1))
+    print(f"\n500 servers x 4 models, SQLite: record_poll {write * 1000:.1f} ms, latest_snapshot {read * 1000:.1f} ms")
+    assert write < 0.2, f"record_poll took {write * 1000:.0f} ms (target < 200 ms)"
+    assert read < 0.05, f"latest_snapshot took {read * 1000:.0f} ms (target < 50 ms)"
+
+
+def test_thirty_days_of_500_servers_fit_in_a_gigabyte(tmp_path):
+    """Measure each table's bytes per poll (raw) and per hour (rollups) with SQLite's dbstat, then
+    project 30 days of 60 s polls: 2 days of raw rows, an hour of next_pings, 30 days of rollups."""
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    blocks = {f"org/model-{m}-70b-hf": [(3, 312.25)] * 80 for m in range(4)}
+    statuses = [{"model": m, "state": "healthy", "reasons": [], "coverage_pct": 100.0, "servers_online": 125,
+                 "min_redundancy": 3, "est_tokens_per_s": 4.2} for m in blocks]
+    ids = [peer(f"s{i:04d}") for i in range(500)]
+    polls = 20
+    for minute in range(polls):
+        at = T0 + 60 * minute
+        store.record_poll(_big_snapshot(at), model_status=statuses, block_coverage=blocks)
+        store.record_probes(ProbeBatch(at, 2.0, tuple(ProbeResult(p, "server", True, rtt=0.0123 + minute / 1e4)
+                                                      for p in ids)))
+    store.rollup_and_prune(T0 + 2 * HOUR, raw_retention_days=10, rollup_retention_days=30)  # one hour rolled up
+    with store.engine.connect() as conn:
+        sizes = dict(conn.exec_driver_sql(
+            "SELECT coalesce(i.tbl_name, d.name), sum(d.pgsize) FROM dbstat d "
+            "LEFT JOIN sqlite_schema i ON i.name = d.name GROUP BY 1").all())
+    store.close()
+    per_poll = {"server_observations", "polls", "model_status", "block_coverage", "probe_results"}
+    raw = sum(sizes.get(t, 0) for t in per_poll) / polls
+    pings = sizes.get("server_pings", 0) / polls
+    rollup = sum(v for t, v in sizes.items() if t.startswith("hourly_"))
+    projected = 2 * 1440 * raw + 60 * pings + 30 * 24 * rollup + sum(
+        v for t, v in sizes.items() if t in ("peers", "models", "latest_probes", "model_state_changes"))
+    print(f"\nSQLite, 500 servers x 4 models of 80 blocks: raw {raw / 1e3:.0f} kB/poll "
+          + ", ".join(f"{t} {sizes.get(t, 0) / polls / 1e3:.0f}" for t in sorted(per_poll))
+          + f"; next_pings {pings / 1e3:.0f} kB/poll (1 h kept); rollups {rollup / 1e3:.0f} kB/hour; "
+          f"30 days (2 raw + 30 rolled up) = {projected / 1e9:.2f} GB")
+    assert projected < 1e9
