@@ -106,7 +106,7 @@ class Poller:
                 "min_redundancy": health.min_redundancy,
                 "est_tokens_per_s": health.est_tokens_per_s,
             })
-            block_coverage[model.dht_prefix] = coverage.block_redundancy(model.num_blocks, rows)
+            block_coverage[model.dht_prefix] = coverage.block_redundancy(model.num_blocks, rows, probes)
         return model_status, block_coverage
 
     def refresh_scores(self, now: Optional[float] = None) -> dict:

@@ -477,7 +477,7 @@ class Store:
                 })
                 if row.next_pings:
                     pings.append({"poll_id": poll_id, "at": at, "peer": peer, "model": row.model,
-                                  "next_pings": dict(row.next_pings)})
+                                  "next_pings": _pings_to_json(row.next_pings)})
             if obs:
                 conn.execute(sa.insert(T_OBS), obs)
             if pings:
@@ -597,7 +597,7 @@ class Store:
                       inference_rps=r[7], forward_rps=r[8], network_rps=r[9], cache_tokens_left=r[10],
                       version=r[11], torch_dtype=r[12], quant_type=r[13],
                       using_relay=None if r[14] is None else bool(r[14]), public_name=r[15],
-                      adapters=tuple(r[16] or ()), next_pings=pings.get((r[1], r[2])) or {})
+                      adapters=tuple(r[16] or ()), next_pings=_pings_from_json(pings.get((r[1], r[2]))))
             for r in rows
         )
         return Snapshot(
@@ -1293,3 +1293,13 @@ def _next_hour_with_data(conn: Connection, after: Optional[float]) -> Optional[f
 def _set_meta(conn: Connection, key: str, value: str) -> None:
     stmt = _insert(conn, T_META).values(key=key, value=value)
     conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": stmt.excluded.value}))
+
+
+def _pings_to_json(pings: dict) -> dict:
+    """petals announces an unreachable next server as an infinite RTT; JSON (PostgreSQL's
+    in particular) has no Infinity, so it is stored as null."""
+    return {peer: (rtt if rtt is not None and math.isfinite(rtt) else None) for peer, rtt in pings.items()}
+
+
+def _pings_from_json(pings) -> dict:
+    return {peer: (math.inf if rtt is None else rtt) for peer, rtt in (pings or {}).items()}

@@ -37,7 +37,7 @@ def swarm_processes(since: float = SESSION_STARTED) -> list[psutil.Process]:
             if "p2pd" in (proc.info["name"] or "") or "monitor.server_process" in cmdline:
                 if proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
                     found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 
@@ -100,7 +100,7 @@ def pytest_sessionfinish(session, exitstatus):
         time.sleep(0.5)
         left = swarm_processes()
     if left:
-        lines = "\n".join(f"  pid {p.pid}: {' '.join(p.cmdline())[:200]}" for p in left if p.is_running())
+        lines = "\n".join(f"  pid {p.pid}: {p.info['cmdline']}"[:200] for p in left)
         print(f"\nLEFTOVER SWARM PROCESSES after the test session:\n{lines}")
         session.exitstatus = 1
 

@@ -1,0 +1,147 @@
+"""JSON API: health.petals.dev's ``/api/v1/state`` and ``/api/v1/is_reachable``, plus history.
+
+Errors are JSON ``{"error": message, "status": code}`` with a 4xx/5xx status; the message names the
+bad value and what to send instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from flask import Blueprint, abort, jsonify, request
+
+from monitor.web import deps, queries, security, state_api, timerange
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+
+
+def _current():
+    d = deps()
+    return d, queries.current(d.store, d.settings)
+
+
+def _no_poll_yet():
+    return jsonify(error="no poll has completed yet; the poller (swarm-monitor poll) writes the first one "
+                         "within one scrape period", status=503), 503
+
+
+def _range() -> timerange.TimeRange:
+    try:
+        return timerange.time_range(request.args, time.time())
+    except timerange.BadRange as e:
+        abort(400, description=str(e))
+
+
+def _check_prefix(dht_prefix: str) -> None:
+    if not security.is_dht_prefix(dht_prefix):
+        abort(400, description=f"{dht_prefix[:80]!r} is not a DHT prefix (letters, digits, '.', '_', '-')")
+
+
+def _check_peer_id(peer_id: str) -> None:
+    if not security.is_peer_id(peer_id):
+        abort(400, description=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
+
+
+@bp.get("/state")
+def state():
+    d, cur = _current()
+    if cur.snapshot is None:
+        return _no_poll_yet()
+    return jsonify(queries.state_dict(cur, d.settings))
+
+
+@bp.get("/is_reachable/<peer_id>")
+def is_reachable(peer_id: str):
+    """``{success, message, your_ip}`` as health.petals.dev answers: a live probe through the DHT
+    when the service provides one, else the latest stored probe of that peer."""
+    if not security.is_peer_id(peer_id):
+        return jsonify(success=False, message=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW...)",
+                       your_ip=request.remote_addr), 400
+    d = deps()
+    if d.reachability_check is not None:
+        try:
+            result = d.reachability_check(peer_id)
+        except Exception as e:  # noqa: BLE001 - the answer is "could not check", not a crash
+            return jsonify(success=False, message=f"the reachability check failed: {type(e).__name__}: {e}",
+                           your_ip=request.remote_addr)
+    else:
+        result = queries.latest_probes(d.store).get(peer_id)
+    if result is None:
+        return jsonify(success=False, message=f"peer {peer_id} has not been probed yet", your_ip=request.remote_addr)
+    message = None if result.ok else (result.error or "unreachable")
+    if not result.ok and result.joining:
+        message = f"the peer answers but is still loading its blocks (JOINING): {result.error or ''}".rstrip(": ")
+    return jsonify(success=bool(result.ok), message=message, your_ip=request.remote_addr)
+
+
+@bp.get("/models")
+def models():
+    d, cur = _current()
+    if cur.snapshot is None:
+        return _no_poll_yet()
+    reports = queries.state_dict(cur, d.settings)["model_reports"]
+    keep = ("dht_prefix", "name", "num_blocks", "repository", "official", "state", "monitor_state", "degraded",
+            "reasons", "coverage_pct", "servers_online", "min_redundancy", "est_tokens_per_s", "recommendation")
+    return jsonify(models=[{key: report[key] for key in keep} for report in reports],
+                   last_updated=cur.snapshot.taken_at)
+
+
+@bp.get("/models/<dht_prefix>")
+def model(dht_prefix: str):
+    _check_prefix(dht_prefix)
+    d, cur = _current()
+    model = cur.model(dht_prefix)
+    if model is None:
+        abort(404, description=f"no model with DHT prefix {dht_prefix!r} in the latest poll")
+    report = state_api.model_report(model, cur.snapshot.rows_for(dht_prefix), cur.model_status.get(dht_prefix, {}),
+                                    cur.healths.get(dht_prefix), cur.probes, cur.scores)
+    health = cur.healths.get(dht_prefix)
+    report["diagnosis"] = health.to_dict() if health is not None else None
+    report["last_updated"] = cur.snapshot.taken_at
+    return jsonify(report)
+
+
+@bp.get("/models/<dht_prefix>/history")
+def model_history(dht_prefix: str):
+    _check_prefix(dht_prefix)
+    window = _range()
+    d = deps()
+    history = queries.model_history(d.store, dht_prefix, window.since, window.until)
+    if history is None:
+        abort(404, description=f"model {dht_prefix!r} was never seen by this monitor")
+    return jsonify(model=dht_prefix, since=window.since, until=window.until, **history)
+
+
+@bp.get("/peers/<peer_id>")
+def peer(peer_id: str):
+    _check_peer_id(peer_id)
+    d, cur = _current()
+    rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
+    probe = cur.probes.get(peer_id)
+    if not rows and probe is None and not queries.known_peer(d.store, peer_id):
+        abort(404, description=f"peer {peer_id} was never seen by this monitor")
+    return jsonify(
+        peer_id=peer_id,
+        spans=[{"model": row.model, "start": row.start, "end": row.end, "state": state_api.row_state(row, probe),
+                "server_info": state_api.server_info(row)} for row in rows],
+        probe=asdict(probe) if probe is not None else None,
+        score=queries.score_dict(cur.scores.get(peer_id)),
+        last_updated=cur.snapshot.taken_at if cur.snapshot else None,
+    )
+
+
+@bp.get("/peers/<peer_id>/history")
+def peer_history(peer_id: str):
+    _check_peer_id(peer_id)
+    window = _range()
+    d = deps()
+    history = d.store.peer_history(peer_id, window.since, window.until)
+    if not queries.known_peer(d.store, peer_id, history):
+        abort(404, description=f"peer {peer_id} was never seen by this monitor")
+    return jsonify(
+        peer_id=peer_id, since=window.since, until=window.until, first_seen=history.first_seen,
+        observations=[asdict(o) for o in history.observations],
+        probes=[dict(asdict(p), at=at) for at, p in history.probes],
+        chat_outcomes=[asdict(o) for o in history.outcomes],
+    )

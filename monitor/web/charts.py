@@ -1,0 +1,293 @@
+"""Plotly figures for the dashboard, built in Python from plain data (pure: no store, no Flask).
+
+Each function returns a figure dict; ``figure_json`` turns it into JSON that is safe inside a
+``<script type="application/json">`` block, which ``static/charts.js`` hands to ``Plotly.react``.
+Colours name states; the page's text colour and background come from CSS (light/dark) in the JS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from datetime import datetime, timezone
+from typing import Iterable, Optional, Sequence
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from markupsafe import Markup
+
+COLORS = {
+    "online": "#2e9d57",
+    "healthy": "#2e9d57",
+    "joining": "#d49a16",
+    "degraded": "#d49a16",
+    "offline": "#8a8f98",
+    "unreachable": "#d64545",
+    "broken": "#d64545",
+    "accent": "#3b7dd8",
+}
+STATE_LEVEL = {"OFFLINE": 0, "JOINING": 1, "ONLINE": 2}
+MAX_COLUMNS = 288  # heatmap time columns: enough for 5-minute steps over a day
+
+
+def utc(ts: float) -> str:
+    """Unix seconds as the ISO text plotly puts on a date axis (UTC, no zone suffix)."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def time_range(times: Sequence[float], since: float, until: float) -> list[str]:
+    """The x range of a time chart: the window, but starting near the first data point when the
+    data is younger than the window (a new monitor's 24 h chart is not a dot at the right edge)."""
+    start = since
+    if times:
+        first = min(times)
+        if first > since:
+            start = max(since, first - max(60.0, 0.03 * (until - first)))
+    return [utc(start), utc(until)]
+
+
+def _layout(height: int, **extra) -> dict:
+    layout = dict(
+        template="none",
+        height=height,
+        margin=dict(l=48, r=16, t=8, b=36),
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="rgba(0,0,0,0)",
+        showlegend=False,
+        hovermode="closest",
+        font=dict(size=12),
+    )
+    layout.update(extra)
+    return layout
+
+
+def _figure(data: Sequence[go.BaseTraceType], layout: dict) -> dict:
+    fig = go.Figure(data=list(data), layout=go.Layout(**layout))
+    return json.loads(pio.to_json(fig, validate=False, engine="json"))
+
+
+def figure_json(figure: dict) -> Markup:
+    """JSON for a ``<script type="application/json">`` block: ``<``, ``>``, ``&`` escaped, so no
+    peer-announced text inside a label can close the block."""
+    text = json.dumps(figure, separators=(",", ":"), allow_nan=False, default=str)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return Markup(text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def plain(text: object) -> str:
+    """Text for a plotly label: plotly renders a little HTML in labels, so peer-announced text
+    loses its angle brackets and ampersands first."""
+    return str(text).replace("&", "+").replace("<", "‹").replace(">", "›")
+
+
+def _clean(values: Iterable[Optional[float]]) -> list[Optional[float]]:
+    return [None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v for v in values]
+
+
+# ---- overview --------------------------------------------------------------------------------
+
+
+def sparkline(times: Sequence[float], values: Sequence[Optional[float]], *, state: str = "healthy",
+              since: Optional[float] = None, until: Optional[float] = None) -> dict:
+    """A small coverage-% line over the last day (no axes; hover shows time and value)."""
+    trace = go.Scatter(
+        x=[utc(t) for t in times], y=_clean(values), mode="lines" if len(times) > 2 else "lines+markers",
+        line=dict(width=2, color=COLORS.get(state, COLORS["accent"])), marker=dict(size=4),
+        fill="tozeroy", hovertemplate="%{x} UTC<br>%{y:.0f}% covered<extra></extra>",
+    )
+    xrange = time_range(times, since, until) if since is not None and until is not None else None
+    layout = _layout(
+        36, margin=dict(l=0, r=0, t=2, b=2),
+        xaxis=dict(visible=False, range=xrange, fixedrange=True),
+        yaxis=dict(visible=False, range=[0, 105], fixedrange=True),
+    )
+    return _figure([trace], layout)
+
+
+# ---- model page ------------------------------------------------------------------------------
+
+
+def redundancy_chart(blocks: Sequence[dict]) -> dict:
+    """Per block: how many servers serve it online (bars) and their total throughput (line)."""
+    index = [b["index"] for b in blocks]
+    counts = [b["online"] for b in blocks]
+    colors = [COLORS["broken"] if c == 0 else COLORS["degraded"] if c == 1 else COLORS["healthy"] for c in counts]
+    bars = go.Bar(
+        x=index, y=counts, marker=dict(color=colors), name="servers online",
+        hovertemplate="block %{x}: %{y} servers online<extra></extra>",
+    )
+    line = go.Scatter(
+        x=index, y=_clean(b.get("throughput") for b in blocks), yaxis="y2", mode="lines+markers",
+        line=dict(color=COLORS["accent"], width=2, shape="hvh"), marker=dict(size=4), name="throughput",
+        hovertemplate="block %{x}: %{y:.1f} tokens/s in total<extra></extra>",
+    )
+    layout = _layout(
+        240, showlegend=True, legend=dict(orientation="h", y=1.12, x=0),
+        margin=dict(l=48, r=56, t=28, b=40),
+        xaxis=dict(title=dict(text="block"), dtick=max(1, len(index) // 20) if index else 1, fixedrange=True),
+        # headroom above both, so the line does not sit on the bars' tops
+        yaxis=dict(title=dict(text="servers online"), range=[0, max(counts, default=0) * 1.25 + 0.5], dtick=1,
+                   fixedrange=True),
+        yaxis2=dict(title=dict(text="tokens/s"), overlaying="y", side="right", showgrid=False, fixedrange=True,
+                    range=[0, max((b.get("throughput") or 0 for b in blocks), default=0) * 1.1 or 1]),
+        bargap=0.15,
+    )
+    return _figure([bars, line], layout)
+
+
+def _downsample(times: Sequence[float], matrix: Sequence[Sequence[Optional[float]]], columns: int):
+    """Keep at most ``columns`` time columns; each keeps its bucket's worst (lowest) value, so a
+    short outage stays visible."""
+    if len(times) <= columns:
+        return list(times), [list(row) for row in matrix]
+    step = math.ceil(len(times) / columns)
+    new_times = [times[i] for i in range(0, len(times), step)]
+    new_rows = []
+    for row in matrix:
+        cells = []
+        for i in range(0, len(times), step):
+            bucket = [v for v in row[i:i + step] if v is not None]
+            cells.append(min(bucket) if bucket else None)
+        new_rows.append(cells)
+    return new_times, new_rows
+
+
+def _cells(times: Sequence[float], rows: list[list], until: float) -> tuple[list[float], list[list]]:
+    """Cell edges for a heatmap: each poll's column lasts until the next poll; a gap of more than
+    three usual poll intervals (the poller was down) is left empty instead of stretched."""
+    if not times:
+        return [], rows
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
+    step = statistics.median(gaps) if gaps else 60.0
+    edges = [times[0]]
+    out: list[list] = [[] for _ in rows]
+    for i, start in enumerate(times):
+        end = times[i + 1] if i + 1 < len(times) else max(min(until, start + step), start + 1)
+        if end - start > 3 * step:
+            edges.append(start + step)
+            for row, cells in zip(rows, out):
+                cells.append(row[i])
+            edges.append(end)
+            for cells in out:
+                cells.append(None)
+        else:
+            edges.append(end)
+            for row, cells in zip(rows, out):
+                cells.append(row[i])
+    return edges, out
+
+
+def coverage_heatmap(times: Sequence[float], matrix: Sequence[Sequence[Optional[float]]], *,
+                     since: float, until: float, columns: int = MAX_COLUMNS) -> dict:
+    """Blocks × time: how many servers served each block online (0 red, 1 amber, 2+ green)."""
+    times, matrix = _downsample(times, matrix, columns)
+    edges, z = _cells(times, [_clean(row) for row in matrix], until)
+    heat = go.Heatmap(
+        x=[utc(t) for t in edges], y=list(range(len(z))), z=z, zmin=0, zmax=3,
+        colorscale=[[0, COLORS["broken"]], [0.25, COLORS["broken"]], [0.25, COLORS["degraded"]],
+                    [0.5, COLORS["degraded"]], [0.5, "#7cc191"], [0.75, "#7cc191"],
+                    [0.75, COLORS["healthy"]], [1, COLORS["healthy"]]],
+        colorbar=dict(title=dict(text="servers"), tickvals=[0.4, 1.1, 1.9, 2.6], ticktext=["0", "1", "2", "3+"],
+                      thickness=10, len=0.9),
+        hovertemplate="block %{y} at %{x} UTC: %{z} servers online<extra></extra>",
+        hoverongaps=False,
+    )
+    layout = _layout(
+        max(160, min(480, 60 + 10 * len(z))), margin=dict(l=48, r=16, t=8, b=36),
+        xaxis=dict(range=time_range(times, since, until), type="date", fixedrange=True),
+        yaxis=dict(title=dict(text="block"), autorange="reversed", fixedrange=True),
+    )
+    return _figure([heat], layout)
+
+
+# ---- peer page -------------------------------------------------------------------------------
+
+
+def peer_state_timeline(observations: Sequence, *, since: float, until: float) -> dict:
+    """The peer's announced state per model over time (a step line: offline / joining / online)."""
+    traces = []
+    for model in sorted({o.model for o in observations}):
+        obs = [o for o in observations if o.model == model]
+        traces.append(go.Scatter(
+            x=[utc(o.at) for o in obs], y=[STATE_LEVEL.get(o.state, 0) for o in obs], name=plain(model),
+            mode="lines+markers", line=dict(shape="hv", width=2), marker=dict(size=4),
+            text=[o.state.lower() + ("" if o.seen else " (not announced)") for o in obs],
+            hovertemplate="%{x} UTC: %{text}<extra>" + plain(model) + "</extra>",
+        ))
+    layout = _layout(
+        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
+        xaxis=dict(range=time_range([o.at for o in observations], since, until), type="date", fixedrange=True),
+        yaxis=dict(tickvals=[0, 1, 2], ticktext=["offline", "joining", "online"], range=[-0.3, 2.3], fixedrange=True),
+    )
+    return _figure(traces, layout)
+
+
+def peer_throughput(observations: Sequence, *, since: float, until: float) -> dict:
+    """Announced throughput (tokens/s) and measured inference RPS over time."""
+    seen = [o for o in observations if o.seen and o.throughput is not None]
+    traces = [go.Scatter(
+        x=[utc(o.at) for o in seen], y=_clean(o.throughput for o in seen), name="announced throughput",
+        mode="lines+markers", line=dict(color=COLORS["accent"], width=2), marker=dict(size=3),
+        hovertemplate="%{x} UTC: %{y:.1f} tokens/s<extra></extra>",
+    )]
+    rps = [o for o in seen if o.inference_rps is not None]
+    if rps:
+        traces.append(go.Scatter(
+            x=[utc(o.at) for o in rps], y=_clean(o.inference_rps for o in rps), name="inference rps",
+            mode="lines", line=dict(color=COLORS["online"], width=1, dash="dot"),
+            hovertemplate="%{x} UTC: %{y:.1f} inference rps<extra></extra>",
+        ))
+    layout = _layout(
+        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
+        xaxis=dict(range=time_range([o.at for o in seen], since, until), type="date", fixedrange=True),
+        yaxis=dict(title=dict(text="tokens/s"), rangemode="tozero", fixedrange=True),
+    )
+    return _figure(traces, layout)
+
+
+def peer_probes(probes: Sequence[tuple], *, since: float, until: float) -> dict:
+    """Probe round-trip times (ms); failed probes as red crosses on the axis."""
+    ok = [(at, p) for at, p in probes if p.ok and p.rtt is not None]
+    failed = [(at, p) for at, p in probes if not p.ok]
+    traces = [go.Scatter(
+        x=[utc(at) for at, _ in ok], y=[p.rtt * 1000 for _, p in ok], name="reachable",
+        mode="lines+markers", line=dict(color=COLORS["online"], width=1), marker=dict(size=4),
+        hovertemplate="%{x} UTC: %{y:.1f} ms<extra></extra>",
+    )]
+    if failed:
+        traces.append(go.Scatter(
+            x=[utc(at) for at, _ in failed], y=[0] * len(failed), name="unreachable",
+            mode="markers", marker=dict(symbol="x", size=9, color=COLORS["unreachable"]),
+            text=[plain(("joining: " if p.joining else "") + (p.error or "failed")) for _, p in failed],
+            hovertemplate="%{x} UTC: %{text}<extra></extra>",
+        ))
+    layout = _layout(
+        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
+        xaxis=dict(range=time_range([at for at, _ in probes], since, until), type="date", fixedrange=True),
+        yaxis=dict(title=dict(text="RTT, ms"), rangemode="tozero", fixedrange=True),
+    )
+    return _figure(traces, layout)
+
+
+def peer_chat_outcomes(outcomes: Sequence, *, since: float, until: float) -> dict:
+    """Chat requests through this peer: seconds per token per block (ok) and failures."""
+    ok = [o for o in outcomes if o.ok and o.seconds_per_token_per_block is not None]
+    failed = [o for o in outcomes if not o.ok]
+    traces = [go.Scatter(
+        x=[utc(o.at) for o in ok], y=[o.seconds_per_token_per_block * 1000 for o in ok], name="succeeded",
+        mode="markers", marker=dict(color=COLORS["online"], size=6),
+        hovertemplate="%{x} UTC: %{y:.1f} ms per token per block<extra></extra>",
+    )]
+    if failed:
+        traces.append(go.Scatter(
+            x=[utc(o.at) for o in failed], y=[0] * len(failed), name="failed", mode="markers",
+            marker=dict(symbol="x", size=9, color=COLORS["broken"]),
+            text=[plain(o.error or "failed") for o in failed], hovertemplate="%{x} UTC: %{text}<extra></extra>",
+        ))
+    layout = _layout(
+        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
+        xaxis=dict(range=time_range([o.at for o in outcomes], since, until), type="date", fixedrange=True),
+        yaxis=dict(title=dict(text="ms/token/block"), rangemode="tozero", fixedrange=True),
+    )
+    return _figure(traces, layout)

@@ -1,0 +1,130 @@
+"""Dashboard pages: overview, model, peer. Thin: read the store, call the pure modules, render.
+
+An htmx request (a part of a page refreshing itself) gets only the partial its target names, so
+the rest of the page — scroll position, open rows — stays as the reader left it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, abort, current_app, render_template, request
+
+from monitor import scores as scores_module
+from monitor.web import charts, deps, queries, security, state_api, timerange
+
+bp = Blueprint("pages", __name__)
+
+DAY = 24 * 3600
+WEEK = 7 * DAY
+
+
+def _htmx_target() -> str | None:
+    """The id of the element an htmx request will swap, or None for a full page load."""
+    htmx = current_app.htmx  # flask-htmx, set up by create_app
+    if not htmx or htmx.history_restore_request:
+        return None
+    return htmx.target
+
+
+def _render(page: str, partials: dict[str, str], **context):
+    partial = partials.get(_htmx_target() or "")
+    return render_template(partial or page, **context)
+
+
+@bp.get("/")
+def overview():
+    d = deps()
+    cur = queries.current(d.store, d.settings)
+    now = time.time()
+    context = dict(now=now, cur=cur, poll=queries.poll_info(cur, d.settings, now),
+                   demo_servers=d.demo_controls.servers() if d.demo_controls is not None else None)
+    if cur.snapshot is not None:
+        state = queries.state_dict(cur, d.settings)
+        context.update(
+            state=state,
+            sparklines={
+                report["dht_prefix"]: charts.sparkline(
+                    *queries.coverage_history(d.store, report["dht_prefix"], now - DAY, now),
+                    state=report["monitor_state"], since=now - DAY, until=now,
+                )
+                for report in state["model_reports"]
+            },
+        )
+    return _render("overview.html", {"overview-live": "partials/overview_live.html"}, **context)
+
+
+def _model_or_404(cur: queries.Current, dht_prefix: str):
+    if not security.is_dht_prefix(dht_prefix):
+        abort(400, description=f"{dht_prefix[:80]!r} is not a DHT prefix (letters, digits, '.', '_', '-')")
+    model = cur.model(dht_prefix)
+    if model is None:
+        known = ", ".join(m.dht_prefix for m in cur.models) or "none yet"
+        abort(404, description=f"no model with DHT prefix {dht_prefix!r} in the latest poll (known: {known})")
+    return model
+
+
+@bp.get("/models/<dht_prefix>")
+def model(dht_prefix: str):
+    d = deps()
+    cur = queries.current(d.store, d.settings)
+    model = _model_or_404(cur, dht_prefix)
+    now = time.time()
+    health = cur.healths.get(dht_prefix)
+    report = state_api.model_report(model, cur.snapshot.rows_for(dht_prefix), cur.model_status.get(dht_prefix, {}),
+                                    health, cur.probes, cur.scores)
+    context = dict(now=now, cur=cur, model=model, report=report, health=health,
+                   poll=queries.poll_info(cur, d.settings, now))
+    target = _htmx_target()
+    if target in (None, "model-live"):
+        context.update(
+            redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
+            changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
+            outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
+        )
+    if target in (None, "model-heatmaps"):
+        context.update(heatmaps=[(label, _heatmap(d.store, dht_prefix, now - span, now))
+                                 for label, span in (("last 24 h", DAY), ("last 7 days", WEEK))])
+    return _render("model.html", {"model-live": "partials/model_live.html",
+                                  "model-heatmaps": "partials/model_heatmaps.html"}, **context)
+
+
+def _heatmap(store, dht_prefix: str, since: float, until: float):
+    times, matrix = queries.coverage_series(store, dht_prefix, since, until)
+    return charts.coverage_heatmap(times, matrix, since=since, until=until) if times else None
+
+
+@bp.get("/peers/<peer_id>")
+def peer(peer_id: str):
+    d = deps()
+    if not security.is_peer_id(peer_id):
+        abort(400, description=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
+    try:
+        hours = timerange.window(request.args.get("hours"))
+    except timerange.BadRange as e:
+        abort(400, description=str(e))
+    cur = queries.current(d.store, d.settings)
+    now = time.time()
+    since = now - hours * 3600
+    history = d.store.peer_history(peer_id, since, now)
+    rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
+    if not rows and not queries.known_peer(d.store, peer_id, history):
+        abort(404, description=f"peer {peer_id} was never seen by this monitor")
+    models = {m.dht_prefix: m for m in cur.models}
+    probe = cur.probes.get(peer_id)
+    context = dict(
+        now=now, cur=cur, peer_id=peer_id, hours=hours, history=history, probe=probe,
+        rows=[(row, models.get(row.model), state_api.row_state(row, probe), state_api.server_info(row)) for row in rows],
+        public_name=next((row.public_name for row in rows if row.public_name), None),
+        score=queries.score_dict(cur.scores.get(peer_id)),
+        formula=scores_module.FORMULA,
+        figures=dict(
+            states=charts.peer_state_timeline(history.observations, since=since, until=now),
+            throughput=charts.peer_throughput(history.observations, since=since, until=now),
+            probes=charts.peer_probes(history.probes, since=since, until=now),
+            chats=charts.peer_chat_outcomes(history.outcomes, since=since, until=now),
+        ),
+        outcomes=sorted(history.outcomes, key=lambda o: o.at, reverse=True)[:20],
+        windows=(1, 6, 24, 72, 168),
+    )
+    return _render("peer.html", {"peer-live": "partials/peer_live.html"}, **context)

@@ -1,0 +1,173 @@
+"""The store reads the pages, the API and /metrics share, joined with the pure analysis.
+
+Each function asks the store for the latest poll and runs ``coverage.diagnose`` on it; nothing
+here computes a figure itself. Several web workers read the same store, so they always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from monitor import coverage
+from monitor.settings import Settings
+from monitor.snapshot import ONLINE, ModelInfo, PeerHistory, ProbeResult, Snapshot
+from monitor.store import StoreError
+from monitor.web import state_api
+
+StoreUnavailableError = StoreError  # down, locked or unmigrated: the pages answer 503 with the reason
+STALE_PERIODS = 3  # the last poll is stale after this many scrape periods without a new one
+
+
+@dataclass
+class Current:
+    """The latest poll, its probes and scores, and each model's diagnosis."""
+
+    snapshot: Optional[Snapshot]
+    probes: dict[str, ProbeResult] = field(default_factory=dict)
+    scores: dict[str, Any] = field(default_factory=dict)
+    model_status: dict[str, dict] = field(default_factory=dict)
+    healths: dict[str, coverage.ModelHealth] = field(default_factory=dict)
+    last_poll: Any = None
+
+    @property
+    def models(self) -> tuple[ModelInfo, ...]:
+        return self.snapshot.models if self.snapshot else ()
+
+    def model(self, dht_prefix: str) -> Optional[ModelInfo]:
+        return next((m for m in self.models if m.dht_prefix == dht_prefix), None)
+
+
+def latest_scores(store) -> dict[str, Any]:
+    """Scores are written by the poller after each poll (``record_scores``); none before that."""
+    reader = getattr(store, "latest_scores", None)
+    return dict(reader() or {}) if reader else {}
+
+
+def diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, coverage.ModelHealth]:
+    healths = {}
+    for model in snapshot.models:
+        if model.num_blocks < 1:
+            continue
+        healths[model.dht_prefix] = coverage.diagnose(
+            model, snapshot.rows_for(model.dht_prefix), probes,
+            min_tokens_per_s=settings.min_tokens_per_s, min_cache_tokens=settings.min_cache_tokens,
+        )
+    return healths
+
+
+def current(store, settings: Settings) -> Current:
+    snapshot = store.latest_snapshot()
+    last_poll = store.last_poll()
+    if snapshot is None:
+        return Current(snapshot=None, last_poll=last_poll)
+    probes = dict(store.latest_probes() or {})
+    return Current(
+        snapshot=snapshot,
+        probes=probes,
+        scores=latest_scores(store),
+        model_status=dict(store.latest_model_status() or {}),
+        healths=diagnose_all(snapshot, probes, settings),
+        last_poll=last_poll,
+    )
+
+
+def state_dict(cur: Current, settings: Settings) -> dict:
+    return state_api.build_state(
+        cur.snapshot,
+        model_status=cur.model_status,
+        healths=cur.healths,
+        probes=cur.probes,
+        scores=cur.scores,
+        initial_peers=settings.initial_peers if settings.initial_peers != ["public"] else settings.resolved_initial_peers,
+        update_period=settings.scrape_period,
+    )
+
+
+def latest_probes(store) -> dict[str, ProbeResult]:
+    return dict(store.latest_probes() or {})
+
+
+score_dict = state_api.score_dict
+
+
+def poll_info(cur: Current, settings: Settings, now: float) -> dict:
+    """What the pages say about polling: when, how long, how many servers, and whether the poller
+    seems to have stopped (no poll for ``STALE_PERIODS`` scrape periods) or failed."""
+    snapshot, last = cur.snapshot, cur.last_poll
+    latest_at = last.at if last is not None else (snapshot.taken_at if snapshot else None)
+    servers = {row.peer_id for row in snapshot.servers} if snapshot else set()
+    online = {row.peer_id for row in snapshot.servers if row.state == ONLINE} if snapshot else set()
+    failed = last is not None and not last.ok
+    return {
+        "at": snapshot.taken_at if snapshot else None,
+        "duration": snapshot.duration if snapshot else None,
+        "period": settings.scrape_period,
+        "stale": latest_at is not None and now - latest_at > STALE_PERIODS * settings.scrape_period,
+        "servers": len(servers),
+        "servers_online": len(online),
+        "invalid_records": snapshot.invalid_records if snapshot else 0,
+        "error": "; ".join(last.errors) or "unknown error" if failed else None,
+        "error_at": last.at if failed else None,
+    }
+
+
+def coverage_history(store, dht_prefix: str, since: float, until: float) -> tuple[list[float], list]:
+    """(times, coverage %) of the model's recorded statuses, oldest first."""
+    history = store.model_status_history(dht_prefix, since, until)
+    return [h["at"] for h in history], [h["coverage_pct"] for h in history]
+
+
+def block_rows(health: coverage.ModelHealth) -> list[dict]:
+    return [{"index": b.index, "online": b.online, "throughput": b.total_throughput} for b in health.blocks]
+
+
+def state_changes(store, dht_prefix: str, since: float, until: float, limit: int = 50) -> list:
+    """Newest first, at most ``limit``."""
+    return list(reversed(store.state_changes(dht_prefix, since, until)))[:limit]
+
+
+def outages(store, dht_prefix: str, since: float, until: float) -> list:
+    return store.outage_intervals(dht_prefix, since, until)
+
+
+def coverage_series(store, dht_prefix: str, since: float, until: float):
+    return store.block_coverage_series(dht_prefix, since, until)
+
+
+def known_peer(store, peer_id: str, history: Optional[PeerHistory] = None) -> bool:
+    """Seen as a server, probed, or chatted through — ever (or in ``history``, when given)."""
+    if history is not None and (history.observations or history.probes or history.outcomes or history.first_seen):
+        return True
+    return peer_id in set(store.peer_ids()) or peer_id in latest_probes(store)
+
+
+def model_history(store, dht_prefix: str, since: float, until: float) -> Optional[dict]:
+    """Everything recorded about a model in [since, until]; None if the model was never recorded."""
+    status = store.model_status_history(dht_prefix, since, until)
+    if not status and not store.state_changes(dht_prefix, 0, until):
+        return None
+    times, servers = store.block_coverage_series(dht_prefix, since, until, value="servers")
+    _, throughput = store.block_coverage_series(dht_prefix, since, until, value="throughput")
+    return {
+        "status": status,
+        "state_changes": [change._asdict() for change in store.state_changes(dht_prefix, since, until)],
+        "outages": [{"start": start, "end": end} for start, end in store.outage_intervals(dht_prefix, since, until)],
+        "block_coverage": {"times": times, "servers": servers, "throughput": throughput},
+    }
+
+
+@dataclass(frozen=True)
+class PollStats:
+    last_poll_ok: Optional[bool]
+    last_poll_errors: int
+    database_size_bytes: Optional[int]
+
+
+def poll_stats(store) -> PollStats:
+    last = store.last_poll()
+    return PollStats(
+        last_poll_ok=None if last is None else last.ok,
+        last_poll_errors=0 if last is None else len(last.errors),
+        database_size_bytes=store.database_size_bytes(),
+    )

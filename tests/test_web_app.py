@@ -1,0 +1,352 @@
+"""Specs of the dashboard pages (Flask test client) on a store populated through its own write path.
+
+``populate`` writes three polls an hour apart (the model broken, then healthy), probes, chat outcomes
+and scores exactly as the poller does (``Poller.analyse`` / ``Poller.refresh_scores``, which run
+``coverage.diagnose`` and ``scores.score_swarm``); the API, metrics and gunicorn specs reuse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from html.parser import HTMLParser
+
+import base58
+import pytest
+
+from monitor.jobs import Poller
+from monitor.settings import Settings
+from monitor.snapshot import (
+    JOINING,
+    ONLINE,
+    ChatOutcome,
+    ModelInfo,
+    ProbeBatch,
+    ProbeResult,
+    ServerRow,
+    Snapshot,
+)
+from monitor.store import Store
+from monitor.web import create_app
+
+MALICIOUS_NAME = "<img src=x onerror=alert(1)>"
+TINY = ModelInfo("tiny-llama", 8, repository="https://huggingface.co/test/tiny-llama", name="Tiny Llama", official=True)
+OTHER = ModelInfo("other-model", 4, repository="javascript:alert(2)")
+
+
+def peer(name: str) -> str:
+    """A real-format libp2p peer id (sha256 multihash, base58: ``Qm...``)."""
+    return base58.b58encode(b"\x12\x20" + hashlib.sha256(name.encode()).digest()).decode()
+
+
+PEERS = {name: peer(name) for name in ("first", "second", "full", "joining", "unreachable", "other", "bootstrap")}
+BOOTSTRAP_ADDR = f"/ip4/127.0.0.1/tcp/31337/p2p/{PEERS['bootstrap']}"
+
+
+def web_settings(**overrides) -> Settings:
+    values = dict(initial_peers=[BOOTSTRAP_ADDR], models=[{"dht_prefix": TINY.dht_prefix, "num_blocks": 8}],
+                  scrape_period=60, refresh_seconds=7)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def _rows(stage: int, infinite_ping: bool = True) -> list[ServerRow]:
+    p = PEERS
+    first = ServerRow(p["first"], TINY.dht_prefix, 0, 4, ONLINE, throughput=50.0, inference_rps=40.0, forward_rps=400.0,
+                      network_rps=100.0, cache_tokens_left=16384, version="2.2.0", torch_dtype="bfloat16",
+                      quant_type="none", using_relay=False, public_name="first-half",
+                      next_pings={p["second"]: 0.02, p["full"]: 0.01})
+    rows = [first]
+    if stage >= 1:
+        rows += [
+            ServerRow(p["second"], TINY.dht_prefix, 4, 8, ONLINE, throughput=50.0, inference_rps=30.0,
+                      forward_rps=300.0, network_rps=90.0, cache_tokens_left=16384, version="2.2.0",
+                      torch_dtype="float16", quant_type="nf4", using_relay=True, public_name="second-half"),
+            ServerRow(p["full"], TINY.dht_prefix, 0, 8, ONLINE, throughput=100.0, inference_rps=60.0,
+                      forward_rps=600.0, network_rps=120.0, cache_tokens_left=65536, version="2.3.0.dev0",
+                      torch_dtype="bfloat16", using_relay=False, public_name="https://example.org/full",
+                      adapters=("artek0chumak/guanaco-7b",),
+                      next_pings={p["first"]: 0.015, **({p["unreachable"]: float("inf")} if stage >= 2 and infinite_ping else {})}),
+        ]
+    if stage >= 2:
+        rows += [
+            ServerRow(p["joining"], TINY.dht_prefix, 2, 6, JOINING, throughput=10.0, version="2.2.0",
+                      public_name=MALICIOUS_NAME),
+            ServerRow(p["unreachable"], TINY.dht_prefix, 0, 8, ONLINE, throughput=80.0, version="2.2.0",
+                      public_name="javascript:alert(1)"),
+            ServerRow(p["other"], OTHER.dht_prefix, 0, 2, ONLINE, throughput=20.0, version="2.2.0"),
+        ]
+    return rows
+
+
+def populate(store: Store, settings: Settings, now: float, *, infinite_ping: bool = True) -> dict:
+    """Three polls (broken at now-2h, healthy at now-1h and now-60s), probes, chat outcomes, scores.
+
+    ``infinite_ping``: one server reports an infinite RTT to the unreachable one, as petals servers do."""
+    poller = Poller(settings, store, dht=None)  # analysis and scoring only: no DHT needed
+    times = [now - 7200, now - 3600, now - 60]
+    for stage, at in enumerate(times):
+        probes = ProbeBatch(taken_at=at - 5, duration=0.2, results=tuple(
+            [ProbeResult(PEERS["first"], "server", True, rtt=0.004)]
+            + ([ProbeResult(PEERS["second"], "server", True, rtt=0.006),
+                ProbeResult(PEERS["full"], "server", True, rtt=0.003)] if stage >= 1 else [])
+            + ([ProbeResult(PEERS["joining"], "server", False, error="protocol not supported", joining=True),
+                ProbeResult(PEERS["unreachable"], "server", False, error="Failed to connect in 5 sec"),
+                ProbeResult(PEERS["other"], "server", True, rtt=0.002)] if stage >= 2 else [])
+            + [ProbeResult(PEERS["bootstrap"], "bootstrap", True, rtt=0.001, address=BOOTSTRAP_ADDR)]
+        ))
+        store.record_probes(probes)
+        snapshot = Snapshot(taken_at=at, duration=1.25 + stage, models=(TINY, OTHER) if stage >= 2 else (TINY,),
+                            servers=tuple(_rows(stage, infinite_ping)), invalid_records=stage)
+        model_status, block_coverage = poller.analyse(snapshot, store.latest_probes())
+        store.record_poll(snapshot, model_status=model_status, block_coverage=block_coverage)
+    store.record_chat_outcome(ChatOutcome(now - 120, PEERS["full"], TINY.dht_prefix, 0, 8, True, seconds_per_token=0.4))
+    store.record_chat_outcome(ChatOutcome(now - 110, PEERS["first"], TINY.dht_prefix, 0, 4, False,
+                                          error="timeout after 30 s"))
+    scores = poller.refresh_scores(now)
+    assert scores, "the poller's scoring should have scored the populated peers"
+    return {"times": times, "scores": scores}
+
+
+@pytest.fixture
+def populated(tmp_path):
+    """(app, store, settings, now) over a SQLite store with three polls of history."""
+    settings = web_settings(data_dir=tmp_path)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    now = time.time()
+    populate(store, settings, now)
+    app = create_app(settings, store)
+    yield app, store, settings, now
+    store.close()
+
+
+@pytest.fixture
+def client(populated):
+    return populated[0].test_client()
+
+
+class _Elements(HTMLParser):
+    """Every start tag with its attributes, and the text of <script> elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self._in_script: dict | None = None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = dict(attrs)
+            self.scripts.append((self._in_script, ""))
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            attrs, text = self.scripts[-1]
+            self.scripts[-1] = (attrs, text + data)
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = None
+
+
+def elements(html: str) -> _Elements:
+    parser = _Elements()
+    parser.feed(html)
+    return parser
+
+
+def text_of(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+# ---- pages -----------------------------------------------------------------------------------
+
+
+def test_overview_lists_each_model_with_its_state_reasons_and_numbers(client):
+    response = client.get("/")
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    text = text_of(html)
+    assert "Tiny Llama" in html and 'href="/models/tiny-llama"' in html
+    assert 'href="/models/other-model"' in html
+    # the tiny model is served twice everywhere by reachable servers; the other model misses blocks
+    tiny_row = html[html.index('data-model="tiny-llama"'):html.index('data-model="other-model"')]
+    assert "healthy" in tiny_row and "100%" in tiny_row
+    other_row = html[html.index('data-model="other-model"'):]
+    assert "broken" in other_row and "blocks 2:4 have no online, reachable server" in other_row
+    # servers announced / online, poll time and duration
+    assert "Last poll" in text and "Poll took" in text and "3.2 s" in text
+    # a 24 h coverage sparkline per model, as figure JSON for charts.js
+    assert html.count('class="chart spark"') == 2
+
+
+def test_overview_shows_bootstrap_peers_top_contributors_and_reachability_issues(client):
+    html = client.get("/").get_data(as_text=True)
+    boot = html[html.index('id="boot-h"'):html.index('id="top-h"')]
+    assert "online" in boot and PEERS["bootstrap"][-6:] in boot
+    top = html[html.index('id="top-h"'):html.index('id="reach-h"')]
+    # blocks served online: full 8, first-half 4, second-half 4; the unreachable and joining ones do not count
+    assert top.index("example.org/full") < top.index("first-half")
+    assert "8 blocks" in top and "4 blocks" in top and "javascript" not in top
+    reach = html[html.index('id="reach-h"'):]
+    assert "Failed to connect in 5 sec" in reach and f'/peers/{PEERS["unreachable"]}' in reach
+    assert "protocol not supported" not in reach  # a JOINING peer is loading, not unreachable
+
+
+def test_an_htmx_refresh_gets_only_the_partial_its_target_names(client):
+    full = client.get("/")
+    partial = client.get("/", headers={"HX-Request": "true", "HX-Target": "overview-live"})
+    assert partial.status_code == 200
+    body = partial.get_data(as_text=True)
+    assert "<html" not in body and "<header" not in body and 'id="overview-live"' not in body
+    assert 'data-model="tiny-llama"' in body
+    assert "HX-Request" in partial.headers.get("Vary", "")
+    # the full page polls itself at settings.refresh_seconds (7 s here)
+    assert 'hx-trigger="every 7s"' in full.get_data(as_text=True)
+
+
+def test_model_page_draws_one_span_row_per_server_with_its_state_in_words(client):
+    response = client.get("/models/tiny-llama")
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    states = dict(re.findall(r'data-peer-id="([^"]+)" data-state="([^"]+)"', html))
+    assert states == {PEERS["first"]: "online", PEERS["second"]: "online", PEERS["full"]: "online",
+                      PEERS["joining"]: "joining", PEERS["unreachable"]: "unreachable"}
+    # each bar spans the server's blocks over the model's 8 blocks
+    assert '<rect class="seg joining" x="2" y="0" width="4" height="1">' in html
+    assert '<rect class="seg unreachable" x="0" y="0" width="8" height="1">' in html
+    text = text_of(html)
+    for expected in ("bf16", "f16 (nf4)", "relay", "direct", "2.3.0.dev0", "guanaco-7b", "2048", "4096"):
+        assert expected in text, expected
+    assert "--block_indices" in html  # where a new server helps most
+    assert "State changes, last 7 days" in text and "first poll" in text
+
+
+def test_model_page_has_redundancy_chart_and_24h_and_7d_heatmaps(client):
+    html = client.get("/models/tiny-llama").get_data(as_text=True)
+    figures = [text for attrs, text in elements(html).scripts if attrs.get("type") == "application/json"]
+    assert len(figures) == 3  # redundancy + two heatmaps
+    assert all('"data"' in f and '"layout"' in f for f in figures)
+    heat = client.get("/models/tiny-llama", headers={"HX-Request": "true", "HX-Target": "model-heatmaps"})
+    assert "Last 7 days" in heat.get_data(as_text=True) and "<html" not in heat.get_data(as_text=True)
+
+
+def test_peer_page_shows_what_it_announces_its_score_and_history(client):
+    response = client.get(f"/peers/{PEERS['full']}")
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    text = text_of(html)
+    for expected in ("What it announces now", "65536 tokens", "2.3.0.dev0", "artek0chumak/guanaco-7b",
+                     "direct", "How the score is computed", "uptime", "Latest chat requests"):
+        assert expected in text, expected
+    assert re.search(r"Score: \d+ / 100", text)
+    figures = [t for a, t in elements(html).scripts if a.get("type") == "application/json"]
+    assert len(figures) == 4  # state, throughput, probes, chats
+
+
+def test_a_peer_gone_from_the_latest_poll_still_has_a_page_and_unknown_ones_404(client):
+    assert client.get(f"/peers/{peer('never-seen')}").status_code == 404
+    assert client.get("/peers/not-a-peer-id!").status_code in (400, 404)
+    assert client.get("/models/no-such-model").status_code == 404
+    assert client.get(f"/peers/{PEERS['full']}?hours=5").status_code == 400
+
+
+# ---- security --------------------------------------------------------------------------------
+
+
+def test_peer_announced_strings_are_escaped_and_only_http_names_become_links(client):
+    for url in ("/", "/models/tiny-llama", f"/peers/{PEERS['joining']}", f"/peers/{PEERS['unreachable']}"):
+        html = client.get(url).get_data(as_text=True)
+        tags = elements(html).tags
+        assert not any(tag == "img" for tag, _ in tags), url
+        assert not any(name.startswith("on") for _, attrs in tags for name in attrs), url
+        assert not any((attrs.get("href") or "").lower().startswith("javascript:") for _, attrs in tags), url
+    model_html = client.get("/models/tiny-llama").get_data(as_text=True)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in model_html
+    links = [attrs for tag, attrs in elements(model_html).tags if tag == "a" and attrs.get("href") == "https://example.org/full"]
+    assert links and all(a["rel"] == "nofollow noopener noreferrer" for a in links)
+    assert "javascript:alert(1)" in model_html  # shown as text, not linked
+
+
+def test_every_page_sends_a_csp_without_inline_scripts_and_has_none(client):
+    for url in ("/", "/models/tiny-llama", f"/peers/{PEERS['full']}", "/no-such-page"):
+        response = client.get(url)
+        csp = response.headers["Content-Security-Policy"]
+        script_src = next(part for part in csp.split(";") if part.strip().startswith("script-src"))
+        assert script_src.split() == ["script-src", "'self'"]
+        for attrs, text in elements(response.get_data(as_text=True)).scripts:
+            assert attrs.get("src", "").startswith("/static/") or attrs.get("type") == "application/json", attrs
+            assert not ("src" in attrs and text.strip())
+
+
+def test_htmx_and_plotly_are_served_from_the_installed_packages(client):
+    htmx = client.get("/static/htmx/htmx.min.js")
+    assert htmx.status_code == 200 and b"htmx" in htmx.data[:200]
+    for ext in ("sse.js", "ws.js"):
+        assert client.get(f"/static/htmx/ext/{ext}").status_code == 200
+    plotly = client.get("/static/plotly.min.js")
+    assert plotly.status_code == 200 and b"plotly.js v" in plotly.data[:200]
+    assert client.get("/static/app.css").status_code == 200
+    assert client.get("/static/charts.js").status_code == 200
+
+
+# ---- demo panel ------------------------------------------------------------------------------
+
+
+class RecordingControls:
+    """Demo controls over a dict (the real ones drive LocalSwarm; test_browser uses those)."""
+
+    def __init__(self):
+        self.state = {"server-1": {"running": True, "throttled": False}}
+        self.calls = []
+
+    def servers(self):
+        return [{"name": n, "blocks": "0:8", "peer_id": PEERS["full"], **s} for n, s in self.state.items()]
+
+    def _get(self, name):
+        if name not in self.state:
+            raise KeyError(f"no demo server named {name!r}")
+        return self.state[name]
+
+    def stop(self, name):
+        self.calls.append(("stop", name))
+        self._get(name)["running"] = False
+
+    def start(self, name):
+        self.calls.append(("start", name))
+        self._get(name)["running"] = True
+
+    def throttle(self, name):
+        self._get(name)["throttled"] = True
+
+    def unthrottle(self, name):
+        self._get(name)["throttled"] = False
+
+
+def test_demo_panel_acts_only_on_same_origin_posts(populated):
+    _, store, settings, _ = populated
+    controls = RecordingControls()
+    client = create_app(settings, store, demo_controls=controls).test_client()
+    assert "Demo swarm" in client.get("/").get_data(as_text=True)
+    assert client.get("/demo/servers/server-1/stop").status_code == 405
+    assert client.post("/demo/servers/server-1/stop", headers={"Origin": "http://evil.example"}).status_code == 403
+    assert client.post("/demo/servers/server-1/stop").status_code == 403  # no Origin, no Sec-Fetch-Site
+    assert controls.calls == []
+    ok = client.post("/demo/servers/server-1/stop", headers={"Origin": "http://localhost", "HX-Request": "true"})
+    assert ok.status_code == 200 and controls.calls == [("stop", "server-1")]
+    assert "Start" in ok.get_data(as_text=True)
+    missing = client.post("/demo/servers/nope/stop", headers={"Sec-Fetch-Site": "same-origin"})
+    assert missing.status_code == 404 and "no demo server named" in missing.get_data(as_text=True)
+    assert "Demo swarm" not in create_app(settings, store).test_client().get("/").get_data(as_text=True)
+
+
+def test_pages_say_when_no_poll_has_happened_yet(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'empty.db'}")
+    store.migrate()
+    client = create_app(web_settings(), store).test_client()
+    assert "Waiting for the first poll" in client.get("/").get_data(as_text=True)
+    assert client.get("/models/tiny-llama").status_code == 404
+    store.close()

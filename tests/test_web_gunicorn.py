@@ -1,0 +1,102 @@
+"""Production serving: gunicorn (threaded workers) runs ``monitor.web.wsgi:app`` against PostgreSQL,
+reads settings from the environment, serves the pages, and runs no poller of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from monitor.store import Store
+from test_web_app import BOOTSTRAP_ADDR, PEERS, populate, web_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+GUNICORN = Path(sys.executable).parent / "gunicorn"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str, dict]:
+    with urllib.request.urlopen(url, timeout=20) as response:
+        return response.status, response.read().decode(), dict(response.headers)
+
+
+@pytest.fixture
+def gunicorn(postgres_url, tmp_path):
+    """gunicorn on 127.0.0.1 serving a populated PostgreSQL store; yields (base_url, store, process)."""
+    store = Store(postgres_url)
+    store.migrate()
+    # no infinite RTT here: the store cannot write one to PostgreSQL's JSON yet (reported to the lead)
+    populate(store, web_settings(data_dir=tmp_path), time.time())
+    port = _free_port()
+    env = dict(os.environ, SWARM_MONITOR_DATABASE_URL=postgres_url, SWARM_MONITOR_INITIAL_PEERS=BOOTSTRAP_ADDR,
+               SWARM_MONITOR_REFRESH_SECONDS="5", SWARM_MONITOR_DATA_DIR=str(tmp_path),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("SWARM_MONITOR_CONFIG", None)
+    log = open(tmp_path / "gunicorn.log", "wb")
+    process = subprocess.Popen(
+        [str(GUNICORN), "--worker-class", "gthread", "--workers", "2", "--threads", "4",
+         "--bind", f"127.0.0.1:{port}", "--timeout", "60", "monitor.web.wsgi:app"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get(base + "/metrics")
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"gunicorn did not serve: {(tmp_path / 'gunicorn.log').read_text()[-3000:]}")
+                time.sleep(0.3)
+        yield base, store, process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        log.close()
+        store.close()
+
+
+def test_gunicorn_serves_the_dashboard_from_postgres_and_runs_no_poller(gunicorn):
+    base, store, process = gunicorn
+    polls_before = store.last_poll().id
+
+    status, html, headers = _get(base + "/")
+    assert status == 200 and "Tiny Llama" in html and 'hx-trigger="every 5s"' in html
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    status, html, _ = _get(base + "/models/tiny-llama")
+    assert status == 200 and 'data-state="unreachable"' in html and "--block_indices" in html
+    status, html, _ = _get(base + f"/peers/{PEERS['full']}")
+    assert status == 200 and "What it announces now" in html
+    status, body, _ = _get(base + "/api/v1/state")
+    state = json.loads(body)
+    assert [m["dht_prefix"] for m in state["model_reports"]] == ["tiny-llama", "other-model"]
+    assert state["bootstrap_states"] == ["online"]  # the initial peers came from the environment
+    for _ in range(4):  # both workers answer the same numbers
+        status, text, _ = _get(base + "/metrics")
+        assert 'swarm_monitor_model_state{model="tiny-llama",state="healthy"} 1.0' in text
+    assert _get(base + "/static/plotly.min.js")[0] == 200
+
+    # no scheduler in the web workers: no new poll, no DHT daemon among gunicorn's processes
+    time.sleep(2)
+    assert store.last_poll().id == polls_before
+    family = psutil.Process(process.pid).children(recursive=True)
+    assert len(family) == 2 and not any("p2pd" in p.name() for p in family)

@@ -1,0 +1,98 @@
+"""Specs of /metrics: Prometheus text that prometheus_client's own parser reads, health.petals.dev's
+metric names where they fit, ours besides, and numbers read from the store at scrape time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from monitor.snapshot import ServerRow, Snapshot
+from monitor.web import create_app
+from test_web_app import PEERS, TINY, client, populated  # noqa: F401  (fixtures)
+
+
+def scrape(client, url="/metrics") -> dict:
+    response = client.get(url)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=")
+    text = response.get_data(as_text=True)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for family in families.values():  # every family has HELP and TYPE lines
+        assert f"# HELP {family.name} " in text and f"# TYPE {family.name} " in text, family.name
+    return families
+
+
+def samples(families, name) -> dict:
+    return {tuple(sorted(s.labels.items())): s.value for s in families[name].samples if s.name == name}
+
+
+def value(families, name, **labels) -> float:
+    return samples(families, name)[tuple(sorted(labels.items()))]
+
+
+def test_metrics_parse_and_carry_health_petals_dev_names(client):
+    f = scrape(client)
+    assert value(f, "update_duration") == pytest.approx(3.25)
+    assert value(f, "servers_num_total") == 6
+    assert value(f, "servers_num_relay") == 1
+    assert value(f, "n_blocks", model="tiny-llama") == 8
+    assert value(f, "servers_num", model="tiny-llama") == 5
+    assert value(f, "blocks", model="tiny-llama", state="online") == 4 + 4 + 8
+    assert value(f, "blocks", model="tiny-llama", state="joining") == 4
+    assert value(f, "blocks", model="tiny-llama", state="unreachable") == 8
+    assert value(f, "blocks", model="tiny-llama", state="offline") == 0
+    assert value(f, "blocks_online_min", model="tiny-llama") == 2
+    assert value(f, "blocks_online_min", model="other-model") == 0
+    # inference rps per block: first-half 40 on 0:4, second-half 30 on 4:8, full 60 everywhere
+    assert value(f, "rps_min", model="tiny-llama", rps="inference") == 90
+    assert value(f, "rps_avg", model="tiny-llama", rps="inference") == 95
+    assert value(f, "server_version", version_number="2.2.0") == 5
+    assert value(f, "server_version", version_number="2.3.0.dev0") == 1
+    # finite RTTs between servers: 0.01, 0.015, 0.02 (the infinite one is left out)
+    assert value(f, "ping_pct", pct="50") == pytest.approx(0.015)
+
+
+def test_metrics_carry_our_model_states_scores_and_poll_health(client):
+    f = scrape(client)
+    assert value(f, "swarm_monitor_model_state", model="tiny-llama", state="healthy") == 1
+    assert value(f, "swarm_monitor_model_state", model="tiny-llama", state="broken") == 0
+    assert value(f, "swarm_monitor_model_state", model="other-model", state="broken") == 1
+    assert value(f, "swarm_monitor_model_min_redundancy", model="tiny-llama") == 2
+    assert value(f, "swarm_monitor_model_coverage_percent", model="other-model") == 50
+    scores = samples(f, "swarm_monitor_peer_health_score")
+    assert len(scores) == 6 and all(0 <= v <= 100 for v in scores.values())
+    assert value(f, "swarm_monitor_last_poll_invalid_records") == 2
+    assert value(f, "swarm_monitor_last_poll_ok") == 1
+    assert value(f, "swarm_monitor_database_size_bytes") > 0
+    assert value(f, "swarm_monitor_bootstrap_peer_up", peer_id=PEERS["bootstrap"]) == 1
+
+
+def test_metrics_are_read_from_the_store_at_scrape_time_so_workers_agree(populated):
+    app, store, settings, now = populated
+    other_worker = create_app(settings, store).test_client()
+    first = scrape(app.test_client(), "/api/prometheus")
+    assert scrape(other_worker).keys() == first.keys()
+    # a new poll in which only the first half is served: every worker reports it at once
+    rows = (ServerRow(PEERS["first"], TINY.dht_prefix, 0, 4, "ONLINE", throughput=50.0),)
+    store.record_poll(Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=rows),
+                      model_status=[{"model": TINY.dht_prefix, "state": "broken", "reasons": ["blocks 4:8 missing"],
+                                     "coverage_pct": 50.0, "servers_online": 1, "min_redundancy": 0,
+                                     "est_tokens_per_s": None}])
+    for client in (app.test_client(), other_worker):
+        f = scrape(client)
+        assert value(f, "update_duration") == 0.5
+        assert value(f, "swarm_monitor_model_state", model="tiny-llama", state="broken") == 1
+        assert value(f, "blocks_online_min", model="tiny-llama") == 0
+
+
+def test_metrics_before_the_first_poll_still_parse(tmp_path):
+    from monitor.store import Store
+    from test_web_app import web_settings
+
+    store = Store(f"sqlite:///{tmp_path / 'empty.db'}")
+    store.migrate()
+    f = scrape(create_app(web_settings(), store).test_client())
+    assert "update_duration" not in f and "swarm_monitor_database_size_bytes" in f
+    store.close()
