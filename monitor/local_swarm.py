@@ -345,13 +345,19 @@ class LocalSwarm:
 
 
 def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
-    """Wait until no process of the group is left (the killed ones are reaped by init)."""
+    """Wait until no live process of the group is left (zombies wait for init to reap them)."""
+    import psutil
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        except PermissionError:
+        alive = False
+        for proc in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    alive = True
+                    break
+            except (ProcessLookupError, psutil.Error):
+                continue
+        if not alive:
             return
         time.sleep(0.05)

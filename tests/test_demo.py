@@ -1,0 +1,81 @@
+"""Spec of the front door: `swarm-monitor demo` serves a real model, the dashboard and a chat."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from tests.conftest import swarm_processes
+
+
+def _get(url: str, timeout: float = 30):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.status, response.read().decode()
+
+
+def _post_json(url: str, payload: dict, timeout: float = 120):
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, json.loads(response.read())
+
+
+def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_ctrl_c(data_dir):
+    started = time.time()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "monitor.cli", "demo", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(data_dir)},
+    )
+    output = []
+    try:
+        base = None
+        deadline = time.monotonic() + 300
+        while base is None and time.monotonic() < deadline:
+            line = demo.stdout.readline()
+            assert line, "demo exited early:\n" + "".join(output)
+            output.append(line)
+            match = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/", line)
+            base = match.group(1) if match else None
+        assert base, "".join(output)
+
+        state = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status, body = _get(f"{base}/api/v1/state")
+            reports = json.loads(body)["model_reports"]
+            state = reports[0].get("monitor_state") if reports else None
+            if state == "healthy":
+                break
+            time.sleep(2)
+        assert state == "healthy", body
+
+        status, page = _get(f"{base}/")
+        assert status == 200 and "smollm2-135m-instruct" in page.lower()
+
+        status, answer = _post_json(f"{base}/v1/chat/completions", {
+            "model": "smollm2-135m-instruct",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 20, "temperature": 0,
+        })
+        assert status == 200
+        assert "Paris" in answer["choices"][0]["message"]["content"]
+    finally:
+        demo.send_signal(signal.SIGINT)
+        try:
+            rest, _ = demo.communicate(timeout=90)
+            output.append(rest or "")
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            raise
+    assert demo.returncode == 0, "".join(output)[-3000:]
+    deadline = time.monotonic() + 20
+    while swarm_processes(since=started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert swarm_processes(since=started) == []
