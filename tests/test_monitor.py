@@ -102,6 +102,7 @@ def test_a_peer_that_disappears_and_returns_loses_uptime(make_swarm, sqlite_stor
     s.restart("flaky")
     poll_until(poller, lambda st: st["servers_online"] == 2)
 
+    poller.refresh_scores()
     scores = sqlite_store.latest_scores()
     steady, flaky = scores[s.peer_id("steady")], scores[s.peer_id("flaky")]
     assert flaky.score < steady.score
@@ -132,6 +133,7 @@ def test_a_throttled_peer_scores_lower_once_chat_outcomes_show_it_slow(make_swar
                                                          start=0, end=N, ok=True,
                                                          seconds_per_token=seconds_per_token))
     poll(poller)
+    poller.refresh_scores()
     scores = sqlite_store.latest_scores()
     assert scores[s.peer_id("slow")].score < scores[s.peer_id("fast")].score
     assert any("chat" in line for line in scores[s.peer_id("slow")].explanation)
