@@ -28,6 +28,7 @@ class Service:
         self.dht = None
         self.poller = None
         self.engine = None
+        self.weights = None
         self.app = None
         self._server = None
         self._thread: Optional[threading.Thread] = None
@@ -51,8 +52,19 @@ class Service:
 
     def _make_chat_engine(self):
         from chat.engine import ChatEngine
+        from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
+        from chat.routing import RoutingSettings
 
-        return ChatEngine.from_settings(self.settings, self.dht, self.store)
+        self.weights = StoreWeights(self.store).start()
+        return ChatEngine(
+            self.dht, [m for m in self.settings.models if m.path],
+            score_source=self.weights,
+            outcome_sink=store_outcome_sink(self.store),
+            coverage_check=store_coverage_check(self.store),
+            routing=RoutingSettings.from_settings(self.settings),
+            max_sessions=self.settings.max_chat_sessions,
+            queue_size=self.settings.chat_queue_size,
+        )
 
     def _make_app(self):
         from monitor.web import create_app
@@ -62,13 +74,8 @@ class Service:
             from chat.api import create_blueprint
 
             blueprints.append(create_blueprint(self.engine))
-        app = create_app(self.settings, self.store, extra_blueprints=blueprints,
-                         demo_controls=self.demo_controls, reachability_check=self.reachability_check)
-        if self.engine is not None:
-            from chat.api import register
-
-            register(app, self.engine)
-        return app
+        return create_app(self.settings, self.store, extra_blueprints=blueprints,
+                          demo_controls=self.demo_controls, reachability_check=self.reachability_check)
 
     def reachability_check(self, peer_id: str):
         from monitor.swarm import probe_servers
@@ -94,6 +101,8 @@ class Service:
             self.poller.shutdown()
         if self.engine is not None:
             self.engine.close()
+        if self.weights is not None:
+            self.weights.close()
         if self.dht is not None:
             self.dht.shutdown()
             self.dht = None

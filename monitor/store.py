@@ -634,6 +634,16 @@ class Store:
         return {r[0]: StoredScore(peer_id=r[0], at=r[1], score=r[2], explanation=tuple(r[3] or ()),
                                   components=r[4] or {}) for r in rows}
 
+    def recent_chat_outcomes(self, since: float, *, limit: int = 5000) -> list[ChatOutcome]:
+        """Chat outcomes since ``since`` (newest ``limit``, oldest first): the router's evidence."""
+        t = T_OUTCOMES.c
+        query = (sa.select(T_PEERS.c.peer_id, t.at, t.model, t.start, t.end, t.ok, t.seconds_per_token, t.error)
+                 .join(T_PEERS, T_PEERS.c.id == t.peer).where(t.at >= since).order_by(t.at.desc()).limit(limit))
+        with self._read("reading recent chat outcomes") as conn:
+            rows = conn.execute(query).all()
+        return [ChatOutcome(at=r[1], peer_id=r[0], model=r[2], start=r[3], end=r[4], ok=bool(r[5]),
+                            seconds_per_token=r[6], error=r[7]) for r in reversed(rows)]
+
     def peer_ids(self) -> list[str]:
         """Peers that have announced themselves as servers at least once, sorted."""
         with self._read("listing peers") as conn:

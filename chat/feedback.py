@@ -1,0 +1,88 @@
+"""The chat's two links to the monitor's store: peer weights in, request outcomes out.
+
+Routing asks for peer weights every time it builds a route, inside petals' routing lock, so the
+weights are served from memory and refreshed from the store by a background thread: the latest
+scores (from the monitor's score job) and the measured seconds per token of recent chat requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from chat.routing import PeerWeight, weights_from_outcomes
+
+log = logging.getLogger(__name__)
+
+OUTCOME_WINDOW = 3600.0  # seconds of chat outcomes the router learns from
+
+
+class StoreWeights:
+    """A cheap ``score_source`` for HealthAwareSequenceManager, refreshed every ``period`` s."""
+
+    def __init__(self, store, *, period: float = 5.0, window: float = OUTCOME_WINDOW):
+        self.store = store
+        self.period = period
+        self.window = window
+        self._weights: dict[str, PeerWeight] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __call__(self) -> dict[str, PeerWeight]:
+        return self._weights
+
+    def refresh(self) -> dict[str, PeerWeight]:
+        now = time.time()
+        try:
+            scores = {peer: stored.score for peer, stored in self.store.latest_scores().items()}
+            outcomes = self.store.recent_chat_outcomes(now - self.window)
+        except Exception as e:  # noqa: BLE001 - keep routing on the last weights while the DB is away
+            log.warning("peer weights not refreshed (keeping the last ones): %s", e)
+            return self._weights
+        self._weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.window)
+        return self._weights
+
+    def start(self) -> "StoreWeights":
+        self.refresh()
+
+        def loop():
+            while not self._stop.wait(self.period):
+                self.refresh()
+
+        self._thread = threading.Thread(target=loop, name="peer-weights", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def store_outcome_sink(store):
+    """``outcome_sink`` for the engine: each request's per-peer outcome goes into the store,
+    where the scores and StoreWeights pick it up. A database hiccup never fails a chat."""
+
+    def sink(outcome) -> None:
+        try:
+            store.record_chat_outcome(outcome)
+        except Exception as e:  # noqa: BLE001
+            log.warning("chat outcome for %s not recorded: %s", outcome.peer_id, e)
+
+    return sink
+
+
+def store_coverage_check(store):
+    """``coverage_check`` for the engine: a model the monitor last saw broken is refused before
+    generation starts, with the monitor's reasons (which name the missing blocks)."""
+
+    def check(dht_prefix: str) -> tuple[bool, str]:
+        try:
+            status = store.latest_model_status().get(dht_prefix)
+        except Exception:  # noqa: BLE001 - no verdict: let petals' own view decide
+            return True, ""
+        if status is None or status["state"] != "broken":
+            return True, ""
+        return False, "; ".join(status["reasons"])
+
+    return check

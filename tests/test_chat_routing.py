@@ -1,0 +1,180 @@
+"""Specs of health-aware routing: the pure weighting, and routes through the session swarm.
+
+The session swarm serves the tiny Llama with first-half 0:4, second-half 4:8 and full 0:8. petals'
+own routing prefers full (one hop); a low score must steer routes away from a peer whenever
+other peers cover its blocks, and never leave a block without a server.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from chat.engine import ChatEngine, Finished, GenerationParams
+from chat.routing import (
+    PeerWeight,
+    RoutingSettings,
+    covers,
+    penalty,
+    peers_to_leave_out,
+    weights_from_outcomes,
+)
+from monitor.settings import ModelConfig
+from monitor.snapshot import ChatOutcome
+from monitor.tiny_model import TINY_DHT_PREFIX
+
+# ---- pure ----------------------------------------------------------------------------------------
+
+
+def test_penalty_is_one_for_a_healthy_peer_and_doubles_every_20_points_below_90():
+    assert penalty(PeerWeight(score=100)) == penalty(PeerWeight(score=90)) == 1
+    assert penalty(PeerWeight(score=70)) == pytest.approx(2)
+    assert penalty(PeerWeight(score=50)) == pytest.approx(4)
+    assert penalty(PeerWeight(score=10)) == pytest.approx(16)
+    assert penalty(None) == penalty(PeerWeight()) == pytest.approx(4)  # unknown = neutral 50
+
+
+def test_penalty_believes_a_measurement_slower_than_announced_but_not_a_faster_one():
+    announced = 0.01
+    assert penalty(PeerWeight(score=95, seconds_per_token_per_block=0.05), announced) == pytest.approx(5)
+    assert penalty(PeerWeight(score=95, seconds_per_token_per_block=0.002), announced) == 1
+    assert penalty(PeerWeight(score=70, seconds_per_token_per_block=0.03), announced) == pytest.approx(6)
+
+
+def test_low_peers_are_left_out_only_while_the_others_cover_every_block():
+    spans = {"low-full": (0, 8), "a": (0, 4), "b": (4, 8)}
+    assert peers_to_leave_out(spans, 0, 8, {"low-full": PeerWeight(10)}, 30) == {"low-full"}
+    # b gone: low-full alone serves 4:8, so it stays
+    assert peers_to_leave_out({"low-full": (0, 8), "a": (0, 4)}, 0, 8, {"low-full": PeerWeight(10)}, 30) == set()
+    # two low peers on the same blocks: the worse one goes, the other must stay
+    both_low = {"x": PeerWeight(5), "y": PeerWeight(20)}
+    assert peers_to_leave_out({"x": (0, 8), "y": (0, 8)}, 0, 8, both_low, 30) == {"x"}
+    # only the blocks asked for matter
+    assert peers_to_leave_out({"low": (0, 8), "a": (0, 4)}, 0, 4, {"low": PeerWeight(0)}, 30) == {"low"}
+    # a peer without a score is never left out
+    assert peers_to_leave_out(spans, 0, 8, {}, 30) == set()
+
+
+def test_covers():
+    assert covers([(0, 4), (4, 8)], 0, 8)
+    assert not covers([(0, 4), (5, 8)], 0, 8)
+    assert covers([(0, 2)], 1, 2)
+
+
+def test_weights_from_outcomes_take_the_median_speed_of_recent_successes():
+    now = 1000.0
+
+    def outcome(peer, sec, at=now - 1, ok=True, span=(0, 4)):
+        return ChatOutcome(at=at, peer_id=peer, model="m", start=span[0], end=span[1], ok=ok, seconds_per_token=sec)
+
+    weights = weights_from_outcomes(
+        [outcome("a", 0.04), outcome("a", 0.08), outcome("a", 0.4), outcome("a", 9.0, ok=False),
+         outcome("a", 100.0, at=now - 7200), outcome("b", 0.08, span=(0, 8))],
+        scores={"a": 80.0, "c": 20.0}, now=now,
+    )
+    assert weights["a"] == PeerWeight(score=80.0, seconds_per_token_per_block=0.02)  # median 0.08 / 4 blocks
+    assert weights["b"] == PeerWeight(score=50.0, seconds_per_token_per_block=0.01)
+    assert weights["c"] == PeerWeight(score=20.0, seconds_per_token_per_block=None)
+
+
+def test_routing_settings_refuse_unknown_modes():
+    with pytest.raises(ValueError, match="routing mode"):
+        RoutingSettings(mode="fastest")
+
+
+# ---- routes through the session swarm ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scores():
+    """peer id -> PeerWeight, read by the engine at every route (tests set it)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return []
+
+
+@pytest.fixture(scope="module")
+def engine(swarm, tiny_model, scores, outcomes):
+    return ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                      score_source=lambda: scores, outcome_sink=outcomes.append,
+                      routing=RoutingSettings(mode="health", min_score=30))
+
+
+def route_of(engine, n=4) -> list[tuple[str, int, int]]:
+    ids = engine.encode(TINY_DHT_PREFIX, "Hello, world!")
+    finished = [e for e in engine.generate(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=n)) if isinstance(e, Finished)]
+    return [(hop.peer_id, hop.start, hop.end) for hop in finished[0].route]
+
+
+def named(swarm, route):
+    names = {swarm.peer_id(n): n for n in ("first-half", "second-half", "full")}
+    return [(names[peer], start, end) for peer, start, end in route]
+
+
+def test_without_scores_routing_is_petals_own_and_prefers_the_one_hop_route(engine, swarm, scores):
+    scores.clear()
+    assert named(swarm, route_of(engine)) == [("full", 0, 8)]
+
+
+def test_a_low_score_peer_is_avoided_when_others_cover_its_blocks(engine, swarm, scores):
+    scores.clear()
+    scores[swarm.peer_id("full")] = PeerWeight(score=10)
+    for _ in range(2):
+        assert named(swarm, route_of(engine)) == [("first-half", 0, 4), ("second-half", 4, 8)]
+
+
+def test_a_lower_but_acceptable_score_is_weighed_not_excluded(engine, swarm, scores):
+    scores.clear()
+    scores[swarm.peer_id("full")] = PeerWeight(score=40)  # above min_score: penalty 2^2.5 ≈ 5.7
+    scores[swarm.peer_id("first-half")] = PeerWeight(score=95)
+    scores[swarm.peer_id("second-half")] = PeerWeight(score=95)
+    assert named(swarm, route_of(engine)) == [("first-half", 0, 4), ("second-half", 4, 8)]
+
+
+def test_a_low_peer_is_still_used_where_it_alone_serves_a_block(swarm, tiny_model):
+    weights = {swarm.peer_id("first-half"): PeerWeight(score=5)}
+    only_halves = ChatEngine(  # full is blocked: first-half alone serves blocks 0:4
+        swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], score_source=lambda: weights,
+        routing=RoutingSettings(min_score=30, blocked=(swarm.peer_id("full"),)),
+    )
+    assert only_halves.status(TINY_DHT_PREFIX).served
+    assert named(swarm, route_of(only_halves)) == [("first-half", 0, 4), ("second-half", 4, 8)]
+
+
+def test_every_peer_below_min_score_still_gives_a_route(engine, swarm, scores):
+    scores.clear()
+    for name in ("first-half", "second-half", "full"):
+        scores[swarm.peer_id(name)] = PeerWeight(score=1)
+    route = route_of(engine)
+    assert route[0][1] == 0 and route[-1][2] == 8
+
+
+def test_default_mode_ignores_scores(swarm, tiny_model):
+    weights = {swarm.peer_id("full"): PeerWeight(score=0)}
+    plain = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                       score_source=lambda: weights, routing=RoutingSettings(mode="default"))
+    assert named(swarm, route_of(plain)) == [("full", 0, 8)]
+
+
+def test_each_answer_reports_every_peer_of_its_route_with_seconds_per_token(engine, swarm, scores, outcomes):
+    scores.clear()
+    scores[swarm.peer_id("full")] = PeerWeight(score=10)
+    outcomes.clear()
+    route = route_of(engine, n=6)
+    reported = [(o.peer_id, o.start, o.end) for o in outcomes]
+    assert sorted(reported) == sorted(route)
+    for outcome in outcomes:
+        assert outcome.ok and outcome.model == TINY_DHT_PREFIX
+        assert 0 < outcome.seconds_per_token < 5
+        assert outcome.seconds_per_token_per_block == pytest.approx(outcome.seconds_per_token / 4)
+
+
+def test_forward_pass_routes_leave_out_low_peers_too(engine, swarm, scores):
+    scores.clear()
+    scores[swarm.peer_id("full")] = PeerWeight(score=10)
+    manager = engine.sequence_manager(TINY_DHT_PREFIX)
+    routes = {tuple((span.peer_id.to_base58(), span.start, span.end) for span in
+                    manager.make_sequence(0, 8, mode="max_throughput")) for _ in range(20)}
+    assert {tuple(named(swarm, route)) for route in routes} == {(("first-half", 0, 4), ("second-half", 4, 8))}
