@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Optional
 
 from chat.routing import PeerWeight, weights_from_outcomes
@@ -38,10 +39,14 @@ class StoreWeights:
         try:
             scores = {peer: stored.score for peer, stored in self.store.latest_scores().items()}
             outcomes = self.store.recent_chat_outcomes(now - self.window)
+            policies = self.store.peer_policies()
         except Exception as e:  # noqa: BLE001 - keep routing on the last weights while the DB is away
             log.warning("peer weights not refreshed (keeping the last ones): %s", e)
             return self._weights
-        self._weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.window)
+        weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.window)
+        for peer, policy in policies.items():
+            weights[peer] = replace(weights.get(peer, PeerWeight()), policy=policy)
+        self._weights = weights
         return self._weights
 
     def start(self) -> "StoreWeights":

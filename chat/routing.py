@@ -49,6 +49,7 @@ class PeerWeight:
 
     score: float = NEUTRAL_SCORE
     seconds_per_token_per_block: Optional[float] = None
+    policy: Optional[str] = None  # "pinned" or "blocked", set by an operator from the peer's page
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
         )
 
     def __init__(self, *args, **kwargs):
+        self._policies: tuple[set, set] = (set(), set())
         super().__init__(*args, **kwargs)
         if self.routing.pinned:
             pinned = self._peer_ids_to_set(list(self.routing.pinned))
@@ -213,6 +215,43 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
         if self.routing.blocked:
             blocked = self._peer_ids_to_set(list(self.routing.blocked))
             self.blocked_servers = blocked if self.blocked_servers is None else self.blocked_servers | blocked
+
+    # -- operator policies: petals' allowed/blocked servers, plus what the score source says ---
+    # petals reads these two attributes when it refreshes the swarm view (every update_period),
+    # so a peer pinned or blocked from the dashboard takes effect at the next refresh.
+    @property
+    def allowed_servers(self):
+        pinned = self._policy_sets()[0]
+        if not pinned:
+            return self._allowed_servers
+        return pinned if self._allowed_servers is None else self._allowed_servers & pinned
+
+    @allowed_servers.setter
+    def allowed_servers(self, value) -> None:
+        self._allowed_servers = value
+
+    @property
+    def blocked_servers(self):
+        blocked = self._policy_sets()[1]
+        if not blocked:
+            return self._blocked_servers
+        return blocked if self._blocked_servers is None else self._blocked_servers | blocked
+
+    @blocked_servers.setter
+    def blocked_servers(self, value) -> None:
+        self._blocked_servers = value
+
+    def _policy_sets(self) -> tuple[set, set]:
+        return self._policies
+
+    def _update(self):
+        """Read the operator's pins and blocks once per refresh, then let petals refresh."""
+        weights = self.peer_weights()
+        self._policies = (
+            self._peer_ids_to_set([p for p, w in weights.items() if w.policy == "pinned"]) or set(),
+            self._peer_ids_to_set([p for p, w in weights.items() if w.policy == "blocked"]) or set(),
+        )
+        return super()._update()
 
     # -- weights ------------------------------------------------------------------------------
     def peer_weights(self) -> dict[str, PeerWeight]:

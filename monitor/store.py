@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import math
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
@@ -245,6 +246,15 @@ class PeerScoreRow(SQLModel, table=True):
     components: Any = _json_field()
 
 
+class PeerPolicyRow(SQLModel, table=True):
+    """An operator's routing decision about one peer, set from its page: "pinned" or "blocked"."""
+
+    __tablename__ = "peer_policies"
+    peer_id: str = Field(primary_key=True, max_length=128)
+    policy: str = Field(max_length=16)
+    at: float
+
+
 class StoreMetaRow(SQLModel, table=True):
     __tablename__ = "store_meta"
     key: str = Field(primary_key=True)
@@ -325,6 +335,8 @@ T_LATEST_PROBES = LatestProbeRow.__table__
 T_OUTCOMES = ChatOutcomeRow.__table__
 T_SCORES = PeerScoreRow.__table__
 T_META = StoreMetaRow.__table__
+T_POLICIES = PeerPolicyRow.__table__
+PEER_POLICIES = ("pinned", "blocked")
 T_H_POLLS = HourlyPollsRow.__table__
 T_H_OBS = HourlyObservationsRow.__table__
 T_H_STATUS = HourlyModelStatusRow.__table__
@@ -643,6 +655,21 @@ class Store:
             rows = conn.execute(query).all()
         return [ChatOutcome(at=r[1], peer_id=r[0], model=r[2], start=r[3], end=r[4], ok=bool(r[5]),
                             seconds_per_token=r[6], error=r[7]) for r in reversed(rows)]
+
+    def set_peer_policy(self, peer_id: str, policy: Optional[str], at: Optional[float] = None) -> None:
+        """Pin or block a peer for the chat's routing; None clears it."""
+        if policy is not None and policy not in PEER_POLICIES:
+            raise ValueError(f"peer policy must be one of {PEER_POLICIES} or None, got {policy!r}")
+        with self._write("setting a peer policy") as conn:
+            conn.execute(sa.delete(T_POLICIES).where(T_POLICIES.c.peer_id == peer_id))
+            if policy is not None:
+                conn.execute(sa.insert(T_POLICIES).values(peer_id=peer_id, policy=policy,
+                                                          at=time.time() if at is None else at))
+
+    def peer_policies(self) -> dict[str, str]:
+        """peer id -> "pinned" or "blocked", as operators set them from the dashboard."""
+        with self._read("reading peer policies") as conn:
+            return {r[0]: r[1] for r in conn.execute(sa.select(T_POLICIES.c.peer_id, T_POLICIES.c.policy))}
 
     def peer_ids(self) -> list[str]:
         """Peers that have announced themselves as servers at least once, sorted."""

@@ -178,3 +178,20 @@ def test_forward_pass_routes_leave_out_low_peers_too(engine, swarm, scores):
     routes = {tuple((span.peer_id.to_base58(), span.start, span.end) for span in
                     manager.make_sequence(0, 8, mode="max_throughput")) for _ in range(20)}
     assert {tuple(named(swarm, route)) for route in routes} == {(("first-half", 0, 4), ("second-half", 4, 8))}
+
+
+def test_peers_pinned_or_blocked_by_an_operator_apply_at_the_next_refresh(engine, swarm, scores):
+    scores.clear()
+    manager = engine.sequence_manager(TINY_DHT_PREFIX)
+    scores[swarm.peer_id("full")] = PeerWeight(policy="blocked")
+    manager.update(wait=True)
+    assert named(swarm, route_of(engine)) == [("first-half", 0, 4), ("second-half", 4, 8)]
+
+    scores.clear()
+    scores[swarm.peer_id("full")] = PeerWeight(score=1, policy="pinned")  # only this one, even scored low
+    manager.update(wait=True)
+    assert named(swarm, route_of(engine)) == [("full", 0, 8)]
+
+    scores.clear()
+    manager.update(wait=True)
+    assert named(swarm, route_of(engine)) == [("full", 0, 8)]

@@ -341,7 +341,7 @@ def test_migrating_an_empty_database_gives_exactly_the_models_schema(store):
 
     from monitor.store import metadata
 
-    assert store.current_revision() == "0002"
+    assert store.current_revision() == "0003"
     with store.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
 
@@ -365,7 +365,7 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
     new = Store(store_url)
     new.migrate()
     try:
-        assert new.current_revision() == "0002"
+        assert new.current_revision() == "0003"
         assert new.latest_snapshot() == snap
         assert new.latest_probes()[peer("a")].rtt == 0.01
         assert new.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"
@@ -546,3 +546,14 @@ def test_thirty_days_of_500_servers_fit_in_a_gigabyte(tmp_path):
           + f"; next_pings {pings / 1e3:.0f} kB/poll (1 h kept); rollups {rollup / 1e3:.0f} kB/hour; "
           f"30 days (2 raw + 30 rolled up) = {projected / 1e9:.2f} GB")
     assert projected < 1e9
+
+
+def test_peer_policies_are_set_replaced_and_cleared(store):
+    store.set_peer_policy(peer("a"), "blocked")
+    store.set_peer_policy(peer("b"), "pinned")
+    assert store.peer_policies() == {peer("a"): "blocked", peer("b"): "pinned"}
+    store.set_peer_policy(peer("a"), "pinned")
+    store.set_peer_policy(peer("b"), None)
+    assert store.peer_policies() == {peer("a"): "pinned"}
+    with pytest.raises(ValueError, match="pinned"):
+        store.set_peer_policy(peer("a"), "banished")

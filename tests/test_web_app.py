@@ -350,3 +350,26 @@ def test_pages_say_when_no_poll_has_happened_yet(tmp_path):
     assert "Waiting for the first poll" in client.get("/").get_data(as_text=True)
     assert client.get("/models/tiny-llama").status_code == 404
     store.close()
+
+
+def test_an_operator_pins_blocks_and_clears_a_peer_for_the_chat_from_its_page(populated):
+    app, store, _, _ = populated
+    client = app.test_client()
+    peer = PEERS["full"]
+    same_origin = {"Origin": "http://localhost", "HX-Request": "true"}
+
+    response = client.post(f"/peers/{peer}/policy", data={"policy": "blocked"}, headers=same_origin)
+    assert response.status_code == 200 and "Blocked" in response.get_data(as_text=True)
+    assert store.peer_policies() == {peer: "blocked"}
+    assert "Blocked" in text_of(client.get(f"/peers/{peer}").get_data(as_text=True))
+
+    client.post(f"/peers/{peer}/policy", data={"policy": "pinned"}, headers=same_origin)
+    assert store.peer_policies() == {peer: "pinned"}
+    client.post(f"/peers/{peer}/policy", data={"policy": ""}, headers=same_origin)
+    assert store.peer_policies() == {}
+
+    assert client.post(f"/peers/{peer}/policy", data={"policy": "blocked"},
+                       headers={"Origin": "http://evil.example"}).status_code == 403
+    assert client.post(f"/peers/{peer}/policy", data={"policy": "banished"}, headers=same_origin).status_code == 400
+    assert client.post("/peers/not-a-peer!/policy", data={"policy": "blocked"}, headers=same_origin).status_code == 400
+    assert store.peer_policies() == {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from flask import Blueprint, abort, current_app, render_template, request
+from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
 from monitor import scores as scores_module
 from monitor.web import charts, deps, queries, security, state_api, timerange
@@ -126,5 +126,23 @@ def peer(peer_id: str):
         ),
         outcomes=sorted(history.outcomes, key=lambda o: o.at, reverse=True)[:20],
         windows=(1, 6, 24, 72, 168),
+        policy=d.store.peer_policies().get(peer_id),
     )
     return _render("peer.html", {"peer-live": "partials/peer_live.html"}, **context)
+
+
+@bp.post("/peers/<peer_id>/policy")
+def peer_policy(peer_id: str):
+    """Pin or block a peer for the chat's routing (or clear it): a POST from our own pages."""
+    d = deps()
+    if not security.is_peer_id(peer_id):
+        abort(400, description=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
+    if not security.same_origin(request.headers, request.host_url):
+        abort(403, description="routing changes are accepted only from this dashboard's own pages (same origin)")
+    policy = request.form.get("policy") or None
+    if policy not in (None, "pinned", "blocked"):
+        abort(400, description=f"policy must be 'pinned', 'blocked' or empty, got {policy[:40]!r}")
+    d.store.set_peer_policy(peer_id, policy)
+    if request.headers.get("HX-Request") != "true":
+        return redirect(url_for("pages.peer", peer_id=peer_id), code=303)
+    return render_template("partials/peer_policy.html", peer_id=peer_id, policy=policy)
