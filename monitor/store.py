@@ -671,6 +671,18 @@ class Store:
         with self._read("reading peer policies") as conn:
             return {r[0]: r[1] for r in conn.execute(sa.select(T_POLICIES.c.peer_id, T_POLICIES.c.policy))}
 
+    def poll_counts(self, since: float) -> dict[str, int]:
+        """Polls since ``since`` that succeeded and failed, and the malformed records they dropped."""
+        t = T_POLLS.c
+        query = sa.select(t.ok, sa.func.count(), sa.func.coalesce(sa.func.sum(t.invalid_records), 0)).where(
+            t.at >= since).group_by(t.ok)
+        counts = {"ok": 0, "failed": 0, "invalid_records": 0}
+        with self._read("counting polls") as conn:
+            for ok, n, invalid in conn.execute(query):
+                counts["ok" if ok else "failed"] += n
+                counts["invalid_records"] += int(invalid)
+        return counts
+
     def peer_ids(self) -> list[str]:
         """Peers that have announced themselves as servers at least once, sorted."""
         with self._read("listing peers") as conn:

@@ -96,3 +96,13 @@ def test_metrics_before_the_first_poll_still_parse(tmp_path):
     f = scrape(create_app(web_settings(), store).test_client())
     assert "update_duration" not in f and "swarm_monitor_database_size_bytes" in f
     store.close()
+
+
+def test_metrics_count_failed_polls_and_dropped_records_over_the_last_day(populated):
+    app, store, _, now = populated
+    store.record_failed_poll(now, "TimeoutError: the DHT did not answer")
+    f = scrape(app.test_client())
+    assert value(f, "swarm_monitor_polls_24h", result="ok") == 3
+    assert value(f, "swarm_monitor_polls_24h", result="failed") == 1
+    assert value(f, "swarm_monitor_invalid_records_24h") == 0 + 1 + 2
+    assert value(f, "swarm_monitor_last_poll_ok") == 0

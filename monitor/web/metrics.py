@@ -154,6 +154,14 @@ def poll_families(cur: queries.Current, stats: queries.PollStats) -> Iterable:
                                 value=1.0 if stats.last_poll_ok else 0.0)
         yield GaugeMetricFamily("swarm_monitor_last_poll_errors", "Errors the latest poll reported",
                                 value=stats.last_poll_errors)
+    polls = GaugeMetricFamily("swarm_monitor_polls_24h", "Polls in the last 24 h, by result (failed: "
+                              "the scrape or the database write failed)", labels=["result"])
+    for result in ("ok", "failed"):
+        polls.add_metric([result], stats.last_day[result])
+    yield polls
+    yield GaugeMetricFamily("swarm_monitor_invalid_records_24h",
+                            "Malformed DHT records the polls of the last 24 h dropped",
+                            value=stats.last_day["invalid_records"])
     if stats.database_size_bytes is not None:
         yield GaugeMetricFamily("swarm_monitor_database_size_bytes", "Size of the monitor's database",
                                 value=stats.database_size_bytes)

@@ -6,6 +6,8 @@ here computes a figure itself. Several web workers read the same store, so they 
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -162,6 +164,7 @@ class PollStats:
     last_poll_ok: Optional[bool]
     last_poll_errors: int
     database_size_bytes: Optional[int]
+    last_day: dict  # polls ok / failed and invalid records over the last 24 h
 
 
 def poll_stats(store) -> PollStats:
@@ -170,4 +173,5 @@ def poll_stats(store) -> PollStats:
         last_poll_ok=None if last is None else last.ok,
         last_poll_errors=0 if last is None else len(last.errors),
         database_size_bytes=store.database_size_bytes(),
+        last_day=store.poll_counts(time.time() - 24 * 3600),
     )
