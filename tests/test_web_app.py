@@ -373,3 +373,24 @@ def test_an_operator_pins_blocks_and_clears_a_peer_for_the_chat_from_its_page(po
     assert client.post(f"/peers/{peer}/policy", data={"policy": "banished"}, headers=same_origin).status_code == 400
     assert client.post("/peers/not-a-peer!/policy", data={"policy": "blocked"}, headers=same_origin).status_code == 400
     assert store.peer_policies() == {}
+
+
+def test_while_the_database_is_away_the_overview_keeps_showing_the_last_state(tmp_path, postgres, postgres_url):
+    settings = web_settings(data_dir=tmp_path)
+    store = Store(postgres_url)
+    store.migrate()
+    try:
+        populate(store, settings, time.time())
+        client = create_app(settings, store).test_client()
+        assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
+        postgres.stop()
+        try:
+            page = client.get("/")
+            assert page.status_code == 200
+            text = text_of(page.get_data(as_text=True))
+            assert "database is unavailable" in text and "Tiny Llama" in text
+        finally:
+            postgres.start()
+        assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
+    finally:
+        store.close()

@@ -43,7 +43,7 @@ def overview():
         state = queries.state_dict(cur, d.settings)
         context.update(
             state=state,
-            sparklines={
+            sparklines={} if cur.unavailable else {
                 report["dht_prefix"]: charts.sparkline(
                     *queries.coverage_history(d.store, report["dht_prefix"], now - DAY, now),
                     state=report["monitor_state"], since=now - DAY, until=now,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from monitor import coverage
@@ -31,6 +31,7 @@ class Current:
     model_status: dict[str, dict] = field(default_factory=dict)
     healths: dict[str, coverage.ModelHealth] = field(default_factory=dict)
     last_poll: Any = None
+    unavailable: Optional[str] = None  # the database is unavailable: this is the last state read
 
     @property
     def models(self) -> tuple[ModelInfo, ...]:
@@ -58,7 +59,24 @@ def diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, co
     return healths
 
 
+_last_good: dict[int, Current] = {}  # per store: what to show while its database is away
+
+
 def current(store, settings: Settings) -> Current:
+    """The latest state; while the database is down or locked, the last state this worker read,
+    marked ``unavailable`` with the reason (raises only if nothing was ever read)."""
+    try:
+        cur = _read_current(store, settings)
+    except StoreError as e:
+        last = _last_good.get(id(store))
+        if last is None:
+            raise
+        return replace(last, unavailable=str(e))
+    _last_good[id(store)] = cur
+    return cur
+
+
+def _read_current(store, settings: Settings) -> Current:
     snapshot = store.latest_snapshot()
     last_poll = store.last_poll()
     if snapshot is None:
@@ -111,6 +129,7 @@ def poll_info(cur: Current, settings: Settings, now: float) -> dict:
         "invalid_records": snapshot.invalid_records if snapshot else 0,
         "error": "; ".join(last.errors) or "unknown error" if failed else None,
         "error_at": last.at if failed else None,
+        "unavailable": cur.unavailable,
     }
 
 
