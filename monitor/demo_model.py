@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
+
+from monitor.checkpoints import build_once
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the CLI imports this module on every start
     import torch
@@ -325,20 +324,12 @@ def ensure_demo_model(data_dir: Path, *, progress: bool = True) -> Path:
     if (target / "READY").exists():
         return target
     source = gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
+
+    def build(scratch: Path) -> str:
         _build(source, scratch, progress=progress)
-        answer = verify(scratch)
-        (scratch / "READY").write_text(f"ok\n{SANITY_QUESTION} -> {answer}\n")
-        try:
-            os.rename(scratch, target)
-        except OSError:  # another process finished first
-            if not (target / "READY").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+        return f"{SANITY_QUESTION} -> {verify(scratch)}"
+
+    return build_once(target, build)
 
 
 def _build(source: Path, out: Path, *, progress: bool) -> None:

@@ -8,10 +8,9 @@ random (seeded) weights, saved as a Hugging Face directory whose config carries 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from monitor.checkpoints import build_once
 
 TINY_DHT_PREFIX = "tiny-llama"
 TINY_NUM_BLOCKS = 8
@@ -40,22 +39,11 @@ def tiny_model_path(data_dir: Path) -> Path:
 
 def ensure_tiny_model(data_dir: Path, *, seed: int = 0) -> Path:
     """Build the checkpoint once and return its directory (cached; safe against concurrent builds)."""
-    target = tiny_model_path(data_dir)
-    if (target / "READY").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
+    def build(scratch: Path) -> str:
         _build(scratch, seed=seed)
-        (scratch / "READY").write_text("ok\n")
-        try:
-            os.rename(scratch, target)
-        except OSError:  # another process finished first
-            if not (target / "READY").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+        return f"seed {seed}"
+
+    return build_once(tiny_model_path(data_dir), build)
 
 
 def _train_tokenizer():
