@@ -66,6 +66,19 @@ def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_
         })
         assert status == 200
         assert "Paris" in answer["choices"][0]["message"]["content"]
+
+        # chaos from the CLI: with server-2 (0:15) stopped, blocks 0:15 have one server left
+        chaos = subprocess.run([sys.executable, "-m", "monitor.cli", "chaos", "stop", "server-2", "--url", base],
+                               capture_output=True, text=True, timeout=120)
+        assert chaos.returncode == 0, chaos.stderr
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            report = json.loads(_get(f"{base}/api/v1/state")[1])["model_reports"][0]
+            if report.get("monitor_state") == "degraded":
+                break
+            time.sleep(2)
+        assert report["monitor_state"] == "degraded", report.get("reasons")
+        assert any("0:15" in reason for reason in report["reasons"]), report["reasons"]
     finally:
         demo.send_signal(signal.SIGINT)
         try:
