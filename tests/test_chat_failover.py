@@ -13,7 +13,7 @@ from chat.routing import PeerWeight, RoutingSettings, weights_from_outcomes
 from monitor.local_swarm import ServerSpec
 from monitor.scores import score_swarm
 from monitor.settings import ModelConfig
-from monitor.snapshot import PeerHistory
+from monitor.snapshot import Observation, PeerHistory, ProbeResult
 from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 PROMPT = "Petals runs large language models"
@@ -75,10 +75,22 @@ def test_a_server_replaced_mid_route_hands_over_only_new_tokens_to_the_next_one(
     assert list(finished.token_ids) == local_greedy(tiny_model, ids, 60)
 
 
-def weights_from_scores(outcomes, peers):
-    """PeerWeights as the monitor would compute them: monitor.scores over the chat outcomes."""
+def weights_from_scores(outcomes, peers, started):
+    """PeerWeights as the monitor computes them: monitor.scores over what it saw of each peer
+    since ``started`` (online at every 10 s poll, probes ok: all three servers are up) and the
+    chat outcomes."""
     now = time.time()
-    histories = [PeerHistory(peer, outcomes=tuple(o for o in outcomes if o.peer_id == peer)) for peer in peers]
+    polls = [started + i * 10 for i in range(int((now - started) // 10) + 1)]
+    histories = [
+        PeerHistory(
+            peer,
+            observations=tuple(Observation(at=t, model=TINY_DHT_PREFIX, state="ONLINE") for t in polls),
+            probes=tuple((t, ProbeResult(peer, "server", True, rtt=0.002)) for t in polls),
+            outcomes=tuple(o for o in outcomes if o.peer_id == peer),
+            first_seen=started,
+        )
+        for peer in peers
+    ]
     scores = {peer: score.score for peer, score in score_swarm(histories, now).items()}
     return weights_from_outcomes(outcomes, scores=scores, now=now)
 
@@ -91,6 +103,7 @@ def test_health_aware_routing_escapes_the_slow_server_trap(make_swarm, tiny_mode
     """A 0:4, B 4:8, C 0:8 with C throttled: petals prefers C (one hop) and stays there; the
     health-aware router measures C, and routes new requests via A→B."""
     s = make_swarm([ServerSpec("A", 0, 4), ServerSpec("B", 4, 8), ServerSpec("C", 0, 8)])
+    started = time.time()
     names = {s.peer_id(n): n for n in "ABC"}
     s.throttle("C", duty=0.9, period=0.5)  # stopped 90% of the time: clearly slower than A→B
     config = [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)]
@@ -111,7 +124,7 @@ def test_health_aware_routing_escapes_the_slow_server_trap(make_swarm, tiny_mode
         result = answer(health, ids)
         routes.append(([names[h.peer_id] for h in result.route], result))
         weights.clear()
-        weights.update(weights_from_scores(outcomes, list(names)))
+        weights.update(weights_from_scores(outcomes, list(names), started))
         if routes[-1][0] == ["A", "B"] and len(routes) >= 2 and routes[-2][0] == ["A", "B"]:
             break
     assert routes[0][0] == ["C"], "with no evidence the health router should route like petals"
