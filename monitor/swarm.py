@@ -48,7 +48,7 @@ MAX_ADAPTERS = 64
 MAX_NEXT_PINGS = 256
 MAX_EXTRA_FIELDS = 64
 MAX_PEER_ID_CHARS = 128
-PROBE_BATCH_PEERS = 64  # peers per DHT call (keeps the pickled arguments small)
+PROBE_BATCH_PEERS = 48  # peers per DHT call: its pickle stays under PIPE_BUF (4 KB), an atomic write
 SCRAPE_BATCHES_IN_FLIGHT = 4
 
 # p2pd's answer when the peer is up but has no rpc_info handler (yet): "protocol not supported",
@@ -281,13 +281,43 @@ def _parsed_index(candidates: list, raw):
     return _UNPARSED
 
 
+MAX_CALL_BYTES = 12_000  # uid characters per DHT call: a few calls in flight stay far below the pipe's 64 KB
+
+
+def _batches_by_size(uids: list[str], max_count: int) -> list[list[str]]:
+    """Cut the block uids into DHT calls of at most ``max_count`` uids and ~MAX_CALL_BYTES bytes:
+    prefixes are announced by peers and may be long, and a large call kills hivemind's DHT process."""
+    batches, current, size = [], [], 0
+    for uid in uids:
+        if current and (len(current) >= max_count or size + len(uid) + 8 > MAX_CALL_BYTES):
+            batches.append(current)
+            current, size = [], 0
+        current.append(uid)
+        size += len(uid) + 8
+    if current:
+        batches.append(current)
+    return batches
+
+
+_PROBE_SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
+
+
+def _probe_semaphore(concurrency: int) -> asyncio.Semaphore:
+    """One semaphore per DHT event loop, shared by all the batches of probes in flight, so that
+    at most ``concurrency`` probes run at once whatever the batching (lives in the DHT process)."""
+    key = (id(asyncio.get_running_loop()), concurrency)
+    if key not in _PROBE_SEMAPHORES:
+        _PROBE_SEMAPHORES[key] = asyncio.Semaphore(concurrency)
+    return _PROBE_SEMAPHORES[key]
+
+
 async def _probe_servers(dht, node, peer_ids: list[str], timeout: float, concurrency: int) -> list[tuple]:
     """rpc_info on each peer, at most `concurrency` at once -> [(peer, ok, rtt, error, joining)]."""
     from hivemind.p2p import PeerID
     from hivemind.proto import runtime_pb2
     from petals.server.handler import TransformerConnectionHandler
 
-    semaphore = asyncio.Semaphore(concurrency)
+    semaphore = _probe_semaphore(concurrency)
 
     async def probe(peer: str) -> tuple:
         async with semaphore:
@@ -384,7 +414,7 @@ def scrape(
 
     uids = [f"{m.dht_prefix}{UID_DELIMITER}{i}" for m in watched for i in range(m.num_blocks)]
     num_blocks = {m.dht_prefix: m.num_blocks for m in watched}
-    batches = [uids[i : i + batch_blocks] for i in range(0, len(uids), batch_blocks)]
+    batches = _batches_by_size(uids, batch_blocks)
     blocks: dict[str, list[dict[str, dict]]] = {m.dht_prefix: [{} for _ in range(m.num_blocks)] for m in watched}
     failed: set[str] = set()
 
@@ -480,7 +510,9 @@ def _rows_for_model(model: ModelInfo, blocks: list[dict[str, dict]]) -> list[Ser
                 info = ServerInfo(state=ServerState(record["state"]), throughput=record["throughput"],
                                   start_block=record["start_block"], end_block=record["end_block"])
                 infos[id(record)], by_info[id(info)] = info, record
-            module_servers[peer_ids.setdefault(peer, PeerID.from_base58(peer))] = infos[id(record)]
+            if peer not in peer_ids:
+                peer_ids[peer] = PeerID.from_base58(peer)
+            module_servers[peer_ids[peer]] = infos[id(record)]
         module_infos.append(RemoteModuleInfo(uid=f"{model.dht_prefix}{UID_DELIMITER}{block}", servers=module_servers))
 
     rows = []
@@ -518,24 +550,25 @@ def probe_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurr
         except InvalidRecord as e:
             results[peer] = ProbeResult(peer_id=str(peer)[:MAX_TEXT_CHARS], kind="server", ok=False, error=str(e))
 
-    batch_size = min(PROBE_BATCH_PEERS, concurrency)
-    in_flight = max(1, concurrency // batch_size)
-    batches = [valid[i : i + batch_size] for i in range(0, len(valid), batch_size)]
-    for window in range(0, len(batches), in_flight):
-        pending = [
-            (batch, _submit(dht, partial(_probe_servers, peer_ids=batch, timeout=timeout, concurrency=batch_size)))
-            for batch in batches[window : window + in_flight]
-        ]
-        for batch, future in pending:
-            try:
-                for peer, ok, rtt, error, joining in future.result(timeout + 30):
-                    results[peer] = ProbeResult(peer_id=peer, kind="server", ok=ok, rtt=rtt, error=error,
-                                                joining=joining)
-            except Exception as e:  # noqa: BLE001 - the DHT process failed this batch
-                future.cancel()
-                for peer in batch:
-                    results[peer] = ProbeResult(peer_id=peer, kind="server", ok=False,
-                                                error=f"probe batch failed in the DHT process: {_short_error(repr(e))}")
+    # All batches go at once; a semaphore shared inside the DHT process bounds the concurrency.
+    # Each call stays under PIPE_BUF (4 KB pickled), so concurrent writes to hivemind's command
+    # pipe are atomic and a slow peer holds up only its own probe, not a whole batch.
+    batches = [valid[i : i + PROBE_BATCH_PEERS] for i in range(0, len(valid), PROBE_BATCH_PEERS)]
+    pending = [
+        (batch, _submit(dht, partial(_probe_servers, peer_ids=batch, timeout=timeout, concurrency=concurrency)))
+        for batch in batches
+    ]
+    waits = math.ceil(len(valid) / concurrency) * timeout + 30
+    for batch, future in pending:
+        try:
+            for peer, ok, rtt, error, joining in future.result(waits):
+                results[peer] = ProbeResult(peer_id=peer, kind="server", ok=ok, rtt=rtt, error=error,
+                                            joining=joining)
+        except Exception as e:  # noqa: BLE001 - the DHT process failed this batch
+            future.cancel()
+            for peer in batch:
+                results[peer] = ProbeResult(peer_id=peer, kind="server", ok=False,
+                                            error=f"probe batch failed in the DHT process: {_short_error(repr(e))}")
     ordered = tuple(results[peer] for peer in dict.fromkeys(peer_ids))
     return ProbeBatch(taken_at=taken_at, duration=time.perf_counter() - started, results=ordered)
 
