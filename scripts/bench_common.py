@@ -1,0 +1,250 @@
+"""What every benchmark script shares: machine line, statistics, the BENCHMARKS.md table writer.
+
+Benchmarks are scripts, not tests: each prints its figure and rewrites its own section of
+BENCHMARKS.md (between ``<!-- bench:NAME -->`` markers), so the file always holds the latest run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+for _path in (str(ROOT), str(SCRIPTS)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+
+def machine() -> str:
+    """Cores, CPU model and load: figures are only comparable on the same machine and load."""
+    load = os.getloadavg()[0]
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = os.cpu_count()
+    busy = " (UNDER LOAD: other processes were busy)" if load > 0.5 * cores else ""
+    return f"{cores} cores ({cpu}), load average {load:.1f} at start{busy}"
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of the values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**MISSED**"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_section(name: str, markdown: str) -> None:
+    """Replace this benchmark's section of BENCHMARKS.md (appended if it has none yet)."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    block = f"{start}\n_Last run {stamp}, {machine()}._\n\n{markdown.strip()}\n{end}"
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    BENCHMARKS_MD.write_text(text)
+    print(f"\nwrote the '{name}' section of {BENCHMARKS_MD}")
+
+
+@contextlib.contextmanager
+def bootstrap_peer() -> Iterator[list[str]]:
+    """A bootstrap DHT peer on loopback (the swarm harness's); yields its multiaddrs."""
+    from monitor.local_swarm import LocalSwarm
+
+    swarm = LocalSwarm(Path(os.devnull), "unused")  # only the bootstrap peer is started
+    try:
+        swarm.start_bootstrap()
+        yield swarm.initial_peers
+    finally:
+        swarm.close()
+
+
+def timed(fn, *args, **kwargs) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return time.perf_counter() - started, result
+
+
+@contextlib.contextmanager
+def simulator(initial_peers: Sequence[str], *, servers: int, models: int = 4, responders: int = 8, hung: int = 0,
+              unreachable: float = 0.1, update_period: float = 60.0, timeout: float = 600.0) -> Iterator[dict]:
+    """scripts/simulate_swarm.py in its own process (so its refreshes do not share our CPU time and
+    GIL with what is measured); yields its ready file: summary, initial peers, peer ids by kind."""
+    import json
+    import signal
+    import subprocess
+    import tempfile
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-sim-"))
+    ready = workdir / "ready.json"
+    log = open(workdir / "simulator.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "simulate_swarm.py"), "--servers", str(servers), "--models", str(models),
+         "--responders", str(responders), "--hung", str(hung), "--unreachable", str(unreachable),
+         "--update-period", str(update_period), "--ready-file", str(ready), "--initial-peers", *initial_peers],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (workdir / "simulator.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the simulator ({servers} servers) did not get ready; its log:\n{tail}")
+            time.sleep(0.2)
+        yield dict(json.loads(ready.read_text()), pid=proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        log.close()
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def service(initial_peers: Sequence[str], *, models: Sequence[str] = (), env: dict | None = None,
+            timeout: float = 180.0) -> Iterator[dict]:
+    """``swarm-monitor serve`` in its own process with a fresh data dir on 127.0.0.1; yields
+    {"base": URL, "pid": pid, "workdir": Path}. ``models``: PREFIX[:NUM_BLOCKS[:PATH]] options."""
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+    import urllib.request
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-service-"))
+    port = free_port()
+    args = [str(Path(sys.executable).parent / "swarm-monitor"), "serve", "--port", str(port),
+            "--initial-peers", *initial_peers]
+    for model in models:
+        args += ["--model", model]
+    full_env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), **(env or {}))
+    log = open(workdir / "service.log", "wb")
+    proc = subprocess.Popen(args, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=5).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("swarm-monitor serve did not answer /healthz; its log:\n"
+                                       + (workdir / "service.log").read_text(errors="replace")[-3000:])
+                time.sleep(0.5)
+        yield {"base": base, "pid": proc.pid, "workdir": workdir}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        log.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeout: float = 300.0) -> dict:
+    """POST /v1/completions with stream=true; client-side time to first token and decode speed.
+
+    Returns {ok, error, ttft, tokens, tokens_per_s, elapsed, text, route (petals extension)}."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    request = urllib.request.Request(base + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    first = last = None
+    text, usage, extension, error = "", None, None, None
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    error = event["error"].get("message")
+                    continue
+                for choice in event.get("choices") or ():
+                    if choice.get("text"):
+                        now = time.perf_counter()
+                        first = first or now
+                        last = now
+                        text += choice["text"]
+                extension = event.get("petals") or extension
+                usage = event.get("usage") or usage
+    except urllib.error.HTTPError as e:
+        error = f"HTTP {e.code}: {e.read()[:300]!r}"
+    except OSError as e:
+        error = repr(e)
+    elapsed = time.perf_counter() - started
+    tokens = (usage or {}).get("completion_tokens", 0)
+    return {
+        "ok": error is None and tokens > 0, "error": error, "ttft": (first - started) if first else None,
+        "tokens": tokens, "elapsed": elapsed,
+        "tokens_per_s": (tokens - 1) / (elapsed - (first - started)) if first and tokens > 1 else None,
+        "text": text, "petals": extension,
+    }

@@ -1,0 +1,284 @@
+#!/usr/bin/env python
+"""Figure: dashboard latency (p50/p95) on 30 days × 60 s polls × 500 servers, alone and with 16
+concurrent clients; database size.
+
+    .venv/bin/python scripts/bench_dashboard.py [--days 30 --servers 500] [--server werkzeug|gunicorn]
+
+The history is generated once (scripts/generate_history.py, through the store's write path) into
+``--db`` (default: a SQLite file in ~/.cache/petals-swarm-monitor-bench/) and reused while its
+parameters match (``--regenerate`` forces a new one). The web app runs in its own process on
+127.0.0.1, as ``swarm-monitor serve`` runs it (werkzeug, threaded) or as the README's production
+line (gunicorn gthread, 2 workers × 8 threads); this process is the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bench_common as bc
+
+CACHE = Path(os.environ.get("SWARM_MONITOR_BENCH_CACHE", Path.home() / ".cache" / "petals-swarm-monitor-bench"))
+TARGETS_P95 = {"overview": 0.050, "model page": 0.100, "peer history (API, 30 days)": 0.100}
+TARGET_DB_BYTES = 1 << 30
+
+
+# ---- the history ------------------------------------------------------------------------------
+
+
+def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool) -> dict:
+    """Generate the history unless a matching one exists; returns its description."""
+    from generate_history import HistoryGenerator
+
+    from monitor.store import Store
+
+    meta_path = db.with_suffix(".json")
+    wanted = {"days": days, "servers": servers, "models": 4, "poll_period": 60}
+    if not regenerate and db.exists() and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("params") == wanted:
+            print(f"reusing the history in {db} (generated {time.ctime(meta['end'])}; --regenerate for a new one)")
+            return meta
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(f"sqlite:///{db}")
+    try:
+        store.migrate()
+        end = time.time()
+        print(f"generating {days:g} days × {servers} servers of polls into {db} ...", flush=True)
+        stats = HistoryGenerator(store, servers=servers, models=4, poll_period=60).run(days, end=end)
+    finally:
+        store.close()
+    meta = {"params": wanted, "end": end, "generation": stats}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def pick_targets(db: Path) -> dict:
+    """The biggest model, and a peer seen over the whole history (the longest peer history)."""
+    import sqlalchemy as sa
+
+    from monitor.store import T_MODELS, T_PEERS, Store
+
+    store = Store(f"sqlite:///{db}")
+    try:
+        store.migrate()  # a history made before a schema change is brought up to date, data kept
+        with store.engine.connect() as conn:
+            model = conn.execute(sa.select(T_MODELS.c.dht_prefix).order_by(T_MODELS.c.num_blocks.desc())).scalar()
+            peer = conn.execute(sa.select(T_PEERS.c.peer_id).where(T_PEERS.c.first_seen.is_not(None))
+                                .order_by((T_PEERS.c.last_seen - T_PEERS.c.first_seen).desc())).scalar()
+        size = store.database_size_bytes()
+    finally:
+        store.close()
+    return {"model": model, "peer": peer, "database_bytes": size}
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+
+def serve(db_url: str, ready_file: str) -> None:
+    """(child process) The web app over the store, served as `swarm-monitor serve` serves it."""
+    from werkzeug.serving import make_server
+
+    from monitor import compat  # noqa: F401
+    from monitor.settings import Settings
+    from monitor.store import Store
+    from monitor.web import create_app
+
+    settings = Settings(database_url=db_url)
+    app = create_app(settings, Store(db_url))
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    Path(ready_file).write_text(json.dumps({"port": server.server_port, "pid": os.getpid()}))
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+
+
+class WebServer:
+    def __init__(self, db: Path, kind: str):
+        self.db, self.kind = db, kind
+        self.proc = None
+        self.base = None
+
+    def __enter__(self) -> "WebServer":
+        url = f"sqlite:///{self.db}"
+        ready = Path(f"/tmp/bench-dashboard-{os.getpid()}.json")
+        ready.unlink(missing_ok=True)
+        if self.kind == "werkzeug":
+            args = [sys.executable, __file__, "_serve", url, str(ready)]
+            env = dict(os.environ)
+        else:
+            port = _free_port()
+            args = [str(Path(sys.executable).parent / "gunicorn"), "--worker-class", "gthread", "--workers", "2",
+                    "--threads", "8", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+                    "monitor.web.wsgi:app"]
+            env = dict(os.environ, SWARM_MONITOR_DATABASE_URL=url, PYTHONPATH=str(bc.ROOT))
+            ready.write_text(json.dumps({"port": port}))
+        self.proc = subprocess.Popen(args, env=env, cwd=bc.ROOT, start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the {self.kind} web server exited with code {self.proc.returncode}")
+            if ready.exists():
+                try:
+                    self.base = f"http://127.0.0.1:{json.loads(ready.read_text())['port']}"
+                    urllib.request.urlopen(self.base + "/healthz", timeout=5).read()
+                    break
+                except (ValueError, OSError):
+                    pass
+            time.sleep(0.3)
+        else:
+            raise RuntimeError(f"the {self.kind} web server did not answer /healthz within 120 s")
+        ready.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the client ---------------------------------------------------------------------------------
+
+
+def fetch(url: str) -> tuple[float, int, int]:
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            body = response.read()
+            status = response.status
+    except urllib.error.HTTPError as e:
+        body, status = e.read(), e.code
+    return time.perf_counter() - started, status, len(body)
+
+
+def measure(url: str, *, clients: int, requests: int, warmup: int = 3) -> dict:
+    for _ in range(warmup):
+        fetch(url)
+    latencies, failures, sizes = [], [], []
+    lock = threading.Lock()
+
+    def client():
+        for _ in range(requests):
+            seconds, status, size = fetch(url)
+            with lock:
+                latencies.append(seconds)
+                sizes.append(size)
+                if status != 200:
+                    failures.append(status)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    return {"p50": bc.percentile(latencies, 50), "p95": bc.percentile(latencies, 95), "n": len(latencies),
+            "failed": len(failures), "statuses": sorted(set(failures)), "rps": len(latencies) / wall,
+            "bytes": int(bc.median(sizes))}
+
+
+def main(argv=None) -> None:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_serve":
+        return serve(sys.argv[2], sys.argv[3])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--days", type=float, default=30)
+    parser.add_argument("--servers", type=int, default=500)
+    parser.add_argument("--db", type=Path, default=None, help="SQLite file for the history (reused when it matches)")
+    parser.add_argument("--regenerate", action="store_true")
+    parser.add_argument("--server", choices=("werkzeug", "gunicorn"), default="werkzeug")
+    parser.add_argument("--requests", type=int, default=30, help="sequential requests per endpoint, alone")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--client-requests", type=int, default=10, help="requests per concurrent client")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+
+    db = args.db or CACHE / f"history-{args.days:g}d-{args.servers}s.db"
+    print(bc.machine())
+    meta = ensure_history(db, days=args.days, servers=args.servers, regenerate=args.regenerate)
+    targets = pick_targets(db)
+    file_bytes = sum(Path(f"{db}{s}").stat().st_size for s in ("", "-wal") if Path(f"{db}{s}").exists())
+    now = time.time()
+    endpoints = {
+        "overview": "/",
+        "model page": f"/models/{targets['model']}",
+        "peer page (7 days)": f"/peers/{targets['peer']}?hours=168",
+        "peer history (API, 30 days)": f"/api/v1/peers/{targets['peer']}/history?since={now - args.days * 86400:.0f}",
+        "/api/v1/state": "/api/v1/state",
+        "/metrics": "/metrics",
+    }
+    results = {}
+    with WebServer(db, args.server) as web:
+        for name, path in endpoints.items():
+            alone = measure(web.base + path, clients=1, requests=args.requests)
+            loaded = measure(web.base + path, clients=args.clients, requests=args.client_requests)
+            results[name] = (alone, loaded)
+            print(f"{name:30s} alone p50 {bc.ms(alone['p50'])} p95 {bc.ms(alone['p95'])} | "
+                  f"{args.clients} clients p50 {bc.ms(loaded['p50'])} p95 {bc.ms(loaded['p95'])} "
+                  f"{loaded['rps']:.1f} req/s | {alone['bytes']} bytes, failed {alone['failed'] + loaded['failed']}",
+                  flush=True)
+
+    rows = []
+    for name, (alone, loaded) in results.items():
+        target = TARGETS_P95.get(name)
+        rows.append([
+            name, bc.ms(alone["p50"]), f"**{bc.ms(alone['p95'])}**", bc.ms(loaded["p50"]), bc.ms(loaded["p95"]),
+            f"{loaded['rps']:.1f}", f"{alone['bytes'] / 1024:.0f} kB",
+            alone["failed"] + loaded["failed"],
+            f"p95 ≤ {target * 1000:.0f} ms" if target else "",
+            bc.verdict(alone["p95"] <= target) if target else "",
+        ])
+    gen = meta.get("generation", {})
+    markdown = bc.table(["endpoint", "p50 alone", "p95 alone", f"p50 ({args.clients} clients)",
+                         f"p95 ({args.clients} clients)", "req/s (concurrent)", "response", "failed", "target", ""],
+                        rows)
+    markdown += "\n\n" + bc.table(
+        ["database", "size", "target", ""],
+        [[f"SQLite, {args.days:g} days × 60 s polls × {args.servers} servers (raw 2 days + hourly rollups)",
+          f"**{targets['database_bytes'] / 2**20:.0f} MiB** ({file_bytes / 2**20:.0f} MiB on disk with WAL)",
+          "≤ 1 GB", bc.verdict(targets["database_bytes"] <= TARGET_DB_BYTES)]],
+    )
+    markdown += (
+        f"\n\nServer: {args.server} ({'threaded, as `swarm-monitor serve` runs it' if args.server == 'werkzeug' else 'gthread, 2 workers × 8 threads'}) "
+        f"in its own process on 127.0.0.1; the client is this process (urllib, a new connection per request). "
+        f"'Alone': {args.requests} sequential requests after 3 warm-ups; concurrent: {args.clients} clients × "
+        f"{args.client_requests} requests on the same endpoint. Model page: the biggest model "
+        f"({targets['model']}); peer: the one seen longest. History generated through the store's write path "
+        f"in {gen.get('seconds', float('nan')) / 60:.0f} min ({gen.get('polls_per_second', float('nan')):.1f} "
+        f"polls/s; {gen.get('polls')} polls, {gen.get('peers')} distinct peers), ending "
+        f"{(now - meta['end']) / 3600:.1f} h before this run."
+    )
+    print("\n" + markdown)
+    if not args.no_write:
+        bc.write_section(f"dashboard-{args.server}", markdown)
+
+
+if __name__ == "__main__":
+    main()
