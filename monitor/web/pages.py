@@ -45,7 +45,8 @@ def overview():
             state=state,
             sparklines={} if cur.unavailable else {
                 report["dht_prefix"]: charts.sparkline(
-                    *queries.coverage_history(d.store, report["dht_prefix"], now - DAY, now),
+                    *queries.coverage_history(d.store, report["dht_prefix"], now - DAY, now,
+                                              poll_id=cur.last_poll.id if cur.last_poll else None),
                     state=report["monitor_state"], since=now - DAY, until=now,
                 )
                 for report in state["model_reports"]

@@ -6,6 +6,7 @@ here computes a figure itself. Several web workers read the same store, so they 
 
 from __future__ import annotations
 
+import threading
 import time
 
 from dataclasses import dataclass, field, replace
@@ -47,7 +48,44 @@ def latest_scores(store) -> dict[str, Any]:
     return dict(reader() or {}) if reader else {}
 
 
+class PollMemo:
+    """Results that change only when a new poll or probe lands, computed once per worker and
+    reused by every page load until then (a page refreshes every few seconds; polls come every
+    minute). Small and bounded: it keeps the latest few keys only."""
+
+    def __init__(self, size: int = 32):
+        self.size = size
+        self._items: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key, compute):
+        with self._lock:
+            if key in self._items:
+                return self._items[key]
+        value = compute()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.pop(next(iter(self._items)))
+        return value
+
+
+_memo = PollMemo()
+
+
+def _probes_key(probes) -> tuple:
+    return tuple(sorted((peer, r.ok, r.joining) for peer, r in probes.items()))
+
+
 def diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, coverage.ModelHealth]:
+    """Each model's diagnosis (memoized per snapshot, probe outcomes and thresholds)."""
+    key = ("diagnose", snapshot.taken_at, snapshot.duration, len(snapshot.servers), snapshot.invalid_records,
+           tuple(m.dht_prefix for m in snapshot.models), _probes_key(probes),
+           settings.min_tokens_per_s, settings.min_cache_tokens)
+    return _memo.get(key, lambda: _diagnose_all(snapshot, probes, settings))
+
+
+def _diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, coverage.ModelHealth]:
     healths = {}
     for model in snapshot.models:
         if model.num_blocks < 1:
@@ -133,10 +171,16 @@ def poll_info(cur: Current, settings: Settings, now: float) -> dict:
     }
 
 
-def coverage_history(store, dht_prefix: str, since: float, until: float) -> tuple[list[float], list]:
-    """(times, coverage %) of the model's recorded statuses, oldest first."""
-    history = store.model_status_history(dht_prefix, since, until)
-    return [h["at"] for h in history], [h["coverage_pct"] for h in history]
+def coverage_history(store, dht_prefix: str, since: float, until: float, *, poll_id=None) -> tuple[list[float], list]:
+    """(times, coverage %) of the model's recorded statuses, oldest first. With ``poll_id`` (the
+    latest poll) the answer is memoized until the next poll, the window rounded to the minute."""
+    def read():
+        history = store.model_status_history(dht_prefix, since, until)
+        return [h["at"] for h in history], [h["coverage_pct"] for h in history]
+
+    if poll_id is None:
+        return read()
+    return _memo.get(("coverage", id(store), dht_prefix, poll_id, int(since // 60), int(until // 60)), read)
 
 
 def block_rows(health: coverage.ModelHealth) -> list[dict]:
