@@ -46,7 +46,7 @@ def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool) -> 
     if not regenerate and db.exists() and meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("params") == wanted:
-            print(f"reusing the history in {db} (generated {time.ctime(meta['end'])}; --regenerate for a new one)")
+            print(f"reusing the history in {db} (its last poll: {time.ctime(meta['end'])}; --regenerate for a new one)")
             return meta
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)

@@ -2,7 +2,7 @@
 """Figure: the slow-server trap — tokens/s and failed requests with health-aware routing vs petals'
 default routing (ratio).
 
-    .venv/bin/python scripts/bench_trap.py [--model tiny|demo] [--requests 8] [--tokens 24]
+    .venv/bin/python scripts/bench_trap.py [--models tiny demo] [--requests 8] [--tokens 24]
 
 Swarm: servers A (first half of the blocks), B (second half) and C (all blocks), all announcing the
 same throughput, so petals' default routing prefers C's one-hop route; C is then throttled
@@ -48,9 +48,28 @@ def run_mode(swarm, mode: str, *, prefix: str, num_blocks: int, path: Path, requ
     }
 
 
+def measure(model: str, *, requests: int, tokens: int, duty: float, data_dir: Path) -> dict:
+    from monitor.local_swarm import LocalSwarm, ServerSpec
+
+    path, prefix, num_blocks = model_setup(model, data_dir)
+    half = num_blocks // 2
+    specs = [ServerSpec("A", 0, half, throughput=100.0), ServerSpec("B", half, num_blocks, throughput=100.0),
+             ServerSpec("C", 0, num_blocks, throughput=100.0)]
+    with LocalSwarm(path, prefix, update_period=10) as swarm:
+        swarm.start(specs)
+        names = {swarm.peer_id(spec.name): spec.name for spec in specs}
+        swarm.throttle("C", duty=duty, period=0.2)
+        results = {mode: run_mode(swarm, mode, prefix=prefix, num_blocks=num_blocks, path=path,
+                                  requests=requests, tokens=tokens, names=names)
+                   for mode in ("default", "health")}
+    for r in results.values():
+        print(model, r, flush=True)
+    return {"model": model, "prefix": prefix, "num_blocks": num_blocks, "half": half, **results}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("tiny", "demo"), default="tiny")
+    parser.add_argument("--models", nargs="+", choices=("tiny", "demo"), default=["tiny", "demo"])
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--duty", type=float, default=0.8, help="fraction of time C's compute process is stopped")
@@ -59,39 +78,29 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     print(bc.machine())
 
-    from monitor.local_swarm import LocalSwarm, ServerSpec
-
-    path, prefix, num_blocks = model_setup(args.model, args.data_dir)
-    half = num_blocks // 2
-    specs = [ServerSpec("A", 0, half, throughput=100.0), ServerSpec("B", half, num_blocks, throughput=100.0),
-             ServerSpec("C", 0, num_blocks, throughput=100.0)]
-    with LocalSwarm(path, prefix, update_period=10) as swarm:
-        swarm.start(specs)
-        names = {swarm.peer_id(spec.name): spec.name for spec in specs}
-        swarm.throttle("C", duty=args.duty, period=0.2)
-        results = {mode: run_mode(swarm, mode, prefix=prefix, num_blocks=num_blocks, path=path,
-                                  requests=args.requests, tokens=args.tokens, names=names)
-                   for mode in ("default", "health")}
-    for r in results.values():
-        print(r, flush=True)
-
-    default, health = results["default"], results["health"]
-    ratio = health["tokens_per_s"] / default["tokens_per_s"]
-    rows = [[mode, f"{r['tokens_per_s']:.1f}", bc.ms(r["ttft"]), r["failed"],
-             ", ".join(f"{route} ×{n}" for route, n in sorted(r["routes"].items(), key=lambda kv: -kv[1])),
-             " ".join(str(x) for x in r["per_request"])]
-            for mode, r in results.items()]
-    markdown = bc.table(["routing", "tokens/s (median)", "TTFT (median)", "failed requests", "routes taken",
-                         "tokens/s per request, in order"], rows)
+    rows, summary = [], []
+    for model in args.models:
+        r = measure(model, requests=args.requests, tokens=args.tokens, duty=args.duty, data_dir=args.data_dir)
+        for mode in ("default", "health"):
+            m = r[mode]
+            rows.append([f"{model} ({r['num_blocks']} blocks)", mode, f"{m['tokens_per_s']:.1f}", bc.ms(m["ttft"]),
+                         m["failed"],
+                         ", ".join(f"{route} ×{n}" for route, n in sorted(m["routes"].items(), key=lambda kv: -kv[1])),
+                         " ".join(str(x) for x in m["per_request"])])
+        ratio = r["health"]["tokens_per_s"] / r["default"]["tokens_per_s"]
+        summary.append([f"{model} ({r['num_blocks']} blocks)", f"**{ratio:.2f}×**", "≥ 2×",
+                        bc.verdict(ratio >= TARGET_RATIO), r["health"]["failed"], "0",
+                        bc.verdict(r["health"]["failed"] == 0)])
+    markdown = bc.table(["model", "routing", "tokens/s (median)", "TTFT (median)", "failed requests",
+                         "routes taken", "tokens/s per request, in order"], rows)
     markdown += "\n\n" + bc.table(
-        ["health-aware / default tokens/s", "target", "", "failed requests (health-aware)", "target", ""],
-        [[f"**{ratio:.2f}×**", "≥ 2×", bc.verdict(ratio >= TARGET_RATIO), health["failed"], "0",
-          bc.verdict(health["failed"] == 0)]])
+        ["model", "health-aware / default tokens/s", "target", "", "failed requests (health-aware)", "target", ""],
+        summary)
     markdown += (
-        f"\n\nModel: {args.model} ({prefix}, {num_blocks} blocks). A = 0:{half}, B = {half}:{num_blocks}, "
-        f"C = 0:{num_blocks}, all announcing throughput 100; C throttled (stopped {args.duty:.0%} of every 0.2 s). "
-        f"{args.requests} sequential streamed completions of {args.tokens} greedy tokens per mode, each mode with a "
-        f"fresh `swarm-monitor serve` and an empty store."
+        f"\n\nA = first half of the blocks, B = second half, C = all blocks, all announcing throughput 100; C "
+        f"throttled (stopped {args.duty:.0%} of every 0.2 s). {args.requests} sequential streamed completions of "
+        f"{args.tokens} greedy tokens per mode, each mode with a fresh `swarm-monitor serve` and an empty store "
+        f"(the health-aware router starts knowing nothing and learns from its own requests)."
     )
     print("\n" + markdown)
     if not args.no_write:
