@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections import Counter
 
 import bench_common as bc

@@ -33,7 +33,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -59,10 +59,11 @@ class Slot:
     announce_offline: bool = False
     unreachable: bool = False
     cache: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class HistoryGenerator:
+    """Writes fabricated polls into ``store`` as the poller would; ``run(days)`` returns timings."""
+
     def __init__(self, store, *, servers: int = 500, models: int = 4, poll_period: float = 60.0,
                  raw_retention_days: float = 2.0, rollup_retention_days: float = 90.0, seed: int = 0,
                  analysis_every: int = 30):

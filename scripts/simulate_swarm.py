@@ -12,7 +12,8 @@ what servers *announce*, so announcing exactly what petals servers announce is a
   announced under ``_petals.models`` (subkey dht_prefix, value ``ModelInfo.to_dict()``);
 - the records are realistic: spans of 1/10..1/3 of the model (the first servers tile every model),
   throughputs and rps, cache_tokens_left, versions, dtypes, quantization, relays, public names,
-  adapters, next_pings to servers holding the next block; 5 % JOINING and 3 % OFFLINE.
+  adapters, next_pings to servers holding the next block; 5 % JOINING and 3 % OFFLINE (they keep
+  announcing that state, so the fractions stay steady; states do not churn here).
 
 What is behind a peer id (what the probes meet) — this is the honest part:
 
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import pickle
 import random
