@@ -1,4 +1,4 @@
-"""Make sure the p2pd daemons a process starts do not outlive it.
+"""Make sure the DHT processes and p2pd daemons a process starts do not outlive it.
 
 hivemind starts p2pd from the DHT's child process; if our process dies without calling
 ``DHT.shutdown()`` (SIGKILL, an uncaught error at exit), the daemon keeps running. A tiny watchdog
@@ -52,11 +52,12 @@ def guard(pids) -> None:
 
 
 def guard_dht_daemons(dht) -> None:
-    """Register the p2pd daemons under a started hivemind DHT's child process."""
+    """Register a started hivemind DHT's child process (a fork that outlives a killed parent)
+    and the p2pd daemons under it."""
     import psutil
 
     try:
         children = psutil.Process(dht.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return
-    guard(child.pid for child in children if "p2pd" in child.name())
+    guard([dht.pid] + [child.pid for child in children if "p2pd" in child.name()])

@@ -102,17 +102,34 @@ def test_the_harness_leaves_nothing_behind_even_if_its_process_is_killed(tiny_mo
         "print('UP', flush=True)\n"
         "time.sleep(600)\n"
     )
+    marker = f"harness-killed-{os.getpid()}-{time.time()}"
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                             cwd=os.path.dirname(os.path.dirname(__file__)))
+                             cwd=os.path.dirname(os.path.dirname(__file__)),
+                             env={**os.environ, "SWARM_MONITOR_HARNESS_TEST": marker})
     try:
         assert child.stdout.readline().strip() == "UP"
         assert swarm_processes(since=before)
         child.kill()  # no teardown code runs in the harness process
         child.wait(10)
         deadline = time.monotonic() + 20
-        while swarm_processes(since=before) and time.monotonic() < deadline:
+        while (swarm_processes(since=before) or _marked(marker)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert swarm_processes(since=before) == []
+        assert _marked(marker) == [], "processes of the killed harness (e.g. its DHT fork) outlived it"
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def _marked(marker: str) -> list[int]:
+    """Every live process that inherited the marker: servers, p2pd, forks, watchdogs alike."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("SWARM_MONITOR_HARNESS_TEST") == marker:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
