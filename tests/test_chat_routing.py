@@ -21,6 +21,7 @@ from chat.routing import (
 from monitor.settings import ModelConfig
 from monitor.snapshot import ChatOutcome
 from monitor.tiny_model import TINY_DHT_PREFIX
+from petals.client.routing.sequence_manager import RemoteSequenceManager
 
 # ---- pure ----------------------------------------------------------------------------------------
 
@@ -108,6 +109,12 @@ def route_of(engine, n=4) -> list[tuple[str, int, int]]:
     return [(hop.peer_id, hop.start, hop.end) for hop in finished[0].route]
 
 
+def _peer_id(base58: str):
+    from hivemind import PeerID
+
+    return PeerID.from_base58(base58)
+
+
 def named(swarm, route):
     names = {swarm.peer_id(n): n for n in ("first-half", "second-half", "full")}
     return [(names[peer], start, end) for peer, start, end in route]
@@ -126,10 +133,27 @@ def test_a_low_score_peer_is_avoided_when_others_cover_its_blocks(engine, swarm,
 
 
 def test_a_lower_but_acceptable_score_is_weighed_not_excluded(engine, swarm, scores):
+    """Above min_score a peer stays in petals' graph; only its compute edges cost more."""
     scores.clear()
-    scores[swarm.peer_id("full")] = PeerWeight(score=40)  # above min_score: penalty 2^2.5 ≈ 5.7
+    scores[swarm.peer_id("full")] = PeerWeight(score=40)  # above min_score 30: penalty 2^2.5
     scores[swarm.peer_id("first-half")] = PeerWeight(score=95)
     scores[swarm.peer_id("second-half")] = PeerWeight(score=95)
+    manager = engine.sequence_manager(TINY_DHT_PREFIX)
+    ours = manager._build_inference_graph(0, 8, cache_tokens_needed=None)
+    petals = RemoteSequenceManager._build_inference_graph(manager, 0, 8, cache_tokens_needed=None)
+    full, half = _peer_id(swarm.peer_id("full")), _peer_id(swarm.peer_id("first-half"))
+    for block in range(8):
+        edge = ((full, block), (full, block + 1))
+        assert ours.get_edge(*edge) == pytest.approx(petals.get_edge(*edge) * 2 ** 2.5)
+    for block in range(4):
+        edge = ((half, block), (half, block + 1))
+        assert ours.get_edge(*edge) == pytest.approx(petals.get_edge(*edge))
+    assert ours.get_edge("start", (full, 0)) == petals.get_edge("start", (full, 0))
+
+
+def test_a_peer_measured_far_slower_than_it_announces_loses_the_route(engine, swarm, scores):
+    scores.clear()
+    scores[swarm.peer_id("full")] = PeerWeight(score=95, seconds_per_token_per_block=0.5)  # 4 s per token
     assert named(swarm, route_of(engine)) == [("first-half", 0, 4), ("second-half", 4, 8)]
 
 
