@@ -582,6 +582,19 @@ class Store:
                            n_servers=row["n_servers"], invalid_records=row["invalid_records"],
                            errors=tuple(row["errors"] or ()), ok=bool(row["ok"]))
 
+    def change_marks(self) -> tuple:
+        """Fingerprints of everything the pages derive from the latest state (the last poll, the
+        last probe round, the last score refresh), in one cheap query: a reader may reuse what it
+        derived while they stay the same."""
+        def scalar(expression, table):
+            return sa.select(expression).select_from(table).scalar_subquery()
+
+        query = sa.select(*(scalar(expression, table) for table, column in (
+            (T_POLLS, T_POLLS.c.id), (T_LATEST_PROBES, T_LATEST_PROBES.c.at), (T_SCORES, T_SCORES.c.at),
+        ) for expression in (sa.func.max(column), sa.func.count())))
+        with self._read("reading change marks") as conn:
+            return tuple(conn.execute(query).one())
+
     def latest_snapshot(self) -> Optional[Snapshot]:
         """The latest successful poll, rebuilt from its rows (equal to the Snapshot recorded)."""
         with self._read("reading the latest snapshot") as conn:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import base58
@@ -394,3 +395,30 @@ def test_while_the_database_is_away_the_overview_keeps_showing_the_last_state(tm
         assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
     finally:
         store.close()
+
+
+def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refresh_lands(populated):
+    app, store, settings, now = populated
+    client = app.test_client()
+
+    def first_row() -> dict:
+        state = client.get("/api/v1/state").get_json()
+        tiny = next(r for r in state["model_reports"] if r["dht_prefix"] == TINY.dht_prefix)
+        return next(row for row in tiny["server_rows"] if row["peer_id"] == PEERS["first"])
+
+    before = first_row()
+    assert before["state"] == "online" and before["span"]["server_info"]["throughput"] == 50.0
+    assert first_row() == before  # nothing changed: the same state
+
+    store.record_probes(ProbeBatch(taken_at=now, duration=0.1, results=(
+        ProbeResult(PEERS["first"], "server", False, error="Failed to connect in 5 sec"),)))
+    assert first_row()["state"] == "unreachable"
+
+    rows = [replace(row, throughput=77.0) if row.peer_id == PEERS["first"] else row for row in _rows(2)]
+    snapshot = Snapshot(taken_at=now + 1, duration=1.0, models=(TINY, OTHER), servers=tuple(rows))
+    model_status, block_coverage = Poller(settings, store, dht=None).analyse(snapshot, store.latest_probes())
+    store.record_poll(snapshot, model_status=model_status, block_coverage=block_coverage)
+    assert first_row()["span"]["server_info"]["throughput"] == 77.0
+
+    store.record_scores(now + 2, {PEERS["first"]: {"score": 12.5, "explanation": ["a test"]}})
+    assert first_row()["score"] == 12.5

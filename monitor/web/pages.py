@@ -41,18 +41,20 @@ def overview():
                    demo_servers=d.demo_controls.servers() if d.demo_controls is not None else None)
     if cur.snapshot is not None:
         state = queries.state_dict(cur, d.settings)
-        context.update(
-            state=state,
-            sparklines={} if cur.unavailable else {
-                report["dht_prefix"]: charts.sparkline(
-                    *queries.coverage_history(d.store, report["dht_prefix"], now - DAY, now,
-                                              poll_id=cur.last_poll.id if cur.last_poll else None),
-                    state=report["monitor_state"], since=now - DAY, until=now,
-                )
-                for report in state["model_reports"]
-            },
-        )
+        context.update(state=state, sparklines={} if cur.unavailable else {
+            report["dht_prefix"]: _sparkline(cur, d.store, report["dht_prefix"], report["monitor_state"], now)
+            for report in state["model_reports"]
+        })
     return _render("overview.html", {"overview-live": "partials/overview_live.html"}, **context)
+
+
+def _sparkline(cur: queries.Current, store, dht_prefix: str, state: str, now: float) -> dict:
+    """The model's 24 h coverage line, drawn once per state and minute."""
+    def draw():
+        times, values = queries.coverage_history(store, dht_prefix, now - DAY, now)
+        return charts.sparkline(times, values, state=state, since=now - DAY, until=now)
+
+    return cur.derive(("sparkline", dht_prefix, state, int(now // 60)), draw)
 
 
 def _model_or_404(cur: queries.Current, dht_prefix: str):
@@ -78,14 +80,16 @@ def model(dht_prefix: str):
                    poll=queries.poll_info(cur, d.settings, now))
     target = _htmx_target()
     if target in (None, "model-live"):
-        context.update(
+        context.update(cur.derive(("model-live", dht_prefix, int(now // 60)), lambda: dict(
             redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
             changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
-        )
+        )))
     if target in (None, "model-heatmaps"):
-        context.update(heatmaps=[(label, _heatmap(d.store, dht_prefix, now - span, now))
-                                 for label, span in (("last 24 h", DAY), ("last 7 days", WEEK))])
+        context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // 60)), lambda: [
+            (label, _heatmap(d.store, dht_prefix, now - span, now))
+            for label, span in (("last 24 h", DAY), ("last 7 days", WEEK))
+        ]))
     return _render("model.html", {"model-live": "partials/model_live.html",
                                   "model-heatmaps": "partials/model_heatmaps.html"}, **context)
 

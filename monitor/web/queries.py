@@ -2,15 +2,20 @@
 
 Each function asks the store for the latest poll and runs ``coverage.diagnose`` on it; nothing
 here computes a figure itself. Several web workers read the same store, so they always agree.
+
+A page refreshes every few seconds, a poll lands every minute: ``current`` asks the store only
+whether anything changed (``Store.change_marks``) and otherwise reuses the state it read, along
+with everything derived from it (``Current.derive``: the state dict, charts).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from monitor import coverage
 from monitor.settings import Settings
@@ -20,6 +25,7 @@ from monitor.web import state_api
 
 StoreUnavailableError = StoreError  # down, locked or unmigrated: the pages answer 503 with the reason
 STALE_PERIODS = 3  # the last poll is stale after this many scrape periods without a new one
+MAX_DERIVED = 64  # values kept per state; beyond that (a poller stopped for hours) start afresh
 
 
 @dataclass
@@ -33,6 +39,9 @@ class Current:
     healths: dict[str, coverage.ModelHealth] = field(default_factory=dict)
     last_poll: Any = None
     unavailable: Optional[str] = None  # the database is unavailable: this is the last state read
+    marks: tuple = ()  # the store's change marks when this was read
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def models(self) -> tuple[ModelInfo, ...]:
@@ -41,6 +50,19 @@ class Current:
     def model(self, dht_prefix: str) -> Optional[ModelInfo]:
         return next((m for m in self.models if m.dht_prefix == dht_prefix), None)
 
+    def derive(self, key, compute: Callable[[], Any]):
+        """``compute()``, once per state and key: every page load until the next change reuses it.
+        Callers must not mutate what they get."""
+        with self._lock:
+            if key in self._derived:
+                return self._derived[key]
+        value = compute()
+        with self._lock:
+            if len(self._derived) >= MAX_DERIVED:
+                self._derived.clear()
+            self._derived[key] = value
+        return value
+
 
 def latest_scores(store) -> dict[str, Any]:
     """Scores are written by the poller after each poll (``record_scores``); none before that."""
@@ -48,44 +70,8 @@ def latest_scores(store) -> dict[str, Any]:
     return dict(reader() or {}) if reader else {}
 
 
-class PollMemo:
-    """Results that change only when a new poll or probe lands, computed once per worker and
-    reused by every page load until then (a page refreshes every few seconds; polls come every
-    minute). Small and bounded: it keeps the latest few keys only."""
-
-    def __init__(self, size: int = 32):
-        self.size = size
-        self._items: dict = {}
-        self._lock = threading.Lock()
-
-    def get(self, key, compute):
-        with self._lock:
-            if key in self._items:
-                return self._items[key]
-        value = compute()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.pop(next(iter(self._items)))
-        return value
-
-
-_memo = PollMemo()
-
-
-def _probes_key(probes) -> tuple:
-    return tuple(sorted((peer, r.ok, r.joining) for peer, r in probes.items()))
-
-
 def diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, coverage.ModelHealth]:
-    """Each model's diagnosis (memoized per snapshot, probe outcomes and thresholds)."""
-    key = ("diagnose", snapshot.taken_at, snapshot.duration, len(snapshot.servers), snapshot.invalid_records,
-           tuple(m.dht_prefix for m in snapshot.models), _probes_key(probes),
-           settings.min_tokens_per_s, settings.min_cache_tokens)
-    return _memo.get(key, lambda: _diagnose_all(snapshot, probes, settings))
-
-
-def _diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, coverage.ModelHealth]:
+    """Each model's diagnosis under the dashboard's thresholds."""
     healths = {}
     for model in snapshot.models:
         if model.num_blocks < 1:
@@ -97,28 +83,34 @@ def _diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, c
     return healths
 
 
-_last_good: dict[int, Current] = {}  # per store: what to show while its database is away
+# per store: the latest state read (and the thresholds it was diagnosed with); reused while the
+# store's marks hold, and shown, marked unavailable, while its database is away
+_latest: "weakref.WeakKeyDictionary[Any, tuple[tuple, Current]]" = weakref.WeakKeyDictionary()
 
 
 def current(store, settings: Settings) -> Current:
     """The latest state; while the database is down or locked, the last state this worker read,
     marked ``unavailable`` with the reason (raises only if nothing was ever read)."""
+    thresholds = (settings.min_tokens_per_s, settings.min_cache_tokens)
+    last = _latest.get(store)
     try:
-        cur = _read_current(store, settings)
+        marks = store.change_marks()
+        if last is not None and last[0] == thresholds and last[1].marks == marks:
+            return last[1]
+        cur = _read_current(store, settings, marks)
     except StoreError as e:
-        last = _last_good.get(id(store))
         if last is None:
             raise
-        return replace(last, unavailable=str(e))
-    _last_good[id(store)] = cur
+        return replace(last[1], unavailable=str(e))
+    _latest[store] = (thresholds, cur)
     return cur
 
 
-def _read_current(store, settings: Settings) -> Current:
+def _read_current(store, settings: Settings, marks: tuple) -> Current:
     snapshot = store.latest_snapshot()
     last_poll = store.last_poll()
     if snapshot is None:
-        return Current(snapshot=None, last_poll=last_poll)
+        return Current(snapshot=None, last_poll=last_poll, marks=marks)
     probes = dict(store.latest_probes() or {})
     return Current(
         snapshot=snapshot,
@@ -127,19 +119,22 @@ def _read_current(store, settings: Settings) -> Current:
         model_status=dict(store.latest_model_status() or {}),
         healths=diagnose_all(snapshot, probes, settings),
         last_poll=last_poll,
+        marks=marks,
     )
 
 
 def state_dict(cur: Current, settings: Settings) -> dict:
-    return state_api.build_state(
+    """The /api/v1/state document (shared, read-only: computed once per state)."""
+    initial_peers = settings.initial_peers if settings.initial_peers != ["public"] else settings.resolved_initial_peers
+    return cur.derive(("state", tuple(initial_peers), settings.scrape_period), lambda: state_api.build_state(
         cur.snapshot,
         model_status=cur.model_status,
         healths=cur.healths,
         probes=cur.probes,
         scores=cur.scores,
-        initial_peers=settings.initial_peers if settings.initial_peers != ["public"] else settings.resolved_initial_peers,
+        initial_peers=initial_peers,
         update_period=settings.scrape_period,
-    )
+    ))
 
 
 def latest_probes(store) -> dict[str, ProbeResult]:
@@ -171,16 +166,10 @@ def poll_info(cur: Current, settings: Settings, now: float) -> dict:
     }
 
 
-def coverage_history(store, dht_prefix: str, since: float, until: float, *, poll_id=None) -> tuple[list[float], list]:
-    """(times, coverage %) of the model's recorded statuses, oldest first. With ``poll_id`` (the
-    latest poll) the answer is memoized until the next poll, the window rounded to the minute."""
-    def read():
-        history = store.model_status_history(dht_prefix, since, until)
-        return [h["at"] for h in history], [h["coverage_pct"] for h in history]
-
-    if poll_id is None:
-        return read()
-    return _memo.get(("coverage", id(store), dht_prefix, poll_id, int(since // 60), int(until // 60)), read)
+def coverage_history(store, dht_prefix: str, since: float, until: float) -> tuple[list[float], list]:
+    """(times, coverage %) of the model's recorded statuses, oldest first."""
+    history = store.model_status_history(dht_prefix, since, until)
+    return [h["at"] for h in history], [h["coverage_pct"] for h in history]
 
 
 def block_rows(health: coverage.ModelHealth) -> list[dict]:
