@@ -25,18 +25,31 @@ Bottlenecks: served blocks whose total throughput (the sum over serving servers,
 block selection sums it) is below ``BOTTLENECK_FRACTION`` of the median over served blocks —
 the place where the swarm is thinnest relative to itself, even when nothing is missing.
 
-Ranges are ``start:end`` with ``end`` exclusive, as petals' ``--block_indices``.
+Ranges are ``start:end`` with ``end`` exclusive, as petals' ``--block_indices``. The result types
+live in ``monitor.diagnosis`` (no petals there), so the web can show a stored diagnosis.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Iterable, Mapping, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
+from monitor.diagnosis import (  # noqa: F401  (the result types, re-exported)
+    BROKEN,
+    DEGRADED,
+    HEALTHY,
+    BlockCoverage,
+    ModelHealth,
+    Range,
+    Recommendation,
+    RouteHop,
+    format_ranges,
+    ranges,
+)
 from monitor.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
 
 import dijkstar
@@ -46,30 +59,7 @@ from petals.client.routing.sequence_manager import RemoteSequenceManager
 from petals.data_structures import RemoteModuleInfo, ServerInfo, ServerState
 from petals.server.block_selection import choose_best_blocks
 
-HEALTHY, DEGRADED, BROKEN = "healthy", "degraded", "broken"
 BOTTLENECK_FRACTION = 0.5
-
-Range = tuple[int, int]
-RouteHop = tuple[str, int, int]  # (peer id, start, end)
-
-
-# ---- ranges ----------------------------------------------------------------------------------
-
-
-def ranges(blocks: Iterable[int]) -> list[Range]:
-    """Consecutive block indices merged into ``(start, end)`` ranges, end exclusive."""
-    merged: list[list[int]] = []
-    for block in sorted(set(blocks)):
-        if merged and merged[-1][1] == block:
-            merged[-1][1] = block + 1
-        else:
-            merged.append([block, block + 1])
-    return [(start, end) for start, end in merged]
-
-
-def format_ranges(spans: Iterable[Range]) -> str:
-    """``[(0, 4), (6, 7)]`` -> ``"0:4, 6:7"``."""
-    return ", ".join(f"{start}:{end}" for start, end in spans)
 
 
 def _blocks_phrase(spans: Sequence[Range]) -> str:
@@ -84,61 +74,6 @@ def short_peer_id(peer_id: str) -> str:
 
 def peer_label(row: ServerRow) -> str:
     return row.public_name or short_peer_id(row.peer_id)
-
-
-# ---- result types ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BlockCoverage:
-    index: int
-    peers: tuple[str, ...]  # serving peer ids
-    online: int
-    total_throughput: float
-    min_throughput: Optional[float]
-    cache_tokens_left: Optional[int]  # sum over serving servers that announce it; None if none do
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    start: int
-    end: int
-    num_blocks: int
-    argument: str  # exactly what to pass to petals.cli.run_server, e.g. "--block_indices 4:8"
-    reason: str
-
-
-@dataclass(frozen=True)
-class ModelHealth:
-    model: str
-    state: str  # HEALTHY | DEGRADED | BROKEN
-    reasons: tuple[str, ...]
-    coverage_pct: float
-    servers_online: int
-    min_redundancy: int
-    blocks: tuple[BlockCoverage, ...]
-    missing_ranges: tuple[Range, ...]
-    single_served_ranges: tuple[Range, ...]
-    bottleneck_ranges: tuple[Range, ...]
-    low_cache_ranges: tuple[Range, ...]
-    est_tokens_per_s: Optional[float]  # None when no route exists
-    route: tuple[RouteHop, ...]
-    recommendation: Recommendation
-    excluded_peers: dict[str, str] = field(default_factory=dict)  # announced but not serving: why
-
-    def to_dict(self) -> dict:
-        """JSON-ready: tuples become lists, nothing else changes."""
-        return _jsonable(asdict(self))
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 # ---- rows -> who serves what -----------------------------------------------------------------

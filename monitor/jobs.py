@@ -105,6 +105,7 @@ class Poller:
                 "servers_online": health.servers_online,
                 "min_redundancy": health.min_redundancy,
                 "est_tokens_per_s": health.est_tokens_per_s,
+                "diagnosis": health.to_dict(),  # the whole of it, for the web (which runs no petals)
             })
             block_coverage[model.dht_prefix] = coverage.block_redundancy(model.num_blocks, rows, probes)
         return model_status, block_coverage
@@ -140,6 +141,10 @@ class Poller:
             return None
         if self._with_db_retry(lambda: self.store.record_probes(batch), job="probe")[0]:
             self.stats.ok("probe")
+            if snapshot is not None:  # unreachable peers change the diagnosis: redo it with these probes
+                statuses, _ = self.analyse(snapshot, self._latest_probes())
+                self._with_db_retry(lambda: self.store.record_diagnoses(
+                    {status["model"]: status["diagnosis"] for status in statuses}), job="probe")
         return batch
 
     def rollup_once(self, now: Optional[float] = None):

@@ -255,6 +255,17 @@ class PeerPolicyRow(SQLModel, table=True):
     at: float
 
 
+class LatestDiagnosisRow(SQLModel, table=True):
+    """Each model's diagnosis (``diagnosis.ModelHealth.to_dict()``) for the latest poll and probe
+    round, written by the poller, so web workers show it without running petals' routing."""
+
+    __tablename__ = "latest_diagnoses"
+    model: str = Field(primary_key=True, max_length=256)
+    poll_id: int = Field(sa_type=BigId)
+    at: float  # when it was written
+    diagnosis: Any = _json_field()
+
+
 class StoreMetaRow(SQLModel, table=True):
     __tablename__ = "store_meta"
     key: str = Field(primary_key=True)
@@ -336,6 +347,7 @@ T_OUTCOMES = ChatOutcomeRow.__table__
 T_SCORES = PeerScoreRow.__table__
 T_META = StoreMetaRow.__table__
 T_POLICIES = PeerPolicyRow.__table__
+T_DIAGNOSES = LatestDiagnosisRow.__table__
 PEER_POLICIES = ("pinned", "blocked")
 T_H_POLLS = HourlyPollsRow.__table__
 T_H_OBS = HourlyObservationsRow.__table__
@@ -460,11 +472,13 @@ class Store:
         """Record one successful poll in one transaction; returns the poll id.
 
         ``model_status``: one dict per model with the keys of ``_STATUS_KEYS`` (as ``jobs.py``
-        builds them from ``coverage.diagnose``). ``block_coverage``: model -> per block
+        builds them from ``coverage.diagnose``), and optionally ``diagnosis`` (the whole
+        ``ModelHealth.to_dict()``, kept for the latest poll only). ``block_coverage``: model -> per block
         (serving servers, total throughput), as ``coverage.block_redundancy`` returns it.
         """
         at = snapshot.taken_at
-        statuses = [_check_status(s) for s in model_status]
+        diagnoses = {s["model"]: s["diagnosis"] for s in model_status if s.get("diagnosis") is not None}
+        statuses = [_check_status({k: v for k, v in s.items() if k != "diagnosis"}) for s in model_status]
         blocks = {model: ([int(c) for c, _ in per_block], [float(t) for _, t in per_block])
                   for model, per_block in (block_coverage or {}).items()}
         with self._write("recording a poll") as conn:
@@ -503,7 +517,37 @@ class Store:
                     {"poll_id": poll_id, "model": model, "at": at, "servers": servers, "throughput": throughput}
                     for model, (servers, throughput) in blocks.items()
                 ])
+            if diagnoses:  # (older ones are ignored: they belong to an older poll)
+                self._replace_diagnoses(conn, poll_id, diagnoses)
             return poll_id
+
+    def record_diagnoses(self, diagnoses: Mapping[str, Mapping]) -> None:
+        """Replace the latest poll's diagnoses (model -> ``ModelHealth.to_dict()``): the poller
+        re-diagnoses the poll after each probe round."""
+        with self._write("recording diagnoses") as conn:
+            poll = _latest_ok_poll(conn)
+            if poll is not None:
+                self._replace_diagnoses(conn, poll["id"], diagnoses)
+
+    def latest_diagnoses(self) -> dict[str, dict]:
+        """model -> its diagnosis for the latest successful poll (none for older polls)."""
+        t = T_DIAGNOSES.c
+        with self._read("reading the latest diagnoses") as conn:
+            poll = _latest_ok_poll(conn)
+            if poll is None:
+                return {}
+            rows = conn.execute(sa.select(t.model, t.diagnosis).where(t.poll_id == poll["id"])).all()
+        return {model: diagnosis for model, diagnosis in rows if diagnosis}
+
+    @staticmethod
+    def _replace_diagnoses(conn: Connection, poll_id: int, diagnoses: Mapping[str, Mapping]) -> None:
+        conn.execute(sa.delete(T_DIAGNOSES))
+        if diagnoses:
+            written = time.time()
+            conn.execute(sa.insert(T_DIAGNOSES), [
+                {"model": model, "poll_id": poll_id, "at": written, "diagnosis": _jsonable(dict(diagnosis))}
+                for model, diagnosis in diagnoses.items()
+            ])
 
     def record_failed_poll(self, at: float, error: str, *, duration: float = 0.0) -> int:
         """A poll that could not scrape: kept (with its error) so gaps are explained; no rows."""
@@ -584,13 +628,14 @@ class Store:
 
     def change_marks(self) -> tuple:
         """Fingerprints of everything the pages derive from the latest state (the last poll, the
-        last probe round, the last score refresh), in one cheap query: a reader may reuse what it
+        last probe round, the last score refresh, the last diagnosis), in one cheap query: a reader may reuse what it
         derived while they stay the same."""
         def scalar(expression, table):
             return sa.select(expression).select_from(table).scalar_subquery()
 
         query = sa.select(*(scalar(expression, table) for table, column in (
             (T_POLLS, T_POLLS.c.id), (T_LATEST_PROBES, T_LATEST_PROBES.c.at), (T_SCORES, T_SCORES.c.at),
+            (T_DIAGNOSES, T_DIAGNOSES.c.at),
         ) for expression in (sa.func.max(column), sa.func.count())))
         with self._read("reading change marks") as conn:
             return tuple(conn.execute(query).one())

@@ -64,6 +64,19 @@ def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool) -> 
     return meta
 
 
+def backfill_diagnoses(store) -> None:
+    """A history made before the poller stored diagnoses gets one for its latest poll, as the
+    poller's next probe round would write it (else the web would diagnose it itself)."""
+    from monitor.jobs import Poller
+    from monitor.settings import Settings
+
+    snapshot = store.latest_snapshot()
+    if snapshot is None or store.latest_diagnoses():
+        return
+    statuses, _ = Poller(Settings(), store, dht=None).analyse(snapshot, store.latest_probes())
+    store.record_diagnoses({status["model"]: status["diagnosis"] for status in statuses})
+
+
 def pick_targets(db: Path) -> dict:
     """The biggest model, and a peer seen over the whole history (the longest peer history)."""
     import sqlalchemy as sa
@@ -73,6 +86,7 @@ def pick_targets(db: Path) -> dict:
     store = Store(f"sqlite:///{db}")
     try:
         store.migrate()  # a history made before a schema change is brought up to date, data kept
+        backfill_diagnoses(store)
         with store.engine.connect() as conn:
             model = conn.execute(sa.select(T_MODELS.c.dht_prefix).order_by(T_MODELS.c.num_blocks.desc())).scalar()
             peer = conn.execute(sa.select(T_PEERS.c.peer_id).where(T_PEERS.c.first_seen.is_not(None))

@@ -12,11 +12,16 @@ connection handlers and p2pd still answer), so it announces well but answers slo
 own empty store: the health-aware router starts knowing nothing) answers ``--requests``
 sequential streamed completions; the table gives the median decode tokens/s, failures and which
 peers each request used.
+
+Both modes start once the swarm is in its steady state: A announces its ping to B (``next_pings``).
+Until then petals prices the A→B hop at its 150 ms "unknown delay", and a service that starts in
+those first seconds keeps that view for a whole client refresh period (60 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -48,6 +53,21 @@ def run_mode(swarm, mode: str, *, prefix: str, num_blocks: int, path: Path, requ
     }
 
 
+def wait_next_pings(swarm, prefix: str, num_blocks: int, first: str, second: str, timeout: float = 120.0) -> float:
+    """Wait until ``first`` announces a ping to ``second``; returns the seconds waited."""
+    from monitor.snapshot import ModelInfo
+    from monitor.swarm import scrape
+
+    started = time.monotonic()
+    want_from, want_to = swarm.peer_id(first), swarm.peer_id(second)
+    while time.monotonic() - started < timeout:
+        snapshot = scrape(swarm.dht, [ModelInfo(prefix, num_blocks)], discover=False)
+        if any(row.peer_id == want_from and want_to in (row.next_pings or {}) for row in snapshot.servers):
+            return time.monotonic() - started
+        time.sleep(2)
+    raise RuntimeError(f"{first} did not announce a ping to {second} within {timeout:.0f} s")
+
+
 def measure(model: str, *, requests: int, tokens: int, duty: float, data_dir: Path) -> dict:
     from monitor.local_swarm import LocalSwarm, ServerSpec
 
@@ -58,6 +78,7 @@ def measure(model: str, *, requests: int, tokens: int, duty: float, data_dir: Pa
     with LocalSwarm(path, prefix, update_period=10) as swarm:
         swarm.start(specs)
         names = {swarm.peer_id(spec.name): spec.name for spec in specs}
+        print(f"{model}: A announced its ping to B after {wait_next_pings(swarm, prefix, num_blocks, 'A', 'B'):.0f} s")
         swarm.throttle("C", duty=duty, period=0.2)
         results = {mode: run_mode(swarm, mode, prefix=prefix, num_blocks=num_blocks, path=path,
                                   requests=requests, tokens=tokens, names=names)
@@ -99,7 +120,7 @@ def main(argv=None) -> None:
     markdown += (
         f"\n\nA = first half of the blocks, B = second half, C = all blocks, all announcing throughput 100; C "
         f"throttled (stopped {args.duty:.0%} of every 0.2 s). {args.requests} sequential streamed completions of "
-        f"{args.tokens} greedy tokens per mode, each mode with a fresh `swarm-monitor serve` and an empty store "
+        f"{args.tokens} greedy tokens per mode, started once A announces its ping to B, each mode with a fresh `swarm-monitor serve` and an empty store "
         f"(the health-aware router starts knowing nothing and learns from its own requests)."
     )
     print("\n" + markdown)

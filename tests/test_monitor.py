@@ -90,6 +90,20 @@ def test_outage_is_diagnosed_named_and_kept_in_history(make_swarm, sqlite_store,
     assert start >= outage_started - 1 and end is not None and end > start
 
 
+def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_scrape(make_swarm, sqlite_store,
+                                                                                       tmp_path):
+    s = make_swarm([ServerSpec("a", 0, N), ServerSpec("b", 0, N)])
+    poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
+    poll(poller)
+    assert sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX]["min_redundancy"] == 2
+
+    s.kill("b")  # its record stays in the DHT until it expires; its probe fails at once
+    poller.probe_once()
+    diagnosis = sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX]
+    assert diagnosis["min_redundancy"] == 1
+    assert "unreachable" in diagnosis["excluded_peers"][s.peer_id("b")]
+
+
 def test_a_peer_that_disappears_and_returns_loses_uptime(make_swarm, sqlite_store, tmp_path):
     s = make_swarm([ServerSpec("steady", 0, N), ServerSpec("flaky", 0, N)])
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)

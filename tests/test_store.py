@@ -108,6 +108,23 @@ def test_the_latest_snapshot_is_the_latest_good_poll_not_a_failed_one(store):
     assert (last.id, last.ok, last.errors) == (failed_id, False, ("TimeoutError: the DHT did not answer",))
 
 
+def test_the_latest_polls_diagnoses_are_kept_and_replaced_and_change_the_marks(store):
+    diagnosis = {"model": LLAMA.dht_prefix, "state": "healthy", "route": [[peer("a"), 0, 8]], "ratio": float("inf")}
+    marks = store.change_marks()
+    store.record_poll(snapshot(T0, [row("a")]), model_status=[status(LLAMA, "healthy", diagnosis=diagnosis)])
+    assert store.latest_diagnoses() == {LLAMA.dht_prefix: {**diagnosis, "ratio": None}}  # JSON has no infinity
+    assert store.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"  # not part of the status
+    assert store.change_marks() != marks
+
+    marks = store.change_marks()
+    store.record_diagnoses({LLAMA.dht_prefix: {**diagnosis, "state": "degraded"}})  # after a probe round
+    assert store.latest_diagnoses()[LLAMA.dht_prefix]["state"] == "degraded"
+    assert store.change_marks() != marks
+
+    store.record_poll(snapshot(T0 + 60, [row("a")]), model_status=[status(LLAMA, "healthy")])
+    assert store.latest_diagnoses() == {}  # the older poll's diagnosis is not the newer poll's
+
+
 def test_next_pings_are_kept_for_an_hour_only(store):
     pinging = row("a", next_pings={peer("b"): 0.01})
     store.record_poll(snapshot(T0, [pinging]))
@@ -341,7 +358,7 @@ def test_migrating_an_empty_database_gives_exactly_the_models_schema(store):
 
     from monitor.store import metadata
 
-    assert store.current_revision() == "0003"
+    assert store.current_revision() == "0004"
     with store.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
 
@@ -365,7 +382,7 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
     new = Store(store_url)
     new.migrate()
     try:
-        assert new.current_revision() == "0003"
+        assert new.current_revision() == "0004"
         assert new.latest_snapshot() == snap
         assert new.latest_probes()[peer("a")].rtt == 0.01
         assert new.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"

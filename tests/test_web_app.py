@@ -422,3 +422,34 @@ def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refres
 
     store.record_scores(now + 2, {PEERS["first"]: {"score": 12.5, "explanation": ["a test"]}})
     assert first_row()["score"] == 12.5
+
+
+WEB_WORKER = """
+import json, sys
+from monitor.settings import Settings
+from monitor.store import Store
+from monitor.web import create_app
+client = create_app(Settings(**json.loads(sys.argv[2])), Store(sys.argv[1])).test_client()
+statuses = {url: client.get(url).status_code for url in sys.argv[3:]}
+heavy = sorted(name for name in ("torch", "petals", "hivemind", "transformers") if name in sys.modules)
+print(json.dumps({"statuses": statuses, "imported": heavy}))
+"""
+
+
+def test_a_web_worker_serves_every_page_without_importing_petals_or_torch(populated, tmp_path):
+    """The poller stores each diagnosis, so a web worker stays a small process (no torch)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    urls = ["/", f"/models/{TINY.dht_prefix}", f"/peers/{PEERS['full']}", "/api/v1/state", "/metrics",
+            f"/api/v1/models/{TINY.dht_prefix}", f"/api/v1/peers/{PEERS['full']}/history"]
+    settings = {"initial_peers": [BOOTSTRAP_ADDR], "models": [{"dht_prefix": TINY.dht_prefix, "num_blocks": 8}]}
+    done = subprocess.run([sys.executable, "-c", WEB_WORKER, f"sqlite:///{tmp_path / 'monitor.db'}",
+                           json.dumps(settings), *urls],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["statuses"] == {url: 200 for url in urls}
+    assert result["imported"] == []

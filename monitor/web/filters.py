@@ -59,7 +59,7 @@ def precision(torch_dtype: Optional[str], quant_type: Optional[str]) -> str:
 
 
 def register(app) -> None:
-    from monitor.coverage import format_ranges
+    from monitor.diagnosis import format_ranges
     from monitor.web.charts import figure_json
 
     app.jinja_env.filters.update(

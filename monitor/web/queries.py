@@ -1,7 +1,9 @@
-"""The store reads the pages, the API and /metrics share, joined with the pure analysis.
+"""The store reads the pages, the API and /metrics share.
 
-Each function asks the store for the latest poll and runs ``coverage.diagnose`` on it; nothing
-here computes a figure itself. Several web workers read the same store, so they always agree.
+Each model's diagnosis comes from the store, as the poller wrote it for the latest poll and probe
+round; nothing here computes a figure itself, and nothing imports petals (a web worker stays a
+small process). Several web workers read the same store, so they always agree. Only a poll
+recorded without its diagnosis (by an older version) is diagnosed here, importing petals then.
 
 A page refreshes every few seconds, a poll lands every minute: ``current`` asks the store only
 whether anything changed (``Store.change_marks``) and otherwise reuses the state it read, along
@@ -17,7 +19,7 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
-from monitor import coverage
+from monitor.diagnosis import ModelHealth
 from monitor.settings import Settings
 from monitor.snapshot import ONLINE, ModelInfo, PeerHistory, ProbeResult, Snapshot
 from monitor.store import StoreError
@@ -36,7 +38,7 @@ class Current:
     probes: dict[str, ProbeResult] = field(default_factory=dict)
     scores: dict[str, Any] = field(default_factory=dict)
     model_status: dict[str, dict] = field(default_factory=dict)
-    healths: dict[str, coverage.ModelHealth] = field(default_factory=dict)
+    healths: dict[str, ModelHealth] = field(default_factory=dict)
     last_poll: Any = None
     unavailable: Optional[str] = None  # the database is unavailable: this is the last state read
     marks: tuple = ()  # the store's change marks when this was read
@@ -70,16 +72,23 @@ def latest_scores(store) -> dict[str, Any]:
     return dict(reader() or {}) if reader else {}
 
 
-def diagnose_all(snapshot: Snapshot, probes, settings: Settings) -> dict[str, coverage.ModelHealth]:
-    """Each model's diagnosis under the dashboard's thresholds."""
+def diagnoses(store, snapshot: Snapshot, probes, settings: Settings) -> dict[str, ModelHealth]:
+    """Each model's stored diagnosis; models without one are diagnosed here."""
     healths = {}
-    for model in snapshot.models:
-        if model.num_blocks < 1:
-            continue
-        healths[model.dht_prefix] = coverage.diagnose(
-            model, snapshot.rows_for(model.dht_prefix), probes,
-            min_tokens_per_s=settings.min_tokens_per_s, min_cache_tokens=settings.min_cache_tokens,
-        )
+    for model, data in (store.latest_diagnoses() or {}).items():
+        try:
+            healths[model] = ModelHealth.from_dict(data)
+        except (KeyError, TypeError, ValueError):
+            pass  # written in another format: diagnose it below
+    missing = [m for m in snapshot.models if m.num_blocks >= 1 and m.dht_prefix not in healths]
+    if missing:
+        from monitor import coverage  # imports petals: only for polls recorded without a diagnosis
+
+        for model in missing:
+            healths[model.dht_prefix] = coverage.diagnose(
+                model, snapshot.rows_for(model.dht_prefix), probes,
+                min_tokens_per_s=settings.min_tokens_per_s, min_cache_tokens=settings.min_cache_tokens,
+            )
     return healths
 
 
@@ -117,7 +126,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
         probes=probes,
         scores=latest_scores(store),
         model_status=dict(store.latest_model_status() or {}),
-        healths=diagnose_all(snapshot, probes, settings),
+        healths=diagnoses(store, snapshot, probes, settings),
         last_poll=last_poll,
         marks=marks,
     )
@@ -172,7 +181,7 @@ def coverage_history(store, dht_prefix: str, since: float, until: float) -> tupl
     return [h["at"] for h in history], [h["coverage_pct"] for h in history]
 
 
-def block_rows(health: coverage.ModelHealth) -> list[dict]:
+def block_rows(health: ModelHealth) -> list[dict]:
     return [{"index": b.index, "online": b.online, "throughput": b.total_throughput} for b in health.blocks]
 
 
