@@ -3,6 +3,8 @@
 Routing asks for peer weights every time it builds a route, inside petals' routing lock, so the
 weights are served from memory and refreshed from the store by a background thread: the latest
 scores (from the monitor's score job) and the measured seconds per token of recent chat requests.
+The thread refreshes every few seconds, and at once after each recorded outcome, so the next
+request already routes by what the last one measured.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class StoreWeights:
         self.window = window
         self._weights: dict[str, PeerWeight] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def __call__(self) -> dict[str, PeerWeight]:
@@ -53,26 +56,38 @@ class StoreWeights:
         self.refresh()
 
         def loop():
-            while not self._stop.wait(self.period):
-                self.refresh()
+            while not self._stop.is_set():
+                self._wake.wait(self.period)
+                self._wake.clear()
+                if not self._stop.is_set():
+                    self.refresh()
 
         self._thread = threading.Thread(target=loop, name="peer-weights", daemon=True)
         self._thread.start()
         return self
 
+    def refresh_soon(self) -> None:
+        """Refresh in the background now (new evidence was recorded), not at the next period."""
+        self._wake.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
 
 
-def store_outcome_sink(store):
+def store_outcome_sink(store, weights: Optional[StoreWeights] = None):
     """``outcome_sink`` for the engine: each request's per-peer outcome goes into the store,
-    where the scores and StoreWeights pick it up. A database hiccup never fails a chat."""
+    where the scores and StoreWeights pick it up (``weights``, if given, at once). A database
+    hiccup never fails a chat."""
 
     def sink(outcome) -> None:
         try:
             store.record_chat_outcome(outcome)
         except Exception as e:  # noqa: BLE001
             log.warning("chat outcome for %s not recorded: %s", outcome.peer_id, e)
+            return
+        if weights is not None:
+            weights.refresh_soon()
 
     return sink
 

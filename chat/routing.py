@@ -7,6 +7,14 @@ each peer's compute edges by ``penalty`` (its health score and the seconds per t
 on it), leaves out peers below ``min_score`` while the others still cover every block, and reports
 how each peer did (``ChatOutcome``) to an ``outcome_sink``, which the monitor turns into scores.
 
+Measurements only exist for peers that were used, and petals' estimates cannot tell a fast
+alternative from a slow one: it prices every block at the server's announcement (or a default
+3.3 ms) and every extra hop at a fixed 18 ms plus pings, which for small blocks outweighs a slow
+server's measured time even when the alternative is several times faster. So while peers never
+measured could serve the blocks of measured ones, one route in ``EXPLORE_EVERY`` leaves the
+measured ones out (``peers_to_explore_around``): every peer gets measured once (per outcome
+window), and from then on the measurements decide.
+
 Pure parts (``PeerWeight``, ``penalty``, ``peers_to_leave_out``, ``weights_from_outcomes``) work on
 plain data; the petals subclasses below them are the only I/O.
 """
@@ -37,6 +45,7 @@ GOOD_SCORE = 90.0  # at or above: no health penalty
 DOUBLING_POINTS = 20.0  # every this many points below GOOD_SCORE doubles the penalty
 CLOSE_TIMEOUT = 5.0  # seconds to wait for a server to acknowledge the end of a session
 PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps when a server announces none
+EXPLORE_EVERY = 4  # one route in this many tries peers never measured, while there are any
 
 
 # ---- pure: weights and penalties --------------------------------------------------------------
@@ -80,14 +89,22 @@ class RoutingSettings:
         )
 
 
+def measured_speed(weight: Optional[PeerWeight], announced_seconds_per_block: float) -> Optional[float]:
+    """How many times slower than it announces we measured the peer (< 1: faster); None if we
+    never measured it."""
+    measured = weight.seconds_per_token_per_block if weight is not None else None
+    if measured is None or measured <= 0 or announced_seconds_per_block <= 0:
+        return None
+    return measured / announced_seconds_per_block
+
+
 def penalty(weight: Optional[PeerWeight], announced_seconds_per_block: float = PETALS_DEFAULT_SECONDS_PER_BLOCK) -> float:
-    """Factor (>= 1) by which a peer's compute edges (seconds per block) are multiplied.
+    """Factor by which a peer's compute edges (seconds per block) are multiplied.
 
     - Health: 1 for a score of ``GOOD_SCORE`` or more, doubling every ``DOUBLING_POINTS`` below it
       (70 → 2, 50 → 4, 30 → 8, 10 → 16). An unknown peer counts as ``NEUTRAL_SCORE``.
-    - Speed: when we measured the peer slower than it announces, the edge becomes the measured
-      time (factor measured / announced). A peer measured faster than it announces keeps its
-      announced cost: otherwise peers we never tried would always lose to the ones we did.
+    - Speed: once we measured the peer, its edges cost what we measured (factor measured /
+      announced), faster or slower than announced; a peer never measured keeps its announcement.
 
     The sequence manager divides every peer's factor by the smallest one in the graph, so only
     differences between peers matter: with equal weights it routes exactly like petals.
@@ -95,11 +112,8 @@ def penalty(weight: Optional[PeerWeight], announced_seconds_per_block: float = P
     weight = weight or PeerWeight()
     score = min(100.0, max(0.0, float(weight.score)))
     health = 2.0 ** (max(0.0, GOOD_SCORE - score) / DOUBLING_POINTS)
-    speed = 1.0
-    measured = weight.seconds_per_token_per_block
-    if measured is not None and measured > 0 and announced_seconds_per_block > 0:
-        speed = max(1.0, measured / announced_seconds_per_block)
-    return health * speed
+    speed = measured_speed(weight, announced_seconds_per_block)
+    return health * (speed if speed is not None else 1.0)
 
 
 def covers(spans: Iterable[tuple[int, int]], start: int, end: int) -> bool:
@@ -130,6 +144,29 @@ def peers_to_leave_out(
         if covers(rest, start, end):
             left_out.add(peer)
     return left_out
+
+
+def peers_to_explore_around(
+    spans: Mapping[str, tuple[int, int]],
+    start: int,
+    end: int,
+    speeds: Mapping[str, Optional[float]],
+) -> set[str]:
+    """Measured peers (``speeds``: measured / announced; None or absent: never measured) that
+    one route may skip so that peers never measured get tried on their blocks: the slowest
+    first, each only while the others still cover [start, end) and some unmeasured peer serves
+    one of its blocks."""
+    measured = sorted((peer for peer in spans if speeds.get(peer) is not None),
+                      key=lambda peer: (-speeds[peer], peer))
+    unmeasured = [span for peer, span in spans.items() if speeds.get(peer) is None]
+    skipped: set[str] = set()
+    for peer in measured:
+        peer_start, peer_end = max(spans[peer][0], start), min(spans[peer][1], end)
+        tried_instead = any(s < peer_end and e > peer_start for s, e in unmeasured)
+        rest = [span for other, span in spans.items() if other not in skipped and other != peer]
+        if tried_instead and covers(rest, start, end):
+            skipped.add(peer)
+    return skipped
 
 
 def weights_from_outcomes(
@@ -208,7 +245,9 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
 
     def __init__(self, *args, **kwargs):
         self._policies: tuple[set, set] = (set(), set())
+        self._routes_since_exploring = EXPLORE_EVERY  # the first chance to explore is taken
         super().__init__(*args, **kwargs)
+        self.ping_aggregator.ping = self._ping_with_first_servers(self.ping_aggregator.ping)
         if self.routing.pinned:
             pinned = self._peer_ids_to_set(list(self.routing.pinned))
             self.allowed_servers = pinned if self.allowed_servers is None else self.allowed_servers & pinned
@@ -253,6 +292,26 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
         )
         return super()._update()
 
+    def _ping_with_first_servers(self, petals_ping):
+        """petals 2.2's ``_update`` means to ping up to ``max_pinged`` servers of the first block,
+        of the middle and of the last, but assigns the middle sample over the first one; so a
+        server that starts the route but is missing from the middle sample keeps no RTT, and the
+        route's first hop through it is priced at petals' 150 ms "unknown" delay until a later
+        refresh happens to sample it (here: a 3× faster route lost to a throttled server).
+        Wrapped around the aggregator's ``ping``, which ``_update`` calls with its sample just
+        after updating the spans: the first block's unpinged servers join that sample."""
+        from petals.utils.random import sample_up_to
+
+        def ping(peer_ids, **kwargs):
+            with self.lock_changes:
+                spans = self.state.sequence_info.spans_containing_block
+                first = [span.peer_id for span in spans[0]] if spans else []
+            known = self.ping_aggregator.to_dict()
+            unpinged = [peer for peer in first if peer not in known and peer not in peer_ids]
+            return petals_ping(list(peer_ids) + list(sample_up_to(unpinged, self.config.max_pinged)), **kwargs)
+
+        return ping
+
     # -- weights ------------------------------------------------------------------------------
     def peer_weights(self) -> dict[str, PeerWeight]:
         """The score source's current view; routing goes on (unweighted) if the source fails."""
@@ -264,14 +323,31 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
             logger.warning("score source failed, routing without scores: %r", e)
             return {}
 
+    @staticmethod
+    def _announced(span) -> float:
+        rps = span.server_info.inference_rps
+        return 1.0 / rps if rps else PETALS_DEFAULT_SECONDS_PER_BLOCK
+
     def _relative_penalties(self, spans, weights) -> dict:
         """peer_id -> penalty divided by the smallest among these spans' peers."""
-        factors = {}
-        for span in spans:
-            announced = 1.0 / span.server_info.inference_rps if span.server_info.inference_rps else PETALS_DEFAULT_SECONDS_PER_BLOCK
-            factors[span.peer_id] = penalty(weights.get(span.peer_id.to_base58()), announced)
+        factors = {span.peer_id: penalty(weights.get(span.peer_id.to_base58()), self._announced(span))
+                   for span in spans}
         smallest = min(factors.values(), default=1.0)
         return {peer: factor / smallest for peer, factor in factors.items()}
+
+    def _explored_around(self, spans, start_index: int, end_index: int, weights) -> set:
+        """The measured peers this route skips to try unmeasured ones (see the module
+        docstring): on one route in ``EXPLORE_EVERY`` while there are any."""
+        speeds = {span.peer_id.to_base58(): measured_speed(weights.get(span.peer_id.to_base58()),
+                                                           self._announced(span)) for span in spans}
+        names = peers_to_explore_around({span.peer_id.to_base58(): (span.start, span.end) for span in spans},
+                                        start_index, end_index, speeds)
+        if not names or self._routes_since_exploring < EXPLORE_EVERY - 1:
+            self._routes_since_exploring += 1
+            return set()
+        self._routes_since_exploring = 0
+        logger.info("routing around %s (measured) to measure the peers that could replace them", names)
+        return {span.peer_id for span in spans if span.peer_id.to_base58() in names}
 
     def _left_out(self, spans, start_index: int, end_index: int, weights) -> set:
         """Peers petals banned a moment ago (they just failed), then peers below min_score: each
@@ -301,6 +377,9 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
         health = self.routing.mode == "health"
         weights = self.peer_weights() if health else {}
         left_out = self._left_out(spans, start_index, end_index, weights)
+        if health:
+            left_out |= self._explored_around([s for s in spans if s.peer_id not in left_out],
+                                              start_index, end_index, weights)
         kept = [span for span in spans if span.peer_id not in left_out]
         factors = self._relative_penalties(kept, weights)
         for span in spans:
@@ -573,6 +652,7 @@ def spans_of(sequence_manager: RemoteSequenceManager) -> dict[str, tuple[int, in
 
 
 __all__: Sequence[str] = (
-    "PeerWeight", "RoutingSettings", "RouteHop", "penalty", "covers", "peers_to_leave_out",
+    "PeerWeight", "RoutingSettings", "RouteHop", "penalty", "measured_speed", "covers", "peers_to_leave_out",
+    "peers_to_explore_around",
     "weights_from_outcomes", "HealthAwareSequenceManager", "TimedInferenceSession", "SpanRecorder",
 )

@@ -59,7 +59,7 @@ class Service:
         return ChatEngine(
             self.dht, [m for m in self.settings.models if m.path],
             score_source=self.weights,
-            outcome_sink=store_outcome_sink(self.store),
+            outcome_sink=store_outcome_sink(self.store, self.weights),
             coverage_check=store_coverage_check(self.store),
             routing=RoutingSettings.from_settings(self.settings),
             max_sessions=self.settings.max_chat_sessions,

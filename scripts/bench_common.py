@@ -99,32 +99,17 @@ def timed(fn, *args, **kwargs) -> tuple[float, object]:
 
 
 @contextlib.contextmanager
-def simulator(initial_peers: Sequence[str], *, servers: int, models: int = 4, responders: int = 8, hung: int = 0,
-              unreachable: float = 0.1, update_period: float = 60.0, timeout: float = 600.0) -> Iterator[dict]:
-    """scripts/simulate_swarm.py in its own process (so its refreshes do not share our CPU time and
-    GIL with what is measured); yields its ready file: summary, initial peers, peer ids by kind."""
-    import json
+def process(args: Sequence[str], log_path: Path, *, env: dict | None = None) -> Iterator:
+    """A command in its own session, output to ``log_path``; on exit SIGTERM (60 s grace), then
+    SIGKILL to its whole process group, so nothing it started outlives the benchmark."""
     import signal
     import subprocess
-    import tempfile
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-sim-"))
-    ready = workdir / "ready.json"
-    log = open(workdir / "simulator.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "simulate_swarm.py"), "--servers", str(servers), "--models", str(models),
-         "--responders", str(responders), "--hung", str(hung), "--unreachable", str(unreachable),
-         "--update-period", str(update_period), "--ready-file", str(ready), "--initial-peers", *initial_peers],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(list(args), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
-        deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (workdir / "simulator.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the simulator ({servers} servers) did not get ready; its log:\n{tail}")
-            time.sleep(0.2)
-        yield dict(json.loads(ready.read_text()), pid=proc.pid)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -132,14 +117,52 @@ def simulator(initial_peers: Sequence[str], *, servers: int, models: int = 4, re
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 pass
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         proc.wait()
         log.close()
-        import shutil
 
+
+def wait_http(base: str, proc, log_path: Path, timeout: float = 180.0) -> None:
+    """Until ``base``/healthz answers; the process's log tail if it exits or never answers."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(base + "/healthz", timeout=5).read()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{base} did not answer /healthz; the log of {Path(proc.args[0]).name}:\n"
+                                   + log_path.read_text(errors="replace")[-3000:]) from None
+            time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def simulator(initial_peers: Sequence[str], *, servers: int, models: int = 4, responders: int = 8, hung: int = 0,
+              unreachable: float = 0.1, update_period: float = 60.0, timeout: float = 600.0) -> Iterator[dict]:
+    """scripts/simulate_swarm.py in its own process (so its refreshes do not share our CPU time and
+    GIL with what is measured); yields its ready file: summary, initial peers, peer ids by kind."""
+    import json
+    import shutil
+    import tempfile
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-sim-"))
+    ready = workdir / "ready.json"
+    args = [sys.executable, str(SCRIPTS / "simulate_swarm.py"), "--servers", str(servers), "--models", str(models),
+            "--responders", str(responders), "--hung", str(hung), "--unreachable", str(unreachable),
+            "--update-period", str(update_period), "--ready-file", str(ready), "--initial-peers", *initial_peers]
+    try:
+        with process(args, workdir / "simulator.log") as proc:
+            deadline = time.monotonic() + timeout
+            while not ready.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (workdir / "simulator.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"the simulator ({servers} servers) did not get ready; its log:\n{tail}")
+                time.sleep(0.2)
+            yield dict(json.loads(ready.read_text()), pid=proc.pid)
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -157,10 +180,7 @@ def service(initial_peers: Sequence[str], *, models: Sequence[str] = (), env: di
     """``swarm-monitor serve`` in its own process with a fresh data dir on 127.0.0.1; yields
     {"base": URL, "pid": pid, "workdir": Path}. ``models``: PREFIX[:NUM_BLOCKS[:PATH]] options."""
     import shutil
-    import signal
-    import subprocess
     import tempfile
-    import urllib.request
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-service-"))
     port = free_port()
@@ -169,34 +189,12 @@ def service(initial_peers: Sequence[str], *, models: Sequence[str] = (), env: di
     for model in models:
         args += ["--model", model]
     full_env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), **(env or {}))
-    log = open(workdir / "service.log", "wb")
-    proc = subprocess.Popen(args, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                urllib.request.urlopen(base + "/healthz", timeout=5).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("swarm-monitor serve did not answer /healthz; its log:\n"
-                                       + (workdir / "service.log").read_text(errors="replace")[-3000:])
-                time.sleep(0.5)
-        yield {"base": base, "pid": proc.pid, "workdir": workdir}
+        with process(args, workdir / "service.log", env=full_env) as proc:
+            wait_http(base, proc, workdir / "service.log", timeout)
+            yield {"base": base, "pid": proc.pid, "workdir": workdir}
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-        log.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -14,10 +14,10 @@ line (gunicorn gthread, 2 workers × 8 threads); this process is the client.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -118,64 +118,41 @@ def serve(db_url: str, ready_file: str) -> None:
 
 
 class WebServer:
+    """The web app over the history, in its own process (werkzeug or gunicorn) on 127.0.0.1."""
+
     def __init__(self, db: Path, kind: str):
         self.db, self.kind = db, kind
-        self.proc = None
         self.base = None
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "WebServer":
         url = f"sqlite:///{self.db}"
         ready = Path(f"/tmp/bench-dashboard-{os.getpid()}.json")
         ready.unlink(missing_ok=True)
+        log = Path(f"/tmp/bench-dashboard-{os.getpid()}.log")
         if self.kind == "werkzeug":
             args = [sys.executable, __file__, "_serve", url, str(ready)]
             env = dict(os.environ)
         else:
-            port = _free_port()
+            port = bc.free_port()
             args = [str(Path(sys.executable).parent / "gunicorn"), "--worker-class", "gthread", "--workers", "2",
                     "--threads", "8", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
                     "monitor.web.wsgi:app"]
-            env = dict(os.environ, SWARM_MONITOR_DATABASE_URL=url, PYTHONPATH=str(bc.ROOT))
+            env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(self.db.parent), SWARM_MONITOR_DATABASE_URL=url,
+                       PYTHONPATH=str(bc.ROOT))
             ready.write_text(json.dumps({"port": port}))
-        self.proc = subprocess.Popen(args, env=env, cwd=bc.ROOT, start_new_session=True,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = self._stack.enter_context(bc.process(args, log, env=env))
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the {self.kind} web server exited with code {self.proc.returncode}")
-            if ready.exists():
-                try:
-                    self.base = f"http://127.0.0.1:{json.loads(ready.read_text())['port']}"
-                    urllib.request.urlopen(self.base + "/healthz", timeout=5).read()
-                    break
-                except (ValueError, OSError):
-                    pass
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.3)
-        else:
-            raise RuntimeError(f"the {self.kind} web server did not answer /healthz within 120 s")
+        self.base = f"http://127.0.0.1:{json.loads(ready.read_text())['port']}" if ready.exists() else "http://-"
         ready.unlink(missing_ok=True)
+        bc.wait_http(self.base, proc, log, timeout=max(1.0, deadline - time.monotonic()))
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        self._stack.close()
+        Path(f"/tmp/bench-dashboard-{os.getpid()}.log").unlink(missing_ok=True)
 
 
 # ---- the client ---------------------------------------------------------------------------------

@@ -1,21 +1,25 @@
 #!/usr/bin/env python
 """Figure: memory (RSS) of the service while it watches 500 servers, without a chat model loaded.
 
-    .venv/bin/python scripts/bench_memory.py [--servers 500] [--minutes 5]
+    .venv/bin/python scripts/bench_memory.py [--servers 500] [--minutes 4] [--layouts serve split]
 
-A bootstrap peer and scripts/simulate_swarm.py (500 virtual servers over 4 models) on loopback;
-``swarm-monitor serve`` watches them (models discovered, none configured for chat, so no chat
-model is loaded) with a fresh SQLite store, polling every ``--period`` s so that many polls happen
-in a few minutes; the dashboard is requested now and then. RSS is sampled every 5 s: the service's
-own process, and its whole tree (the DHT child process and the p2pd daemon are separate processes).
+A bootstrap peer and scripts/simulate_swarm.py (500 virtual servers over 4 models) on loopback,
+watched with a fresh SQLite store, polling every ``--period`` s so that many polls happen in a
+few minutes, while the overview, /api/v1/state and /metrics are requested every ~5 s. RSS is
+sampled every 5 s, per process. Two layouts, one after the other:
+
+- ``serve``: ``swarm-monitor serve``, all in one process (poller, DHT client, web), as the demo
+  runs it; its DHT child process and p2pd daemon are separate processes.
+- ``split``: the README's production layout: ``swarm-monitor poll`` (poller and DHT client) and
+  gunicorn (2 gthread workers) serving ``monitor.web.wsgi:app`` from the same database.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import signal
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -24,109 +28,139 @@ from pathlib import Path
 
 import bench_common as bc
 
-TARGET_RSS = 300 * 2**20
+TARGET_RSS = 300 * 10**6  # 300 MB
+MiB = 2**20
+ROLE_ORDER = ["main", "web worker", "DHT child", "p2pd", "torch_shm_manager", "reaper guard"]
 
 
-def tree_memory(pid: int) -> dict:
+def tree_memory(pid: int) -> list[dict]:
+    """One entry per process of the tree under ``pid``: role, RSS and PSS (bytes)."""
     import psutil
 
     main = psutil.Process(pid)
-    procs = [main] + main.children(recursive=True)
-    rss = {"main": main.memory_info().rss, "tree": 0, "tree_pss": 0, "processes": {}}
-    for proc in procs:
+    result = []
+    for proc in [main] + main.children(recursive=True):
         try:
             info = proc.memory_full_info()
+            name, cmdline = proc.name(), " ".join(proc.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        rss["tree"] += info.rss
-        rss["tree_pss"] += getattr(info, "pss", info.rss)
-        name = "p2pd" if "p2pd" in proc.name() else "main" if proc.pid == pid else "python child"
-        rss["processes"][name] = rss["processes"].get(name, 0) + info.rss
-    return rss
+        if not name.startswith("python") and name != "gunicorn" and "swarm-monitor" not in name:
+            role = "p2pd" if "p2pd" in name else name  # p2pd, torch_shm_manager
+        elif proc.pid == pid:
+            role = "main"
+        elif "gunicorn" in cmdline:
+            role = "web worker"
+        elif "swarm-monitor" in cmdline:
+            role = "DHT child"  # hivemind forks the DHT with the parent's command line
+        else:
+            role = "reaper guard"  # monitor.reaper: ends the p2pd daemons if the service dies
+        result.append({"role": role, "rss": info.rss, "pss": getattr(info, "pss", info.rss)})
+    return result
+
+
+def watch(base: str, groups: dict, minutes: float) -> list[dict]:
+    """Request the pages and sample every group's process tree until ``minutes`` have passed."""
+    samples = []
+    started_at = time.monotonic()
+    while time.monotonic() - started_at < minutes * 60:
+        for path in ("/", "/api/v1/state", "/metrics"):
+            try:
+                urllib.request.urlopen(base + path, timeout=60).read()
+            except OSError as e:
+                print(f"{path}: {e}")
+        sample = {group: tree_memory(proc.pid) for group, proc in groups.items()}
+        samples.append(sample)
+        print(f"t={time.monotonic() - started_at:4.0f}s " + "; ".join(
+            f"{group}: " + ", ".join(f"{p['role']} {p['rss'] / MiB:.0f}" for p in procs)
+            for group, procs in sample.items()) + " (MiB)", flush=True)
+        time.sleep(5)
+    return samples
+
+
+def run_layout(layout: str, initial_peers: list[str], args) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-memory-{layout}-"))
+    bin_dir = Path(sys.executable).parent
+    port = bc.free_port()
+    env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), SWARM_MONITOR_SCRAPE_PERIOD=str(args.period),
+               SWARM_MONITOR_PROBE_PERIOD=str(args.period), PYTHONPATH=str(bc.ROOT))
+    peers = []
+    for peer in initial_peers:
+        peers += ["--initial-peers", peer]
+    try:
+        with contextlib.ExitStack() as stack:
+            if layout == "serve":
+                proc = stack.enter_context(bc.process(
+                    [str(bin_dir / "swarm-monitor"), "serve", "--port", str(port), *peers],
+                    workdir / "serve.log", env=env))
+                groups = {"serve": proc}
+                bc.wait_http(f"http://127.0.0.1:{port}", proc, workdir / "serve.log")
+            else:
+                poller = stack.enter_context(bc.process(
+                    [str(bin_dir / "swarm-monitor"), "poll", *peers], workdir / "poll.log", env=env))
+                web_env = dict(env, SWARM_MONITOR_INITIAL_PEERS=",".join(initial_peers))
+                web = stack.enter_context(bc.process(
+                    [str(bin_dir / "gunicorn"), "--worker-class", "gthread", "--workers", "2", "--threads", "8",
+                     "--bind", f"127.0.0.1:{port}", "--log-level", "warning", "monitor.web.wsgi:app"],
+                    workdir / "web.log", env=web_env))
+                groups = {"poller": poller, "web": web}
+                bc.wait_http(f"http://127.0.0.1:{port}", web, workdir / "web.log")
+            samples = watch(f"http://127.0.0.1:{port}", groups, args.minutes)
+        return {"layout": layout, "samples": samples, "polls": _count_polls(workdir)}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _rows(result: dict) -> list[list]:
+    """Per (group, role): peak RSS of one such process, with the target where it applies."""
+    rows = []
+    samples = result["samples"]
+    for group in samples[0]:
+        roles = sorted({p["role"] for s in samples for p in s[group]}, key=lambda r: (ROLE_ORDER.index(r) if r in ROLE_ORDER else 99, r))
+        for role in roles:
+            peak = max((p["rss"] for s in samples for p in s[group] if p["role"] == role), default=0)
+            count = max(sum(p["role"] == role for p in s[group]) for s in samples)
+            label = {"serve": "`swarm-monitor serve`", "poller": "`swarm-monitor poll`",
+                     "web": "gunicorn `monitor.web.wsgi:app`"}[group]
+            name = f"{label}: {role}" + (f" (each of {count})" if count > 1 else "")
+            judged = role in ("main", "web worker") and not (group == "web" and role == "main")
+            rows.append([result["layout"], name, f"**{peak / MiB:.0f} MiB**" if judged else f"{peak / MiB:.0f} MiB",
+                         "≤ 300 MB" if judged else "", bc.verdict(peak <= TARGET_RSS) if judged else ""])
+        last = samples[-1][group]
+        rows.append([result["layout"], f"{label}: whole tree, at the end",
+                     f"{sum(p['rss'] for p in last) / MiB:.0f} MiB (PSS {sum(p['pss'] for p in last) / MiB:.0f} MiB)",
+                     "", ""])
+    return rows
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", type=int, default=500)
-    parser.add_argument("--minutes", type=float, default=5)
-    parser.add_argument("--period", type=float, default=15, help="scrape and probe period of the service (s)")
+    parser.add_argument("--minutes", type=float, default=4, help="per layout")
+    parser.add_argument("--period", type=float, default=15, help="scrape and probe period of the poller (s)")
+    parser.add_argument("--layouts", nargs="+", choices=("serve", "split"), default=["serve", "split"])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     print(bc.machine())
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-memory-"))
-    samples, polls = [], None
+    results = []
     with bc.bootstrap_peer() as initial_peers:
         with bc.simulator(initial_peers, servers=args.servers, responders=8, hung=0):
-            port = _free_port()
-            env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), SWARM_MONITOR_SCRAPE_PERIOD=str(args.period),
-                       SWARM_MONITOR_PROBE_PERIOD=str(args.period))
-            log = open(workdir / "service.log", "wb")
-            proc = subprocess.Popen(
-                [str(Path(sys.executable).parent / "swarm-monitor"), "serve", "--port", str(port),
-                 "--initial-peers", *initial_peers],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            try:
-                base = f"http://127.0.0.1:{port}"
-                started = time.monotonic()
-                while time.monotonic() - started < 120:
-                    try:
-                        urllib.request.urlopen(base + "/healthz", timeout=5).read()
-                        break
-                    except OSError:
-                        if proc.poll() is not None:
-                            raise RuntimeError(f"swarm-monitor serve exited; log:\n"
-                                               f"{(workdir / 'service.log').read_text()[-3000:]}")
-                        time.sleep(1)
-                end = time.monotonic() + args.minutes * 60
-                while time.monotonic() < end:
-                    for path in ("/", "/api/v1/state", "/metrics"):
-                        try:
-                            urllib.request.urlopen(base + path, timeout=60).read()
-                        except OSError as e:
-                            print(f"{path}: {e}")
-                    memory = tree_memory(proc.pid)
-                    samples.append(memory)
-                    print(f"t={time.monotonic() - started:5.0f}s main {memory['main'] / 2**20:.0f} MiB, tree "
-                          f"{memory['tree'] / 2**20:.0f} MiB (PSS {memory['tree_pss'] / 2**20:.0f} MiB) "
-                          f"{ {k: round(v / 2**20) for k, v in memory['processes'].items()} }", flush=True)
-                    time.sleep(5)
-                polls = _count_polls(workdir)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    pass
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
-                log.close()
+            for layout in args.layouts:
+                results.append(run_layout(layout, initial_peers, args))
 
-    peak = max(s["main"] for s in samples)
-    last = samples[-1]
-    markdown = bc.table(
-        ["process", "RSS at the end", "peak RSS", "target", ""],
-        [["service (`swarm-monitor serve`, main process)", f"{last['main'] / 2**20:.0f} MiB",
-          f"**{peak / 2**20:.0f} MiB**", "≤ 300 MB", bc.verdict(peak <= TARGET_RSS)],
-         ["its whole tree (+ DHT child process + p2pd)", f"{last['tree'] / 2**20:.0f} MiB "
-          f"(PSS {last['tree_pss'] / 2**20:.0f} MiB)", f"{max(s['tree'] for s in samples) / 2**20:.0f} MiB", "", ""]],
-    )
+    markdown = bc.table(["layout", "process", "peak RSS", "target", ""], [row for r in results for row in _rows(r)])
     markdown += (
         f"\n\n{args.servers} virtual servers over 4 models (scripts/simulate_swarm.py), watched for "
-        f"{args.minutes:g} min with scrape and probe every {args.period:g} s ({polls} polls recorded), no chat "
-        f"model; the overview, /api/v1/state and /metrics requested every ~5 s. Per process at the end: "
-        + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in last["processes"].items()) + "."
+        f"{args.minutes:g} min per layout with scrape and probe every {args.period:g} s ("
+        + ", ".join(f"{r['layout']}: {r['polls']} polls recorded" for r in results)
+        + "), no chat model; the overview, /api/v1/state and /metrics requested every ~5 s. "
+        "A process that holds a DHT client imports hivemind, and hivemind imports torch: `import torch` "
+        "alone is 252 MiB here, `import hivemind` 310 MiB, with petals 390 MiB, before any work."
     )
     print("\n" + markdown)
     if not args.no_write:
         bc.write_section("memory", markdown)
-    import shutil
-
-    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _count_polls(workdir: Path):
@@ -136,14 +170,6 @@ def _count_polls(workdir: Path):
         with sqlite3.connect(db) as conn:
             return conn.execute("SELECT count(*) FROM polls WHERE ok").fetchone()[0]
     return None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

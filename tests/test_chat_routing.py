@@ -11,10 +11,13 @@ import pytest
 
 from chat.engine import ChatEngine, Finished, GenerationParams
 from chat.routing import (
+    EXPLORE_EVERY,
+    PETALS_DEFAULT_SECONDS_PER_BLOCK,
     PeerWeight,
     RoutingSettings,
     covers,
     penalty,
+    peers_to_explore_around,
     peers_to_leave_out,
     weights_from_outcomes,
 )
@@ -34,11 +37,26 @@ def test_penalty_is_one_for_a_healthy_peer_and_doubles_every_20_points_below_90(
     assert penalty(None) == penalty(PeerWeight()) == pytest.approx(4)  # unknown = neutral 50
 
 
-def test_penalty_believes_a_measurement_slower_than_announced_but_not_a_faster_one():
+def test_penalty_believes_what_was_measured_slower_or_faster_than_announced():
     announced = 0.01
     assert penalty(PeerWeight(score=95, seconds_per_token_per_block=0.05), announced) == pytest.approx(5)
-    assert penalty(PeerWeight(score=95, seconds_per_token_per_block=0.002), announced) == 1
+    assert penalty(PeerWeight(score=95, seconds_per_token_per_block=0.002), announced) == pytest.approx(0.2)
     assert penalty(PeerWeight(score=70, seconds_per_token_per_block=0.03), announced) == pytest.approx(6)
+    assert penalty(PeerWeight(score=95), announced) == 1  # never measured: its announcement
+
+
+def test_measured_peers_are_explored_around_only_where_unmeasured_peers_serve_their_blocks():
+    spans = {"C": (0, 8), "A": (0, 4), "B": (4, 8)}
+    assert peers_to_explore_around(spans, 0, 8, {"C": 1.4}) == {"C"}
+    assert peers_to_explore_around(spans, 0, 8, {"C": 0.7}) == {"C"}  # fast, but A and B are untried
+    assert peers_to_explore_around(spans, 0, 8, {"C": 1.4, "A": 0.5}) == {"C"}  # B is still untried
+    assert peers_to_explore_around(spans, 0, 8, {"C": 1.4, "A": 0.5, "B": 0.6}) == set()  # all measured
+    assert peers_to_explore_around(spans, 0, 8, {}) == set()  # nothing measured: petals' own choice
+    assert peers_to_explore_around({"C": (0, 8), "A": (0, 4)}, 0, 8, {"C": 9.0}) == set()  # 4:8 needs C
+    # of two measured peers on the same blocks, only as many go as the others can replace
+    both = {"C": (0, 8), "D": (0, 8), "A": (0, 8)}
+    assert peers_to_explore_around(both, 0, 8, {"C": 3.0, "D": 2.0}) == {"C", "D"}
+    assert peers_to_explore_around({"C": (0, 8), "D": (0, 8)}, 0, 8, {"C": 3.0}) == {"C"}
 
 
 def test_low_peers_are_left_out_only_while_the_others_cover_every_block():
@@ -157,6 +175,20 @@ def test_a_peer_measured_far_slower_than_it_announces_loses_the_route(engine, sw
     assert named(swarm, route_of(engine)) == [("first-half", 0, 4), ("second-half", 4, 8)]
 
 
+def test_a_measured_peer_is_routed_around_now_and_then_until_the_alternatives_are_measured(swarm, tiny_model):
+    """full measured 1.3× slower than announced still looks cheaper than the extra hop of
+    first-half → second-half; so that they get measured at all, one route in EXPLORE_EVERY
+    (the first chance among them) goes around it. (The weights here never learn.)"""
+    announced = PETALS_DEFAULT_SECONDS_PER_BLOCK  # the test servers announce no inference_rps
+    weights = {swarm.peer_id("full"): PeerWeight(score=95, seconds_per_token_per_block=1.3 * announced),
+               swarm.peer_id("first-half"): PeerWeight(score=95), swarm.peer_id("second-half"): PeerWeight(score=95)}
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                        score_source=lambda: weights, routing=RoutingSettings(mode="health"))
+    routes = [named(swarm, route_of(engine, n=2)) for _ in range(EXPLORE_EVERY + 1)]
+    halves = [("first-half", 0, 4), ("second-half", 4, 8)]
+    assert routes == [halves] + [[("full", 0, 8)]] * (EXPLORE_EVERY - 1) + [halves]
+
+
 def test_a_low_peer_is_still_used_where_it_alone_serves_a_block(swarm, tiny_model):
     weights = {swarm.peer_id("first-half"): PeerWeight(score=5)}
     only_halves = ChatEngine(  # full is blocked: first-half alone serves blocks 0:4
@@ -219,3 +251,16 @@ def test_peers_pinned_or_blocked_by_an_operator_apply_at_the_next_refresh(engine
     scores.clear()
     manager.update(wait=True)
     assert named(swarm, route_of(engine)) == [("full", 0, 8)]
+
+
+def test_every_server_of_the_first_block_is_pinged_at_each_refresh(swarm, tiny_model):
+    """petals 2.2 drops the first block's servers from its ping sample (a route through an
+    unpinged one starts at a 150 ms "unknown" hop); ours pings them. Fresh clients, so that
+    petals' random middle sample misses first-half in most of them."""
+    for _ in range(3):
+        engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)])
+        manager = engine.sequence_manager(TINY_DHT_PREFIX)
+        assert manager.missing_blocks(refresh=True) == []  # starts its refresh thread, refreshes once
+        pinged = {peer.to_base58() for peer in manager.ping_aggregator.to_dict()}
+        engine.close()
+        assert {swarm.peer_id("first-half"), swarm.peer_id("full")} <= pinged
