@@ -63,9 +63,10 @@ class PeerWeight:
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    """``mode`` "health" weighs peers by score; "default" routes like petals (except that a peer
-    that just failed is not retried while others cover its blocks). Pinned peers (if any) are the
-    only ones used; blocked peers are never used (in both modes)."""
+    """``mode`` "health" weighs peers by score; "default" routes like petals, but for two petals
+    2.2 bugs fixed in both modes: a peer that just failed is not retried while others cover its
+    blocks, and the first block's servers are pinged. Pinned peers (if any) are the only ones
+    used; blocked peers are never used (in both modes)."""
 
     mode: str = "health"
     min_score: float = 30.0
