@@ -565,15 +565,13 @@ class Store:
             rows = [{"at": at, "peer": keys[r.peer_id], "kind": r.kind, "ok": r.ok, "rtt": r.rtt,
                      "error": r.error, "joining": r.joining, "address": r.address} for r in batch.results]
             conn.execute(sa.insert(T_PROBES), rows)
-            latest = list({row["peer"]: row for row in rows}.values())
-            for chunk in _chunks(latest):
-                stmt = _insert(conn, T_LATEST_PROBES).values(chunk)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=["peer"],
-                    set_={name: stmt.excluded[name] for name in ("at", "kind", "ok", "rtt", "error", "joining", "address")},
-                    where=T_LATEST_PROBES.c.at <= stmt.excluded.at,
-                )
-                conn.execute(stmt)
+            stmt = _insert(conn, T_LATEST_PROBES)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["peer"],
+                set_={name: stmt.excluded[name] for name in ("at", "kind", "ok", "rtt", "error", "joining", "address")},
+                where=T_LATEST_PROBES.c.at <= stmt.excluded.at,
+            )
+            conn.execute(stmt, list({row["peer"]: row for row in rows}.values()))
 
     def record_chat_outcome(self, outcome: ChatOutcome) -> None:
         self.record_chat_outcomes([outcome])
@@ -603,15 +601,13 @@ class Store:
                          "components": _jsonable(d.get("components") or {})})
         with self._write("recording scores") as conn:
             keys = self._peer_keys(conn, [r["peer_id"] for r in rows])
-            for chunk in _chunks(rows):
-                values = [{"peer": keys[r["peer_id"]], **{k: v for k, v in r.items() if k != "peer_id"}}
-                          for r in chunk]
-                stmt = _insert(conn, T_SCORES).values(values)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=["peer"],
-                    set_={name: stmt.excluded[name] for name in ("at", "score", "explanation", "components")},
-                )
-                conn.execute(stmt)
+            stmt = _insert(conn, T_SCORES)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["peer"],
+                set_={name: stmt.excluded[name] for name in ("at", "score", "explanation", "components")},
+            )
+            conn.execute(stmt, [{"peer": keys[r["peer_id"]], **{k: v for k, v in r.items() if k != "peer_id"}}
+                                for r in rows])
 
     # ---- latest ----------------------------------------------------------------------------
 
@@ -989,21 +985,23 @@ class Store:
         for row in servers:
             if names.get(row.peer_id) is None:
                 names[row.peer_id] = row.public_name
+        if not names:
+            return {}
         t = T_PEERS.c
-        keys: dict[str, int] = {}
-        for chunk in _chunks(list(names.items())):
-            stmt = _insert(conn, T_PEERS).values(
-                [{"peer_id": p, "first_seen": at, "last_seen": at, "public_name": n} for p, n in chunk])
-            ex = stmt.excluded
-            stmt = stmt.on_conflict_do_update(index_elements=["peer_id"], set_={
-                "first_seen": sa.case((t.first_seen.is_(None), ex.first_seen),
-                                      (ex.first_seen < t.first_seen, ex.first_seen), else_=t.first_seen),
-                "last_seen": sa.case((t.last_seen.is_(None), ex.last_seen),
-                                     (ex.last_seen > t.last_seen, ex.last_seen), else_=t.last_seen),
-                "public_name": sa.func.coalesce(ex.public_name, t.public_name),
-            }).returning(t.id, t.peer_id)
-            keys.update({peer_id: key for key, peer_id in conn.execute(stmt)})
-        return keys
+        stmt = _insert(conn, T_PEERS)
+        ex = stmt.excluded
+        stmt = stmt.on_conflict_do_update(index_elements=["peer_id"], set_={
+            "first_seen": sa.case((t.first_seen.is_(None), ex.first_seen),
+                                  (ex.first_seen < t.first_seen, ex.first_seen), else_=t.first_seen),
+            "last_seen": sa.case((t.last_seen.is_(None), ex.last_seen),
+                                 (ex.last_seen > t.last_seen, ex.last_seen), else_=t.last_seen),
+            "public_name": sa.func.coalesce(ex.public_name, t.public_name),
+        })
+        # executemany: one statement compiled once (SQLAlchemy batches the rows itself); a
+        # multi-row .values([...]) was compiled anew for every poll
+        conn.execute(stmt, [{"peer_id": p, "first_seen": at, "last_seen": at, "public_name": n}
+                            for p, n in names.items()])
+        return self._peer_keys(conn, names)
 
     def _peer_keys(self, conn: Connection, peer_ids: Iterable[str]) -> dict[str, int]:
         """Keys of these peers, adding the unknown ones (not marked seen: they were probed or chatted)."""
