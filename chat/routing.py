@@ -15,8 +15,9 @@ measured could serve the blocks of measured ones, one route in ``EXPLORE_EVERY``
 measured ones out (``peers_to_explore_around``): every peer gets measured once (per outcome
 window), and from then on the measurements decide.
 
-Pure parts (``PeerWeight``, ``penalty``, ``peers_to_leave_out``, ``weights_from_outcomes``) work on
-plain data; the petals subclasses below them are the only I/O.
+Pure parts (``PeerWeight``, ``penalty``, ``measured_speed``, ``peers_to_leave_out``,
+``peers_to_explore_around``, ``weights_from_outcomes``) work on plain data; the petals subclasses
+below them are the only I/O.
 """
 
 from __future__ import annotations
@@ -654,6 +655,6 @@ def spans_of(sequence_manager: RemoteSequenceManager) -> dict[str, tuple[int, in
 
 __all__: Sequence[str] = (
     "PeerWeight", "RoutingSettings", "RouteHop", "penalty", "measured_speed", "covers", "peers_to_leave_out",
-    "peers_to_explore_around",
-    "weights_from_outcomes", "HealthAwareSequenceManager", "TimedInferenceSession", "SpanRecorder",
+    "peers_to_explore_around", "weights_from_outcomes", "HealthAwareSequenceManager", "TimedInferenceSession",
+    "SpanRecorder",
 )
