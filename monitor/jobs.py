@@ -1,4 +1,4 @@
-"""The scheduler: scrape, probe and rollup/retention jobs, and nothing else.
+"""The scheduler: scrape, probe, score and rollup/retention jobs, and nothing else.
 
 Each job is one method of ``Poller`` that can also run once by hand (``swarm-monitor poll --once``,
 tests). A job that fails logs, is counted, and leaves the last good state in the store untouched;
@@ -22,8 +22,7 @@ from monitor.snapshot import ModelInfo, ProbeBatch, Snapshot
 
 log = logging.getLogger(__name__)
 
-SCORE_WINDOW = 7 * 24 * 3600  # scores look at a week of history
-PROBE_WINDOW = 24 * 3600  # ... and a day of probes
+SCORE_WINDOW = 7 * 24 * 3600  # scores look at a week of history (and at scores.PROBE_WINDOW of probes)
 DB_RETRY_DELAY = 2.0
 
 
@@ -66,7 +65,7 @@ class Poller:
 
     # ---- jobs --------------------------------------------------------------------------------
     def poll_once(self) -> Optional[Snapshot]:
-        """Scrape, diagnose, record; then refresh the peer scores. Returns the snapshot."""
+        """Scrape, diagnose, record. Returns the snapshot."""
         try:
             snapshot = swarm.scrape(
                 self.dht, watched_models(self.settings),
@@ -107,7 +106,7 @@ class Poller:
                 "est_tokens_per_s": health.est_tokens_per_s,
                 "diagnosis": health.to_dict(),  # the whole of it, for the web (which runs no petals)
             })
-            block_coverage[model.dht_prefix] = coverage.block_redundancy(model.num_blocks, rows, probes)
+            block_coverage[model.dht_prefix] = [(b.online, b.total_throughput) for b in health.blocks]
         return model_status, block_coverage
 
     def refresh_scores(self, now: Optional[float] = None) -> dict:
@@ -115,7 +114,7 @@ class Poller:
         now = now or time.time()
         try:
             histories = self.store.peer_histories(now - SCORE_WINDOW, now, merge_runs=True,
-                                                  probes_since=now - PROBE_WINDOW)
+                                                  probes_since=now - scores.PROBE_WINDOW)
             result = scores.score_swarm(histories, now)
             self.store.record_scores(now, result)
         except Exception as e:  # noqa: BLE001
@@ -142,10 +141,13 @@ class Poller:
         if self._with_db_retry(lambda: self.store.record_probes(batch), job="probe")[0]:
             self.stats.ok("probe")
             if snapshot is not None:  # unreachable peers change the diagnosis: redo it with these probes
-                statuses, _ = self.analyse(snapshot, self._latest_probes())
-                self._with_db_retry(lambda: self.store.record_diagnoses(
-                    {status["model"]: status["diagnosis"] for status in statuses}), job="probe")
+                self._with_db_retry(lambda: self.rediagnose(snapshot), job="probe")
         return batch
+
+    def rediagnose(self, snapshot: Snapshot) -> None:
+        """Diagnose the latest poll's snapshot again with the latest probes, and store that."""
+        statuses, _ = self.analyse(snapshot, self.store.latest_probes())
+        self.store.record_diagnoses({status["model"]: status["diagnosis"] for status in statuses})
 
     def rollup_once(self, now: Optional[float] = None):
         ok, result = self._with_db_retry(lambda: self.store.rollup_and_prune(

@@ -37,6 +37,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Field, SQLModel
 
+from monitor.diagnosis import BROKEN, DEGRADED, HEALTHY
 from monitor.snapshot import (
     JOINING,
     OFFLINE,
@@ -55,9 +56,8 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 HOUR = 3600.0
 DAY = 86400.0
 PINGS_RETENTION = HOUR  # next_pings are kept this long (only the latest snapshot uses them)
-BROKEN = "broken"
 # Model states worst last; a rollup hour shows the worst state it saw.
-STATE_SEVERITY = {"healthy": 0, "degraded": 1, "broken": 2}
+STATE_SEVERITY = {HEALTHY: 0, DEGRADED: 1, BROKEN: 2}
 _CHUNK = 200  # rows per multi-VALUES statement / ids per IN list (SQLite's variable limit)
 
 SQLModel.metadata.naming_convention = {
@@ -236,7 +236,7 @@ class ChatOutcomeRow(SQLModel, table=True):
 
 
 class PeerScoreRow(SQLModel, table=True):
-    """Each peer's latest score (the scores are recomputed from history after every poll)."""
+    """Each peer's latest score (the score job recomputes them from history every score period)."""
 
     __tablename__ = "peer_scores"
     peer: int = Field(foreign_key="peers.id", primary_key=True)
@@ -624,15 +624,16 @@ class Store:
 
     def change_marks(self) -> tuple:
         """Fingerprints of everything the pages derive from the latest state (the last poll, the
-        last probe round, the last score refresh, the last diagnosis), in one cheap query: a reader may reuse what it
-        derived while they stay the same."""
+        last probe round, the last score refresh, the last diagnosis), in one cheap query: a
+        reader may reuse what it derived while they stay the same. Poll ids only grow; the
+        per-peer and per-model tables are counted too, as rows can leave them."""
         def scalar(expression, table):
             return sa.select(expression).select_from(table).scalar_subquery()
 
-        query = sa.select(*(scalar(expression, table) for table, column in (
-            (T_POLLS, T_POLLS.c.id), (T_LATEST_PROBES, T_LATEST_PROBES.c.at), (T_SCORES, T_SCORES.c.at),
-            (T_DIAGNOSES, T_DIAGNOSES.c.at),
-        ) for expression in (sa.func.max(column), sa.func.count())))
+        latest = ((T_LATEST_PROBES, T_LATEST_PROBES.c.at), (T_SCORES, T_SCORES.c.at), (T_DIAGNOSES, T_DIAGNOSES.c.at))
+        query = sa.select(scalar(sa.func.max(T_POLLS.c.id), T_POLLS), *(
+            scalar(expression, table) for table, column in latest
+            for expression in (sa.func.max(column), sa.func.count())))
         with self._read("reading change marks") as conn:
             return tuple(conn.execute(query).one())
 

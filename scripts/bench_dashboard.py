@@ -71,10 +71,8 @@ def backfill_diagnoses(store) -> None:
     from monitor.settings import Settings
 
     snapshot = store.latest_snapshot()
-    if snapshot is None or store.latest_diagnoses():
-        return
-    statuses, _ = Poller(Settings(), store, dht=None).analyse(snapshot, store.latest_probes())
-    store.record_diagnoses({status["model"]: status["diagnosis"] for status in statuses})
+    if snapshot is not None and not store.latest_diagnoses():
+        Poller(Settings(), store, dht=None).rediagnose(snapshot)
 
 
 def pick_targets(db: Path) -> dict:

@@ -10,7 +10,7 @@ Every poll (every ``--poll-period`` s of fabricated time) is a Snapshot recorded
 probe batch (``Store.record_probes``); chat outcomes are recorded hourly
 (``Store.record_chat_outcomes``); ``Store.rollup_and_prune`` runs every simulated hour as the
 scheduler runs it, with the default retention (raw 2 days, rollups 90 days); the peer scores are
-computed and recorded once at the end (``scores.score_swarm`` over ``Store.peer_histories``).
+computed and recorded once at the end by the poller's score job (``Poller.refresh_scores``).
 
 Churn: each of the N server slots alternates sessions up (exponential, mean 20 h) and down (mean
 1.5 h); a session starts JOINING for 1-3 polls; 60 % of departures announce OFFLINE for one poll,
@@ -83,7 +83,7 @@ class HistoryGenerator:
                             for m in self.sim_models)
         self._plan = lambda n, seed: plan_swarm(n, self.sim_models, unreachable=0.0, seed=seed)
         self.slots = [Slot(server=s, up=False, next_event=0.0) for s in self._plan(servers, seed)]
-        self.poller = Poller(Settings(), store, dht=None)  # only its analysis is used
+        self.poller = Poller(Settings(), store, dht=None)  # its analysis and score job; no DHT
         self.analysis_every = analysis_every
         self.timings: dict[str, float] = {}
         self.counts: dict[str, int] = {}
@@ -215,12 +215,7 @@ class HistoryGenerator:
             last_rows = rows
         generated = time.perf_counter() - wall
 
-        from monitor import scores
-        from monitor.jobs import SCORE_WINDOW
-
-        histories = self._timed("peer_histories", self.store.peer_histories, end - SCORE_WINDOW, end)
-        result = self._timed("score_swarm", scores.score_swarm, histories, end)
-        self._timed("record_scores", self.store.record_scores, end, result)
+        self._timed("refresh_scores", self.poller.refresh_scores, end)
         return {
             "polls": n_polls, "servers_last_poll": len(last_rows), "seconds": generated,
             "polls_per_second": n_polls / generated if generated else float("inf"),
@@ -242,7 +237,7 @@ class HistoryGenerator:
         statuses, block_coverage = [], {}
         for model in snapshot.models:
             rows = snapshot.rows_for(model.dht_prefix)
-            redundancy = coverage.block_redundancy(model.num_blocks, rows)
+            redundancy = coverage.block_redundancy(model.num_blocks, rows, probe_map)
             block_coverage[model.dht_prefix] = redundancy
             missing = tuple(i for i, (count, _) in enumerate(redundancy) if count == 0)
             key = (tuple((r.peer_id, r.state, r.start, r.end) for r in rows),
