@@ -99,10 +99,10 @@ def pick_targets(db: Path) -> dict:
 
 
 def serve(db_url: str, ready_file: str) -> None:
-    """(child process) The web app over the store, served as `swarm-monitor serve` serves it."""
+    """(child process) The web app over the store, served by werkzeug (threaded) as `swarm-monitor
+    serve` serves it; like a web worker, it imports no petals."""
     from werkzeug.serving import make_server
 
-    from monitor import compat  # noqa: F401
     from monitor.settings import Settings
     from monitor.store import Store
     from monitor.web import create_app

@@ -6,19 +6,16 @@ so any number of web workers can serve the same store while one poller process w
 
 from __future__ import annotations
 
-import gc
-
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from flask import Flask, current_app, jsonify, render_template, request
 from flask_htmx import HTMX
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import BadRequest, HTTPException
 
 from monitor.settings import Settings
-from monitor.web import security
+from monitor.web import security, timerange
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 TEMPLATES = PROJECT_ROOT / "templates"
@@ -57,7 +54,6 @@ def create_app(
 
     app = Flask("monitor.web", template_folder=str(TEMPLATES), static_folder=str(STATIC), static_url_path="/static")
     app.config["SEND_FILE_MAX_AGE_DEFAULT"] = 3600
-    app.config["JSON_SORT_KEYS"] = False
     app.json.sort_keys = False
     app.extensions["swarm_monitor"] = WebDeps(settings, store, demo_controls, reachability_check)
     HTMX(app)
@@ -72,10 +68,13 @@ def create_app(
     for blueprint in extra_blueprints:
         app.register_blueprint(blueprint)
 
+    chat_url = next((rule.rule for rule in app.url_map.iter_rules() if rule.rule in ("/chat", "/chat/")), None)
+    common = {"refresh_seconds": settings.refresh_seconds, "nav_chat_url": chat_url,
+              "demo_enabled": demo_controls is not None}
+
     @app.context_processor
     def _common():
-        chat = next((rule.rule for rule in app.url_map.iter_rules() if rule.rule in ("/chat", "/chat/")), None)
-        return {"refresh_seconds": settings.refresh_seconds, "nav_chat_url": chat, "demo_enabled": demo_controls is not None}
+        return common
 
     @app.after_request
     def _headers(response):
@@ -94,6 +93,10 @@ def create_app(
             return jsonify(error=message, status=error.code), error.code
         return render_template("error.html", code=error.code, title=error.name, message=message), error.code
 
+    @app.errorhandler(timerange.BadRange)
+    def _bad_range(error):
+        return _http_error(BadRequest(str(error)))
+
     from monitor.web.queries import StoreUnavailableError
 
     @app.errorhandler(StoreUnavailableError)
@@ -104,11 +107,6 @@ def create_app(
             return jsonify(error=message, status=503), 503
         return render_template("error.html", code=503, title="Database unavailable", message=message), 503
 
-    app.config["STARTED_AT"] = time.time()
-    # The process has imported torch/petals (hundreds of thousands of long-lived objects): move
-    # them out of the collector's reach, or every full collection stalls a request by ~190 ms.
-    gc.collect()
-    gc.freeze()
     return app
 
 

@@ -26,20 +26,7 @@ def _no_poll_yet():
 
 
 def _range() -> timerange.TimeRange:
-    try:
-        return timerange.time_range(request.args, time.time())
-    except timerange.BadRange as e:
-        abort(400, description=str(e))
-
-
-def _check_prefix(dht_prefix: str) -> None:
-    if not security.is_dht_prefix(dht_prefix):
-        abort(400, description=f"{dht_prefix[:80]!r} is not a DHT prefix (letters, digits, '.', '_', '-')")
-
-
-def _check_peer_id(peer_id: str) -> None:
-    if not security.is_peer_id(peer_id):
-        abort(400, description=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
+    return timerange.time_range(request.args, time.time())  # a BadRange answers 400 (create_app)
 
 
 @bp.get("/state")
@@ -88,22 +75,19 @@ def models():
 
 @bp.get("/models/<dht_prefix>")
 def model(dht_prefix: str):
-    _check_prefix(dht_prefix)
+    security.require_dht_prefix(dht_prefix)
     d, cur = _current()
-    model = cur.model(dht_prefix)
-    if model is None:
+    if cur.model(dht_prefix) is None:
         abort(404, description=f"no model with DHT prefix {dht_prefix!r} in the latest poll")
-    report = state_api.model_report(model, cur.snapshot.rows_for(dht_prefix), cur.model_status.get(dht_prefix, {}),
-                                    cur.healths.get(dht_prefix), cur.probes, cur.scores)
     health = cur.healths.get(dht_prefix)
-    report["diagnosis"] = health.to_dict() if health is not None else None
-    report["last_updated"] = cur.snapshot.taken_at
-    return jsonify(report)
+    return jsonify({**queries.model_report(cur, d.settings, dht_prefix),
+                    "diagnosis": health.to_dict() if health is not None else None,
+                    "last_updated": cur.snapshot.taken_at})
 
 
 @bp.get("/models/<dht_prefix>/history")
 def model_history(dht_prefix: str):
-    _check_prefix(dht_prefix)
+    security.require_dht_prefix(dht_prefix)
     window = _range()
     d = deps()
     history = queries.model_history(d.store, dht_prefix, window.since, window.until)
@@ -114,7 +98,7 @@ def model_history(dht_prefix: str):
 
 @bp.get("/peers/<peer_id>")
 def peer(peer_id: str):
-    _check_peer_id(peer_id)
+    security.require_peer_id(peer_id)
     d, cur = _current()
     rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
     probe = cur.probes.get(peer_id)
@@ -132,7 +116,7 @@ def peer(peer_id: str):
 
 @bp.get("/peers/<peer_id>/history")
 def peer_history(peer_id: str):
-    _check_peer_id(peer_id)
+    security.require_peer_id(peer_id)
     window = _range()
     d = deps()
     history = d.store.peer_history(peer_id, window.since, window.until)

@@ -206,6 +206,15 @@ def coverage_heatmap(times: Sequence[float], matrix: Sequence[Sequence[Optional[
 # ---- peer page -------------------------------------------------------------------------------
 
 
+def _peer_layout(traces: Sequence[dict], times: Sequence[float], since: float, until: float, *, yaxis: dict) -> dict:
+    """The peer page's time charts: one height, a legend when there is more than one trace."""
+    return _layout(
+        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
+        xaxis=dict(range=time_range(times, since, until), type="date", fixedrange=True),
+        yaxis=dict(yaxis, fixedrange=True),
+    )
+
+
 def peer_state_timeline(observations: Sequence, *, since: float, until: float) -> dict:
     """The peer's announced state per model over time (a step line: offline / joining / online)."""
     traces = []
@@ -218,12 +227,8 @@ def peer_state_timeline(observations: Sequence, *, since: float, until: float) -
             text=[o.state.lower() + ("" if o.seen else " (not announced)") for o in obs],
             hovertemplate="%{x} UTC: %{text}<extra>" + plain(model) + "</extra>",
         ))
-    layout = _layout(
-        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
-        xaxis=dict(range=time_range([o.at for o in observations], since, until), type="date", fixedrange=True),
-        yaxis=dict(tickvals=[0, 1, 2], ticktext=["offline", "joining", "online"], range=[-0.3, 2.3], fixedrange=True),
-    )
-    return _figure(traces, layout)
+    states = dict(tickvals=[0, 1, 2], ticktext=["offline", "joining", "online"], range=[-0.3, 2.3])
+    return _figure(traces, _peer_layout(traces, [o.at for o in observations], since, until, yaxis=states))
 
 
 def peer_throughput(observations: Sequence, *, since: float, until: float) -> dict:
@@ -243,12 +248,8 @@ def peer_throughput(observations: Sequence, *, since: float, until: float) -> di
             mode="lines", line=dict(color=COLORS["online"], width=1, dash="dot"),
             hovertemplate="%{x} UTC: %{y:.1f} inference rps<extra></extra>",
         ))
-    layout = _layout(
-        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
-        xaxis=dict(range=time_range([o.at for o in seen], since, until), type="date", fixedrange=True),
-        yaxis=dict(title=dict(text="tokens/s"), rangemode="tozero", fixedrange=True),
-    )
-    return _figure(traces, layout)
+    return _figure(traces, _peer_layout(traces, [o.at for o in seen], since, until,
+                                        yaxis=dict(title=dict(text="tokens/s"), rangemode="tozero")))
 
 
 def peer_probes(probes: Sequence[tuple], *, since: float, until: float) -> dict:
@@ -269,12 +270,8 @@ def peer_probes(probes: Sequence[tuple], *, since: float, until: float) -> dict:
             text=[plain(("joining: " if p.joining else "") + (p.error or "failed")) for _, p in failed],
             hovertemplate="%{x} UTC: %{text}<extra></extra>",
         ))
-    layout = _layout(
-        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
-        xaxis=dict(range=time_range([at for at, _ in probes], since, until), type="date", fixedrange=True),
-        yaxis=dict(title=dict(text="RTT, ms"), rangemode="tozero", fixedrange=True),
-    )
-    return _figure(traces, layout)
+    return _figure(traces, _peer_layout(traces, [at for at, _ in probes], since, until,
+                                        yaxis=dict(title=dict(text="RTT, ms"), rangemode="tozero")))
 
 
 def peer_chat_outcomes(outcomes: Sequence, *, since: float, until: float) -> dict:
@@ -294,9 +291,5 @@ def peer_chat_outcomes(outcomes: Sequence, *, since: float, until: float) -> dic
             marker=dict(symbol="x", size=9, color=COLORS["broken"]),
             text=[plain(o.error or "failed") for o in failed], hovertemplate="%{x} UTC: %{text}<extra></extra>",
         ))
-    layout = _layout(
-        170, showlegend=len(traces) > 1, legend=dict(orientation="h", y=1.2, x=0),
-        xaxis=dict(range=time_range([o.at for o in outcomes], since, until), type="date", fixedrange=True),
-        yaxis=dict(title=dict(text="ms/token/block"), rangemode="tozero", fixedrange=True),
-    )
-    return _figure(traces, layout)
+    return _figure(traces, _peer_layout(traces, [o.at for o in outcomes], since, until,
+                                        yaxis=dict(title=dict(text="ms/token/block"), rangemode="tozero")))

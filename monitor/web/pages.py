@@ -11,6 +11,7 @@ import time
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
 from monitor import scores as scores_module
+from monitor.store import PEER_POLICIES
 from monitor.web import charts, deps, queries, security, state_api, timerange
 
 bp = Blueprint("pages", __name__)
@@ -58,8 +59,7 @@ def _sparkline(cur: queries.Current, store, dht_prefix: str, state: str, now: fl
 
 
 def _model_or_404(cur: queries.Current, dht_prefix: str):
-    if not security.is_dht_prefix(dht_prefix):
-        abort(400, description=f"{dht_prefix[:80]!r} is not a DHT prefix (letters, digits, '.', '_', '-')")
+    security.require_dht_prefix(dht_prefix)
     model = cur.model(dht_prefix)
     if model is None:
         known = ", ".join(m.dht_prefix for m in cur.models) or "none yet"
@@ -74,8 +74,7 @@ def model(dht_prefix: str):
     model = _model_or_404(cur, dht_prefix)
     now = time.time()
     health = cur.healths.get(dht_prefix)
-    report = state_api.model_report(model, cur.snapshot.rows_for(dht_prefix), cur.model_status.get(dht_prefix, {}),
-                                    health, cur.probes, cur.scores)
+    report = queries.model_report(cur, d.settings, dht_prefix)
     context = dict(now=now, cur=cur, model=model, report=report, health=health,
                    poll=queries.poll_info(cur, d.settings, now))
     target = _htmx_target()
@@ -102,12 +101,8 @@ def _heatmap(store, dht_prefix: str, since: float, until: float):
 @bp.get("/peers/<peer_id>")
 def peer(peer_id: str):
     d = deps()
-    if not security.is_peer_id(peer_id):
-        abort(400, description=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
-    try:
-        hours = timerange.window(request.args.get("hours"))
-    except timerange.BadRange as e:
-        abort(400, description=str(e))
+    security.require_peer_id(peer_id)
+    hours = timerange.window(request.args.get("hours"))  # a BadRange answers 400 (create_app)
     cur = queries.current(d.store, d.settings)
     now = time.time()
     since = now - hours * 3600
@@ -119,7 +114,7 @@ def peer(peer_id: str):
     probe = cur.probes.get(peer_id)
     context = dict(
         now=now, cur=cur, peer_id=peer_id, hours=hours, history=history, probe=probe,
-        rows=[(row, models.get(row.model), state_api.row_state(row, probe), state_api.server_info(row)) for row in rows],
+        rows=[(row, models.get(row.model), state_api.row_state(row, probe)) for row in rows],
         public_name=next((row.public_name for row in rows if row.public_name), None),
         score=queries.score_dict(cur.scores.get(peer_id)),
         formula=scores_module.FORMULA,
@@ -130,7 +125,7 @@ def peer(peer_id: str):
             chats=charts.peer_chat_outcomes(history.outcomes, since=since, until=now),
         ),
         outcomes=sorted(history.outcomes, key=lambda o: o.at, reverse=True)[:20],
-        windows=(1, 6, 24, 72, 168),
+        windows=timerange.WINDOWS,
         policy=d.store.peer_policies().get(peer_id),
     )
     return _render("peer.html", {"peer-live": "partials/peer_live.html"}, **context)
@@ -140,12 +135,11 @@ def peer(peer_id: str):
 def peer_policy(peer_id: str):
     """Pin or block a peer for the chat's routing (or clear it): a POST from our own pages."""
     d = deps()
-    if not security.is_peer_id(peer_id):
-        abort(400, description=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
+    security.require_peer_id(peer_id)
     if not security.same_origin(request.headers, request.host_url):
         abort(403, description="routing changes are accepted only from this dashboard's own pages (same origin)")
     policy = request.form.get("policy") or None
-    if policy not in (None, "pinned", "blocked"):
+    if policy is not None and policy not in PEER_POLICIES:
         abort(400, description=f"policy must be 'pinned', 'blocked' or empty, got {policy[:40]!r}")
     d.store.set_peer_policy(peer_id, policy)
     if request.headers.get("HX-Request") != "true":

@@ -66,12 +66,6 @@ class Current:
         return value
 
 
-def latest_scores(store) -> dict[str, Any]:
-    """Scores are written by the poller after each poll (``record_scores``); none before that."""
-    reader = getattr(store, "latest_scores", None)
-    return dict(reader() or {}) if reader else {}
-
-
 def diagnoses(store, snapshot: Snapshot, probes, settings: Settings) -> dict[str, ModelHealth]:
     """Each model's stored diagnosis; models without one are diagnosed here."""
     healths = {}
@@ -124,7 +118,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
     return Current(
         snapshot=snapshot,
         probes=probes,
-        scores=latest_scores(store),
+        scores=dict(store.latest_scores()),  # written by the poller's score job; none before it ran
         model_status=dict(store.latest_model_status() or {}),
         healths=diagnoses(store, snapshot, probes, settings),
         last_poll=last_poll,
@@ -134,7 +128,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
 
 def state_dict(cur: Current, settings: Settings) -> dict:
     """The /api/v1/state document (shared, read-only: computed once per state)."""
-    initial_peers = settings.initial_peers if settings.initial_peers != ["public"] else settings.resolved_initial_peers
+    initial_peers = settings.resolved_initial_peers
     return cur.derive(("state", tuple(initial_peers), settings.scrape_period), lambda: state_api.build_state(
         cur.snapshot,
         model_status=cur.model_status,
@@ -144,6 +138,11 @@ def state_dict(cur: Current, settings: Settings) -> dict:
         initial_peers=initial_peers,
         update_period=settings.scrape_period,
     ))
+
+
+def model_report(cur: Current, settings: Settings, dht_prefix: str) -> dict:
+    """One model's report, as in the state document (shared, read-only)."""
+    return next(r for r in state_dict(cur, settings)["model_reports"] if r["dht_prefix"] == dht_prefix)
 
 
 def latest_probes(store) -> dict[str, ProbeResult]:

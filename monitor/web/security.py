@@ -10,6 +10,7 @@ import re
 from typing import Optional
 from urllib.parse import urlsplit
 
+from flask import abort
 from markupsafe import Markup, escape
 
 # Scripts only from our own origin: no inline script, no eval. Styles: our stylesheet, plus the
@@ -46,6 +47,18 @@ def is_peer_id(value: str) -> bool:
 
 def is_dht_prefix(value: str) -> bool:
     return bool(_DHT_PREFIX.match(value or ""))
+
+
+def require_peer_id(value: str) -> None:
+    """400 unless ``value`` is a peer id (for views that take one in their URL)."""
+    if not is_peer_id(value):
+        abort(400, description=f"{value[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
+
+
+def require_dht_prefix(value: str) -> None:
+    """400 unless ``value`` is a DHT prefix (for views that take one in their URL)."""
+    if not is_dht_prefix(value):
+        abort(400, description=f"{value[:80]!r} is not a DHT prefix (letters, digits, '.', '_', '-')")
 
 
 def http_url(value: Optional[str]) -> Optional[str]:

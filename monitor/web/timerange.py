@@ -19,10 +19,6 @@ class TimeRange:
     since: float
     until: float
 
-    @property
-    def seconds(self) -> float:
-        return self.until - self.since
-
 
 def parse_time(name: str, raw: str) -> float:
     """Unix seconds (``1700000000``, ``1700000000.5``) or ISO 8601 (``2024-05-01T12:00:00Z``;
@@ -58,7 +54,10 @@ def time_range(args: Mapping[str, str], now: float, *, default_seconds: float = 
     return TimeRange(since, until)
 
 
-def window(hours: Optional[str], *, default: float = 24, allowed=(1, 6, 24, 72, 168)) -> float:
+WINDOWS = (1, 6, 24, 72, 168)  # the history windows a page offers, in hours
+
+
+def window(hours: Optional[str], *, default: float = 24, allowed=WINDOWS) -> float:
     """A page's history window in hours (``?hours=``), one of a few choices."""
     if hours is None:
         return default
