@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from flask import Blueprint, Response, jsonify, render_template, request, stream_with_context
+from simple_websocket import ConnectionClosed
 
 from chat.engine import (
     Busy,
@@ -110,6 +111,15 @@ class _Params:
                                  + f", got {value:g}")
         return _in_range(name, value, lo, hi)
 
+    def sampling(self, *, top_p: float, top_k: int, repetition_penalty: float) -> dict:
+        """top_p, top_k and repetition_penalty, checked alike by every API; only the defaults differ."""
+        return {
+            "top_p": self.number("top_p", default=top_p, lo=0, hi=1, lo_open=True),
+            "top_k": self.integer("top_k", default=top_k, lo=0, hi=100_000),
+            "repetition_penalty": self.number("repetition_penalty", default=repetition_penalty, lo=0, hi=100,
+                                              lo_open=True),
+        }
+
     def boolean(self, name: str, *, default: bool = False) -> bool:
         value = self.raw(name)
         if value is None:
@@ -183,9 +193,7 @@ def _petals_params(engine: ChatEngine, model: str, params: _Params, *, n_input: 
     defaults = engine.defaults(model)
     do_sample = params.boolean("do_sample")
     temperature = params.number("temperature", lo=0, hi=100, lo_open=True)
-    top_k = params.integer("top_k", lo=0, hi=100_000)
-    top_p = params.number("top_p", lo=0, hi=1, lo_open=True)
-    repetition_penalty = params.number("repetition_penalty", lo=0, hi=100, lo_open=True)
+    sampling = params.sampling(top_p=defaults["top_p"], top_k=defaults["top_k"], repetition_penalty=1.0)
     max_new_tokens = params.integer("max_new_tokens", lo=1, hi=context)
     max_length = params.integer("max_length", lo=1, hi=context)
     if max_new_tokens is not None and max_length is not None:
@@ -200,9 +208,7 @@ def _petals_params(engine: ChatEngine, model: str, params: _Params, *, n_input: 
     return GenerationParams(
         max_new_tokens=max(1, min(max_new_tokens, room)),
         temperature=(temperature if temperature is not None else 1.0) if do_sample else 0.0,
-        top_p=top_p if top_p is not None else defaults["top_p"],
-        top_k=top_k if top_k is not None else defaults["top_k"],
-        repetition_penalty=repetition_penalty if repetition_penalty is not None else 1.0,
+        **sampling,
         stop_sequences=tuple(stop_sequences),
         stop_mode=stop_mode,
         skip_special_tokens=False,
@@ -257,11 +263,9 @@ def _ws_generate(engine: ChatEngine, ws) -> None:
             _ws_step(engine, ws, session, model, _Params(request_))
     except ChatError as e:
         _ws_send_error(ws, str(e))
-    except _WsClosed:
+    except ConnectionClosed:  # the client went away, while we received or sent
         pass
     except Exception as e:  # noqa: BLE001 - never a traceback to the user
-        if type(e).__name__ == "ConnectionClosed":
-            return
         logger.warning("ws generate failed", exc_info=True)
         _ws_send_error(ws, f"internal error ({type(e).__name__}); try again")
     finally:
@@ -269,17 +273,8 @@ def _ws_generate(engine: ChatEngine, ws) -> None:
             session.close()
 
 
-class _WsClosed(Exception):
-    pass
-
-
 def _ws_receive(ws) -> dict:
-    from simple_websocket import ConnectionClosed
-
-    try:
-        raw = ws.receive(timeout=WS_STEP_TIMEOUT)
-    except ConnectionClosed:
-        raise _WsClosed() from None
+    raw = ws.receive(timeout=WS_STEP_TIMEOUT)
     if raw is None:
         raise InvalidRequest(None, f"no request within {WS_STEP_TIMEOUT} s; the session is closed")
     try:
@@ -377,9 +372,7 @@ def _openai_common(engine: ChatEngine, model: str, params: _Params, n_prompt: in
     if stream_options is not None and not isinstance(stream_options, dict):
         raise InvalidRequest("stream_options", "stream_options must be an object")
     temperature = params.number("temperature", default=1.0, lo=0, hi=2)
-    top_p = params.number("top_p", default=1.0, lo=0, hi=1, lo_open=True)
-    top_k = params.integer("top_k", default=0, lo=0, hi=100_000)
-    repetition_penalty = params.number("repetition_penalty", default=1.0, lo=0, hi=100, lo_open=True)
+    sampling = params.sampling(top_p=1.0, top_k=0, repetition_penalty=1.0)
     limit_name = "max_completion_tokens" if params.present("max_completion_tokens") else "max_tokens"
     max_tokens = params.integer(limit_name, lo=1, hi=context)
     if n_prompt >= context:
@@ -388,9 +381,8 @@ def _openai_common(engine: ChatEngine, model: str, params: _Params, n_prompt: in
     if max_tokens is None:
         max_tokens = min(default_max, context - n_prompt) if default_max else context - n_prompt
     stops = params.strings("stop") + tuple(extra_stops)
-    return GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            repetition_penalty=repetition_penalty, stop_sequences=stops, stop_mode="exclude",
-                            skip_special_tokens=True)
+    return GenerationParams(max_new_tokens=max_tokens, temperature=temperature, **sampling, stop_sequences=stops,
+                            stop_mode="exclude", skip_special_tokens=True)
 
 
 def _messages(params: _Params) -> list[dict]:
@@ -449,9 +441,9 @@ def _sse(data: str, event: Optional[str] = None) -> str:
 
 
 def _openai_extension(finished: Finished) -> dict:
+    stats = finished.stats()
     return {"route": [hop.to_dict() for hop in finished.route],
-            "tokens_per_second": finished.stats()["tokens_per_second"],
-            "time_to_first_token": finished.stats()["time_to_first_token"]}
+            "tokens_per_second": stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
 
 
 def _usage(finished: Finished) -> dict:
@@ -628,10 +620,8 @@ def _page_params(engine: ChatEngine, model: str, params: _Params) -> GenerationP
     return GenerationParams(
         max_new_tokens=params.integer("max_new_tokens", default=defaults["max_new_tokens"], lo=1, hi=context),
         temperature=params.number("temperature", default=defaults["temperature"], lo=0, hi=2),
-        top_p=params.number("top_p", default=defaults["top_p"], lo=0, hi=1, lo_open=True),
-        top_k=params.integer("top_k", default=defaults["top_k"], lo=0, hi=100_000),
-        repetition_penalty=params.number("repetition_penalty", default=defaults["repetition_penalty"], lo=0, hi=100,
-                                         lo_open=True),
+        **params.sampling(top_p=defaults["top_p"], top_k=defaults["top_k"],
+                          repetition_penalty=defaults["repetition_penalty"]),
     )
 
 

@@ -190,7 +190,6 @@ class StreamDecoder:
         self.ids: list[int] = []
         self.emitted = ""
         self.stopped = False
-        self.stop_hit: Optional[str] = None  # the stop sequence that ended the text
         self._pending_tokens = 0
 
     def _decode(self) -> str:
@@ -215,7 +214,7 @@ class StreamDecoder:
         found = [(text.find(stop), stop) for stop in self._stops if stop in text]
         if found:
             index, stop = min(found)
-            self.stopped, self.stop_hit = True, stop
+            self.stopped = True
             return self._emit(text[: index + len(stop)] if self._include else text[:index])
         if text.endswith("\ufffd"):
             return None
@@ -537,12 +536,6 @@ class ChatEngine:
                     self._sequence_manager(model.remote).shutdown()
                 except Exception as e:  # noqa: BLE001 - shutting down anyway
                     logger.debug("shutting down %s failed: %r", model.name, e)
-
-    @property
-    def load(self) -> dict:
-        return {"active": self._gate.active, "waiting": self._gate.waiting,
-                "max_sessions": self._gate.limit, "queue_size": self._gate.queue_size}
-
 
 class Answer:
     """An answer being generated; closing it (or leaving the ``with``) stops it and frees its place."""

@@ -355,8 +355,8 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
         """Peers petals banned a moment ago (they just failed), then peers below min_score: each
         left out only while the others still cover [start_index, end_index)."""
         by_id = {span.peer_id.to_base58(): (span.start, span.end) for span in spans}
-        banned = {peer: PeerWeight(score=-1.0) for peer, span in by_id.items()
-                  if _peer_id(peer) in self.state.banned_peers}
+        banned = {span.peer_id.to_base58(): PeerWeight(score=-1.0) for span in spans
+                   if span.peer_id in self.state.banned_peers}
         if self.routing.mode == "health":
             weights = {**weights, **banned}
             threshold = self.routing.min_score
@@ -383,7 +383,7 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
             left_out |= self._explored_around([s for s in spans if s.peer_id not in left_out],
                                               start_index, end_index, weights)
         kept = [span for span in spans if span.peer_id not in left_out]
-        factors = self._relative_penalties(kept, weights)
+        factors = self._relative_penalties(kept, weights) if health else {}
         for span in spans:
             blocks = range(max(span.start, start_index), min(span.end, end_index))
             if span.peer_id in left_out:
@@ -456,12 +456,6 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
             return [index for index, found in enumerate(spans) if not found]
 
 
-def _peer_id(peer: str):
-    from hivemind import PeerID
-
-    return PeerID.from_base58(peer)
-
-
 def _short_error(error: Optional[BaseException], limit: int = 200) -> str:
     if error is None:
         return "request failed"
@@ -496,7 +490,6 @@ class SpanRecorder:
         self._seen: set[int] = set()  # id() of server sessions that already stepped once
         self._decode: dict[tuple, list[float]] = {}  # (peer, start, end) -> seconds per 1-token step
         self._prefill: dict[tuple, float] = {}
-        self.failures: list[ChatOutcome] = []
 
     def begin_step(self, n_tokens: int) -> None:
         self._mark = time.perf_counter()
@@ -528,7 +521,6 @@ class SpanRecorder:
         start, end = (server_session.span.start, server_session.span.end) if server_session else (0, 0)
         outcome = ChatOutcome(at=time.time(), peer_id=peer_id.to_base58(), model=self.model,
                               start=start, end=end, ok=False, error=error)
-        self.failures.append(outcome)
         self._emit(outcome)
 
     def seconds_per_token(self) -> dict[str, float]:
@@ -643,14 +635,6 @@ class TimedInferenceSession(InferenceSession):
         if following is not None and following.stepped and outputs.shape[1] > self._step_tokens:
             outputs = outputs[:, -self._step_tokens:]
         return outputs
-
-
-def spans_of(sequence_manager: RemoteSequenceManager) -> dict[str, tuple[int, int]]:
-    """peer_id -> its [start, end) span, as the sequence manager sees the swarm now."""
-    return {
-        span.peer_id.to_base58(): (span.start, span.end)
-        for span in sequence_manager.state.sequence_info.spans_by_priority
-    }
 
 
 __all__: Sequence[str] = (
