@@ -172,10 +172,12 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
         _run_service(settings)
         return
 
-    from monitor.demo_swarm import DemoControls, demo_layout
+    from monitor.demo_swarm import DemoControls, demo_layout, prepare_model
     from monitor.local_swarm import LocalSwarm, SwarmError
 
-    model_path, prefix, num_blocks, name = _prepare_demo_model(settings.data_dir, tiny)
+    if not tiny:
+        click.echo(f"Preparing SmolLM2-135M-Instruct in {settings.data_dir} (first run only) ...")
+    model_path, prefix, num_blocks, name = prepare_model(settings.data_dir, tiny=tiny)
     try:
         specs = demo_layout(num_blocks, servers)
     except ValueError as e:
@@ -204,17 +206,6 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
         })
         _run_service(settings, demo_controls=DemoControls(swarm))
     click.echo("Stopped.")
-
-
-def _prepare_demo_model(data_dir: Path, tiny: bool):
-    if tiny:
-        from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
-
-        return ensure_tiny_model(data_dir), TINY_DHT_PREFIX, TINY_NUM_BLOCKS, "tiny-llama (random)"
-    from monitor.demo_model import DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, ensure_demo_model
-
-    click.echo(f"Preparing SmolLM2-135M-Instruct in {data_dir} (first run only) ...")
-    return ensure_demo_model(data_dir), DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, "SmolLM2-135M-Instruct"
 
 
 @main.command()

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from monitor.local_swarm import LocalSwarm, ServerSpec
+
+
+def prepare_model(data_dir: Path, *, tiny: bool) -> tuple[Path, str, int, str]:
+    """The demo's model, built into ``data_dir`` once: (path, dht_prefix, num_blocks, name).
+    SmolLM2-135M-Instruct, or with ``tiny`` a tiny random Llama (fast, answers gibberish)."""
+    if tiny:
+        from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
+
+        return ensure_tiny_model(data_dir), TINY_DHT_PREFIX, TINY_NUM_BLOCKS, "tiny-llama (random)"
+    from monitor.demo_model import DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, ensure_demo_model
+
+    return ensure_demo_model(data_dir), DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, "SmolLM2-135M-Instruct"
 
 
 def demo_layout(num_blocks: int, servers: int, throughput: float = 100.0) -> list[ServerSpec]:

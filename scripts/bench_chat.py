@@ -36,12 +36,10 @@ PROMPTS = (
 
 
 def model_setup(name: str, data_dir: Path):
-    from monitor.demo_model import DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, ensure_demo_model
-    from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
+    """("tiny" or "demo") -> (path, dht_prefix, num_blocks), as the demo prepares it."""
+    from monitor.demo_swarm import prepare_model
 
-    if name == "tiny":
-        return ensure_tiny_model(data_dir), TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-    return ensure_demo_model(data_dir), DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS
+    return prepare_model(data_dir, tiny=name == "tiny")[:3]
 
 
 class RawClient:

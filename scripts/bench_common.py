@@ -166,6 +166,17 @@ def simulator(initial_peers: Sequence[str], *, servers: int, models: int = 4, re
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def peer_options(initial_peers: Sequence[str]) -> list[str]:
+    """``--initial-peers`` once per peer, as swarm-monitor's CLI takes them."""
+    return [arg for peer in initial_peers for arg in ("--initial-peers", peer)]
+
+
+def gunicorn_args(port: int) -> list[str]:
+    """The README's production line for the web app (gthread, 2 workers × 8 threads) on 127.0.0.1."""
+    return [str(Path(sys.executable).parent / "gunicorn"), "--worker-class", "gthread", "--workers", "2",
+            "--threads", "8", "--bind", f"127.0.0.1:{port}", "--log-level", "warning", "monitor.web.wsgi:app"]
+
+
 def free_port() -> int:
     import socket
 
@@ -185,7 +196,7 @@ def service(initial_peers: Sequence[str], *, models: Sequence[str] = (), env: di
     workdir = Path(tempfile.mkdtemp(prefix="bench-service-"))
     port = free_port()
     args = [str(Path(sys.executable).parent / "swarm-monitor"), "serve", "--port", str(port),
-            "--initial-peers", *initial_peers]
+            *peer_options(initial_peers)]
     for model in models:
         args += ["--model", model]
     full_env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), **(env or {}))

@@ -133,9 +133,7 @@ class WebServer:
             env = dict(os.environ)
         else:
             port = bc.free_port()
-            args = [str(Path(sys.executable).parent / "gunicorn"), "--worker-class", "gthread", "--workers", "2",
-                    "--threads", "8", "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
-                    "monitor.web.wsgi:app"]
+            args = bc.gunicorn_args(port)
             env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(self.db.parent), SWARM_MONITOR_DATABASE_URL=url,
                        PYTHONPATH=str(bc.ROOT))
             ready.write_text(json.dumps({"port": port}))

@@ -17,7 +17,6 @@ sampled every 5 s, per process. Two layouts, one after the other:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
@@ -59,8 +58,9 @@ def tree_memory(pid: int) -> list[dict]:
     return result
 
 
-def watch(base: str, groups: dict, minutes: float) -> list[dict]:
-    """Request the pages and sample every group's process tree until ``minutes`` have passed."""
+def watch(base: str, groups: dict[str, int], minutes: float) -> list[dict]:
+    """Request the pages and sample every group's process tree (group -> its main pid) until
+    ``minutes`` have passed."""
     samples = []
     started_at = time.monotonic()
     while time.monotonic() - started_at < minutes * 60:
@@ -69,7 +69,7 @@ def watch(base: str, groups: dict, minutes: float) -> list[dict]:
                 urllib.request.urlopen(base + path, timeout=60).read()
             except OSError as e:
                 print(f"{path}: {e}")
-        sample = {group: tree_memory(proc.pid) for group, proc in groups.items()}
+        sample = {group: tree_memory(pid) for group, pid in groups.items()}
         samples.append(sample)
         print(f"t={time.monotonic() - started_at:4.0f}s " + "; ".join(
             f"{group}: " + ", ".join(f"{p['role']} {p['rss'] / MiB:.0f}" for p in procs)
@@ -79,34 +79,25 @@ def watch(base: str, groups: dict, minutes: float) -> list[dict]:
 
 
 def run_layout(layout: str, initial_peers: list[str], args) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-memory-{layout}-"))
-    bin_dir = Path(sys.executable).parent
+    periods = {"SWARM_MONITOR_SCRAPE_PERIOD": str(args.period), "SWARM_MONITOR_PROBE_PERIOD": str(args.period)}
+    if layout == "serve":
+        with bc.service(initial_peers, env=periods) as svc:
+            samples = watch(svc["base"], {"serve": svc["pid"]}, args.minutes)
+            polls = _count_polls(svc["workdir"])
+        return {"layout": layout, "samples": samples, "polls": polls}
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-memory-split-"))
     port = bc.free_port()
-    env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), SWARM_MONITOR_SCRAPE_PERIOD=str(args.period),
-               SWARM_MONITOR_PROBE_PERIOD=str(args.period), PYTHONPATH=str(bc.ROOT))
-    peers = []
-    for peer in initial_peers:
-        peers += ["--initial-peers", peer]
+    env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), SWARM_MONITOR_INITIAL_PEERS=",".join(initial_peers),
+               PYTHONPATH=str(bc.ROOT), **periods)
     try:
-        with contextlib.ExitStack() as stack:
-            if layout == "serve":
-                proc = stack.enter_context(bc.process(
-                    [str(bin_dir / "swarm-monitor"), "serve", "--port", str(port), *peers],
-                    workdir / "serve.log", env=env))
-                groups = {"serve": proc}
-                bc.wait_http(f"http://127.0.0.1:{port}", proc, workdir / "serve.log")
-            else:
-                poller = stack.enter_context(bc.process(
-                    [str(bin_dir / "swarm-monitor"), "poll", *peers], workdir / "poll.log", env=env))
-                web_env = dict(env, SWARM_MONITOR_INITIAL_PEERS=",".join(initial_peers))
-                web = stack.enter_context(bc.process(
-                    [str(bin_dir / "gunicorn"), "--worker-class", "gthread", "--workers", "2", "--threads", "8",
-                     "--bind", f"127.0.0.1:{port}", "--log-level", "warning", "monitor.web.wsgi:app"],
-                    workdir / "web.log", env=web_env))
-                groups = {"poller": poller, "web": web}
-                bc.wait_http(f"http://127.0.0.1:{port}", web, workdir / "web.log")
-            samples = watch(f"http://127.0.0.1:{port}", groups, args.minutes)
-        return {"layout": layout, "samples": samples, "polls": _count_polls(workdir)}
+        with bc.process([str(Path(sys.executable).parent / "swarm-monitor"), "poll",
+                         *bc.peer_options(initial_peers)], workdir / "poll.log", env=env) as poller, \
+                bc.process(bc.gunicorn_args(port), workdir / "web.log", env=env) as web:
+            bc.wait_http(f"http://127.0.0.1:{port}", web, workdir / "web.log")
+            samples = watch(f"http://127.0.0.1:{port}", {"poller": poller.pid, "web": web.pid}, args.minutes)
+            polls = _count_polls(workdir)
+        return {"layout": layout, "samples": samples, "polls": polls}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -452,12 +452,6 @@ class SimulatedSwarm:
     def peer_ids(self, *kinds: str) -> list[str]:
         return [s.peer_id for s in self.servers if not kinds or s.kind in kinds]
 
-    def by_model(self) -> dict[str, list[VirtualServer]]:
-        grouped: dict[str, list[VirtualServer]] = {m.dht_prefix: [] for m in self.models}
-        for server in self.servers:
-            grouped[server.model].append(server)
-        return grouped
-
     @property
     def records(self) -> int:
         """(block, peer) records announced: a server's record repeats for every block of its span."""
@@ -470,7 +464,8 @@ class SimulatedSwarm:
             states[s.info["state"]] = states.get(s.info["state"], 0) + 1
         return {"servers": len(self.servers), "models": [m.dht_prefix for m in self.models],
                 "records": self.records, "kinds": kinds, "states": states,
-                "update_period": self.update_period, "first_announce_seconds": self.last_refresh_seconds}
+                "update_period": self.update_period, "first_announce_seconds": self.last_refresh_seconds,
+                "refreshes": self.refreshes, "records_not_stored": self.store_failures}
 
 
 def _batches(servers: Sequence[VirtualServer]):
@@ -532,7 +527,8 @@ def main(argv=None) -> None:
                 tmp = Path(args.ready_file + ".tmp")
                 tmp.write_text(json.dumps(ready))
                 tmp.replace(args.ready_file)
-            print("watch it with: swarm-monitor serve --initial-peers " + " ".join(initial_peers), flush=True)
+            print("watch it with: swarm-monitor serve " + " ".join(f"--initial-peers {p}" for p in initial_peers),
+                  flush=True)
             print("refreshing every %.0f s; Ctrl-C to stop" % args.update_period, flush=True)
             while True:
                 time.sleep(1)

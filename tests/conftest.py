@@ -111,7 +111,7 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="session")
 def postgres():
     """A private PostgreSQL cluster for the session: ``.url`` (database ``monitor``),
-    ``.create_database()`` -> URL of a fresh one, ``.stop()`` / ``.start()`` / ``.restart()``.
+    ``.create_database()`` -> URL of a fresh one, ``.stop()`` / ``.start()``.
     Fails (never skips) when PostgreSQL cannot start: CI must test the PostgreSQL store."""
     from postgres import PostgresUnavailable, start_cluster
 

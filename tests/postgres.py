@@ -101,10 +101,6 @@ class PostgresCluster:
             self._run("pg_ctl", "-D", self.data_dir, "stop", "-m", "immediate", "-w", "-t", "60")
             self.running = False
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
     def close(self) -> None:
         try:
             self.stop()
