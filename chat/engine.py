@@ -1,117 +1,40 @@
-"""Chat generation through the swarm: loaded models, sessions, streaming, limits, feedback.
+"""Chat generation through the swarm: the configured models, and a bounded pool of sessions.
 
 One ``ChatEngine`` per process. Models load lazily (client side only: embeddings, head,
-tokenizer) with the health-aware sequence manager. Every answer runs in its own petals inference
-session inside a bounded pool of sessions with a bounded waiting queue; a full queue is a ``Busy``
-error, not a hang. Tokens stream one by one; text is held back while the tokens so far end in an
-incomplete UTF-8 character (or could be the start of a stop sequence). Each answer reports the
-route it took and its speed; each peer's outcome goes to the outcome sink (see chat.routing).
+tokenizer) with the health-aware sequence manager (``chat.sequence``). Every answer runs in its
+own petals inference session (``chat.session``) inside a bounded pool of sessions with a bounded
+waiting queue; a full queue is a ``Busy`` error, not a hang. Everything that can be refused
+(unknown model, prompt too long, model not served, busy) is refused before the first token, so
+the HTTP side can answer with a status instead of a broken stream.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.core.diagnosis import format_ranges, ranges
 
-from chat.remote_model import load_remote_model
-from chat.routing import (
-    HealthAwareSequenceManager,
-    OutcomeSink,
-    PeerWeight,
-    RouteHop,
-    RoutingSettings,
-    ScoreSource,
-    TimedInferenceSession,
-)
+from chat.decoding import Delta, Finished, GenerationParams
+from chat.errors import Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, UnknownModel
+from chat.policy import OutcomeSink, RoutingSettings, ScoreSource
+from chat.remote_model import load_remote_model, sequence_manager_of
+from chat.sequence import HealthAwareSequenceManager
+from chat.session import Answer, ChatSession
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT = 2048  # for configs that name no context length (e.g. BLOOM's ALiBi)
-CoverageCheck = Callable[[str], tuple[bool, str]]
+CoverageCheck = Callable[[str], tuple[bool, str]]  # dht_prefix -> (served?, why not, for people)
 
-
-# ---- errors (the API maps each to one HTTP status) ------------------------------------------------
-
-
-class ChatError(Exception):
-    """Base: ``str(e)`` is a message for people (what failed, with what value, what to do)."""
-
-    status = 500
-
-
-class InvalidRequest(ChatError):
-    status = 400
-
-    def __init__(self, param: Optional[str], message: str):
-        super().__init__(message)
-        self.param = param
-
-
-class UnknownModel(ChatError):
-    status = 404
-
-    def __init__(self, name: str, known: Sequence[str]):
-        listed = ", ".join(repr(k) for k in known) or "none"
-        super().__init__(f"unknown model {name!r}; models here: {listed}")
-        self.name = name
-
-
-class ModelNotServed(ChatError):
-    status = 503
-
-    def __init__(self, name: str, reason: str, missing_blocks: Sequence[int] = ()):
-        super().__init__(f"model {name!r} is not fully served: {reason}")
-        self.name, self.reason, self.missing_blocks = name, reason, list(missing_blocks)
-
-
-class Busy(ChatError):
-    status = 429
-
-    def __init__(self, message: str, retry_after: int):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class GenerationFailed(ChatError):
-    status = 503
-
-
-# ---- plain data --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """temperature 0 means greedy decoding; top_k 0 and top_p 1 switch those filters off.
-    ``stop_mode`` "exclude" cuts the text before a stop sequence (OpenAI), "include" keeps it
-    (chat.petals.dev)."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    stop_sequences: tuple[str, ...] = ()
-    stop_mode: str = "exclude"
-    skip_special_tokens: bool = True
-
-    @property
-    def do_sample(self) -> bool:
-        return self.temperature > 0
-
-    def generate_kwargs(self) -> dict:
-        kwargs: dict = {"do_sample": self.do_sample}
-        if self.do_sample:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        if self.repetition_penalty != 1.0:
-            kwargs["repetition_penalty"] = self.repetition_penalty
-        return kwargs
+__all__ = [  # what the HTTP side and the service use, in one import
+    "Answer", "Busy", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta", "Finished",
+    "GenerationFailed", "GenerationParams", "InvalidRequest", "ModelNotServed", "ModelStatus", "UnknownModel",
+]
 
 
 @dataclass(frozen=True)
@@ -121,121 +44,6 @@ class ModelStatus:
     served: bool
     reason: str = ""  # why not, for people
     missing_blocks: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New text of the answer, and how many tokens it took (held-back tokens included)."""
-
-    text: str
-    token_count: int
-
-
-@dataclass(frozen=True)
-class Finished:
-    text: str  # the whole answer
-    token_ids: tuple[int, ...]
-    prompt_tokens: int
-    finish_reason: str  # "stop" (EOS or stop sequence), "length", "cancelled"
-    route: tuple[RouteHop, ...]
-    time_to_first_token: Optional[float]  # seconds from the start of the answer
-    tokens_per_second: Optional[float]  # after the first token
-    elapsed: float
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.token_ids)
-
-    def stats(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "finish_reason": self.finish_reason,
-            "time_to_first_token": _round(self.time_to_first_token),
-            "tokens_per_second": _round(self.tokens_per_second),
-            "elapsed": _round(self.elapsed),
-            "route": [hop.to_dict() for hop in self.route],
-        }
-
-
-def _round(value: Optional[float], digits: int = 4) -> Optional[float]:
-    return None if value is None else round(value, digits)
-
-
-def block_ranges(blocks: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> "0:3, 5:6": the monitor's notation, petals' [start, end)."""
-    from monitor.coverage import format_ranges, ranges
-
-    return format_ranges(ranges(blocks))
-
-
-# ---- decoding a stream of tokens -----------------------------------------------------------------
-
-
-class StreamDecoder:
-    """Turns token ids into text deltas, one token at a time.
-
-    Text is emitted only when it is final: not while the tokens so far end in an incomplete UTF-8
-    character (the tokenizer decodes those as U+FFFD), nor while its end could still grow into a
-    stop sequence. Once a stop sequence appears the answer ends there (cut before it in
-    "exclude" mode, after it in "include" mode).
-    """
-
-    def __init__(self, tokenizer, *, stop_sequences: Sequence[str] = (), stop_mode: str = "exclude",
-                 skip_special_tokens: bool = True):
-        self._tokenizer = tokenizer
-        self._stops = tuple(s for s in stop_sequences if s)
-        self._include = stop_mode == "include"
-        self._skip = skip_special_tokens
-        self.ids: list[int] = []
-        self.emitted = ""
-        self.stopped = False
-        self._pending_tokens = 0
-
-    def _decode(self) -> str:
-        return self._tokenizer.decode(self.ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
-
-    def _held_back(self, text: str) -> int:
-        """Length of the longest end of ``text`` that is a proper start of a stop sequence."""
-        longest = 0
-        for stop in self._stops:
-            for size in range(min(len(stop) - 1, len(text)), longest, -1):
-                if text.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest
-
-    def feed(self, token_id: int) -> Optional[Delta]:
-        if self.stopped:
-            return None
-        self.ids.append(int(token_id))
-        self._pending_tokens += 1
-        text = self._decode()
-        found = [(text.find(stop), stop) for stop in self._stops if stop in text]
-        if found:
-            index, stop = min(found)
-            self.stopped = True
-            return self._emit(text[: index + len(stop)] if self._include else text[:index])
-        if text.endswith("\ufffd"):
-            return None
-        return self._emit(text[: len(text) - self._held_back(text)])
-
-    def finish(self) -> Optional[Delta]:
-        """Whatever was held back, now that no token follows."""
-        if self.stopped:
-            return None
-        return self._emit(self._decode(), force=True)
-
-    def _emit(self, final: str, force: bool = False) -> Optional[Delta]:
-        if len(final) <= len(self.emitted) and not (force and self._pending_tokens):
-            return None
-        delta = Delta(final[len(self.emitted):], self._pending_tokens)
-        self.emitted = final if len(final) > len(self.emitted) else self.emitted
-        self._pending_tokens = 0
-        return delta
-
-
-# ---- concurrency ---------------------------------------------------------------------------------
 
 
 class _Gate:
@@ -275,9 +83,6 @@ class _Gate:
             self._cond.notify()
 
 
-# ---- models --------------------------------------------------------------------------------------
-
-
 @dataclass
 class _Model:
     """A configured model; its tokenizer and its remote model load on first use."""
@@ -287,13 +92,13 @@ class _Model:
     path: Optional[Path]
     aliases: tuple[str, ...]
     lock: threading.Lock = field(default_factory=threading.Lock)
-    tokenizer: object = None
+    tokenizer: Any = None
     context_length: int = DEFAULT_CONTEXT
     defaults: dict = field(default_factory=dict)
-    remote: object = None  # the petals model
+    remote: Any = None  # the petals model
 
 
-def _context_length(config) -> int:
+def _context_length(config: Any) -> int:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
@@ -320,12 +125,17 @@ def _defaults(path: Path, context: int) -> dict:
 
 
 class ChatEngine:
-    """Chat with the swarm's models. Thread-safe; one per process."""
+    """Chat with the swarm's models. Thread-safe; one per process.
+
+    ``models``: monitor.app.settings.ModelConfig-like objects (dht_prefix, path, name,
+    repository). ``score_source`` and ``outcome_sink`` link routing to the monitor (see
+    chat.feedback); ``coverage_check`` refuses a model the monitor saw broken before loading it.
+    """
 
     def __init__(
         self,
-        dht,
-        models: Sequence,
+        dht: Any,
+        models: Sequence[Any],
         *,
         score_source: Optional[ScoreSource] = None,
         outcome_sink: Optional[OutcomeSink] = None,
@@ -340,7 +150,6 @@ class ChatEngine:
         client_config: Optional[dict] = None,
     ):
         self.dht = dht
-        self.score_source = score_source
         self.coverage_check = coverage_check
         self.routing = routing or RoutingSettings()
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(
@@ -392,7 +201,7 @@ class ChatEngine:
                     model.tokenizer = AutoTokenizer.from_pretrained(str(model.path))
         return model
 
-    def tokenizer(self, name: str):
+    def tokenizer(self, name: str) -> Any:
         return self._client_files(self._model(name)).tokenizer
 
     def context_length(self, name: str) -> int:
@@ -404,7 +213,7 @@ class ChatEngine:
     def title(self, name: str) -> str:
         return self._model(name).title
 
-    def _remote(self, model: _Model):
+    def _remote(self, model: _Model) -> Any:
         self._client_files(model)
         if model.remote is None:
             with model.lock:
@@ -416,13 +225,9 @@ class ChatEngine:
                     )
         return model.remote
 
-    @staticmethod
-    def _sequence_manager(remote) -> HealthAwareSequenceManager:
-        return remote.transformer.h.sequence_manager
-
     def sequence_manager(self, name: str) -> HealthAwareSequenceManager:
         """The model's sequence manager (loads the model): its view of the swarm and its routes."""
-        return self._sequence_manager(self._remote(self._model(name)))
+        return sequence_manager_of(self._remote(self._model(name)))
 
     # -- coverage --------------------------------------------------------------------------------
     def status(self, name: str) -> ModelStatus:
@@ -452,7 +257,7 @@ class ChatEngine:
                 raise ModelNotServed(model.name, reason)
         if not load:
             return
-        manager = self._sequence_manager(self._remote(model))
+        manager = self.sequence_manager(model.name)
         missing = manager.missing_blocks()
         if missing:
             missing = manager.missing_blocks(refresh=True)  # the view may be stale; look again
@@ -460,7 +265,7 @@ class ChatEngine:
             restricted = " among the pinned/allowed peers" if self.routing.pinned else ""
             raise ModelNotServed(
                 model.name, f"no server{restricted} holds block{'s' if len(missing) > 1 else ''} "
-                f"{block_ranges(missing)} (of {len(manager)})", missing,
+                f"{format_ranges(ranges(missing))} (of {len(manager)})", missing,
             )
 
     # -- prompts ---------------------------------------------------------------------------------
@@ -482,7 +287,7 @@ class ChatEngine:
         return self.encode(name, text), ("\nUser:", "\nSystem:")
 
     # -- sessions --------------------------------------------------------------------------------
-    def open_session(self, name: str, max_length: int) -> "ChatSession":
+    def open_session(self, name: str, max_length: int) -> ChatSession:
         """A petals inference session for up to ``max_length`` tokens in all, holding one of the
         engine's places until closed. Raises Busy, UnknownModel, ModelNotServed, InvalidRequest."""
         model = self._model(name)
@@ -493,13 +298,14 @@ class ChatEngine:
         self._gate.acquire()
         try:
             self._check_served(model)
-            return ChatSession(self, model, self._remote(model), max_length)
+            return ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
+                               stall_timeout=self.stall_timeout, release=self._gate.release)
         except BaseException:
             self._gate.release()
             raise
 
     def answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
-               stop_event: Optional[threading.Event] = None, prompt_param: str = "prompt") -> "Answer":
+               stop_event: Optional[threading.Event] = None, prompt_param: str = "prompt") -> Answer:
         """Start one answer in its own session. Everything that can be refused (unknown model,
         prompt too long, model not served, busy) raises here, before any token; iterate the
         Answer for Delta events and one Finished. max_new_tokens is cut to what the model's
@@ -514,235 +320,11 @@ class ChatEngine:
         session = self.open_session(name, len(input_ids) + max_new)
         return Answer(session, session.generate(input_ids, params, stop_event=stop_event))
 
-    def generate(self, name: str, input_ids: Sequence[int], params: GenerationParams,
-                 *, stop_event: Optional[threading.Event] = None) -> Iterator[Union[Delta, Finished]]:
-        """``answer`` as one generator (refusals surface at the first ``next``)."""
-        with self.answer(name, input_ids, params, stop_event=stop_event) as answer:
-            yield from answer
-
-    def weights(self) -> dict[str, PeerWeight]:
-        if self.score_source is None:
-            return {}
-        try:
-            return dict(self.score_source())
-        except Exception:  # noqa: BLE001
-            return {}
-
     def close(self) -> None:
         """Stop the loaded models' background routing threads (the DHT belongs to the caller)."""
         for model in self._models.values():
             if model.remote is not None:
                 try:
-                    self._sequence_manager(model.remote).shutdown()
+                    sequence_manager_of(model.remote).shutdown()
                 except Exception as e:  # noqa: BLE001 - shutting down anyway
                     logger.debug("shutting down %s failed: %r", model.name, e)
-
-class Answer:
-    """An answer being generated; closing it (or leaving the ``with``) stops it and frees its place."""
-
-    def __init__(self, session: "ChatSession", events: Iterator[Union[Delta, Finished]]):
-        self.session = session
-        self._events = events
-
-    def __iter__(self) -> Iterator[Union[Delta, Finished]]:
-        return self._events
-
-    def route(self) -> tuple[RouteHop, ...]:
-        return self.session.route()
-
-    def close(self) -> None:
-        try:
-            self._events.close()
-        finally:
-            self.session.close()
-
-    def __enter__(self) -> "Answer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _Streamer:
-    """transformers' streamer protocol: ``put`` gets the prompt once, then every new token."""
-
-    def __init__(self, on_token: Callable[[int], None]):
-        self._on_token = on_token
-        self._prompt_seen = False
-
-    def put(self, value) -> None:
-        if not self._prompt_seen:
-            self._prompt_seen = True
-            return
-        for token_id in value.reshape(-1).tolist():
-            self._on_token(token_id)
-
-    def end(self) -> None:
-        pass
-
-
-class ChatSession:
-    """One petals inference session: one or more answers that continue the same text."""
-
-    def __init__(self, engine: ChatEngine, model: _Model, remote, max_length: int):
-        self.engine, self.model, self.remote, self.max_length = engine, model, remote, max_length
-        self.tokenizer = model.tokenizer
-        self._petals = TimedInferenceSession(ChatEngine._sequence_manager(remote), max_length)
-        self._closed = False
-        self._lock = threading.Lock()
-        self._route: tuple[RouteHop, ...] = ()
-
-    @property
-    def used(self) -> int:
-        """Tokens the session's servers have processed or will process next (the last one)."""
-        output_ids = self._petals.output_ids
-        return output_ids.shape[1] if output_ids is not None else 0
-
-    def room(self, new_input_tokens: int) -> int:
-        """How many tokens may still be generated after ``new_input_tokens`` more input."""
-        return self.max_length - self.used - new_input_tokens
-
-    def route(self) -> tuple[RouteHop, ...]:
-        """The route now (live while generating), else the last answer's route."""
-        hops = self._petals.recorder.route(self.engine.weights())
-        return tuple(hops) or self._route
-
-    def replace_last_token(self, token_id: int) -> None:
-        """Make the session continue as if ``token_id`` had been generated last."""
-        if self._petals.output_ids is not None:
-            self._petals.output_ids[:, -1:] = token_id
-
-    def generate(self, input_ids: Optional[Sequence[int]], params: GenerationParams,
-                 *, stop_event: Optional[threading.Event] = None) -> Iterator[Union[Delta, Finished]]:
-        """Continue the session with ``input_ids`` (None: continue from the last token) and stream
-        the answer. Stopping (the event, or leaving the iterator) ends generation after the
-        current token."""
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
-        if self._closed:
-            raise GenerationFailed("the inference session is closed")
-        n_input = len(input_ids) if input_ids else 0
-        if not n_input and self._petals.output_ids is None:
-            raise InvalidRequest("inputs", "the first request of a session needs inputs")
-        budget = min(params.max_new_tokens, self.room(n_input))
-        if budget <= 0:
-            raise InvalidRequest("max_length", f"the session's max_length {self.max_length} is used up "
-                                               f"({self.used} tokens so far, {n_input} new); open a longer session")
-        stop_event = stop_event or threading.Event()
-        decoder = StreamDecoder(self.tokenizer, stop_sequences=params.stop_sequences, stop_mode=params.stop_mode,
-                                skip_special_tokens=params.skip_special_tokens)
-        events: queue.Queue = queue.Queue()
-        clock = {"start": time.perf_counter(), "first": None, "last": None}
-        prompt_tokens = self.used + n_input
-
-        def on_token(token_id: int) -> None:
-            now = time.perf_counter()
-            clock["first"] = clock["first"] or now
-            clock["last"] = now
-            delta = decoder.feed(token_id)
-            if delta is not None:
-                events.put(delta)
-
-        cancel = threading.Event()  # set when the consumer leaves
-
-        class _Stop(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs) -> bool:
-                return decoder.stopped or stop_event.is_set() or cancel.is_set()
-
-        def run() -> None:
-            try:
-                inputs = torch.tensor([list(input_ids)], dtype=torch.long) if n_input else None
-                pad = self.tokenizer.pad_token_id
-                with torch.no_grad():
-                    self.remote.generate(
-                        inputs, session=self._petals, max_new_tokens=budget,
-                        streamer=_Streamer(on_token), stopping_criteria=StoppingCriteriaList([_Stop()]),
-                        pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
-                        **params.generate_kwargs(),
-                    )
-                self._route = tuple(self._petals.recorder.route(self.engine.weights()))
-                self._petals.recorder.flush()
-                events.put(("done", None))
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                self._petals.recorder.flush()
-                events.put(("error", e))
-
-        with self._lock:
-            worker = threading.Thread(target=run, name=f"chat-{self.model.name}", daemon=True)
-            worker.start()
-            try:
-                while True:
-                    try:
-                        item = events.get(timeout=self.engine.stall_timeout)
-                    except queue.Empty:
-                        raise GenerationFailed(f"the swarm sent no token for {self.engine.stall_timeout:.0f} s; "
-                                               f"try again") from None
-                    if isinstance(item, Delta):
-                        yield item
-                        continue
-                    kind, error = item
-                    if kind == "error":
-                        raise _as_chat_error(self.model.name, error)
-                    break
-                tail = decoder.finish()
-                if tail is not None:
-                    yield tail
-                yield self._finished(decoder, clock, prompt_tokens, budget, stop_event)
-            finally:
-                cancel.set()
-                worker.join(self.engine.stall_timeout)
-
-    def _finished(self, decoder: StreamDecoder, clock: dict, prompt_tokens: int, budget: int,
-                  stop_event: threading.Event) -> Finished:
-        end = time.perf_counter()
-        ids = decoder.ids
-        eos = self.tokenizer.eos_token_id
-        if decoder.stopped or (ids and ids[-1] == eos):
-            reason = "stop"
-        elif stop_event.is_set():
-            reason = "cancelled"
-        elif len(ids) >= budget:
-            reason = "length"
-        else:
-            reason = "stop"
-        first, last = clock["first"], clock["last"]
-        ttft = first - clock["start"] if first else None
-        if len(ids) >= 2 and last > first:
-            speed = (len(ids) - 1) / (last - first)
-        elif ids and first:
-            speed = len(ids) / (first - clock["start"])
-        else:
-            speed = None
-        return Finished(text=decoder.emitted, token_ids=tuple(ids), prompt_tokens=prompt_tokens, finish_reason=reason,
-                        route=self._route, time_to_first_token=ttft, tokens_per_second=speed,
-                        elapsed=end - clock["start"])
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._petals.close()
-        except Exception as e:  # noqa: BLE001
-            logger.debug("closing the inference session failed: %r", e)
-        finally:
-            self.engine._gate.release()
-
-    def __enter__(self) -> "ChatSession":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _as_chat_error(model: str, error: BaseException) -> ChatError:
-    from petals.client.routing.sequence_manager import MissingBlocksError
-
-    if isinstance(error, ChatError):
-        return error
-    if isinstance(error, MissingBlocksError):
-        return ModelNotServed(model, "servers went away while answering; some blocks have no server now")
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    logger.warning("generation with %s failed: %s", model, text, exc_info=error)
-    return GenerationFailed(f"generation with {model!r} failed in the swarm ({text[:300]}); try again")

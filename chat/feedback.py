@@ -13,19 +13,22 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from chat.routing import PeerWeight, weights_from_outcomes
+from monitor.core.common import HOUR
+from monitor.core.snapshot import ChatOutcome
+
+from chat.policy import OutcomeSink, PeerWeight, weights_from_outcomes
 
 log = logging.getLogger(__name__)
 
-OUTCOME_WINDOW = 3600.0  # seconds of chat outcomes the router learns from
+OUTCOME_WINDOW = HOUR  # seconds of chat outcomes the router learns from
 
 
 class StoreWeights:
     """A cheap ``score_source`` for HealthAwareSequenceManager, refreshed every ``period`` s."""
 
-    def __init__(self, store, *, period: float = 5.0, window: float = OUTCOME_WINDOW):
+    def __init__(self, store: Any, *, period: float = 5.0, window: float = OUTCOME_WINDOW):
         self.store = store
         self.period = period
         self.window = window
@@ -75,12 +78,12 @@ class StoreWeights:
         self._wake.set()
 
 
-def store_outcome_sink(store, weights: Optional[StoreWeights] = None):
+def store_outcome_sink(store: Any, weights: Optional[StoreWeights] = None) -> OutcomeSink:
     """``outcome_sink`` for the engine: each request's per-peer outcome goes into the store,
     where the scores and StoreWeights pick it up (``weights``, if given, at once). A database
     hiccup never fails a chat."""
 
-    def sink(outcome) -> None:
+    def sink(outcome: ChatOutcome) -> None:
         try:
             store.record_chat_outcome(outcome)
         except Exception as e:  # noqa: BLE001
@@ -92,7 +95,7 @@ def store_outcome_sink(store, weights: Optional[StoreWeights] = None):
     return sink
 
 
-def store_coverage_check(store):
+def store_coverage_check(store: Any) -> Callable[[str], tuple[bool, str]]:
     """``coverage_check`` for the engine: a model the monitor last saw broken is refused before
     generation starts, with the monitor's reasons (which name the missing blocks)."""
 

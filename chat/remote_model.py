@@ -12,9 +12,12 @@ import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from monitor import compat  # noqa: F401  (must precede petals)
+
+if TYPE_CHECKING:
+    from petals.client.routing.sequence_manager import RemoteSequenceManager
 
 _BUILD_LOCK = threading.Lock()
 
@@ -68,3 +71,8 @@ def load_remote_model(
             **client_config,
         )
     return model
+
+
+def sequence_manager_of(model) -> "RemoteSequenceManager":
+    """The sequence manager of a model ``load_remote_model`` built: its routes and view of the swarm."""
+    return model.transformer.h.sequence_manager

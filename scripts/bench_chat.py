@@ -37,7 +37,7 @@ PROMPTS = (
 
 def model_setup(name: str, data_dir: Path):
     """("tiny" or "demo") -> (path, dht_prefix, num_blocks), as the demo prepares it."""
-    from monitor.demo_swarm import prepare_model
+    from monitor.harness.demo_swarm import prepare_model
 
     return prepare_model(data_dir, tiny=name == "tiny")[:3]
 
@@ -117,7 +117,7 @@ def wait_chat_ready(base: str, prefix: str, prompt: str, timeout: float = 240.0)
 
 
 def measure(name: str, *, runs: int, tokens: int, data_dir: Path) -> dict:
-    from monitor.local_swarm import LocalSwarm, ServerSpec
+    from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
     path, prefix, num_blocks = model_setup(name, data_dir)
     half = num_blocks // 2

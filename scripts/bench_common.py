@@ -82,7 +82,7 @@ def write_section(name: str, markdown: str) -> None:
 @contextlib.contextmanager
 def bootstrap_peer() -> Iterator[list[str]]:
     """A bootstrap DHT peer on loopback (the swarm harness's); yields its multiaddrs."""
-    from monitor.local_swarm import LocalSwarm
+    from monitor.harness.local_swarm import LocalSwarm
 
     swarm = LocalSwarm(Path(os.devnull), "unused")  # only the bootstrap peer is started
     try:

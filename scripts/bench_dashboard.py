@@ -67,8 +67,8 @@ def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool) -> 
 def backfill_diagnoses(store) -> None:
     """A history made before the poller stored diagnoses gets one for its latest poll, as the
     poller's next probe round would write it (else the web would diagnose it itself)."""
-    from monitor.jobs import Poller
-    from monitor.settings import Settings
+    from monitor.app.jobs import Poller
+    from monitor.app.settings import Settings
 
     snapshot = store.latest_snapshot()
     if snapshot is not None and not store.latest_diagnoses():
@@ -79,16 +79,18 @@ def pick_targets(db: Path) -> dict:
     """The biggest model, and a peer seen over the whole history (the longest peer history)."""
     import sqlalchemy as sa
 
-    from monitor.store import T_MODELS, T_PEERS, Store
+    from monitor.store import Store
+    from monitor.store.schema import Peer, WatchedModel
 
     store = Store(f"sqlite:///{db}")
     try:
         store.migrate()  # a history made before a schema change is brought up to date, data kept
         backfill_diagnoses(store)
         with store.engine.connect() as conn:
-            model = conn.execute(sa.select(T_MODELS.c.dht_prefix).order_by(T_MODELS.c.num_blocks.desc())).scalar()
-            peer = conn.execute(sa.select(T_PEERS.c.peer_id).where(T_PEERS.c.first_seen.is_not(None))
-                                .order_by((T_PEERS.c.last_seen - T_PEERS.c.first_seen).desc())).scalar()
+            models, peers = WatchedModel.__table__.c, Peer.__table__.c
+            model = conn.execute(sa.select(models.dht_prefix).order_by(models.num_blocks.desc())).scalar()
+            peer = conn.execute(sa.select(peers.peer_id).where(peers.first_seen.is_not(None))
+                                .order_by((peers.last_seen - peers.first_seen).desc())).scalar()
         size = store.database_size_bytes()
     finally:
         store.close()
@@ -103,7 +105,7 @@ def serve(db_url: str, ready_file: str) -> None:
     serve` serves it; like a web worker, it imports no petals."""
     from werkzeug.serving import make_server
 
-    from monitor.settings import Settings
+    from monitor.app.settings import Settings
     from monitor.store import Store
     from monitor.web import create_app
 

@@ -53,7 +53,7 @@ def tree_memory(pid: int) -> list[dict]:
         elif "swarm-monitor" in cmdline:
             role = "DHT child"  # hivemind forks the DHT with the parent's command line
         else:
-            role = "reaper guard"  # monitor.reaper: ends the p2pd daemons if the service dies
+            role = "reaper guard"  # monitor.swarm.reaper: ends the p2pd daemons if the service dies
         result.append({"role": role, "rss": info.rss, "pss": getattr(info, "pss", info.rss)})
     return result
 

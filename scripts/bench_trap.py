@@ -55,7 +55,7 @@ def run_mode(swarm, mode: str, *, prefix: str, num_blocks: int, path: Path, requ
 
 def wait_next_pings(swarm, prefix: str, num_blocks: int, first: str, second: str, timeout: float = 120.0) -> float:
     """Wait until ``first`` announces a ping to ``second``; returns the seconds waited."""
-    from monitor.snapshot import ModelInfo
+    from monitor.core.snapshot import ModelInfo
     from monitor.swarm import scrape
 
     started = time.monotonic()
@@ -69,7 +69,7 @@ def wait_next_pings(swarm, prefix: str, num_blocks: int, first: str, second: str
 
 
 def measure(model: str, *, requests: int, tokens: int, duty: float, data_dir: Path) -> dict:
-    from monitor.local_swarm import LocalSwarm, ServerSpec
+    from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
     path, prefix, num_blocks = model_setup(model, data_dir)
     half = num_blocks // 2

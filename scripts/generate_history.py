@@ -5,8 +5,8 @@ write path, as the poller would have written them.
     .venv/bin/python scripts/generate_history.py --db sqlite:////tmp/history.db --days 30 --servers 500
 
 Every poll (every ``--poll-period`` s of fabricated time) is a Snapshot recorded with
-``Store.record_poll`` together with the model status and block coverage the poller computes
-(``Poller.analyse``, i.e. ``coverage.diagnose`` + ``coverage.block_redundancy``); every poll has its
+``Store.record_poll`` together with each model's diagnosis as the poller computes it
+(``Poller.analyse``, i.e. ``coverage.diagnose``); every poll has its
 probe batch (``Store.record_probes``); chat outcomes are recorded hourly
 (``Store.record_chat_outcomes``); ``Store.rollup_and_prune`` runs every simulated hour as the
 scheduler runs it, with the default retention (raw 2 days, rollups 90 days); the peer scores are
@@ -22,8 +22,9 @@ Two shortcuts keep it fast. ``next_pings`` are only written for the last 2 hours
 them for 1 hour, so the database ends up the same). ``coverage.diagnose`` (~60-90 ms per model at
 500 servers, petals' route search) runs per model only when the set of blocks without a server
 changed, or when the model's rows or probe outcomes changed and ``--analysis-every`` polls (30)
-have passed; otherwise the model's previous status is recorded again. Block coverage is exact for
-every poll. So model states may lag churn by up to 30 polls, but never miss an outage.
+have passed; otherwise the model's previous diagnosis is recorded again with this poll's block
+coverage (``coverage.block_coverage``), which is exact for every poll. So model states may lag
+churn by up to 30 polls, but never miss an outage.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ class HistoryGenerator:
                  analysis_every: int = 30):
         from simulate_swarm import plan_swarm, sim_models
 
-        from monitor.jobs import Poller
-        from monitor.settings import Settings
-        from monitor.snapshot import ModelInfo
+        from monitor.app.jobs import Poller
+        from monitor.app.settings import Settings
+        from monitor.core.snapshot import ModelInfo
 
         self.store = store
         self.rng = random.Random(seed)
@@ -122,7 +123,7 @@ class HistoryGenerator:
             slot.next_event = at + rng.expovariate(1 / MEAN_UP)
 
     def _rows(self, at: float, with_pings: bool):
-        from monitor.snapshot import ServerRow
+        from monitor.core.snapshot import ServerRow
 
         rows = []
         for slot in self.slots:
@@ -143,7 +144,7 @@ class HistoryGenerator:
         return rows
 
     def _probes(self, at: float, rows):
-        from monitor.snapshot import ProbeBatch, ProbeResult
+        from monitor.core.snapshot import ProbeBatch, ProbeResult
 
         unreachable = {slot.server.peer_id for slot in self.slots if slot.unreachable}
         results = []
@@ -158,7 +159,7 @@ class HistoryGenerator:
                           results=tuple(results))
 
     def _chats(self, hour_start: float, rows):
-        from monitor.snapshot import ChatOutcome
+        from monitor.core.snapshot import ChatOutcome
 
         online = [r for r in rows if r.state == "ONLINE"]
         outcomes = []
@@ -184,7 +185,7 @@ class HistoryGenerator:
     def run(self, days: float, *, end: Optional[float] = None, progress: bool = True) -> dict:
         from tqdm import tqdm
 
-        from monitor.snapshot import Snapshot
+        from monitor.core.snapshot import Snapshot
 
         end = end if end is not None else time.time()
         start = end - days * DAY
@@ -201,9 +202,8 @@ class HistoryGenerator:
             snapshot = Snapshot(taken_at=at, duration=round(self.rng.uniform(0.2, 0.6), 3), models=self.models,
                                 servers=tuple(rows))
             probes = self._probes(at, rows)
-            model_status, block_coverage = self._timed("analyse", self._analyse, snapshot, probes)
-            self._timed("record_poll", self.store.record_poll, snapshot, model_status=model_status,
-                        block_coverage=block_coverage)
+            healths = self._timed("analyse", self._analyse, snapshot, probes)
+            self._timed("record_poll", self.store.record_poll, snapshot, healths)
             self._timed("record_probes", self.store.record_probes, probes)
             if at >= next_rollup:
                 self._timed("record_chat_outcomes", self.store.record_chat_outcomes,
@@ -228,31 +228,31 @@ class HistoryGenerator:
     def _analyse(self, snapshot, probes):
         """The poller's analysis (``Poller.analyse``), per model. Block coverage is computed every
         poll; a model's diagnosis is recomputed when the blocks without a server change, or when
-        its rows or probe outcomes changed and ``analysis_every`` polls have passed, else reused."""
+        its rows or probe outcomes changed and ``analysis_every`` polls have passed, else reused
+        with this poll's block coverage."""
         from dataclasses import replace as dc_replace
 
-        from monitor import coverage
+        from monitor.core import coverage
 
         probe_map = {p.peer_id: p for p in probes.results}
-        statuses, block_coverage = [], {}
+        healths = []
         for model in snapshot.models:
             rows = snapshot.rows_for(model.dht_prefix)
-            redundancy = coverage.block_redundancy(model.num_blocks, rows, probe_map)
-            block_coverage[model.dht_prefix] = redundancy
-            missing = tuple(i for i, (count, _) in enumerate(redundancy) if count == 0)
+            blocks = coverage.block_coverage(model, rows, probe_map)
+            missing = tuple(b.index for b in blocks if b.online == 0)
             key = (tuple((r.peer_id, r.state, r.start, r.end) for r in rows),
                    tuple(probe_map[r.peer_id].ok for r in rows if r.peer_id in probe_map))
             cached = self._cache.get(model.dht_prefix)
             due = cached is None or cached["missing"] != missing or (
                 cached["key"] != key and self._poll_index - cached["at"] >= self.analysis_every)
             if due:
-                status, _ = self.poller.analyse(dc_replace(snapshot, models=(model,)), probe_map)
+                [health] = self.poller.analyse(dc_replace(snapshot, models=(model,)), probe_map)
                 cached = self._cache[model.dht_prefix] = {"missing": missing, "key": key, "at": self._poll_index,
-                                                          "status": status[0]}
+                                                          "health": health}
                 self.counts["diagnoses"] = self.counts.get("diagnoses", 0) + 1
-            statuses.append(cached["status"])
+            healths.append(dc_replace(cached["health"], blocks=blocks))
         self._poll_index += 1
-        return statuses, block_coverage
+        return healths
 
 
 def main(argv=None) -> None:

@@ -56,7 +56,7 @@ from typing import Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor import compat  # noqa: F401,E402  (must precede petals)
-from monitor.dht_options import NO_NAT_TRAVERSAL, loopback_maddrs  # noqa: E402
+from monitor.swarm.dht_options import NO_NAT_TRAVERSAL, loopback_maddrs  # noqa: E402
 from monitor.swarm import start_dht  # noqa: E402  (imports petals before the DHT child forks)
 
 MODEL_INDEX_KEY = "_petals.models"
@@ -244,7 +244,7 @@ class _Responders:
         from petals.server.handler import TransformerConnectionHandler
 
         import petals
-        from monitor.reaper import guard
+        from monitor.swarm.reaper import guard
 
         handle_name = TransformerConnectionHandler._get_handle_name(None, "rpc_info")
         started = []
@@ -511,7 +511,7 @@ def main(argv=None) -> None:
     try:
         initial_peers = args.initial_peers
         if not initial_peers:
-            from monitor.local_swarm import LocalSwarm
+            from monitor.harness.local_swarm import LocalSwarm
 
             bootstrap = LocalSwarm(Path(os.devnull), "unused")  # only its bootstrap peer is started
             bootstrap.start_bootstrap()

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from monitor import compat  # noqa: F401  (must precede petals)
-from monitor.local_swarm import LocalSwarm, ServerSpec
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
+from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
 
 SESSION_STARTED = time.time()
 # Every process this session starts inherits this marker (p2pd too: hivemind passes the
@@ -34,7 +34,7 @@ def swarm_processes(since: float = SESSION_STARTED) -> list[psutil.Process]:
             cmdline = " ".join(proc.info["cmdline"] or [])
             if proc.info["create_time"] < since - 1 or proc.pid == os.getpid():
                 continue
-            if "p2pd" in (proc.info["name"] or "") or "monitor.server_process" in cmdline:
+            if "p2pd" in (proc.info["name"] or "") or "monitor.harness.server_process" in cmdline:
                 if proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
                     found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

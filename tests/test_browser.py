@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from monitor.demo_swarm import DemoControls
-from monitor.local_swarm import ServerSpec
-from monitor.service import Service
-from monitor.settings import Settings
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.harness.demo_swarm import DemoControls
+from monitor.harness.local_swarm import ServerSpec
+from monitor.app.service import Service
+from monitor.app.settings import Settings
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -22,13 +22,13 @@ from simple_websocket import Client as WsClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from werkzeug.serving import make_server
 
-from chat.api import create_blueprint
+from chat.http import create_blueprint
 from chat.engine import ChatEngine
-from monitor.coverage import BROKEN, diagnose
-from monitor.settings import ModelConfig
-from monitor.snapshot import ModelInfo
+from monitor.core.coverage import BROKEN, diagnose
+from monitor.app.settings import ModelConfig
+from monitor.core.snapshot import ModelInfo
 from monitor.swarm import scrape
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 GHOST = "ghost-llama"  # same checkpoint, announced by nobody: never served
 PROMPT = "The capital of France is"
@@ -346,14 +346,14 @@ def test_a_full_engine_answers_429_with_retry_after(base_url, engine):
 @pytest.fixture(scope="module")
 def page_url(engine, tmp_path_factory):
     """The chat blueprint inside the real dashboard app (base layout, static files, headers)."""
-    from monitor.settings import Settings
+    from monitor.app.settings import Settings
     from monitor.store import Store
     from monitor.web import create_app
 
     data_dir = tmp_path_factory.mktemp("chat-page")
     store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
     store.migrate()
-    app = create_app(Settings(data_dir=data_dir), store, extra_blueprints=[create_blueprint(engine)])
+    app = create_app(Settings(data_dir=data_dir), store, chat_blueprints=[create_blueprint(engine)])
     with serve(app) as url:
         yield url
     store.close()
@@ -373,8 +373,16 @@ def read_sse(response):
             data.append(line[5:][1:] if line[5:].startswith(" ") else line[5:])
 
 
+def browser_session(page_url):
+    """A session like the chat page's: its cookie, and the CSRF token htmx sends with every POST."""
+    web = requests.Session()
+    html = web.get(f"{page_url}/chat", timeout=60).text
+    web.headers["X-CSRFToken"] = re.search(r'<meta name="csrf-token" content="([^"]+)"', html).group(1)
+    return web
+
+
 def post_turn(page_url, session, **form):
-    return session.post(f"{page_url}/chat/turns", data=form, headers={"Origin": page_url}, timeout=30)
+    return session.post(f"{page_url}/chat/turns", data=form, timeout=30)
 
 
 def stream_url(html):
@@ -392,7 +400,7 @@ def test_chat_page_offers_only_served_models_and_says_why_not(page_url):
 
 def test_chat_page_streams_a_multi_turn_conversation_with_its_route(page_url, local, swarm):
     tokenizer, greedy = local
-    web = requests.Session()
+    web = browser_session(page_url)
     params = dict(model=TINY_DHT_PREFIX, system="Be brief.", temperature="0", top_p="1", top_k="0",
                   repetition_penalty="1", max_new_tokens="12")
 
@@ -421,7 +429,7 @@ def test_chat_page_streams_a_multi_turn_conversation_with_its_route(page_url, lo
 
 
 def test_chat_page_stop_button_ends_the_answer(page_url):
-    web = requests.Session()
+    web = browser_session(page_url)
     turn = post_turn(page_url, web, model=TINY_DHT_PREFIX, message="Tell me everything.", temperature="0",
                      max_new_tokens="400")
     response = web.get(page_url + stream_url(turn.text), stream=True, timeout=120)
@@ -431,7 +439,7 @@ def test_chat_page_stop_button_ends_the_answer(page_url):
             tokens += 1
             if tokens == 3:
                 stop = re.search(r'hx-post="([^"]+/stop)"', turn.text).group(1)
-                assert web.post(page_url + stop, headers={"Origin": page_url}, timeout=10).status_code == 200
+                assert web.post(page_url + stop, timeout=10).status_code == 200
         elif event == "done":
             done = data
     assert done is not None and "stopped" in done
@@ -446,7 +454,7 @@ def test_chat_page_stop_button_ends_the_answer(page_url):
     ({"message": "hi", "model": GHOST}, 503, "0:8"),
 ])
 def test_chat_page_refusals_name_the_parameter(page_url, form, status, word):
-    response = post_turn(page_url, requests.Session(), **{"model": TINY_DHT_PREFIX, **form})
+    response = post_turn(page_url, browser_session(page_url), **{"model": TINY_DHT_PREFIX, **form})
     assert response.status_code == status
     assert word in response.text and response.headers["HX-Retarget"] == "#chat-error"
 

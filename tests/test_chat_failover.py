@@ -9,12 +9,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from chat.engine import ChatEngine, Delta, Finished, GenerationParams
-from chat.routing import PeerWeight, RoutingSettings, weights_from_outcomes
-from monitor.local_swarm import ServerSpec
-from monitor.scores import score_swarm
-from monitor.settings import ModelConfig
-from monitor.snapshot import Observation, PeerHistory, ProbeResult
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from chat.policy import PeerWeight, RoutingSettings, weights_from_outcomes
+from monitor.harness.local_swarm import ServerSpec
+from monitor.core.scores import score_swarm
+from monitor.app.settings import ModelConfig
+from monitor.core.snapshot import Observation, PeerHistory, ProbeResult
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 PROMPT = "Petals runs large language models"
 
@@ -34,7 +34,7 @@ def answer_while_killing(s, engine, ids, n, names):
             if isinstance(event, Delta):
                 tokens_before_kill += killed is None
                 if killed is None and tokens_before_kill >= 5:
-                    killed = names[answer.route()[0].peer_id]
+                    killed = names[answer.session.route()[0].peer_id]
                     s.kill(killed)
             elif isinstance(event, Finished):
                 finished = event
@@ -76,7 +76,7 @@ def test_a_server_replaced_mid_route_hands_over_only_new_tokens_to_the_next_one(
 
 
 def weights_from_scores(outcomes, peers, started):
-    """PeerWeights as the monitor computes them: monitor.scores over what it saw of each peer
+    """PeerWeights as the monitor computes them: monitor.core.scores over what it saw of each peer
     since ``started`` (online at every 10 s poll, probes ok: all three servers are up) and the
     chat outcomes."""
     now = time.time()
@@ -96,7 +96,8 @@ def weights_from_scores(outcomes, peers, started):
 
 
 def answer(engine, ids, n=16) -> Finished:
-    return [e for e in engine.generate(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=n)) if isinstance(e, Finished)][0]
+    with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=n)) as events:
+        return [e for e in events if isinstance(e, Finished)][0]
 
 
 def test_health_aware_routing_escapes_the_slow_server_trap(make_swarm, tiny_model):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from chat.feedback import StoreWeights, store_outcome_sink
-from monitor.snapshot import ChatOutcome
+from monitor.core.snapshot import ChatOutcome
 from monitor.store import Store
 
 PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from chat.engine import ChatEngine, Finished, GenerationParams
-from chat.routing import (
+from chat.policy import (
     EXPLORE_EVERY,
     PETALS_DEFAULT_SECONDS_PER_BLOCK,
     PeerWeight,
@@ -21,9 +21,9 @@ from chat.routing import (
     peers_to_leave_out,
     weights_from_outcomes,
 )
-from monitor.settings import ModelConfig
-from monitor.snapshot import ChatOutcome
-from monitor.tiny_model import TINY_DHT_PREFIX
+from monitor.app.settings import ModelConfig
+from monitor.core.snapshot import ChatOutcome
+from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from petals.client.routing.sequence_manager import RemoteSequenceManager
 
 # ---- pure ----------------------------------------------------------------------------------------
@@ -123,7 +123,8 @@ def engine(swarm, tiny_model, scores, outcomes):
 
 def route_of(engine, n=4) -> list[tuple[str, int, int]]:
     ids = engine.encode(TINY_DHT_PREFIX, "Hello, world!")
-    finished = [e for e in engine.generate(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=n)) if isinstance(e, Finished)]
+    with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=n)) as answer:
+        finished = [e for e in answer if isinstance(e, Finished)]
     return [(hop.peer_id, hop.start, hop.end) for hop in finished[0].route]
 
 

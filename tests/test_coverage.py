@@ -7,7 +7,7 @@ import json
 import pytest
 
 from monitor import compat  # noqa: F401  (before petals)
-from monitor.coverage import (
+from monitor.core.coverage import (
     BROKEN,
     DEGRADED,
     HEALTHY,
@@ -17,8 +17,8 @@ from monitor.coverage import (
     format_ranges,
     ranges,
 )
-from monitor.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 MODEL = ModelInfo("demo-model", 8)
 

@@ -26,12 +26,19 @@ def _post_json(url: str, payload: dict, timeout: float = 120):
         return response.status, json.loads(response.read())
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_ctrl_c(data_dir):
     started = time.time()
     demo = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "demo", "--port", "0"],
+        [sys.executable, "-m", "monitor.app.cli", "demo", "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(data_dir)},
+        # A runner started in the background of a non-interactive shell (or under nohup) ignores
+        # SIGINT, and children inherit that: give the demo the disposition a terminal would.
+        preexec_fn=_sigint_default,
     )
     output = []
     try:
@@ -68,7 +75,7 @@ def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_
         assert "Paris" in answer["choices"][0]["message"]["content"]
 
         # chaos from the CLI: with server-2 (0:15) stopped, blocks 0:15 have one server left
-        chaos = subprocess.run([sys.executable, "-m", "monitor.cli", "chaos", "stop", "server-2", "--url", base],
+        chaos = subprocess.run([sys.executable, "-m", "monitor.app.cli", "chaos", "stop", "server-2", "--url", base],
                                capture_output=True, text=True, timeout=120)
         assert chaos.returncode == 0, chaos.stderr
         deadline = time.monotonic() + 90

@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
-from monitor import demo_model
-from monitor.demo_model import (
+from monitor.harness import demo_model
+from monitor.harness.demo_model import (
     DEMO_DHT_PREFIX,
     DEMO_NUM_BLOCKS,
     DemoModelError,
@@ -157,7 +157,7 @@ def test_a_model_that_fails_the_sanity_check_is_not_cached(monkeypatch, tmp_path
 
 def test_greedy_tokens_through_a_two_server_swarm_equal_local_transformers(demo, local_model, tokenizer):
     from chat.remote_model import load_remote_model
-    from monitor.local_swarm import LocalSwarm, ServerSpec
+    from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
     half = DEMO_NUM_BLOCKS // 2
     with LocalSwarm(demo, DEMO_DHT_PREFIX, update_period=5) as swarm:

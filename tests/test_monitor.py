@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from monitor.jobs import Poller
-from monitor.local_swarm import ServerSpec
-from monitor.settings import ModelConfig, Settings
-from monitor.snapshot import ChatOutcome
+from monitor.app.jobs import Poller
+from monitor.harness.local_swarm import ServerSpec
+from monitor.app.settings import ModelConfig, Settings
+from monitor.core.snapshot import ChatOutcome
 from monitor.store import Store
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 N = TINY_NUM_BLOCKS
 
@@ -95,13 +95,14 @@ def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_
     s = make_swarm([ServerSpec("a", 0, N), ServerSpec("b", 0, N)])
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
     poll(poller)
-    assert sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX]["min_redundancy"] == 2
+    assert sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX].min_redundancy == 2
 
     s.kill("b")  # its record stays in the DHT until it expires; its probe fails at once
     poller.probe_once()
     diagnosis = sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX]
-    assert diagnosis["min_redundancy"] == 1
-    assert "unreachable" in diagnosis["excluded_peers"][s.peer_id("b")]
+    assert diagnosis.min_redundancy == 1
+    assert "unreachable" in diagnosis.excluded_peers[s.peer_id("b")]
+    assert sqlite_store.latest_model_status()[TINY_DHT_PREFIX]["min_redundancy"] == 2  # the poll's, until the next
 
 
 def test_a_peer_that_disappears_and_returns_loses_uptime(make_swarm, sqlite_store, tmp_path):
@@ -196,7 +197,7 @@ def test_poll_once_prints_a_report_per_model(swarm, tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "monitor.cli", "poll", "--once",
+        [sys.executable, "-m", "monitor.app.cli", "poll", "--once",
          "--initial-peers", *swarm.initial_peers, "--model", f"{TINY_DHT_PREFIX}:{N}"],
         capture_output=True, text=True, timeout=120,
         env={**__import__("os").environ, "SWARM_MONITOR_DATA_DIR": str(tmp_path)},

@@ -14,10 +14,10 @@ from contextlib import ExitStack
 
 from hivemind.p2p import PeerID
 
-from monitor.local_swarm import ServerSpec
-from monitor.snapshot import ModelInfo
+from monitor.harness.local_swarm import ServerSpec
+from monitor.core.snapshot import ModelInfo
 from monitor.swarm import probe_bootstrap, probe_servers, scrape
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 TINY = ModelInfo(TINY_DHT_PREFIX, TINY_NUM_BLOCKS, official=True)
 SERVERS = ("first-half", "second-half", "full")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import monitor.scores as scores
-from monitor.scores import FORMULA, WEIGHTS, score_peer, score_swarm, swarm_reference
-from monitor.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory, ProbeResult
+import monitor.core.scores as scores
+from monitor.core.scores import FORMULA, WEIGHTS, score_peer, score_swarm, swarm_reference
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory, ProbeResult
 
 NOW = 1_700_000_000.0
 HOUR, DAY = 3600.0, 86400.0
@@ -150,4 +150,6 @@ def test_the_formula_is_documented_and_matches_the_components():
     for name, weight in WEIGHTS.items():
         assert f"{name.replace('_', ' '):<14} {weight:>2}" in FORMULA.lower()
     assert FORMULA in scores.__doc__
-    assert json.loads(json.dumps(result.to_dict()))["components"]["uptime"]["weight"] == 30
+    as_json = json.loads(json.dumps(result.to_dict()))
+    assert as_json["components"]["uptime"]["weight"] == 30
+    assert result.at == as_json["at"] == NOW  # when it was computed: what the store keeps and the API shows

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from monitor import compat  # noqa: F401  (must precede petals)
-from monitor.local_swarm import LocalSwarm
+from monitor.harness.local_swarm import LocalSwarm
 from monitor.swarm import probe_servers, scrape, start_dht
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))

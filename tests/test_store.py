@@ -11,11 +11,15 @@ import sqlite3
 import statistics
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
 
-from monitor.snapshot import (
+from monitor.core.common import DAY, HOUR
+from monitor.core.diagnosis import BlockCoverage, ModelHealth, Recommendation
+from monitor.core.scores import PeerScore
+from monitor.core.snapshot import (
     JOINING,
     OFFLINE,
     ONLINE,
@@ -26,9 +30,8 @@ from monitor.snapshot import (
     ServerRow,
     Snapshot,
 )
-from monitor.store import HOUR, Store, StoreSchemaError, StoreUnavailable
+from monitor.store import Store, StoreSchemaError, StoreUnavailable
 
-DAY = 24 * HOUR
 T0 = 1_699_999_200.0  # an hour boundary
 LLAMA = ModelInfo("llama-70b-hf", 8, repository="meta-llama/Llama-2-70b-hf", name="Llama 2 70B", official=True)
 MIXTRAL = ModelInfo("mixtral-hf", 4)
@@ -47,9 +50,28 @@ def snapshot(at: float, rows, models=(LLAMA,), **extra) -> Snapshot:
     return Snapshot(taken_at=at, duration=1.5, models=tuple(models), servers=tuple(rows), **extra)
 
 
-def status(model: ModelInfo, state: str, **extra) -> dict:
-    return {"model": model.dht_prefix, "state": state, "reasons": extra.pop("reasons", [f"{state} because"]),
-            "coverage_pct": 100.0, "servers_online": 2, "min_redundancy": 1, "est_tokens_per_s": 5.0, **extra}
+def health(model: ModelInfo, state: str, blocks=None, **extra) -> ModelHealth:
+    """A diagnosis as ``coverage.diagnose`` returns it; ``blocks``: (serving servers, their throughput)
+    per block, by default one server of throughput 1 on every block."""
+    blocks = blocks if blocks is not None else [(1, 1.0)] * model.num_blocks
+    fields = dict(
+        model=model.dht_prefix, state=state, reasons=(f"{state} because",), coverage_pct=100.0, servers_online=2,
+        min_redundancy=1, est_tokens_per_s=5.0, missing_ranges=(), single_served_ranges=(), bottleneck_ranges=(),
+        low_cache_ranges=(), route=((peer("a"), 0, model.num_blocks),),
+        blocks=tuple(BlockCoverage(index=i, peers=(peer("a"),) * n, online=n, total_throughput=t,
+                                   min_throughput=t / n if n else None, cache_tokens_left=None)
+                     for i, (n, t) in enumerate(blocks)),
+        recommendation=Recommendation(0, model.num_blocks, model.num_blocks, f"--block_indices 0:{model.num_blocks}",
+                                      "more redundancy"),
+    )
+    return ModelHealth(**{**fields, **extra})
+
+
+def stored_status(h: ModelHealth, at: float) -> dict:
+    """What ``latest_model_status`` says of a poll recorded with ``h``."""
+    return {"at": at, "state": h.state, "reasons": list(h.reasons), "coverage_pct": h.coverage_pct,
+            "servers_online": h.servers_online, "min_redundancy": h.min_redundancy,
+            "est_tokens_per_s": h.est_tokens_per_s}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -81,17 +103,20 @@ def test_a_recorded_poll_comes_back_as_the_same_snapshot(store):
     snap = snapshot(T0, [full, half, mix, bare], models=(LLAMA, MIXTRAL), invalid_records=3,
                     errors=("bad record from x",))
 
-    poll_id = store.record_poll(snap, model_status=[status(LLAMA, "degraded"), status(MIXTRAL, "healthy")],
-                                block_coverage={LLAMA.dht_prefix: [(2, 150.0)] * 4 + [(1, 101.5)] * 4})
+    llama = health(LLAMA, "degraded", blocks=[(2, 150.0)] * 4 + [(1, 101.5)] * 4, est_tokens_per_s=None)
+    mixtral = health(MIXTRAL, "healthy")
+    poll_id = store.record_poll(snap, [llama, mixtral])
 
     assert store.latest_snapshot() == snap
     last = store.last_poll()
     assert (last.id, last.at, last.ok, last.n_servers, last.n_models, last.invalid_records, last.errors) == (
         poll_id, T0, True, 4, 2, 3, ("bad record from x",))
-    latest = store.latest_model_status()
-    assert latest[LLAMA.dht_prefix]["state"] == "degraded"
-    assert latest[MIXTRAL.dht_prefix] == {"at": T0, **{k: v for k, v in status(MIXTRAL, "healthy").items()
-                                                       if k != "model"}}
+    # each model's status, block coverage and diagnosis all come from its ModelHealth
+    assert store.latest_model_status() == {LLAMA.dht_prefix: stored_status(llama, T0),
+                                           MIXTRAL.dht_prefix: stored_status(mixtral, T0)}
+    assert store.block_coverage_series(LLAMA.dht_prefix, T0, T0) == ([T0], [[2]] * 4 + [[1]] * 4)
+    assert store.block_coverage_series(LLAMA.dht_prefix, T0, T0, value="throughput")[1][4] == [101.5]
+    assert store.latest_diagnoses() == {LLAMA.dht_prefix: llama, MIXTRAL.dht_prefix: mixtral}
     assert store.peer_ids() == sorted([peer("full"), peer("half"), peer("bare")])
 
 
@@ -109,19 +134,20 @@ def test_the_latest_snapshot_is_the_latest_good_poll_not_a_failed_one(store):
 
 
 def test_the_latest_polls_diagnoses_are_kept_and_replaced_and_change_the_marks(store):
-    diagnosis = {"model": LLAMA.dht_prefix, "state": "healthy", "route": [[peer("a"), 0, 8]], "ratio": float("inf")}
+    diagnosis = health(LLAMA, "healthy", est_tokens_per_s=float("inf"))
     marks = store.change_marks()
-    store.record_poll(snapshot(T0, [row("a")]), model_status=[status(LLAMA, "healthy", diagnosis=diagnosis)])
-    assert store.latest_diagnoses() == {LLAMA.dht_prefix: {**diagnosis, "ratio": None}}  # JSON has no infinity
-    assert store.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"  # not part of the status
+    store.record_poll(snapshot(T0, [row("a")]), [diagnosis])
+    assert store.latest_diagnoses() == {LLAMA.dht_prefix: replace(diagnosis, est_tokens_per_s=None)}  # JSON: no inf
+    assert store.latest_model_status()[LLAMA.dht_prefix]["est_tokens_per_s"] is None
     assert store.change_marks() != marks
 
     marks = store.change_marks()
-    store.record_diagnoses({LLAMA.dht_prefix: {**diagnosis, "state": "degraded"}})  # after a probe round
-    assert store.latest_diagnoses()[LLAMA.dht_prefix]["state"] == "degraded"
+    store.record_diagnoses([replace(diagnosis, state="degraded")])  # after a probe round
+    assert store.latest_diagnoses()[LLAMA.dht_prefix].state == "degraded"
+    assert store.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"  # the poll's status stays
     assert store.change_marks() != marks
 
-    store.record_poll(snapshot(T0 + 60, [row("a")]), model_status=[status(LLAMA, "healthy")])
+    store.record_poll(snapshot(T0 + 60, [row("a")]))
     assert store.latest_diagnoses() == {}  # the older poll's diagnosis is not the newer poll's
 
 
@@ -149,25 +175,25 @@ def test_latest_probes_are_the_newest_per_peer(store):
         peer("b"): ProbeResult(peer("b"), "server", False, error="timeout"),
         peer("boot"): ProbeResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"),
     }
-    assert set(store.latest_probes(since=T0 + 30)) == {peer("a"), peer("boot")}
     assert store.peer_ids() == []  # probed peers are not servers until a poll sees them
 
 
 def test_scores_keep_the_latest_per_peer(store):
-    from monitor.scores import PeerScore
+    store.record_scores([PeerScore(peer("a"), 40.0, {"uptime": (0.5, 30.0, 15.0)}, ("online 50%",), at=T0)])
+    latest = PeerScore(peer("a"), 72.5, {"uptime": (0.9, 30.0, 27.0)}, ("online 90%",), at=T0 + 60)
+    store.record_scores([latest])
+    assert store.latest_scores() == {peer("a"): latest}
 
-    store.record_scores(T0, {peer("a"): PeerScore(peer("a"), 40.0, {"uptime": (0.5, 30.0, 15.0)}, ("online 50%",))})
-    store.record_scores(T0 + 60, {peer("a"): PeerScore(peer("a"), 72.5, {"uptime": (0.9, 30.0, 27.0)}, ("online 90%",))})
-    score = store.latest_scores()[peer("a")]
-    assert (score.score, score.at, score.explanation) == (72.5, T0 + 60, ("online 90%",))
-    assert score.components["uptime"] == {"value": 0.9, "weight": 30.0, "points": 27.0}
+    before = time.time()
+    store.record_scores([PeerScore(peer("b"), 50.0, {}, ())])  # not stamped: stored as of now
+    assert before <= store.latest_scores()[peer("b")].at <= time.time()
 
 
 def test_a_reopened_store_keeps_history(store_url):
     first = Store(store_url)
     first.migrate()
     snap = snapshot(T0, [row("a", throughput=3.0)])
-    first.record_poll(snap, model_status=[status(LLAMA, "healthy")])
+    first.record_poll(snap, [health(LLAMA, "healthy")])
     first.record_chat_outcome(ChatOutcome(T0, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="timed out"))
     first.close()
 
@@ -188,7 +214,7 @@ def test_a_reopened_store_keeps_history(store_url):
 def test_state_changes_and_outages_come_from_consecutive_polls(store):
     states = ["healthy", "healthy", "broken", "broken", "degraded", "broken", "healthy"]
     for i, state in enumerate(states):
-        store.record_poll(snapshot(T0 + 60 * i, [row("a")]), model_status=[status(LLAMA, state)])
+        store.record_poll(snapshot(T0 + 60 * i, [row("a")]), [health(LLAMA, state)])
 
     changes = store.state_changes(LLAMA.dht_prefix, T0, T0 + 3600)
     assert [(c.at - T0, c.from_state, c.to_state) for c in changes] == [
@@ -198,7 +224,7 @@ def test_state_changes_and_outages_come_from_consecutive_polls(store):
     assert store.outage_intervals(LLAMA.dht_prefix, T0, T0 + 3600) == [(T0 + 120, T0 + 240), (T0 + 300, T0 + 360)]
     # an outage that began before the window is returned whole; one still going has no end
     assert store.outage_intervals(LLAMA.dht_prefix, T0 + 200, T0 + 250) == [(T0 + 120, T0 + 240)]
-    store.record_poll(snapshot(T0 + 420, [row("a")]), model_status=[status(LLAMA, "broken")])
+    store.record_poll(snapshot(T0 + 420, [row("a")]), [health(LLAMA, "broken")])
     assert store.outage_intervals(LLAMA.dht_prefix, T0 + 400, T0 + 500) == [(T0 + 420, None)]
     assert [h["state"] for h in store.model_status_history(LLAMA.dht_prefix, T0, T0 + 3600)] == states + ["broken"]
 
@@ -227,7 +253,6 @@ def test_peer_history_counts_the_polls_that_did_not_see_the_peer(store):
     assert history.observations[0].throughput == 11.0
     assert history.probes == ((T0 + 30, ProbeResult(peer("b"), "server", True, rtt=0.05)),)
     assert history.outcomes == (ChatOutcome(T0 + 90, peer("b"), LLAMA.dht_prefix, 0, 8, ok=True, seconds_per_token=0.4),)
-    assert store.peer_observations(peer("b"), T0, T0 + 400) == list(history.observations)
 
     everyone = {h.peer_id: h for h in store.peer_histories(T0, T0 + 400)}
     assert set(everyone) == {peer("a"), peer("b")}
@@ -253,8 +278,7 @@ def _four_days(store) -> float:
         blocks = [(2, 150.0)] * LLAMA.num_blocks
         if broken:
             blocks[2] = (0, 0.0)
-        store.record_poll(snapshot(t, rows), model_status=[status(LLAMA, "broken" if broken else "healthy")],
-                          block_coverage={LLAMA.dht_prefix: blocks})
+        store.record_poll(snapshot(t, rows), [health(LLAMA, "broken" if broken else "healthy", blocks=blocks)])
         store.record_probes(ProbeBatch(t + 5, 1.0, (
             ProbeResult(peer("steady"), "server", True, rtt=0.02 + rng.random() / 100),
             ProbeResult(peer("flaky"), "server", not gone, rtt=None if gone else 0.03,
@@ -277,14 +301,14 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     now = end + 1800
     model = LLAMA.dht_prefix
     before = {
-        "uptime": _uptime(store.peer_observations(peer("flaky"), T0, now)),
+        "uptime": _uptime(store.peer_history(peer("flaky"), T0, now).observations),
         "outages": store.outage_intervals(model, T0, now),
         "changes": store.state_changes(model, T0, now),
         "status_polls": len(store.model_status_history(model, T0, now)),
     }
     assert before["uptime"] == (4 * 144 - 18, 4 * 144)
-    raw = store.peer_observations(peer("flaky"), T0, now)
-    merged = store.peer_observations(peer("flaky"), T0, now, merge_runs=True)
+    raw = store.peer_history(peer("flaky"), T0, now).observations
+    merged = store.peer_history(peer("flaky"), T0, now, merge_runs=True).observations
     assert (_uptime(merged), _flaps(merged)) == (_uptime(raw), _flaps(raw)) == (before["uptime"], 1)
     assert len(merged) == 4 * 24 and len(raw) == 4 * 144  # one row per hour while nothing changes
     assert before["outages"] == [(T0 + 4 * HOUR, T0 + 5 * HOUR)]
@@ -306,10 +330,10 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     assert hourly[3]["states"] == {"healthy": 6}
 
     # the peer's uptime, the state changes and the outages are exactly what the raw rows said
-    assert _uptime(store.peer_observations(peer("flaky"), T0, now)) == before["uptime"]
+    assert _uptime(store.peer_history(peer("flaky"), T0, now).observations) == before["uptime"]
     assert store.outage_intervals(model, T0, now) == before["outages"]
     assert store.state_changes(model, T0, now) == before["changes"]
-    flaky_old = [o for o in store.peer_observations(peer("flaky"), T0, cutoff) if o.at < cutoff]
+    flaky_old = [o for o in store.peer_history(peer("flaky"), T0, cutoff).observations if o.at < cutoff]
     assert {(o.at, o.seen, o.samples) for o in flaky_old if not o.seen} == {
         (T0 + h * HOUR, False, 6) for h in (3, 4, 5)}
 
@@ -345,8 +369,8 @@ def test_rollup_uptime_does_not_count_polls_before_a_peer_first_appeared(store):
     for i in range(6):  # "late" appears at the 4th poll of the hour
         store.record_poll(snapshot(T0 + 600 * i, [row("early")] + ([row("late")] if i >= 3 else [])))
     store.rollup_and_prune(T0 + 3 * DAY, raw_retention_days=1, rollup_retention_days=30)
-    assert _uptime(store.peer_observations(peer("late"), T0, T0 + HOUR)) == (3, 3)
-    assert _uptime(store.peer_observations(peer("early"), T0, T0 + HOUR)) == (6, 6)
+    assert _uptime(store.peer_history(peer("late"), T0, T0 + HOUR).observations) == (3, 3)
+    assert _uptime(store.peer_history(peer("early"), T0, T0 + HOUR).observations) == (6, 6)
 
 
 # ---- migrations ------------------------------------------------------------------------------
@@ -368,11 +392,15 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
     old.migrate("0001")
     assert old.current_revision() == "0001"
     snap = snapshot(T0, [row("a", next_pings={peer("b"): 0.1}), row("b")])
-    old.record_poll(snap, model_status=[status(LLAMA, "healthy")], block_coverage={LLAMA.dht_prefix: [(1, 2.0)] * 8})
+    with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no latest_diagnoses
+        old.record_poll(snap, [health(LLAMA, "healthy")])
+    poll_id = old.record_poll(snap)
     old.record_probes(ProbeBatch(T0, 1.0, (ProbeResult(peer("a"), "server", True, rtt=0.01),)))
     with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no chat_outcomes.error
         old.record_chat_outcome(ChatOutcome(T0, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
-    with old.engine.begin() as conn:  # an outcome as revision 1 wrote it
+    with old.engine.begin() as conn:  # a status and an outcome as revision 1 wrote them
+        conn.execute(sa.text("INSERT INTO model_status (poll_id, at, model, state) VALUES (:poll, :at, :model, :state)"),
+                     {"poll": poll_id, "at": T0, "model": LLAMA.dht_prefix, "state": "healthy"})
         key = conn.execute(sa.text("SELECT id FROM peers WHERE peer_id = :p"), {"p": peer("a")}).scalar()
         conn.execute(sa.text('INSERT INTO chat_outcomes (at, peer, model, start, "end", ok, seconds_per_token) '
                              "VALUES (:at, :peer, :model, 0, 8, :ok, 0.5)"),
@@ -403,7 +431,7 @@ def test_an_unmigrated_database_says_to_migrate(store_url):
 
 
 def test_the_default_store_is_a_sqlite_file_in_wal_mode_in_the_data_dir(tmp_path):
-    from monitor.settings import Settings
+    from monitor.app.settings import Settings
 
     store = Store.from_settings(Settings(data_dir=tmp_path / "not" / "yet"))
     store.migrate()
@@ -512,12 +540,11 @@ def test_recording_and_reading_a_500_server_poll_is_fast(tmp_path, record_proper
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()
     snaps = [_big_snapshot(T0 + 60 * i) for i in range(6)]
-    blocks = {m.dht_prefix: [(3, 300.0)] * 80 for m in snaps[0].models}
-    statuses = [status(m, "healthy") for m in snaps[0].models]
+    healths = [health(m, "healthy", blocks=[(3, 300.0)] * 80) for m in snaps[0].models]
     writes, reads = [], []
     for snap in snaps:
         started = time.perf_counter()
-        store.record_poll(snap, model_status=statuses, block_coverage=blocks)
+        store.record_poll(snap, healths)
         writes.append(time.perf_counter() - started)
         started = time.perf_counter()
         assert store.latest_snapshot() == snap
@@ -536,14 +563,13 @@ def test_thirty_days_of_500_servers_fit_in_a_gigabyte(tmp_path):
     project 30 days of 60 s polls: 2 days of raw rows, an hour of next_pings, 30 days of rollups."""
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()
-    blocks = {f"org/model-{m}-70b-hf": [(3, 312.25)] * 80 for m in range(4)}
-    statuses = [{"model": m, "state": "healthy", "reasons": [], "coverage_pct": 100.0, "servers_online": 125,
-                 "min_redundancy": 3, "est_tokens_per_s": 4.2} for m in blocks]
+    healths = [health(ModelInfo(f"org/model-{m}-70b-hf", 80), "healthy", blocks=[(3, 312.25)] * 80, reasons=(),
+                      servers_online=125, min_redundancy=3, est_tokens_per_s=4.2) for m in range(4)]
     ids = [peer(f"s{i:04d}") for i in range(500)]
     polls = 20
     for minute in range(polls):
         at = T0 + 60 * minute
-        store.record_poll(_big_snapshot(at), model_status=statuses, block_coverage=blocks)
+        store.record_poll(_big_snapshot(at), healths)
         store.record_probes(ProbeBatch(at, 2.0, tuple(ProbeResult(p, "server", True, rtt=0.0123 + minute / 1e4)
                                                       for p in ids)))
     store.rollup_and_prune(T0 + 2 * HOUR, raw_retention_days=10, rollup_retention_days=30)  # one hour rolled up

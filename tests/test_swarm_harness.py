@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from chat.remote_model import load_remote_model
-from monitor.local_swarm import LocalSwarm, ServerSpec, SwarmError
-from monitor.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.harness.local_swarm import LocalSwarm, ServerSpec, SwarmError
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from tests.conftest import swarm_processes
 
 HALF = TINY_NUM_BLOCKS // 2
@@ -96,7 +96,7 @@ def test_the_harness_leaves_nothing_behind_even_if_its_process_is_killed(tiny_mo
     before = time.time()
     script = (
         "import sys, time\n"
-        "from monitor.local_swarm import LocalSwarm, ServerSpec\n"
+        "from monitor.harness.local_swarm import LocalSwarm, ServerSpec\n"
         f"s = LocalSwarm({str(tiny_model)!r}, {TINY_DHT_PREFIX!r})\n"
         f"s.start([ServerSpec('x', 0, {TINY_NUM_BLOCKS})])\n"
         "print('UP', flush=True)\n"

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from monitor.snapshot import ProbeResult
+from monitor.core.snapshot import ProbeResult
 from monitor.web import create_app
 from test_web_app import BOOTSTRAP_ADDR, MALICIOUS_NAME, PEERS, client, peer, populated  # noqa: F401  (fixtures)
 
@@ -95,7 +95,7 @@ def test_is_reachable_answers_from_the_latest_probe_without_a_live_check(client)
     bad = client.get(f"/api/v1/is_reachable/{PEERS['unreachable']}").get_json()
     assert bad == {"success": False, "message": "Failed to connect in 5 sec", "your_ip": "127.0.0.1"}
     never = client.get(f"/api/v1/is_reachable/{peer('never')}").get_json()
-    assert never["success"] is False and "not been probed" in never["message"]
+    assert never["success"] is False and "not announced" in never["message"]
     invalid = client.get("/api/v1/is_reachable/not-a-peer")
     assert invalid.status_code == 400 and invalid.get_json()["success"] is False
 
@@ -112,6 +112,11 @@ def test_is_reachable_uses_the_injected_live_check(populated):
     answer = client.get(f"/api/v1/is_reachable/{PEERS['full']}").get_json()
     assert asked == [PEERS["full"]]
     assert answer == {"success": False, "message": "connection refused", "your_ip": "127.0.0.1"}
+    # answers are reused for a minute: asking again does not dial the peer again
+    assert client.get(f"/api/v1/is_reachable/{PEERS['full']}").get_json() == answer and len(asked) == 1
+    # a peer the latest poll did not see is never dialled (visitors cannot aim the monitor at anyone)
+    stranger = client.get(f"/api/v1/is_reachable/{peer('stranger')}").get_json()
+    assert stranger["success"] is False and "not announced" in stranger["message"] and len(asked) == 1
 
 
 def test_model_history_in_a_time_range(client, populated):

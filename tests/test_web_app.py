@@ -16,9 +16,10 @@ from html.parser import HTMLParser
 import base58
 import pytest
 
-from monitor.jobs import Poller
-from monitor.settings import Settings
-from monitor.snapshot import (
+from monitor.app.jobs import Poller
+from monitor.app.settings import Settings
+from monitor.core.scores import PeerScore
+from monitor.core.snapshot import (
     JOINING,
     ONLINE,
     ChatOutcome,
@@ -100,8 +101,7 @@ def populate(store: Store, settings: Settings, now: float, *, infinite_ping: boo
         store.record_probes(probes)
         snapshot = Snapshot(taken_at=at, duration=1.25 + stage, models=(TINY, OTHER) if stage >= 2 else (TINY,),
                             servers=tuple(_rows(stage, infinite_ping)), invalid_records=stage)
-        model_status, block_coverage = poller.analyse(snapshot, store.latest_probes())
-        store.record_poll(snapshot, model_status=model_status, block_coverage=block_coverage)
+        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_probes()))
     store.record_chat_outcome(ChatOutcome(now - 120, PEERS["full"], TINY.dht_prefix, 0, 8, True, seconds_per_token=0.4))
     store.record_chat_outcome(ChatOutcome(now - 110, PEERS["first"], TINY.dht_prefix, 0, 4, False,
                                           error="timeout after 30 s"))
@@ -327,19 +327,26 @@ class RecordingControls:
         self._get(name)["throttled"] = False
 
 
-def test_demo_panel_acts_only_on_same_origin_posts(populated):
+def operator(settings) -> dict:
+    """What a script sends to act as operator (the token the app generated into the data dir)."""
+    return {"Authorization": f"Bearer {(settings.data_dir / 'admin_token').read_text().strip()}"}
+
+
+def test_demo_panel_acts_only_for_operators(populated):
     _, store, settings, _ = populated
     controls = RecordingControls()
     client = create_app(settings, store, demo_controls=controls).test_client()
-    assert "Demo swarm" in client.get("/").get_data(as_text=True)
+    page = client.get("/").get_data(as_text=True)
+    assert "Demo swarm" in page and "Log in as operator" in page and 'hx-post="/demo/' not in page
     assert client.get("/demo/servers/server-1/stop").status_code == 405
     assert client.post("/demo/servers/server-1/stop", headers={"Origin": "http://evil.example"}).status_code == 403
-    assert client.post("/demo/servers/server-1/stop").status_code == 403  # no Origin, no Sec-Fetch-Site
+    assert client.post("/demo/servers/server-1/stop", headers={"Origin": "http://localhost"}).status_code == 403
+    assert client.post("/demo/servers/server-1/stop").status_code == 403  # no CSRF token, no bearer token
     assert controls.calls == []
-    ok = client.post("/demo/servers/server-1/stop", headers={"Origin": "http://localhost", "HX-Request": "true"})
+    ok = client.post("/demo/servers/server-1/stop", headers={**operator(settings), "HX-Request": "true"})
     assert ok.status_code == 200 and controls.calls == [("stop", "server-1")]
     assert "Start" in ok.get_data(as_text=True)
-    missing = client.post("/demo/servers/nope/stop", headers={"Sec-Fetch-Site": "same-origin"})
+    missing = client.post("/demo/servers/nope/stop", headers=operator(settings))
     assert missing.status_code == 404 and "no demo server named" in missing.get_data(as_text=True)
     assert "Demo swarm" not in create_app(settings, store).test_client().get("/").get_data(as_text=True)
 
@@ -357,7 +364,7 @@ def test_an_operator_pins_blocks_and_clears_a_peer_for_the_chat_from_its_page(po
     app, store, _, _ = populated
     client = app.test_client()
     peer = PEERS["full"]
-    same_origin = {"Origin": "http://localhost", "HX-Request": "true"}
+    same_origin = {**operator(app.extensions["swarm_monitor"].settings), "HX-Request": "true"}
 
     response = client.post(f"/peers/{peer}/policy", data={"policy": "blocked"}, headers=same_origin)
     assert response.status_code == 200 and "Blocked" in response.get_data(as_text=True)
@@ -370,7 +377,7 @@ def test_an_operator_pins_blocks_and_clears_a_peer_for_the_chat_from_its_page(po
     assert store.peer_policies() == {}
 
     assert client.post(f"/peers/{peer}/policy", data={"policy": "blocked"},
-                       headers={"Origin": "http://evil.example"}).status_code == 403
+                       headers={"Origin": "http://evil.example"}).status_code in (401, 403)
     assert client.post(f"/peers/{peer}/policy", data={"policy": "banished"}, headers=same_origin).status_code == 400
     assert client.post("/peers/not-a-peer!/policy", data={"policy": "blocked"}, headers=same_origin).status_code == 400
     assert store.peer_policies() == {}
@@ -416,17 +423,16 @@ def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refres
 
     rows = [replace(row, throughput=77.0) if row.peer_id == PEERS["first"] else row for row in _rows(2)]
     snapshot = Snapshot(taken_at=now + 1, duration=1.0, models=(TINY, OTHER), servers=tuple(rows))
-    model_status, block_coverage = Poller(settings, store, dht=None).analyse(snapshot, store.latest_probes())
-    store.record_poll(snapshot, model_status=model_status, block_coverage=block_coverage)
+    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_probes()))
     assert first_row()["span"]["server_info"]["throughput"] == 77.0
 
-    store.record_scores(now + 2, {PEERS["first"]: {"score": 12.5, "explanation": ["a test"]}})
+    store.record_scores([PeerScore(PEERS["first"], 12.5, {}, ("a test",), at=now + 2)])
     assert first_row()["score"] == 12.5
 
 
 WEB_WORKER = """
 import json, sys
-from monitor.settings import Settings
+from monitor.app.settings import Settings
 from monitor.store import Store
 from monitor.web import create_app
 client = create_app(Settings(**json.loads(sys.argv[2])), Store(sys.argv[1])).test_client()

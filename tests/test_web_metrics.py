@@ -8,7 +8,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.snapshot import ServerRow, Snapshot
+from monitor.app.jobs import Poller
+from monitor.core.snapshot import ServerRow, Snapshot
 from monitor.web import create_app
 from test_web_app import PEERS, TINY, client, populated  # noqa: F401  (fixtures)
 
@@ -76,10 +77,8 @@ def test_metrics_are_read_from_the_store_at_scrape_time_so_workers_agree(populat
     assert scrape(other_worker).keys() == first.keys()
     # a new poll in which only the first half is served: every worker reports it at once
     rows = (ServerRow(PEERS["first"], TINY.dht_prefix, 0, 4, "ONLINE", throughput=50.0),)
-    store.record_poll(Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=rows),
-                      model_status=[{"model": TINY.dht_prefix, "state": "broken", "reasons": ["blocks 4:8 missing"],
-                                     "coverage_pct": 50.0, "servers_online": 1, "min_redundancy": 0,
-                                     "est_tokens_per_s": None}])
+    snapshot = Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=rows)
+    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_probes()))
     for client in (app.test_client(), other_worker):
         f = scrape(client)
         assert value(f, "update_duration") == 0.5

@@ -10,16 +10,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from flask import Flask, current_app, jsonify, render_template, request
-from flask_htmx import HTMX
-from werkzeug.exceptions import BadRequest, HTTPException
+import logging
 
-from monitor.settings import Settings
+from flask import Flask, Response, current_app, jsonify, render_template, request
+from flask_htmx import HTMX
+from werkzeug.exceptions import BadRequest, HTTPException, SecurityError
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+from monitor.app.settings import Settings
 from monitor.web import security, timerange
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
-TEMPLATES = PROJECT_ROOT / "templates"
-STATIC = PROJECT_ROOT / "static"
+
+
+def assets_dir(name: str) -> Path:
+    """``templates`` or ``static``: inside the installed package (a wheel carries them there, see
+    setup.py), else the checkout's top-level folder (an editable install, the tests)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / name, here.parent.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise RuntimeError(f"the web app's {name}/ folder is missing from the installation; reinstall the package")
+
+
+log = logging.getLogger(__name__)
+TEMPLATES = assets_dir("templates")
+STATIC = assets_dir("static")
 
 
 @dataclass
@@ -40,7 +55,7 @@ def create_app(
     settings: Settings,
     store,
     *,
-    extra_blueprints: Iterable = (),
+    chat_blueprints: Iterable = (),
     demo_controls=None,
     reachability_check: Optional[Callable[[str], Any]] = None,
 ) -> Flask:
@@ -50,14 +65,36 @@ def create_app(
     to a DHT probe); without it ``/api/v1/is_reachable`` answers from the latest stored probe.
     ``demo_controls`` (servers/stop/start/throttle/unthrottle) adds the demo swarm panel.
     """
-    from monitor.web import api, assets, demo, filters, metrics, pages
+    from monitor.web import api, assets, auth, demo, filters, limits, metrics, pages
 
     app = Flask("monitor.web", template_folder=str(TEMPLATES), static_folder=str(STATIC), static_url_path="/static")
-    app.config["SEND_FILE_MAX_AGE_DEFAULT"] = 3600
+    app.config.update(
+        SEND_FILE_MAX_AGE_DEFAULT=3600,
+        MAX_CONTENT_LENGTH=settings.max_request_bytes,  # larger bodies: 413 before they are read
+        MAX_FORM_MEMORY_SIZE=settings.max_request_bytes,
+        TRUSTED_HOSTS=settings.resolved_trusted_hosts,
+        # WebSocket messages are bounded like bodies; pings find dead peers
+        SOCK_SERVER_OPTIONS={"max_message_size": settings.max_request_bytes, "ping_interval": 25},
+    )
+    if settings.proxy_hops:
+        hops = settings.proxy_hops
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops, x_prefix=hops)
     app.json.sort_keys = False
     app.extensions["swarm_monitor"] = WebDeps(settings, store, demo_controls, reachability_check)
+    @app.before_request
+    def _trusted_host():
+        # DNS rebinding: a foreign name resolving to us must not reach the app (Werkzeug checks
+        # the Host header against TRUSTED_HOSTS when it is read)
+        try:
+            request.host
+        except SecurityError:  # plain text: no page can be built for a host we do not serve
+            return Response("400 Bad Request: this host name is not served here (the operator can add it to "
+                            "the trusted_hosts setting)\n", 400, mimetype="text/plain")
+
     HTMX(app)
     filters.register(app)
+    auth.init_app(app, settings)
+    limits.init_app(app, settings)
 
     app.register_blueprint(assets.bp)
     app.register_blueprint(pages.bp)
@@ -65,7 +102,8 @@ def create_app(
     app.register_blueprint(metrics.bp)
     if demo_controls is not None:
         app.register_blueprint(demo.bp)
-    for blueprint in extra_blueprints:
+    for blueprint in chat_blueprints:
+        limits.limit_chat(blueprint, settings)
         app.register_blueprint(blueprint)
 
     chat_url = next((rule.rule for rule in app.url_map.iter_rules() if rule.rule in ("/chat", "/chat/")), None)
@@ -89,9 +127,12 @@ def create_app(
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException):
         message = error.description or error.name
-        if _wants_json():
-            return jsonify(error=message, status=error.code), error.code
-        return render_template("error.html", code=error.code, title=error.name, message=message), error.code
+        body, code = _error_response(error.code, error.name, message)
+        response = current_app.make_response((body, code))
+        for name, value in error.get_headers():  # Allow, Retry-After, WWW-Authenticate ...
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(timerange.BadRange)
     def _bad_range(error):
@@ -101,13 +142,21 @@ def create_app(
 
     @app.errorhandler(StoreUnavailableError)
     def _store_down(error):
-        message = (f"the database is unavailable ({error}); the page will work again once it is back — "
-                   f"check {settings.resolved_database_url.split('@')[-1]!r} is reachable")
-        if _wants_json():
-            return jsonify(error=message, status=503), 503
-        return render_template("error.html", code=503, title="Database unavailable", message=message), 503
+        log.warning("answering 503 for %s: %s", request.path, error)  # the cause, for the operator
+        return _error_response(503, "Database unavailable", "the monitor's database is unavailable right now; "
+                                    "this page works again once it is back")
 
     return app
+
+
+def _error_response(code: int, title: str, message: str):
+    """Errors for people: what failed and what to do, never internals. OpenAI's shape on /v1."""
+    if request.path.startswith("/v1/"):
+        kind = "invalid_request_error" if code < 500 else "server_error"
+        return jsonify(error={"message": message, "type": kind, "param": None, "code": code}), code
+    if _wants_json():
+        return jsonify(error=message, status=code), code
+    return render_template("error.html", code=code, title=title, message=message), code
 
 
 def _wants_json() -> bool:

@@ -6,11 +6,16 @@ bad value and what to send instead.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
-from flask import Blueprint, abort, jsonify, request
+from flask import Blueprint, abort, current_app, jsonify, request
 
 from monitor.web import deps, queries, security, state_api, timerange
+from monitor.web.limits import limiter
+
+log = logging.getLogger(__name__)
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
@@ -37,24 +42,50 @@ def state():
     return jsonify(queries.state_dict(cur, d.settings))
 
 
+REACHABILITY_CACHE_SECONDS = 60.0
+_reachability_lock = threading.Lock()
+
+
+def _live_check(d, peer_id: str):
+    """A live probe of a peer of the latest poll, reused for REACHABILITY_CACHE_SECONDS: visitors
+    cannot make the monitor dial arbitrary peers, nor dial one peer over and over."""
+    cache: dict = current_app.extensions.setdefault("reachability_cache", {})  # peer -> (at, ProbeResult)
+    now = time.monotonic()
+    with _reachability_lock:
+        for stale in [p for p, (at, _) in cache.items() if now - at > REACHABILITY_CACHE_SECONDS]:
+            del cache[stale]
+        if peer_id in cache:
+            return cache[peer_id][1]
+    result = d.reachability_check(peer_id)
+    with _reachability_lock:
+        cache[peer_id] = (now, result)
+    return result
+
+
 @bp.get("/is_reachable/<peer_id>")
+@limiter.limit(lambda: deps().settings.reachability_rate_limit)
 def is_reachable(peer_id: str):
     """``{success, message, your_ip}`` as health.petals.dev answers: a live probe through the DHT
-    when the service provides one, else the latest stored probe of that peer."""
+    when the service provides one (peers of the latest poll only, cached a minute, rate-limited per
+    client), else the latest stored probe of that peer."""
     if not security.is_peer_id(peer_id):
         return jsonify(success=False, message=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW...)",
                        your_ip=request.remote_addr), 400
-    d = deps()
-    if d.reachability_check is not None:
+    d, cur = _current()
+    announced = cur.snapshot is not None and any(row.peer_id == peer_id for row in cur.snapshot.servers)
+    if d.reachability_check is not None and announced:
         try:
-            result = d.reachability_check(peer_id)
-        except Exception as e:  # noqa: BLE001 - the answer is "could not check", not a crash
-            return jsonify(success=False, message=f"the reachability check failed: {type(e).__name__}: {e}",
+            result = _live_check(d, peer_id)
+        except Exception:  # noqa: BLE001 - the answer is "could not check", not a crash
+            log.exception("live reachability check of %s failed", peer_id)
+            return jsonify(success=False, message="the reachability check failed; try again later",
                            your_ip=request.remote_addr)
     else:
-        result = queries.latest_probes(d.store).get(peer_id)
+        result = d.store.latest_probes().get(peer_id)
     if result is None:
-        return jsonify(success=False, message=f"peer {peer_id} has not been probed yet", your_ip=request.remote_addr)
+        message = (f"peer {peer_id} has not been probed yet" if announced else
+                   f"peer {peer_id} is not announced in the swarm's DHT in the latest poll")
+        return jsonify(success=False, message=message, your_ip=request.remote_addr)
     message = None if result.ok else (result.error or "unreachable")
     if not result.ok and result.joining:
         message = f"the peer answers but is still loading its blocks (JOINING): {result.error or ''}".rstrip(": ")
@@ -109,7 +140,7 @@ def peer(peer_id: str):
         spans=[{"model": row.model, "start": row.start, "end": row.end, "state": state_api.row_state(row, probe),
                 "server_info": state_api.server_info(row)} for row in rows],
         probe=_record(probe) if probe is not None else None,
-        score=queries.score_dict(cur.scores.get(peer_id)),
+        score=state_api.score_dict(cur.scores.get(peer_id)),
         last_updated=cur.snapshot.taken_at if cur.snapshot else None,
     )
 

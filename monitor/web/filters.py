@@ -7,6 +7,7 @@ import time
 from datetime import datetime, timezone
 from typing import Optional
 
+from monitor.core.common import short_peer_id
 from monitor.web.security import public_name_html
 
 
@@ -48,10 +49,6 @@ def num(value: Optional[float], digits: int = 1, none: str = "—") -> str:
     return f"{value:,.{digits}f}"
 
 
-def short_peer(peer_id: Optional[str]) -> str:
-    return "…" + peer_id[-6:] if peer_id else "—"
-
-
 def precision(torch_dtype: Optional[str], quant_type: Optional[str]) -> str:
     dtype = (torch_dtype or "").replace("torch.", "").replace("float", "f") or "—"
     quant = (quant_type or "").replace("QuantType.", "").lower()
@@ -59,11 +56,11 @@ def precision(torch_dtype: Optional[str], quant_type: Optional[str]) -> str:
 
 
 def register(app) -> None:
-    from monitor.diagnosis import format_ranges
+    from monitor.core.diagnosis import format_ranges
     from monitor.web.charts import figure_json
 
     app.jinja_env.filters.update(
-        utc=utc, ago=ago, seconds=seconds, num=num, short_peer=short_peer, public_name=public_name_html,
+        utc=utc, ago=ago, seconds=seconds, num=num, short_peer=short_peer_id, public_name=public_name_html,
         precision=precision, figure_json=figure_json,
     )
     app.jinja_env.globals.update(format_ranges=format_ranges)

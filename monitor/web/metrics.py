@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from monitor.core.common import is_stale
 from monitor.web import deps, queries, state_api
 
 bp = Blueprint("metrics", __name__)
@@ -127,8 +128,7 @@ def model_families(state: dict) -> Iterable:
 def peer_families(state: dict) -> Iterable:
     score = GaugeMetricFamily("swarm_monitor_peer_health_score", "Peer health score, 0-100", labels=["peer_id"])
     for peer, data in state["scores"].items():
-        if data and data.get("score") is not None:
-            score.add_metric([peer], data["score"])
+        score.add_metric([peer], data["score"])
     yield score
     boot = GaugeMetricFamily("swarm_monitor_bootstrap_peer_up", "1 if the bootstrap peer answered its latest probe",
                              labels=["peer_id"])
@@ -211,6 +211,6 @@ def healthz():
     d = deps()
     last = d.store.last_poll()  # StoreError -> 503 JSON (app error handler)
     now = time.time()
-    stale = last is None or now - last.at > queries.STALE_PERIODS * d.settings.scrape_period
+    stale = is_stale(last.at if last else None, now, d.settings.scrape_period)
     return jsonify(ok=True, database="reachable", last_poll=last.at if last else None,
                    last_poll_ok=last.ok if last else None, poller_stale=stale)

@@ -10,14 +10,12 @@ import time
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
-from monitor import scores as scores_module
+from monitor.core import scores as scores_module
+from monitor.core.common import DAY, HOUR, MINUTE, WEEK
 from monitor.store import PEER_POLICIES
-from monitor.web import charts, deps, queries, security, state_api, timerange
+from monitor.web import auth, charts, deps, queries, security, state_api, timerange
 
 bp = Blueprint("pages", __name__)
-
-DAY = 24 * 3600
-WEEK = 7 * DAY
 
 
 def _htmx_target() -> str | None:
@@ -55,7 +53,7 @@ def _sparkline(cur: queries.Current, store, dht_prefix: str, state: str, now: fl
         times, values = queries.coverage_history(store, dht_prefix, now - DAY, now)
         return charts.sparkline(times, values, state=state, since=now - DAY, until=now)
 
-    return cur.derive(("sparkline", dht_prefix, state, int(now // 60)), draw)
+    return cur.derive(("sparkline", dht_prefix, state, int(now // MINUTE)), draw)
 
 
 def _model_or_404(cur: queries.Current, dht_prefix: str):
@@ -79,13 +77,13 @@ def model(dht_prefix: str):
                    poll=queries.poll_info(cur, d.settings, now))
     target = _htmx_target()
     if target in (None, "model-live"):
-        context.update(cur.derive(("model-live", dht_prefix, int(now // 60)), lambda: dict(
+        context.update(cur.derive(("model-live", dht_prefix, int(now // MINUTE)), lambda: dict(
             redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
             changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
         )))
     if target in (None, "model-heatmaps"):
-        context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // 60)), lambda: [
+        context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // MINUTE)), lambda: [
             (label, _heatmap(d.store, dht_prefix, now - span, now))
             for label, span in (("last 24 h", DAY), ("last 7 days", WEEK))
         ]))
@@ -105,7 +103,7 @@ def peer(peer_id: str):
     hours = timerange.window(request.args.get("hours"))  # a BadRange answers 400 (create_app)
     cur = queries.current(d.store, d.settings)
     now = time.time()
-    since = now - hours * 3600
+    since = now - hours * HOUR
     history = d.store.peer_history(peer_id, since, now)
     rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
     if not rows and not queries.known_peer(d.store, peer_id, history):
@@ -116,7 +114,7 @@ def peer(peer_id: str):
         now=now, cur=cur, peer_id=peer_id, hours=hours, history=history, probe=probe,
         rows=[(row, models.get(row.model), state_api.row_state(row, probe)) for row in rows],
         public_name=next((row.public_name for row in rows if row.public_name), None),
-        score=queries.score_dict(cur.scores.get(peer_id)),
+        score=state_api.score_dict(cur.scores.get(peer_id)),
         formula=scores_module.FORMULA,
         figures=dict(
             states=charts.peer_state_timeline(history.observations, since=since, until=now),
@@ -132,12 +130,11 @@ def peer(peer_id: str):
 
 
 @bp.post("/peers/<peer_id>/policy")
+@auth.operator_required
 def peer_policy(peer_id: str):
-    """Pin or block a peer for the chat's routing (or clear it): a POST from our own pages."""
+    """Pin or block a peer for the chat's routing (or clear it): operators only."""
     d = deps()
     security.require_peer_id(peer_id)
-    if not security.same_origin(request.headers, request.host_url):
-        abort(403, description="routing changes are accepted only from this dashboard's own pages (same origin)")
     policy = request.form.get("policy") or None
     if policy is not None and policy not in PEER_POLICIES:
         abort(400, description=f"policy must be 'pinned', 'blocked' or empty, got {policy[:40]!r}")

@@ -19,14 +19,15 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
-from monitor.diagnosis import ModelHealth
-from monitor.settings import Settings
-from monitor.snapshot import ONLINE, ModelInfo, PeerHistory, ProbeResult, Snapshot
-from monitor.store import StoreError
+from monitor.app.settings import Settings
+from monitor.core.common import DAY, is_stale
+from monitor.core.diagnosis import ModelHealth
+from monitor.core.scores import PeerScore
+from monitor.core.snapshot import ONLINE, ModelInfo, PeerHistory, ProbeResult, Snapshot
+from monitor.store import PollSummary, StoreError
 from monitor.web import state_api
 
 StoreUnavailableError = StoreError  # down, locked or unmigrated: the pages answer 503 with the reason
-STALE_PERIODS = 3  # the last poll is stale after this many scrape periods without a new one
 MAX_DERIVED = 64  # values kept per state; beyond that (a poller stopped for hours) start afresh
 
 
@@ -36,10 +37,9 @@ class Current:
 
     snapshot: Optional[Snapshot]
     probes: dict[str, ProbeResult] = field(default_factory=dict)
-    scores: dict[str, Any] = field(default_factory=dict)
-    model_status: dict[str, dict] = field(default_factory=dict)
+    scores: dict[str, PeerScore] = field(default_factory=dict)
     healths: dict[str, ModelHealth] = field(default_factory=dict)
-    last_poll: Any = None
+    last_poll: Optional[PollSummary] = None
     unavailable: Optional[str] = None  # the database is unavailable: this is the last state read
     marks: tuple = ()  # the store's change marks when this was read
     _derived: dict = field(default_factory=dict, repr=False, compare=False)
@@ -67,16 +67,12 @@ class Current:
 
 
 def diagnoses(store, snapshot: Snapshot, probes, settings: Settings) -> dict[str, ModelHealth]:
-    """Each model's stored diagnosis; models without one are diagnosed here."""
-    healths = {}
-    for model, data in (store.latest_diagnoses() or {}).items():
-        try:
-            healths[model] = ModelHealth.from_dict(data)
-        except (KeyError, TypeError, ValueError):
-            pass  # written in another format: diagnose it below
+    """Each model's stored diagnosis; models without one (or with one this version cannot read)
+    are diagnosed here."""
+    healths = store.latest_diagnoses()
     missing = [m for m in snapshot.models if m.num_blocks >= 1 and m.dht_prefix not in healths]
     if missing:
-        from monitor import coverage  # imports petals: only for polls recorded without a diagnosis
+        from monitor.core import coverage  # imports petals: only for polls recorded without a diagnosis
 
         for model in missing:
             healths[model.dht_prefix] = coverage.diagnose(
@@ -114,12 +110,11 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
     last_poll = store.last_poll()
     if snapshot is None:
         return Current(snapshot=None, last_poll=last_poll, marks=marks)
-    probes = dict(store.latest_probes() or {})
+    probes = store.latest_probes()
     return Current(
         snapshot=snapshot,
         probes=probes,
-        scores=dict(store.latest_scores()),  # written by the poller's score job; none before it ran
-        model_status=dict(store.latest_model_status() or {}),
+        scores=store.latest_scores(),  # written by the poller's score job; none before it ran
         healths=diagnoses(store, snapshot, probes, settings),
         last_poll=last_poll,
         marks=marks,
@@ -131,7 +126,6 @@ def state_dict(cur: Current, settings: Settings) -> dict:
     initial_peers = settings.resolved_initial_peers
     return cur.derive(("state", tuple(initial_peers), settings.scrape_period), lambda: state_api.build_state(
         cur.snapshot,
-        model_status=cur.model_status,
         healths=cur.healths,
         probes=cur.probes,
         scores=cur.scores,
@@ -145,16 +139,9 @@ def model_report(cur: Current, settings: Settings, dht_prefix: str) -> dict:
     return next(r for r in state_dict(cur, settings)["model_reports"] if r["dht_prefix"] == dht_prefix)
 
 
-def latest_probes(store) -> dict[str, ProbeResult]:
-    return dict(store.latest_probes() or {})
-
-
-score_dict = state_api.score_dict
-
-
 def poll_info(cur: Current, settings: Settings, now: float) -> dict:
     """What the pages say about polling: when, how long, how many servers, and whether the poller
-    seems to have stopped (no poll for ``STALE_PERIODS`` scrape periods) or failed."""
+    seems to have stopped (``common.is_stale``) or failed."""
     snapshot, last = cur.snapshot, cur.last_poll
     latest_at = last.at if last is not None else (snapshot.taken_at if snapshot else None)
     servers = {row.peer_id for row in snapshot.servers} if snapshot else set()
@@ -164,7 +151,7 @@ def poll_info(cur: Current, settings: Settings, now: float) -> dict:
         "at": snapshot.taken_at if snapshot else None,
         "duration": snapshot.duration if snapshot else None,
         "period": settings.scrape_period,
-        "stale": latest_at is not None and now - latest_at > STALE_PERIODS * settings.scrape_period,
+        "stale": latest_at is not None and is_stale(latest_at, now, settings.scrape_period),
         "servers": len(servers),
         "servers_online": len(online),
         "invalid_records": snapshot.invalid_records if snapshot else 0,
@@ -201,7 +188,7 @@ def known_peer(store, peer_id: str, history: Optional[PeerHistory] = None) -> bo
     """Seen as a server, probed, or chatted through — ever (or in ``history``, when given)."""
     if history is not None and (history.observations or history.probes or history.outcomes or history.first_seen):
         return True
-    return peer_id in set(store.peer_ids()) or peer_id in latest_probes(store)
+    return peer_id in set(store.peer_ids()) or peer_id in store.latest_probes()
 
 
 def model_history(store, dht_prefix: str, since: float, until: float) -> Optional[dict]:
@@ -233,5 +220,5 @@ def poll_stats(store) -> PollStats:
         last_poll_ok=None if last is None else last.ok,
         last_poll_errors=0 if last is None else len(last.errors),
         database_size_bytes=store.database_size_bytes(),
-        last_day=store.poll_counts(time.time() - 24 * 3600),
+        last_day=store.poll_counts(time.time() - DAY),
     )

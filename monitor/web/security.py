@@ -1,4 +1,4 @@
-"""What keeps peer-announced text inert: CSP, safe links, id checks, same-origin POSTs.
+"""What keeps peer-announced text inert: CSP, safe links, id checks (operator auth: ``auth.py``).
 
 Everything a peer announces (public_name, version, adapters, dht_prefix, repository) is escaped by
 Jinja's autoescape; the helpers here decide the few places where such text may become a link.
@@ -87,13 +87,3 @@ def public_name_html(name: Optional[str], max_chars: int = 32) -> Markup:
     if url:
         return Markup('<a href="{}" rel="nofollow noopener noreferrer" target="_blank">{}</a>').format(url, shown)
     return escape(shown)
-
-
-def same_origin(headers, host_url: str) -> bool:
-    """True when a browser says the request comes from our own pages (Origin or Sec-Fetch-Site)."""
-    origin = headers.get("Origin")
-    if origin:
-        ours = urlsplit(host_url)
-        theirs = urlsplit(origin)
-        return (theirs.scheme, theirs.netloc) == (ours.scheme, ours.netloc)
-    return headers.get("Sec-Fetch-Site") == "same-origin"

@@ -12,21 +12,16 @@ The dashboard's pages render from this same dict, so the page and the API never 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 from urllib.parse import urlsplit
 
-from monitor.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow, Snapshot
+from monitor.core.common import finite
+from monitor.core.diagnosis import BROKEN, DEGRADED, ModelHealth
+from monitor.core.scores import PeerScore
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow, Snapshot
 
 ROW_STATES = ("online", "joining", "offline", "unreachable")
-
-
-def _finite(value: Optional[float]) -> Optional[float]:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def peer_id_of_multiaddr(maddr: str) -> Optional[str]:
@@ -66,47 +61,37 @@ def server_info(row: ServerRow) -> dict:
     """The row as petals' ``ServerInfo`` fields (the names health.petals.dev's JSON carries)."""
     return {
         "state": row.state.lower(),
-        "throughput": _finite(row.throughput) if row.throughput is not None else 0.0,
+        "throughput": finite(row.throughput) if row.throughput is not None else 0.0,
         "start_block": row.start,
         "end_block": row.end,
         "public_name": row.public_name,
         "version": row.version,
-        "network_rps": _finite(row.network_rps),
-        "forward_rps": _finite(row.forward_rps),
-        "inference_rps": _finite(row.inference_rps),
+        "network_rps": finite(row.network_rps),
+        "forward_rps": finite(row.forward_rps),
+        "inference_rps": finite(row.inference_rps),
         "adapters": list(row.adapters),
         "torch_dtype": row.torch_dtype,
         "quant_type": row.quant_type,
         "using_relay": row.using_relay,
         "cache_tokens_left": row.cache_tokens_left,
-        "next_pings": {peer: _finite(rtt) for peer, rtt in row.next_pings.items()} if row.next_pings else None,
+        "next_pings": {peer: finite(rtt) for peer, rtt in row.next_pings.items()} if row.next_pings else None,
     }
 
 
-def score_dict(score: Any) -> Optional[dict]:
-    if score is None:
-        return None
-    if isinstance(score, Mapping):
-        return dict(score)
-    if hasattr(score, "to_dict"):
-        return score.to_dict()
-    return {"peer_id": getattr(score, "peer_id", None), "score": getattr(score, "score", None),
-            "explanation": list(getattr(score, "explanation", ()))}
-
-
-def score_value(score: Any) -> Optional[float]:
-    data = score_dict(score)
-    return None if data is None else data.get("score")
+def score_dict(score: Optional[PeerScore]) -> Optional[dict]:
+    """A peer's score as the API and the peer page show it; None while it is not scored yet."""
+    return None if score is None else score.to_dict()
 
 
 def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult],
-                scores: Mapping[str, Any]) -> list[dict]:
+                scores: Mapping[str, PeerScore]) -> list[dict]:
     """One dict per server of this model, as health.petals.dev's ``server_rows[]``, sorted by peer id."""
     result = []
     for row in sorted(rows, key=lambda r: (r.peer_id, r.start)):
         state = row_state(row, probes.get(row.peer_id))
+        score = scores.get(row.peer_id)
         entry = {
-            "short_peer_id": "..." + row.peer_id[-6:],
+            "short_peer_id": "..." + row.peer_id[-6:],  # health.petals.dev's exact form (ASCII dots)
             "peer_id": row.peer_id,
             "peer_ip_info": "unknown",
             "show_public_name": state == "online" and bool(row.public_name),
@@ -115,11 +100,11 @@ def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str
                      "server_info": server_info(row)},
             "adapters": [{"name": name, "short_name": name.split("/")[-1]} for name in row.adapters],
             "pings_to_me": {
-                other.peer_id: _finite(other.next_pings[row.peer_id])
+                other.peer_id: finite(other.next_pings[row.peer_id])
                 for other in rows
                 if other.peer_id != row.peer_id and row.peer_id in other.next_pings
             },
-            "score": score_value(scores.get(row.peer_id)),
+            "score": None if score is None else score.score,
         }
         if row.cache_tokens_left is not None and row.length > 0:
             # keys and values: two cache entries per token per block, as health.petals.dev divides
@@ -128,20 +113,31 @@ def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str
     return result
 
 
-def _recommendation(health: Any) -> Optional[dict]:
-    rec = getattr(health, "recommendation", None)
-    if rec is None:
-        return None
-    return {"start": rec.start, "end": rec.end, "num_blocks": rec.num_blocks,
-            "block_indices": f"{rec.start}:{rec.end}", "argument": rec.argument, "reason": rec.reason}
+def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
+    """Our additions to a model report, from its diagnosis (None: a model without known blocks,
+    which cannot be diagnosed and so counts as broken)."""
+    if health is None:
+        return {"monitor_state": BROKEN, "degraded": False, "reasons": [], "coverage_pct": None,
+                "servers_online": None, "min_redundancy": None, "est_tokens_per_s": None, "recommendation": None}
+    rec = health.recommendation
+    return {
+        "monitor_state": health.state,
+        "degraded": health.state == DEGRADED,
+        "reasons": list(health.reasons),
+        "coverage_pct": finite(health.coverage_pct),
+        "servers_online": health.servers_online,
+        "min_redundancy": health.min_redundancy,
+        "est_tokens_per_s": finite(health.est_tokens_per_s),
+        "recommendation": {"start": rec.start, "end": rec.end, "num_blocks": rec.num_blocks,
+                           "block_indices": f"{rec.start}:{rec.end}", "argument": rec.argument, "reason": rec.reason},
+    }
 
 
-def model_report(model: ModelInfo, rows: Sequence[ServerRow], status: Mapping[str, Any], health: Any,
-                 probes: Mapping[str, ProbeResult], scores: Mapping[str, Any]) -> dict:
-    """One ``model_reports[]`` entry. ``status``: the stored diagnosis of the last poll (state,
-    reasons, coverage_pct, ...); ``health``: ``coverage.diagnose`` of the same rows (blocks, ranges,
-    recommendation)."""
-    monitor_state = status.get("state") or getattr(health, "state", "broken")
+def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[ModelHealth],
+                 probes: Mapping[str, ProbeResult], scores: Mapping[str, PeerScore]) -> dict:
+    """One ``model_reports[]`` entry. ``health``: the model's diagnosis for the latest poll and
+    probe round, as the poller stored it."""
+    ours = _diagnosis_fields(health)
     name = model_name(model)
     repository = model.repository
     href = repository if repository and urlsplit(repository).scheme in ("http", "https") else None
@@ -155,17 +151,9 @@ def model_report(model: ModelInfo, rows: Sequence[ServerRow], status: Mapping[st
         "name": name,
         "short_name": name.split("/")[-1],
         "href": href,
-        "state": "broken" if monitor_state == "broken" else "healthy",
+        "state": "broken" if ours["monitor_state"] == BROKEN else "healthy",
         "server_rows": server_rows(model, rows, probes, scores),
-        # ours
-        "monitor_state": monitor_state,
-        "degraded": monitor_state == "degraded",
-        "reasons": list(status.get("reasons") or getattr(health, "reasons", ()) or ()),
-        "coverage_pct": _finite(status.get("coverage_pct", getattr(health, "coverage_pct", None))),
-        "servers_online": status.get("servers_online", getattr(health, "servers_online", None)),
-        "min_redundancy": status.get("min_redundancy", getattr(health, "min_redundancy", None)),
-        "est_tokens_per_s": _finite(status.get("est_tokens_per_s", getattr(health, "est_tokens_per_s", None))),
-        "recommendation": _recommendation(health),
+        **ours,
     }
 
 
@@ -187,7 +175,7 @@ def bootstrap_peers(initial_peers: Sequence[str], probes: Mapping[str, ProbeResu
         probe = probes.get(peer)
         state = "unknown" if probe is None else "online" if probe.ok else "unreachable"
         result.append({"peer_id": peer, "address": addresses[peer], "state": state,
-                       "rtt": _finite(probe.rtt) if probe else None, "error": probe.error if probe else None})
+                       "rtt": finite(probe.rtt) if probe else None, "error": probe.error if probe else None})
     return result
 
 
@@ -211,17 +199,15 @@ def reachability_issues(probes: Mapping[str, ProbeResult]) -> list[dict]:
 def build_state(
     snapshot: Snapshot,
     *,
-    model_status: Mapping[str, Mapping[str, Any]],
-    healths: Mapping[str, Any],
+    healths: Mapping[str, ModelHealth],
     probes: Mapping[str, ProbeResult],
-    scores: Mapping[str, Any],
+    scores: Mapping[str, PeerScore],
     initial_peers: Sequence[str],
     update_period: float,
 ) -> dict:
     """The whole ``/api/v1/state`` dict for one snapshot (JSON-ready: plain types, no NaN)."""
     reports = [
-        model_report(model, snapshot.rows_for(model.dht_prefix), model_status.get(model.dht_prefix, {}),
-                     healths.get(model.dht_prefix), probes, scores)
+        model_report(model, snapshot.rows_for(model.dht_prefix), healths.get(model.dht_prefix), probes, scores)
         for model in snapshot.models
     ]
     boot = bootstrap_peers(initial_peers, probes)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping, Optional
 
-DAY = 24 * 3600
+from monitor.core.common import DAY
+
 MAX_RANGE = 400 * DAY  # longer than any retention; beyond it a query is a mistake
 
 

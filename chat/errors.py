@@ -1,0 +1,60 @@
+"""What can go wrong with a chat request, as exceptions the HTTP side maps to one status each.
+
+Raised by the engine and by the request checks alike, so that every API refuses the same problem
+with the same status and the same message. ``str(e)`` is written for people: what failed, with
+what value, and what to do; never internals.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class ChatError(Exception):
+    """Base of every refusal and failure the chat reports to its user."""
+
+    status = 500
+
+
+class InvalidRequest(ChatError):
+    """A parameter is missing or wrong; ``param`` names it (None: the request as a whole)."""
+
+    status = 400
+
+    def __init__(self, param: Optional[str], message: str):
+        super().__init__(message)
+        self.param = param
+
+
+class UnknownModel(ChatError):
+    status = 404
+
+    def __init__(self, name: str, known: Sequence[str]):
+        listed = ", ".join(repr(k) for k in known) or "none"
+        super().__init__(f"unknown model {name!r}; models here: {listed}")
+
+
+class ModelNotServed(ChatError):
+    """Some block of the model has no usable server (``missing_blocks``, when known)."""
+
+    status = 503
+
+    def __init__(self, name: str, reason: str, missing_blocks: Sequence[int] = ()):
+        super().__init__(f"model {name!r} is not fully served: {reason}")
+        self.reason, self.missing_blocks = reason, list(missing_blocks)
+
+
+class Busy(ChatError):
+    """Every chat session is in use and the queue is full (or waited too long)."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class GenerationFailed(ChatError):
+    """The swarm failed while answering (after petals' own retries)."""
+
+    status = 503

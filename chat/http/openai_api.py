@@ -1,0 +1,253 @@
+"""The OpenAI API (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``), so that
+OpenAI's clients and tools chat through the swarm.
+
+Parameters OpenAI defines but the swarm cannot honour (penalties other than repetition, logit
+bias, logprobs, tools, n > 1) are refused with a 400 naming them rather than silently ignored.
+Each answer carries a ``petals`` extension: its route and speed. Errors have OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Iterator, Optional, Sequence
+
+from flask import Blueprint, Response, jsonify, stream_with_context
+
+from chat.engine import (
+    ChatEngine,
+    ChatError,
+    Delta,
+    Finished,
+    GenerationParams,
+    InvalidRequest,
+    ModelStatus,
+    UnknownModel,
+)
+from chat.http.params import MAX_TEXT_CHARS, Params, request_params
+from chat.http.responses import error_status, last_finished, sse
+
+MAX_MESSAGES = 512
+
+
+def _error(error: ChatError) -> Response:
+    status, headers = error_status(error)
+    kind = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
+            503: "service_unavailable"}.get(status, "api_error")
+    code = "model_not_found" if isinstance(error, UnknownModel) else None
+    body = {"error": {"message": str(error), "type": kind, "param": getattr(error, "param", None), "code": code}}
+    response = jsonify(body)
+    response.status_code = status
+    response.headers.update(headers)
+    return response
+
+
+def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: int, *,
+                       default_max: int, extra_stops: Sequence[str] = ()) -> GenerationParams:
+    context = engine.context_length(model)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = params.number(name, default=0.0, lo=-2, hi=2)
+        if value != 0:
+            raise InvalidRequest(name, f"{name} is not supported here (only 0); use repetition_penalty instead")
+    if params.raw("logit_bias"):
+        raise InvalidRequest("logit_bias", "logit_bias is not supported here")
+    if params.raw("logprobs") not in (None, False, 0):
+        raise InvalidRequest("logprobs", "logprobs are not supported here")
+    if params.raw("tools") or params.raw("functions"):
+        raise InvalidRequest("tools" if params.raw("tools") else "functions", "tool and function calls are not supported here")
+    response_format = params.raw("response_format")
+    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
+        raise InvalidRequest("response_format", "only response_format {\"type\": \"text\"} is supported here")
+    params.integer("seed")  # accepted (checked), not used: the swarm gives no reproducible sampling
+    params.boolean("stream")
+    stream_options = params.raw("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise InvalidRequest("stream_options", "stream_options must be an object")
+    temperature = params.number("temperature", default=1.0, lo=0, hi=2)
+    sampling = params.sampling(top_p=1.0, top_k=0, repetition_penalty=1.0)
+    limit_name = "max_completion_tokens" if params.present("max_completion_tokens") else "max_tokens"
+    max_tokens = params.integer(limit_name, lo=1, hi=context)
+    if n_prompt >= context:
+        raise InvalidRequest("messages" if params.present("messages") else "prompt",
+                             f"the prompt is {n_prompt} tokens; the model's context is {context} tokens")
+    if max_tokens is None:
+        max_tokens = min(default_max, context - n_prompt) if default_max else context - n_prompt
+    stops = params.strings("stop") + tuple(extra_stops)
+    return GenerationParams(max_new_tokens=max_tokens, temperature=temperature, **sampling, stop_sequences=stops,
+                            stop_mode="exclude", skip_special_tokens=True)
+
+
+def _messages(params: Params) -> list[dict]:
+    messages = params.raw("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages", "messages must be a non-empty list of {role, content} objects")
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidRequest("messages", f"messages has {len(messages)} entries; at most {MAX_MESSAGES} are accepted")
+    result = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRequest(where, f"{where} must be an object with role and content")
+        role = message.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise InvalidRequest(f"{where}.role", f"{where}.role must be 'system', 'user' or 'assistant', got {role!r}")
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequest(f"{where}.content[{j}]", f"{where}.content[{j}] must be a text part "
+                                                                   "{\"type\": \"text\", \"text\": ...}")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise InvalidRequest(f"{where}.content", f"{where}.content must be a string")
+        if len(content) > MAX_TEXT_CHARS:
+            raise InvalidRequest(f"{where}.content", f"{where}.content is longer than {MAX_TEXT_CHARS} characters")
+        result.append({"role": role, "content": content})
+    return result
+
+
+def _completion_prompt(engine: ChatEngine, model: str, params: Params) -> tuple[list[int], str]:
+    prompt = params.raw("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if len(prompt) > MAX_TEXT_CHARS:
+            raise InvalidRequest("prompt", f"prompt is longer than {MAX_TEXT_CHARS} characters")
+        return engine.encode(model, prompt), prompt
+    vocab = len(engine.tokenizer(model))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if any(not 0 <= t < vocab for t in prompt):
+            raise InvalidRequest("prompt", f"prompt token ids must be between 0 and {vocab - 1}")
+        return list(prompt), engine.tokenizer(model).decode(prompt)
+    raise InvalidRequest("prompt", "prompt must be a string, or a list of token ids (one prompt per request)")
+
+
+def _petals_extension(finished: Finished) -> dict:
+    stats = finished.stats()
+    return {"route": [hop.to_dict() for hop in finished.route],
+            "tokens_per_second": stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
+
+
+def _usage(finished: Finished) -> dict:
+    return {"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.completion_tokens,
+            "total_tokens": finished.prompt_tokens + finished.completion_tokens}
+
+
+def _finish_reason(finished: Finished) -> str:
+    return "length" if finished.finish_reason == "length" else "stop"
+
+
+def _model_card(status: ModelStatus) -> dict:
+    return {"id": status.name, "object": "model", "created": 0, "owned_by": "petals",
+            "petals": {"title": status.title, "served": status.served, "reason": status.reason or None}}
+
+
+def complete(engine: ChatEngine, *, chat: bool) -> Response:
+    """A chat completion (``chat``) or a text completion, whole or streamed."""
+    params = request_params()
+    if params.form:
+        raise InvalidRequest(None, "send the request as JSON (Content-Type: application/json)")
+    name = params.string("model", required=True, max_chars=500)
+    model = engine.resolve(name)
+    if params.integer("n", default=1, lo=1) != 1:
+        raise InvalidRequest("n", "only n = 1 is supported here")
+    if params.integer("best_of", default=1, lo=1) != 1:
+        raise InvalidRequest("best_of", "only best_of = 1 is supported here")
+    echo = ""
+    if chat:
+        messages = _messages(params)
+        input_ids, extra_stops = engine.encode_chat(model, messages)
+        generation = _generation_params(engine, model, params, len(input_ids), default_max=0, extra_stops=extra_stops)
+        prompt_param = "messages"
+    else:
+        if params.raw("suffix"):
+            raise InvalidRequest("suffix", "suffix is not supported here")
+        input_ids, prompt_text = _completion_prompt(engine, model, params)
+        if params.boolean("echo"):
+            echo = prompt_text
+        generation = _generation_params(engine, model, params, len(input_ids), default_max=16)
+        prompt_param = "prompt"
+    stream = params.boolean("stream")
+    include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
+    answer = engine.answer(model, input_ids, generation, prompt_param=prompt_param)
+    ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+    created = int(time.time())
+    obj = "chat.completion" if chat else "text_completion"
+
+    if not stream:
+        with answer:
+            finished = last_finished(answer)
+        text = echo + finished.text
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish_reason(finished)}
+                  if chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish_reason(finished)})
+        return jsonify(id=ident, object=obj, created=created, model=name, choices=[choice], usage=_usage(finished),
+                       petals=_petals_extension(finished))
+
+    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False, **extra) -> str:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+            choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
+        else:
+            choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+        return sse(json.dumps({"id": ident, "object": chunk_obj, "created": created, "model": name,
+                               "choices": choices, **extra}))
+
+    def events() -> Iterator[str]:
+        with answer:
+            try:
+                if chat:
+                    yield chunk(None, role=True)
+                if echo:
+                    yield chunk(echo)
+                for event in answer:
+                    if isinstance(event, Delta) and event.text:
+                        yield chunk(event.text)
+                    elif isinstance(event, Finished):
+                        yield chunk(None, _finish_reason(event), petals=_petals_extension(event))
+                        if include_usage:
+                            yield sse(json.dumps({"id": ident, "object": chunk_obj, "created": created, "model": name,
+                                                  "choices": [], "usage": _usage(event)}))
+            except ChatError as e:
+                status, _ = error_status(e)
+                yield sse(json.dumps({"error": {"message": str(e), "type": "api_error", "code": status}}))
+            yield "data: [DONE]\n\n"
+
+    return Response(stream_with_context(events()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def register(bp: Blueprint, engine: ChatEngine) -> None:
+    """Add the OpenAI API's routes to the chat blueprint."""
+
+    @bp.post("/v1/chat/completions")
+    def openai_chat():
+        try:
+            return complete(engine, chat=True)
+        except ChatError as e:
+            return _error(e)
+
+    @bp.post("/v1/completions")
+    def openai_completions():
+        try:
+            return complete(engine, chat=False)
+        except ChatError as e:
+            return _error(e)
+
+    @bp.get("/v1/models")
+    def openai_models():
+        return jsonify(object="list", data=[_model_card(s) for s in engine.statuses()])
+
+    @bp.get("/v1/models/<path:name>")
+    def openai_model(name):
+        try:
+            return jsonify(_model_card(engine.status(engine.resolve(name))))
+        except ChatError as e:
+            return _error(e)

@@ -1,0 +1,155 @@
+"""Request parameters, read and checked once for every chat API: typed values from a JSON body
+or a form, each problem an ``InvalidRequest`` that names the parameter and what it should be.
+
+The chat page (a form), chat.petals.dev's API (a form or JSON) and the OpenAI API (JSON) accept
+the same parameters with the same bounds; only their defaults differ. Here is the HTTP edge where
+untrusted input becomes values the engine can trust.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+
+from flask import request
+
+from chat.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from chat.engine import ChatEngine
+
+MAX_TEXT_CHARS = 200_000  # any one text parameter
+MAX_STOP_SEQUENCES = 4
+
+Number = Union[int, float]
+
+
+class Params:
+    """Typed parameters from a JSON object (typed values) or a form (strings; "" means absent).
+    Every problem is an InvalidRequest naming the parameter and what it should be."""
+
+    def __init__(self, data: Any, *, form: bool = False, where: str = "the request body"):
+        if not isinstance(data, Mapping):
+            raise InvalidRequest(None, f"{where} must be a JSON object")
+        self.data, self.form = data, form
+
+    def raw(self, name: str) -> Any:
+        value = self.data.get(name)
+        if self.form and value == "":
+            return None
+        return value
+
+    def present(self, name: str) -> bool:
+        return self.raw(name) is not None
+
+    def string(self, name: str, *, required: bool = False, default: Optional[str] = None,
+               max_chars: int = MAX_TEXT_CHARS) -> Optional[str]:
+        value = self.raw(name)
+        if value is None:
+            if required:
+                raise InvalidRequest(name, f"{name} is required")
+            return default
+        if not isinstance(value, str):
+            raise InvalidRequest(name, f"{name} must be a string, got {_kind(value)}")
+        if len(value) > max_chars:
+            raise InvalidRequest(name, f"{name} is {len(value)} characters long; at most {max_chars} are accepted")
+        return value
+
+    def integer(self, name: str, *, default: Optional[int] = None, lo: Optional[int] = None,
+                hi: Optional[int] = None) -> Optional[int]:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if self.form and isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise InvalidRequest(name, f"{name} must be an integer, got {value!r}") from None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequest(name, f"{name} must be an integer, got {_kind(value)}")
+        return _in_range(name, value, lo, hi)
+
+    def number(self, name: str, *, default: Optional[float] = None, lo: Optional[float] = None,
+               hi: Optional[float] = None, lo_open: bool = False) -> Optional[float]:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if self.form and isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise InvalidRequest(name, f"{name} must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise InvalidRequest(name, f"{name} must be a number, got {_kind(value)}")
+        value = float(value)
+        if lo_open and lo is not None and value <= lo:
+            raise InvalidRequest(name, f"{name} must be greater than {lo:g}" + (f" and at most {hi:g}" if hi is not None else "")
+                                 + f", got {value:g}")
+        return _in_range(name, value, lo, hi)
+
+    def sampling(self, *, top_p: float, top_k: int, repetition_penalty: float) -> dict:
+        """top_p, top_k and repetition_penalty, checked alike by every API; only the defaults differ."""
+        return {
+            "top_p": self.number("top_p", default=top_p, lo=0, hi=1, lo_open=True),
+            "top_k": self.integer("top_k", default=top_k, lo=0, hi=100_000),
+            "repetition_penalty": self.number("repetition_penalty", default=repetition_penalty, lo=0, hi=100,
+                                              lo_open=True),
+        }
+
+    def boolean(self, name: str, *, default: bool = False) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false"):
+            return value.strip().lower() in ("1", "true")
+        raise InvalidRequest(name, f"{name} must be true/false (or 1/0), got {value!r}")
+
+    def strings(self, name: str, *, max_items: int = MAX_STOP_SEQUENCES, allow_single: bool = True) -> tuple[str, ...]:
+        value = self.raw(name)
+        if value is None:
+            return ()
+        if isinstance(value, str) and allow_single:
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InvalidRequest(name, f"{name} must be {'a string or ' if allow_single else ''}a list of strings")
+        if len(value) > max_items:
+            raise InvalidRequest(name, f"{name} has {len(value)} entries; at most {max_items} are accepted")
+        if any(len(v) > 1000 for v in value):
+            raise InvalidRequest(name, f"each entry of {name} must be at most 1000 characters")
+        return tuple(v for v in value if v)
+
+    def model(self, engine: "ChatEngine") -> str:
+        """The dht_prefix of the ``model`` parameter; optional while the engine has one model."""
+        name = self.string("model", max_chars=500)
+        if name is None:
+            if len(engine.model_names) == 1:
+                return engine.model_names[0]
+            raise InvalidRequest("model", f"model is required; one of {', '.join(engine.model_names)}")
+        return engine.resolve(name)
+
+
+def _kind(value: Any) -> str:
+    return {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(type(value), repr(value)[:40])
+
+
+def _in_range(name: str, value: Number, lo: Optional[Number], hi: Optional[Number]) -> Number:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"between {lo:g} and {hi:g}" if lo is not None and hi is not None else (
+            f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
+        raise InvalidRequest(name, f"{name} must be {bounds}, got {value:g}")
+    return value
+
+
+def request_params() -> Params:
+    """The current request's parameters: its JSON body, or its form / query values."""
+    if request.is_json:
+        data = request.get_json(silent=True)
+        if data is None:
+            raise InvalidRequest(None, "the request body is not valid JSON")
+        return Params(data)
+    return Params(request.values.to_dict(), form=True)

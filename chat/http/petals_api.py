@@ -1,0 +1,184 @@
+"""chat.petals.dev's API, so that its clients work here unchanged: HTTP ``/api/v1/generate``
+(one answer per request) and WebSocket ``/api/v2/generate`` (one inference session per
+connection, continued request after request).
+
+Errors keep that API's shape, ``{"ok": false, "traceback": ...}``, but the "traceback" is a short
+message for people, never a Python traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any, Sequence
+
+from flask import Blueprint, Response, jsonify
+from simple_websocket import ConnectionClosed
+
+from chat.engine import ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest
+from chat.http.params import Params, request_params
+from chat.http.responses import error_status, last_finished
+
+logger = logging.getLogger(__name__)
+
+WS_STEP_TIMEOUT = 300  # seconds a ws session may wait for its next request
+
+
+def generation_params(engine: ChatEngine, model: str, params: Params, *, n_input: int, used: int, room: int,
+                      stop_sequences: Sequence[str] = (), stop_mode: str = "include") -> GenerationParams:
+    """Parameters as chat.petals.dev reads them; max_length counts the whole text (HF's meaning)."""
+    context = engine.context_length(model)
+    defaults = engine.defaults(model)
+    do_sample = params.boolean("do_sample")
+    temperature = params.number("temperature", lo=0, hi=100, lo_open=True)
+    sampling = params.sampling(top_p=defaults["top_p"], top_k=defaults["top_k"], repetition_penalty=1.0)
+    max_new_tokens = params.integer("max_new_tokens", lo=1, hi=context)
+    max_length = params.integer("max_length", lo=1, hi=context)
+    if max_new_tokens is not None and max_length is not None:
+        raise InvalidRequest("max_new_tokens", "give max_new_tokens or max_length, not both")
+    if max_new_tokens is None and max_length is None:
+        raise InvalidRequest("max_new_tokens", "max_new_tokens (or max_length) is required")
+    if max_length is not None:
+        max_new_tokens = max_length - used - n_input
+        if max_new_tokens <= 0:
+            raise InvalidRequest("max_length", f"max_length {max_length} leaves no room for new tokens: the text "
+                                               f"is already {used + n_input} tokens long")
+    return GenerationParams(
+        max_new_tokens=max(1, min(max_new_tokens, room)),
+        temperature=(temperature if temperature is not None else 1.0) if do_sample else 0.0,
+        **sampling,
+        stop_sequences=tuple(stop_sequences),
+        stop_mode=stop_mode,
+        skip_special_tokens=False,
+    )
+
+
+def http_generate(engine: ChatEngine) -> Response:
+    """/api/v1/generate: one answer, whole."""
+    params = request_params()
+    model = params.model(engine)
+    inputs = params.string("inputs", required=True)
+    input_ids = engine.encode(model, inputs)
+    context = engine.context_length(model)
+    if len(input_ids) >= context:
+        raise InvalidRequest("inputs", f"inputs has {len(input_ids)} tokens; the model's context is {context}")
+    generation = generation_params(engine, model, params, n_input=len(input_ids), used=0,
+                                   room=context - len(input_ids), stop_mode="exclude")
+    with engine.answer(model, input_ids, generation, prompt_param="inputs") as answer:
+        finished = last_finished(answer)
+    return jsonify(ok=True, outputs=finished.text, token_count=finished.completion_tokens,
+                   route=[hop.to_dict() for hop in finished.route])
+
+
+def ws_generate(engine: ChatEngine, ws: Any) -> None:
+    """/api/v2/generate: one ws connection = one inference session."""
+    session = None
+    try:
+        message = _ws_receive(ws)
+        if message.get("type") != "open_inference_session":
+            raise InvalidRequest("type", f"the first request must have type 'open_inference_session', "
+                                         f"got {message.get('type')!r}")
+        params = Params(message)
+        model = params.model(engine)
+        context = engine.context_length(model)
+        max_length = params.integer("max_length", lo=1, hi=context)
+        if max_length is None:
+            raise InvalidRequest("max_length", f"max_length is required (1 to {context})")
+        session = engine.open_session(model, max_length)
+        ws.send(json.dumps({"ok": True}))
+        while True:
+            message = _ws_receive(ws)
+            if message.get("type") != "generate":
+                raise InvalidRequest("type", f"expected a request of type 'generate', got {message.get('type')!r}")
+            _ws_step(engine, ws, session, model, Params(message))
+    except ChatError as e:
+        _ws_send_error(ws, str(e))
+    except ConnectionClosed:  # the client went away, while we received or sent
+        pass
+    except Exception as e:  # noqa: BLE001 - never a traceback to the user
+        logger.warning("ws generate failed", exc_info=True)
+        _ws_send_error(ws, f"internal error ({type(e).__name__}); try again")
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _ws_receive(ws: Any) -> dict:
+    raw = ws.receive(timeout=WS_STEP_TIMEOUT)
+    if raw is None:
+        raise InvalidRequest(None, f"no request within {WS_STEP_TIMEOUT} s; the session is closed")
+    try:
+        data = json.loads(raw)
+    except (TypeError, ValueError):
+        raise InvalidRequest(None, "each message must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(None, "each message must be a JSON object")
+    return data
+
+
+def _ws_send_error(ws: Any, message: str) -> None:
+    try:
+        ws.send(json.dumps({"ok": False, "traceback": message}))
+    except Exception:  # noqa: BLE001 - the client is gone
+        pass
+
+
+def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, params: Params) -> None:
+    inputs = params.string("inputs")
+    first = session.used == 0
+    input_ids = engine.encode(model, inputs, add_special_tokens=first) if inputs else []
+    if first and not input_ids:
+        raise InvalidRequest("inputs", "the first generate request of a session needs inputs")
+    stop_sequence = params.string("stop_sequence", max_chars=1000) or None
+    extra = params.strings("extra_stop_sequences", max_items=16, allow_single=False)
+    cont_token = None
+    if extra:
+        if stop_sequence is None:
+            raise InvalidRequest("stop_sequence", "extra_stop_sequences need a stop_sequence of exactly 1 token")
+        ids = engine.encode(model, stop_sequence, add_special_tokens=False)
+        if len(ids) != 1:
+            raise InvalidRequest("stop_sequence", f"extra_stop_sequences need stop_sequence to be exactly 1 token; "
+                                                  f"{stop_sequence!r} is {len(ids)} tokens")
+        cont_token = ids[0]
+    room = session.room(len(input_ids))
+    if room <= 0:
+        raise InvalidRequest("max_length", f"the session's max_length {session.max_length} is used up; "
+                                           f"open a new session with a larger max_length")
+    streaming = stop_sequence is not None
+    stops = ((stop_sequence,) if stop_sequence else ()) + extra
+    generation = generation_params(engine, model, params, n_input=len(input_ids), used=session.used, room=room,
+                                   stop_sequences=stops)
+    chunk = generation.max_new_tokens
+    if streaming:  # like chat.petals.dev: chunks of max_new_tokens until a stop sequence (or the session's end)
+        generation = dataclasses.replace(generation, max_new_tokens=room)
+    text, count = "", 0
+    for event in session.generate(input_ids or None, generation):
+        if isinstance(event, Delta):
+            text, count = text + event.text, count + event.token_count
+            if streaming and count >= chunk:
+                ws.send(json.dumps({"ok": True, "outputs": text, "stop": False, "token_count": count}))
+                text, count = "", 0
+        elif isinstance(event, Finished):
+            if cont_token is not None and event.finish_reason == "stop" and event.text and \
+                    any(event.text.endswith(seq) for seq in extra):
+                session.replace_last_token(cont_token)
+            ws.send(json.dumps({"ok": True, "outputs": text, "stop": True, "token_count": count}))
+
+
+def register(bp: Blueprint, engine: ChatEngine) -> None:
+    """Add chat.petals.dev's routes to the chat blueprint (the ws route needs a server that
+    speaks WebSocket: werkzeug, gunicorn with threads)."""
+    from flask_sock import Sock
+
+    @bp.post("/api/v1/generate", endpoint="http_generate")
+    def http_generate_view():
+        try:
+            return http_generate(engine)
+        except ChatError as e:
+            status, headers = error_status(e)
+            return jsonify(ok=False, traceback=str(e), param=getattr(e, "param", None)), status, headers
+
+    @Sock().route("/api/v2/generate", bp=bp, endpoint="ws_generate")
+    def ws_generate_view(ws):
+        ws_generate(engine, ws)

@@ -1,0 +1,242 @@
+"""Command line: ``swarm-monitor demo | serve | poll | chaos``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.app.settings import ModelConfig, Settings, SettingsError, load_settings
+
+config_option = click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+                             help="TOML settings file (also SWARM_MONITOR_CONFIG).")
+
+
+def _settings(config_file: Optional[Path], **overrides) -> Settings:
+    try:
+        return load_settings(config_file, **overrides)
+    except SettingsError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _wait_for_interrupt() -> None:
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+
+
+def _model_option(values: tuple[str, ...]) -> Optional[list[ModelConfig]]:
+    """--model PREFIX[:NUM_BLOCKS[:PATH]]"""
+    if not values:
+        return None
+    models = []
+    for value in values:
+        prefix, _, rest = value.partition(":")
+        blocks, _, path = rest.partition(":")
+        try:
+            models.append(ModelConfig(dht_prefix=prefix, num_blocks=int(blocks) if blocks else None,
+                                      path=Path(path) if path else None))
+        except ValueError as e:
+            raise click.BadParameter(f"{value!r}: expected PREFIX[:NUM_BLOCKS[:PATH]] ({e})",
+                                     param_hint="--model") from None
+    return models
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log debug details.")
+def main(verbose: bool) -> None:
+    """Swarm monitor for Petals: coverage, history, diagnosis, peer scores, and chat."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@config_option
+@click.option("--once", is_flag=True, help="Poll once, print a report per model and exit.")
+@click.option("--initial-peers", multiple=True, help="Bootstrap multiaddr (repeatable), or 'public'.")
+@click.option("--model", "models", multiple=True, help="Model to watch: PREFIX[:NUM_BLOCKS[:PATH]] (repeatable).")
+def poll(config_file, once, initial_peers, models) -> None:
+    """Run the poller alone (scrape, probe, rollup on schedule), or poll once and print a report.
+
+    Run it as its own process when several web workers serve the dashboard (see README)."""
+    settings = _settings(config_file, initial_peers=list(initial_peers) or None, models=_model_option(models))
+    if not settings.resolved_initial_peers:
+        raise click.ClickException("no initial peers: pass --initial-peers (or 'public'), "
+                                   "or set SWARM_MONITOR_INITIAL_PEERS")
+    from monitor.app.jobs import Poller
+    from monitor.store import Store
+    from monitor.swarm import start_dht
+
+    store = Store.from_settings(settings)
+    store.migrate()
+    dht = start_dht(settings.resolved_initial_peers)
+    poller = Poller(settings, store, dht)
+    try:
+        if once:
+            click.echo(_poll_once_report(poller))
+            return
+        _sigterm_as_interrupt()
+        poller.start()
+        click.echo(f"Polling every {settings.scrape_period:g} s into {settings.resolved_database_url}; Ctrl-C stops.")
+        _wait_for_interrupt()
+    finally:
+        poller.shutdown()
+        dht.shutdown()
+        store.close()
+
+
+def _poll_once_report(poller) -> str:
+    from monitor.core.report import poll_report
+
+    poller.probe_once()  # probes first, so reachability counts in the diagnosis
+    snapshot = poller.poll_once()
+    if snapshot is None:
+        raise click.ClickException(f"the scrape failed: {poller.stats.last_error.get('scrape')}")
+    poller.probe_once()  # (re-diagnoses the poll with these probes)
+    poller.refresh_scores()
+    return poll_report(snapshot, poller.store.latest_diagnoses(), poller.store.latest_scores())
+
+
+@main.command()
+@config_option
+@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default 5000).")
+@click.option("--initial-peers", multiple=True, help="Bootstrap multiaddr (repeatable), or 'public'.")
+@click.option("--model", "models", multiple=True, help="Model to watch: PREFIX[:NUM_BLOCKS[:PATH]] (repeatable).")
+@click.option("--no-poller", is_flag=True, help="Serve only; a separate `swarm-monitor poll` fills the store.")
+def serve(config_file, host, port, initial_peers, models, no_poller) -> None:
+    """Serve the dashboard, API and chat, with the poller in the same process."""
+    settings = _settings(config_file, host=host, port=port, initial_peers=list(initial_peers) or None,
+                         models=_model_option(models))
+    if not settings.resolved_initial_peers:
+        raise click.ClickException("no initial peers: pass --initial-peers (or 'public'), or run `swarm-monitor demo`")
+    _run_service(settings, run_poller=not no_poller)
+
+
+def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=None, before_close=None) -> None:
+    from monitor.app.service import Service
+    from monitor.web.auth import login_url
+
+    _sigterm_as_interrupt()
+    service = Service(settings, run_poller=run_poller, demo_controls=demo_controls)
+    try:
+        service.start()
+        port = service.serve_in_thread()
+        base = f"http://{settings.host}:{port}"
+        click.echo(f"Dashboard: {base}/")
+        if service.engine is not None:
+            click.echo(f"Chat:      {base}/chat   (OpenAI API: {base}/v1, chat.petals.dev API: {base}/api/v2/generate)")
+        click.echo(f"API:       {base}/api/v1/state   Metrics: {base}/metrics")
+        click.echo(f"Operator login (pin/block peers{', chaos controls' if demo_controls else ''}): "
+                   f"{login_url(base, service.app.extensions['operator_token'])}")
+        click.echo("Press Ctrl-C to stop.")
+        _wait_for_interrupt()
+    finally:
+        click.echo("Stopping ...")
+        service.close()
+
+
+@main.command()
+@config_option
+@click.option("--servers", default=3, show_default=True, help="How many petals servers to start.")
+@click.option("--tiny", is_flag=True, help="Serve a tiny random model instead of SmolLM2-135M (fast, answers gibberish).")
+@click.option("--port", type=int, default=None, help="Dashboard port (default 5000; 0 picks a free one).")
+@click.option("--bootstrap-port", type=int, default=0, show_default=True, help="Port of the demo's bootstrap peer (0: any).")
+@click.option("--initial-peers", multiple=True,
+              help="Watch a real swarm instead of starting one: bootstrap multiaddr (repeatable) or 'public'.")
+@click.option("--model", "models", multiple=True, help="With --initial-peers: model to watch, PREFIX[:NUM_BLOCKS[:PATH]].")
+def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models) -> None:
+    """Start a private swarm serving a real model on 127.0.0.1, with the dashboard and chat on it."""
+    settings = _settings(config_file, port=port, models=_model_option(models),
+                         initial_peers=list(initial_peers) or None)
+    if settings.initial_peers:
+        click.echo("Watching the given swarm (no local swarm started).")
+        _run_service(settings)
+        return
+
+    from monitor.harness.demo_swarm import DemoControls, demo_layout, prepare_model
+    from monitor.harness.local_swarm import LocalSwarm, SwarmError
+
+    if not tiny:
+        click.echo(f"Preparing SmolLM2-135M-Instruct in {settings.data_dir} (first run only) ...")
+    model_path, prefix, num_blocks, name = prepare_model(settings.data_dir, tiny=tiny)
+    try:
+        specs = demo_layout(num_blocks, servers)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--servers") from None
+    _sigterm_as_interrupt()
+    workdir = settings.data_dir / "demo-swarm" / prefix  # stable peer ids: history carries over runs
+    with LocalSwarm(model_path, prefix, workdir=workdir, bootstrap_port=bootstrap_port, update_period=10) as swarm:
+        try:
+            click.echo(f"Starting a bootstrap peer and {len(specs)} petals servers on 127.0.0.1: "
+                       + ", ".join(f"{s.name} {s.block_indices}" for s in specs))
+            swarm.start(specs)
+        except SwarmError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("Interrupted; stopping the swarm.")
+            return
+        for row in swarm.describe():
+            click.echo(f"  {row['name']:<10} blocks {row['blocks']:<7} peer {row['peer_id']}  pid {row['pid']}")
+        click.echo(f"Initial peers: {' '.join(swarm.initial_peers)}")
+        settings = settings.model_copy(update={
+            "initial_peers": swarm.initial_peers,
+            "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name)],
+            "scrape_period": min(settings.scrape_period, 10.0),
+            "probe_period": min(settings.probe_period, 10.0),
+            "score_period": min(settings.score_period, 10.0),
+        })
+        _run_service(settings, demo_controls=DemoControls(swarm))
+    click.echo("Stopped.")
+
+
+@main.command()
+@click.argument("action", type=click.Choice(["stop", "start", "throttle", "unthrottle"]))
+@click.argument("server")
+@click.option("--url", default="http://127.0.0.1:5000", show_default=True, help="The running demo's dashboard.")
+@config_option
+@click.option("--token", envvar="SWARM_MONITOR_ADMIN_TOKEN", default=None,
+              help="The operator token (default: the running service's, from its data directory).")
+def chaos(action, server, url, config_file, token) -> None:
+    """Stop, start or throttle a server of a running demo (e.g. `chaos stop server-2`)."""
+    import urllib.error
+    import urllib.request
+
+    from monitor.web.auth import TokenError, resolve_token, token_path
+
+    settings = _settings(config_file)
+    try:
+        token = token or resolve_token(settings, create=False)
+    except TokenError as e:
+        raise click.ClickException(str(e)) from None
+    if not token:
+        raise click.ClickException(f"no operator token: {token_path(settings)} does not exist (is the demo running "
+                                   f"as this user, with this data directory?); pass --token")
+    request = urllib.request.Request(f"{url.rstrip('/')}/demo/servers/{server}/{action}", method="POST",
+                                     headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60):
+            click.echo(f"{action} {server}: done")
+    except urllib.error.HTTPError as e:
+        raise click.ClickException(f"{action} {server}: HTTP {e.code}: {e.read().decode()[:300]}") from None
+    except urllib.error.URLError as e:
+        raise click.ClickException(f"cannot reach the demo at {url}: {e.reason}. Is `make demo` running?") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The product in one process: DHT client, store, poller, chat engine and web app, wired together.
+
+``swarm-monitor serve`` and ``swarm-monitor demo`` build a Service; the gunicorn entry
+(``monitor.web.wsgi``) builds only the web part, and ``swarm-monitor poll`` only the poller, so
+several web workers never run several schedulers.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from typing import Optional
+
+from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    def __init__(self, settings: Settings, *, run_poller: bool = True, enable_chat: bool = True,
+                 demo_controls=None):
+        self.settings = settings
+        self.run_poller = run_poller
+        self.enable_chat = enable_chat
+        self.demo_controls = demo_controls
+        self.store = None
+        self.dht = None
+        self.poller = None
+        self.engine = None
+        self.weights = None
+        self.app = None
+        self._server = None
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Service":
+        from monitor.store import Store
+        from monitor.swarm import start_dht
+
+        self.store = Store.from_settings(self.settings)
+        self.store.migrate()
+        self.dht = start_dht(self.settings.resolved_initial_peers)
+        if self.run_poller:
+            from monitor.app.jobs import Poller
+
+            self.poller = Poller(self.settings, self.store, self.dht)
+            self.poller.start()
+        if self.enable_chat and any(m.path for m in self.settings.models):
+            self.engine = self._make_chat_engine()
+        self.app = self._make_app()
+        return self
+
+    def _make_chat_engine(self):
+        from chat.engine import ChatEngine
+        from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
+        from chat.policy import RoutingSettings
+
+        self.weights = StoreWeights(self.store).start()
+        return ChatEngine(
+            self.dht, [m for m in self.settings.models if m.path],
+            score_source=self.weights,
+            outcome_sink=store_outcome_sink(self.store, self.weights),
+            coverage_check=store_coverage_check(self.store),
+            routing=RoutingSettings.from_settings(self.settings),
+            max_sessions=self.settings.max_chat_sessions,
+            queue_size=self.settings.chat_queue_size,
+        )
+
+    def _make_app(self):
+        from monitor.web import create_app
+
+        blueprints = []
+        if self.engine is not None:
+            from chat.http import create_blueprint
+
+            blueprints.append(create_blueprint(self.engine))
+        app = create_app(self.settings, self.store, chat_blueprints=blueprints,
+                         demo_controls=self.demo_controls, reachability_check=self.reachability_check)
+        # This process has imported torch and petals (hundreds of thousands of long-lived objects):
+        # move them out of the collector's reach, or every full collection stalls a request ~190 ms.
+        gc.collect()
+        gc.freeze()
+        return app
+
+    def reachability_check(self, peer_id: str):
+        from monitor.swarm import probe_servers
+
+        batch = probe_servers(self.dht, [peer_id], timeout=self.settings.probe_timeout, concurrency=1)
+        return batch.results[0] if batch.results else None
+
+    def serve_in_thread(self, host: Optional[str] = None, port: Optional[int] = None) -> int:
+        """Serve the web app on a background thread; returns the bound port (0 picks a free one)."""
+        from werkzeug.serving import make_server
+
+        self._server = make_server(host or self.settings.host, self.settings.port if port is None else port,
+                                   self.app, threaded=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="web", daemon=True)
+        self._thread.start()
+        return self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+        if self.poller is not None:
+            self.poller.shutdown()
+        if self.engine is not None:
+            self.engine.close()
+        if self.weights is not None:
+            self.weights.close()
+        if self.dht is not None:
+            self.dht.shutdown()
+            self.dht = None
+        if self.store is not None:
+            self.store.close()

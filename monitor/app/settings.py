@@ -1,0 +1,168 @@
+"""One settings object for the whole service: defaults, then an optional TOML file, then env vars.
+
+Every setting can come from the TOML file (``--config`` or ``SWARM_MONITOR_CONFIG``) or from an
+environment variable ``SWARM_MONITOR_<NAME>`` (lists comma-separated). Settings are validated at
+start: an invalid one stops the service with a message naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "SWARM_MONITOR_"
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message names it, its value, and what is expected."""
+
+
+class ModelConfig(BaseModel):
+    """A model to watch. ``path`` is a local checkpoint with client files (config, tokenizer,
+    embeddings), needed only to chat with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dht_prefix: str = Field(min_length=1, max_length=200)
+    num_blocks: Optional[int] = Field(default=None, gt=0, le=10_000)
+    repository: Optional[str] = None
+    name: Optional[str] = None
+    path: Optional[Path] = None
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    data_dir: Path = Path(os.path.expanduser("~/.cache/petals-swarm-monitor"))
+    # Multiaddrs of the swarm's bootstrap peers; "public" means petals' PUBLIC_INITIAL_PEERS.
+    # Empty: the embedded demo swarm fills them in.
+    initial_peers: list[str] = []
+    models: list[ModelConfig] = []
+    discover_models: bool = True  # also watch every model announced under `_petals.models`
+
+    scrape_period: float = Field(default=60, gt=0)
+    probe_period: float = Field(default=60, gt=0)
+    probe_timeout: float = Field(default=5, gt=0)
+    probe_concurrency: int = Field(default=32, gt=0, le=1024)
+    scrape_batch_blocks: int = Field(default=256, gt=0)  # blocks per DHT call (keeps pickles small)
+    score_period: float = Field(default=300, gt=0)  # peer scores read a week of history
+    rollup_period: float = Field(default=3600, gt=0)
+
+    database_url: Optional[str] = None  # default: SQLite file in data_dir
+    raw_retention_days: float = Field(default=2, gt=0)
+    rollup_retention_days: float = Field(default=90, gt=0)
+
+    # Diagnosis thresholds
+    min_tokens_per_s: float = Field(default=1.0, ge=0)  # best route slower than this -> degraded
+    min_cache_tokens: int = Field(default=1024, ge=0)  # a block's cache headroom below -> degraded
+
+    # Web
+    host: str = "127.0.0.1"
+    port: int = Field(default=5000, ge=0, le=65535)
+    refresh_seconds: int = Field(default=10, ge=1)
+
+    # Security (README: Security)
+    admin_token: Optional[str] = Field(default=None, min_length=16, max_length=512)  # operators' token
+    admin_token_file: Optional[Path] = None  # else <data_dir>/admin_token, generated at first start
+    # Host headers accepted; empty: the listen address, localhost, 127.0.0.1 and [::1]
+    trusted_hosts: list[str] = []
+    proxy_hops: int = Field(default=0, ge=0, le=8)  # >0: behind that many TLS reverse proxies (ProxyFix)
+    max_request_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)  # bodies and WebSocket messages
+    chat_rate_limit: str = "30 per minute; 300 per hour"  # per client, on every chat API
+    reachability_rate_limit: str = "6 per minute"  # per client, live checks of a peer
+    rate_limit_storage: str = "memory://"  # Flask-Limiter storage; e.g. redis://... for several workers
+    ws_idle_timeout: float = Field(default=300, gt=0, le=86400)  # seconds a WebSocket may stay silent
+    ws_max_lifetime: float = Field(default=3600, gt=0, le=7 * 86400)  # seconds a WebSocket may last
+    history_max_points: int = Field(default=2000, ge=10, le=100_000)  # per series in history APIs
+
+    # Chat
+    routing: Literal["health", "default"] = "health"
+    min_peer_score: float = Field(default=30, ge=0, le=100)
+    pinned_peers: list[str] = []
+    blocked_peers: list[str] = []
+    max_chat_sessions: int = Field(default=4, gt=0)
+    chat_queue_size: int = Field(default=8, ge=0)
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _check_peers(cls, peers: list[str]) -> list[str]:
+        if peers == ["public"]:
+            return peers
+        for peer in peers:
+            if not peer.startswith("/") or "/p2p/" not in peer:
+                raise ValueError(f"{peer!r} is not a multiaddr like /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
+        return peers
+
+    @property
+    def resolved_initial_peers(self) -> list[str]:
+        if self.initial_peers == ["public"]:
+            from monitor import compat  # noqa: F401
+            from petals.constants import PUBLIC_INITIAL_PEERS
+
+            return list(PUBLIC_INITIAL_PEERS)
+        return list(self.initial_peers)
+
+    @property
+    def resolved_trusted_hosts(self) -> list[str]:
+        """Host names a request's Host header may name (ports are not compared)."""
+        if self.trusted_hosts:
+            return list(self.trusted_hosts)
+        hosts = ["localhost", "127.0.0.1", "[::1]", "::1"]
+        if self.host not in ("0.0.0.0", "::", ""):
+            hosts.insert(0, self.host)
+        return hosts
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'monitor.db'}"
+
+
+_LIST_FIELDS = {"initial_peers", "pinned_peers", "blocked_peers", "trusted_hosts"}
+
+
+def _from_env(environ) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        if name in _LIST_FIELDS:
+            values[name] = [item.strip() for item in raw.split(",") if item.strip()]
+        elif name == "models":
+            values[name] = json.loads(raw)
+        else:
+            values[name] = raw
+    return values
+
+
+def load_settings(config_file: Optional[Path] = None, environ=None, **overrides) -> Settings:
+    """Build the settings; raise SettingsError naming the first invalid setting."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    config_file = config_file or environ.get(ENV_PREFIX + "CONFIG")
+    if config_file:
+        path = Path(config_file)
+        try:
+            values.update(tomllib.loads(path.read_text()))
+        except FileNotFoundError:
+            raise SettingsError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"config file {path} is not valid TOML: {e}") from None
+    try:
+        values.update(_from_env(environ))
+    except json.JSONDecodeError as e:
+        raise SettingsError(f"{ENV_PREFIX}MODELS must be a JSON list of models: {e}") from None
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise SettingsError(
+            f"invalid setting {where!r}: {first['msg']} (got {first.get('input')!r})"
+        ) from None

@@ -1,0 +1,399 @@
+"""Per-model diagnosis from one snapshot: is every block served, how well, and where to add a server.
+
+Pure: plain rows in, plain answers out. Where petals decides something the same question, we ask
+petals' own code on the same data instead of re-deriving it:
+
+- the recommended range for a new server is ``petals.server.block_selection.choose_best_blocks``
+  over ``RemoteModuleInfo``/``ServerInfo`` objects built from the rows (what a petals server
+  started without ``--block_indices`` would pick from the same view);
+- the best route and its speed are a shortest path (Dijkstar, as petals) over the graph that
+  petals' min-latency routing builds (``RemoteSequenceManager._build_inference_graph``): per
+  block ``1 / inference_rps`` (300 if unknown), per hop ``rtt / 2`` from the previous server's
+  ``next_pings`` (0.15 s if unknown) plus 18 ms serialization overhead, and the client's own
+  ``rtt / 2`` at both ends (our probe RTTs stand in for the client's pings).
+
+What counts as *serving* a block: an ONLINE server whose latest probe is ok, JOINING (still
+loading), or missing (not probed yet). JOINING and OFFLINE servers do not serve; a server whose
+probe failed is unreachable and does not serve either.
+
+State: **broken** when some block has no serving server; else **degraded** when some block has a
+single serving server, the best route is slower than ``min_tokens_per_s``, or some block's
+serving servers together have fewer than ``min_cache_tokens`` cache tokens left (servers that do
+not announce their cache are assumed to have room); else **healthy**.
+
+Bottlenecks: served blocks whose total throughput (the sum over serving servers, as petals'
+block selection sums it) is below ``BOTTLENECK_FRACTION`` of the median over served blocks —
+the place where the swarm is thinnest relative to itself, even when nothing is missing.
+
+Ranges are ``start:end`` with ``end`` exclusive, as petals' ``--block_indices``. The result types
+live in ``monitor.core.diagnosis`` (no petals there), so the web can show a stored diagnosis.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Iterable, Mapping, Optional, Sequence
+
+from monitor import compat  # noqa: F401  (before petals)
+from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-exported)
+    BROKEN,
+    DEGRADED,
+    HEALTHY,
+    BlockCoverage,
+    ModelHealth,
+    Range,
+    Recommendation,
+    RouteHop,
+    format_ranges,
+    ranges,
+)
+from monitor.core.common import short_peer_id
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
+
+import dijkstar
+from hivemind import PeerID
+from petals.client.routing.sequence_info import RemoteSequenceInfo
+from petals.client.routing.sequence_manager import RemoteSequenceManager
+from petals.data_structures import RemoteModuleInfo, ServerInfo, ServerState
+from petals.server.block_selection import choose_best_blocks
+
+BOTTLENECK_FRACTION = 0.5
+
+
+def _blocks_phrase(spans: Sequence[Range]) -> str:
+    plural = len(spans) > 1 or any(end - start > 1 for start, end in spans)
+    return f"{'blocks' if plural else 'block'} {format_ranges(spans)}"
+
+
+def peer_label(row: ServerRow) -> str:
+    return row.public_name or short_peer_id(row.peer_id)
+
+
+# ---- rows -> who serves what -----------------------------------------------------------------
+
+
+def _distinct(model: ModelInfo, rows: Iterable[ServerRow]) -> list[ServerRow]:
+    """This model's rows, one per peer (its best state, as petals' compute_spans keeps), clipped."""
+    rank = {OFFLINE: 0, JOINING: 1, ONLINE: 2}
+    best: dict[str, ServerRow] = {}
+    for row in rows:
+        if row.model != model.dht_prefix:
+            continue
+        start, end = max(row.start, 0), min(row.end, model.num_blocks)
+        if start >= end:
+            continue
+        if (start, end) != (row.start, row.end):
+            row = replace(row, start=start, end=end)
+        kept = best.get(row.peer_id)
+        if kept is None or rank.get(row.state, -1) > rank.get(kept.state, -1):
+            best[row.peer_id] = row
+    return sorted(best.values(), key=lambda r: r.peer_id)
+
+
+def _unreachable(row: ServerRow, probes: Mapping[str, ProbeResult]) -> bool:
+    probe = probes.get(row.peer_id)
+    return probe is not None and not probe.ok and not probe.joining
+
+
+def _why_not_serving(row: ServerRow, probes: Mapping[str, ProbeResult]) -> Optional[str]:
+    if row.state != ONLINE:
+        return f"{row.state}" + (" (still loading)" if row.state == JOINING else "")
+    if _unreachable(row, probes):
+        error = probes[row.peer_id].error
+        return "ONLINE but unreachable" + (f" (probe failed: {error})" if error else " (probe failed)")
+    return None
+
+
+def _serving(rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult]) -> list[ServerRow]:
+    return [row for row in rows if _why_not_serving(row, probes) is None]
+
+
+def block_redundancy(
+    num_blocks: int, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult] = {}
+) -> list[tuple[int, float]]:
+    """Per block: (serving servers, their total throughput). Rows must be of one model."""
+    counts = [0] * num_blocks
+    totals = [0.0] * num_blocks
+    counted: set[tuple[str, int]] = set()  # a peer counts once per block, even if announced twice
+    for row in rows:
+        if _why_not_serving(row, probes) is not None:
+            continue
+        for block in range(max(row.start, 0), min(row.end, num_blocks)):
+            if (row.peer_id, block) not in counted:
+                counted.add((row.peer_id, block))
+                counts[block] += 1
+                totals[block] += row.throughput or 0.0
+    return list(zip(counts, totals))
+
+
+def block_coverage(
+    model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult] = {}
+) -> tuple[BlockCoverage, ...]:
+    """Per block: the peers serving it, their throughput and cache: ``diagnose``'s ``blocks``
+    without the route search (for a caller that needs them every poll, not the whole diagnosis)."""
+    return tuple(_block_coverage(model.num_blocks, _serving(_distinct(model, rows), probes)))
+
+
+def _block_coverage(num_blocks: int, serving: Sequence[ServerRow]) -> list[BlockCoverage]:
+    blocks = []
+    for index in range(num_blocks):
+        here = [row for row in serving if row.start <= index < row.end]
+        throughputs = [row.throughput or 0.0 for row in here]
+        caches = [row.cache_tokens_left for row in here if row.cache_tokens_left is not None]
+        blocks.append(
+            BlockCoverage(
+                index=index,
+                peers=tuple(row.peer_id for row in here),
+                online=len(here),
+                total_throughput=float(sum(throughputs)),
+                min_throughput=float(min(throughputs)) if throughputs else None,
+                cache_tokens_left=sum(caches) if caches else None,
+            )
+        )
+    return blocks
+
+
+# ---- rows -> petals' own data structures -----------------------------------------------------
+
+
+def _peer_ids(rows: Sequence[ServerRow]) -> dict[str, PeerID]:
+    """Row peer id -> PeerID. Ids that are not base58 still get a stable PeerID of their bytes."""
+    ids = {}
+    for row in rows:
+        try:
+            peer_id = PeerID.from_base58(row.peer_id)
+            if peer_id.to_base58() != row.peer_id:
+                raise ValueError
+        except ValueError:
+            peer_id = PeerID(row.peer_id.encode())
+        ids[row.peer_id] = peer_id
+    return ids
+
+
+def _module_infos(num_blocks: int, rows: Sequence[ServerRow]) -> tuple[list[RemoteModuleInfo], dict]:
+    """The rows as petals' get_remote_module_infos would return them for blocks 0..num_blocks-1."""
+    ids = _peer_ids(rows)
+    # uids only need to parse back to (prefix, index); the real prefix may contain dots
+    infos = [RemoteModuleInfo(uid=f"model.{index}", servers={}) for index in range(num_blocks)]
+    for row in rows:
+        next_pings = {
+            (ids[peer].to_base58() if peer in ids else peer): float(rtt)
+            for peer, rtt in row.next_pings.items()
+            if rtt >= 0  # petals' ServerInfo rejects negative (and NaN) RTTs
+        }
+        info = ServerInfo(
+            state=ServerState[row.state],
+            throughput=float(row.throughput or 0.0),
+            start_block=row.start,
+            end_block=row.end,
+            public_name=row.public_name,
+            inference_rps=None if row.inference_rps is None else float(row.inference_rps),
+            cache_tokens_left=row.cache_tokens_left,
+            next_pings=next_pings,
+        )
+        for index in range(row.start, row.end):
+            infos[index].servers[ids[row.peer_id]] = info
+    return infos, ids
+
+
+class _RoutingView:
+    """Just enough of a RemoteSequenceManager to run petals' own _build_inference_graph."""
+
+    _rtt_to_delay = staticmethod(RemoteSequenceManager._rtt_to_delay)
+    _has_cache_for = staticmethod(RemoteSequenceManager._has_cache_for)
+
+    def __init__(self, sequence_info: RemoteSequenceInfo, client_rtts: dict):
+        self.state = SimpleNamespace(sequence_info=sequence_info)
+        self.ping_aggregator = SimpleNamespace(to_dict=lambda: client_rtts)
+
+    def build_graph(self, num_blocks: int, cache_tokens_needed: Optional[int]) -> dijkstar.Graph:
+        build = RemoteSequenceManager._build_inference_graph
+        return build(self, 0, num_blocks, cache_tokens_needed=cache_tokens_needed)
+
+
+def best_route(
+    model_info: ModelInfo,
+    rows: Sequence[ServerRow],
+    *,
+    client_rtts: Optional[Mapping[str, float]] = None,
+    cache_tokens_needed: Optional[int] = None,
+) -> tuple[list[RouteHop], float]:
+    """The route petals' min-latency routing would take through ONLINE rows, and its seconds per token.
+
+    ``client_rtts``: peer id -> RTT seconds from the client (unknown peers cost petals' default).
+    Returns ``([], inf)`` when some block has no ONLINE server. Callers exclude unreachable rows.
+    """
+    num_blocks = model_info.num_blocks
+    online = [row for row in _distinct(model_info, rows) if row.state == ONLINE]
+    if any(count == 0 for count, _ in block_redundancy(num_blocks, online)):
+        return [], math.inf
+    infos, ids = _module_infos(num_blocks, online)
+    names = {peer_id: name for name, peer_id in ids.items()}
+    sequence_info = RemoteSequenceInfo.make_empty([info.uid for info in infos])
+    sequence_info.update_(infos)
+    rtts = {ids[peer]: float(rtt) for peer, rtt in (client_rtts or {}).items() if peer in ids}
+    graph = _RoutingView(sequence_info, rtts).build_graph(num_blocks, cache_tokens_needed)
+    path = dijkstar.find_path(graph, "start", "end")
+
+    # the same folding of path nodes into spans as petals' _make_sequence_with_min_latency
+    hops: list[list] = []
+    for peer_id, block in path.nodes[1:-1]:
+        if not hops or hops[-1][0] != peer_id:
+            hops.append([peer_id, block, block])
+        else:
+            hops[-1][2] = block
+    route = [(names[peer_id], start, end) for peer_id, start, end in hops if end > start]
+    return route, float(path.total_cost)
+
+
+# ---- the diagnosis ---------------------------------------------------------------------------
+
+
+def _recommend(
+    model: ModelInfo, rows: Sequence[ServerRow], serving: Sequence[ServerRow], recommend_blocks: Optional[int]
+) -> Recommendation:
+    """Where a new server of K blocks adds most: petals' choose_best_blocks on the rows.
+
+    Unreachable servers are left out (they do not serve, whatever the DHT says); JOINING ones are
+    kept, as petals keeps them (they will serve soon).
+    """
+    num_blocks = model.num_blocks
+    if recommend_blocks is None:
+        lengths = [row.length for row in serving]
+        recommend_blocks = statistics.median_low(lengths) if lengths else num_blocks
+    size = min(max(int(recommend_blocks), 1), num_blocks)
+    infos, _ = _module_infos(num_blocks, rows)
+    chosen = choose_best_blocks(size, infos)
+    start, end = chosen[0], chosen[-1] + 1
+    totals = [total for _, total in block_redundancy(num_blocks, serving)]
+    weakest = min(totals[start:end])
+    return Recommendation(
+        start=start,
+        end=end,
+        num_blocks=size,
+        argument=f"--block_indices {start}:{end}",
+        reason=(
+            f"a new {size}-block server helps most at {start}:{end}, where the weakest block has total "
+            f"throughput {weakest:g} (petals' own block selection on this snapshot)"
+        ),
+    )
+
+
+def _bottlenecks(blocks: Sequence[BlockCoverage]) -> list[int]:
+    served = [block.total_throughput for block in blocks if block.online]
+    if not served:
+        return []
+    threshold = BOTTLENECK_FRACTION * statistics.median(served)
+    return [block.index for block in blocks if block.online and block.total_throughput < threshold]
+
+
+def _route_phrase(route: Sequence[RouteHop], labels: Mapping[str, str]) -> str:
+    return " → ".join(f"{start}:{end} via {labels[peer]}" for peer, start, end in route)
+
+
+def diagnose(
+    model: ModelInfo,
+    rows: Sequence[ServerRow],
+    probes: Mapping[str, ProbeResult] = {},
+    *,
+    min_tokens_per_s: float = 1.0,
+    min_cache_tokens: int = 1024,
+    recommend_blocks: Optional[int] = None,
+) -> ModelHealth:
+    """The model's state with its reasons, from a snapshot's rows and the latest probe per peer.
+
+    Rows of other models are ignored, so a whole ``Snapshot.servers`` may be passed.
+    """
+    if model.num_blocks < 1:
+        raise ValueError(f"model {model.dht_prefix!r} has num_blocks={model.num_blocks}; it needs at least 1 block")
+    num_blocks = model.num_blocks
+    rows = _distinct(model, rows)
+    labels = {row.peer_id: peer_label(row) for row in rows}
+    serving = _serving(rows, probes)
+    excluded = {row.peer_id: why for row in rows if (why := _why_not_serving(row, probes)) is not None}
+    reachable = [row for row in rows if not _unreachable(row, probes)]
+
+    blocks = _block_coverage(num_blocks, serving)
+    missing = ranges(b.index for b in blocks if b.online == 0)
+    single = ranges(b.index for b in blocks if b.online == 1)
+    low_cache = ranges(
+        b.index
+        for b in blocks
+        if b.online and b.cache_tokens_left is not None and b.cache_tokens_left < min_cache_tokens
+    )
+    bottlenecks = ranges(_bottlenecks(blocks))
+
+    route: list[RouteHop] = []
+    tokens_per_s: Optional[float] = None
+    if not missing:
+        client_rtts = {peer: p.rtt for peer, p in probes.items() if p.ok and p.rtt is not None}
+        route, seconds = best_route(model, serving, client_rtts=client_rtts)
+        tokens_per_s = 1.0 / seconds if seconds > 0 else math.inf
+
+    reasons: list[str] = []
+    if missing:
+        for start, end in missing:
+            verb = "have" if end - start > 1 else "has"
+            sentence = f"{_blocks_phrase([(start, end)])} {verb} no online, reachable server"
+            there = [row for row in rows if row.peer_id in excluded and row.start < end and start < row.end]
+            if there:
+                sentence += " (" + "; ".join(f"{labels[r.peer_id]} is {excluded[r.peer_id]}" for r in there) + ")"
+            reasons.append(sentence + " — clients cannot run this model")
+        state = BROKEN
+    else:
+        for start, end, peer in _runs_by_sole_peer(blocks, single):
+            reasons.append(
+                f"{_blocks_phrase([(start, end)])} {'are' if end - start > 1 else 'is'} served only by "
+                f"{labels[peer]} — if it leaves, the model breaks"
+            )
+        if tokens_per_s is not None and tokens_per_s < min_tokens_per_s:
+            reasons.append(
+                f"the best route runs at an estimated {tokens_per_s:.2f} tokens/s, below {min_tokens_per_s:g} "
+                f"tokens/s ({_route_phrase(route, labels)})"
+            )
+        for start, end in low_cache:
+            least = min(blocks[i].cache_tokens_left for i in range(start, end))
+            reasons.append(
+                f"{_blocks_phrase([(start, end)])} {'have' if end - start > 1 else 'has'} as few as {least} cache "
+                f"tokens left across its servers, below {min_cache_tokens} — new chat sessions may be refused"
+            )
+        state = DEGRADED if reasons else HEALTHY
+        if state == HEALTHY:
+            reasons.append(
+                f"every block is served by at least {min(b.online for b in blocks)} online servers; "
+                f"best route ≈ {tokens_per_s:.2f} tokens/s ({_route_phrase(route, labels)})"
+            )
+
+    return ModelHealth(
+        model=model.dht_prefix,
+        state=state,
+        reasons=tuple(reasons),
+        coverage_pct=100.0 * sum(1 for b in blocks if b.online) / num_blocks,
+        servers_online=len(serving),
+        min_redundancy=min(b.online for b in blocks),
+        blocks=tuple(blocks),
+        missing_ranges=tuple(missing),
+        single_served_ranges=tuple(single),
+        bottleneck_ranges=tuple(bottlenecks),
+        low_cache_ranges=tuple(low_cache),
+        est_tokens_per_s=tokens_per_s,
+        route=tuple(route),
+        recommendation=_recommend(model, reachable, serving, recommend_blocks),
+        excluded_peers=excluded,
+    )
+
+
+def _runs_by_sole_peer(blocks: Sequence[BlockCoverage], single: Sequence[Range]) -> list[tuple[int, int, str]]:
+    """Single-served ranges split where the sole server changes, so each sentence names one peer."""
+    runs: list[list] = []
+    for start, end in single:
+        for index in range(start, end):
+            peer = blocks[index].peers[0]
+            if runs and runs[-1][2] == peer and runs[-1][1] == index:
+                runs[-1][1] = index + 1
+            else:
+                runs.append([index, index + 1, peer])
+    return [tuple(run) for run in runs]

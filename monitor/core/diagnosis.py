@@ -1,0 +1,94 @@
+"""A model's diagnosis as plain data: what ``coverage.diagnose`` returns, what the poller stores
+with each poll, and what the dashboard shows.
+
+Kept apart from ``coverage`` (which asks petals' own routing and block selection) so that a web
+worker can read a stored diagnosis without importing petals and torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping, Optional
+
+from monitor.core.common import jsonable
+
+HEALTHY, DEGRADED, BROKEN = "healthy", "degraded", "broken"
+
+Range = tuple[int, int]  # blocks [start, end), as petals' --block_indices
+RouteHop = tuple[str, int, int]  # (peer id, start, end)
+
+
+def ranges(blocks: Iterable[int]) -> list[Range]:
+    """Consecutive block indices merged into ``(start, end)`` ranges, end exclusive."""
+    merged: list[list[int]] = []
+    for block in sorted(set(blocks)):
+        if merged and merged[-1][1] == block:
+            merged[-1][1] = block + 1
+        else:
+            merged.append([block, block + 1])
+    return [(start, end) for start, end in merged]
+
+
+def format_ranges(spans: Iterable[Range]) -> str:
+    """``[(0, 4), (6, 7)]`` -> ``"0:4, 6:7"``."""
+    return ", ".join(f"{start}:{end}" for start, end in spans)
+
+
+@dataclass(frozen=True)
+class BlockCoverage:
+    index: int
+    peers: tuple[str, ...]  # serving peer ids
+    online: int
+    total_throughput: float
+    min_throughput: Optional[float]
+    cache_tokens_left: Optional[int]  # sum over serving servers that announce it; None if none do
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    start: int
+    end: int
+    num_blocks: int
+    argument: str  # exactly what to pass to petals.cli.run_server, e.g. "--block_indices 4:8"
+    reason: str
+
+
+@dataclass(frozen=True)
+class ModelHealth:
+    model: str
+    state: str  # HEALTHY | DEGRADED | BROKEN
+    reasons: tuple[str, ...]
+    coverage_pct: float
+    servers_online: int
+    min_redundancy: int
+    blocks: tuple[BlockCoverage, ...]
+    missing_ranges: tuple[Range, ...]
+    single_served_ranges: tuple[Range, ...]
+    bottleneck_ranges: tuple[Range, ...]
+    low_cache_ranges: tuple[Range, ...]
+    est_tokens_per_s: Optional[float]  # None when no route exists
+    route: tuple[RouteHop, ...]
+    recommendation: Recommendation
+    excluded_peers: dict[str, str] = field(default_factory=dict)  # announced but not serving: why
+
+    def to_dict(self) -> dict:
+        """JSON-ready: tuples become lists, non-finite numbers None (``common.jsonable``)."""
+        return jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ModelHealth":
+        """The inverse of ``to_dict`` (a stored diagnosis back as the poller made it)."""
+        def spans(key):
+            return tuple(tuple(span) for span in data[key])
+
+        return cls(
+            model=data["model"], state=data["state"], reasons=tuple(data["reasons"]),
+            coverage_pct=data["coverage_pct"], servers_online=data["servers_online"],
+            min_redundancy=data["min_redundancy"],
+            blocks=tuple(BlockCoverage(**{**b, "peers": tuple(b["peers"])}) for b in data["blocks"]),
+            missing_ranges=spans("missing_ranges"), single_served_ranges=spans("single_served_ranges"),
+            bottleneck_ranges=spans("bottleneck_ranges"), low_cache_ranges=spans("low_cache_ranges"),
+            est_tokens_per_s=data["est_tokens_per_s"], route=spans("route"),
+            recommendation=Recommendation(**data["recommendation"]),
+            excluded_peers=dict(data.get("excluded_peers") or {}),
+        )

@@ -1,0 +1,137 @@
+"""Plain data that flows from the scrape to the store and the analysis (no I/O, no SQL).
+
+Peers control everything they announce; by the time data is in these classes it has been
+validated and length-limited (see ``monitor/swarm/``), so everything downstream can trust the types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+# Server states as petals' ServerState names them, worst first.
+OFFLINE, JOINING, ONLINE = "OFFLINE", "JOINING", "ONLINE"
+STATES = (OFFLINE, JOINING, ONLINE)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model the monitor watches: configured, or announced under the DHT key ``_petals.models``."""
+
+    dht_prefix: str
+    num_blocks: int
+    repository: Optional[str] = None
+    name: Optional[str] = None  # human name, e.g. "SmolLM2-135M-Instruct"
+    official: bool = False  # configured by the operator (vs discovered)
+
+
+@dataclass(frozen=True)
+class ServerRow:
+    """One server's announcement for one model's span of blocks [start, end)."""
+
+    peer_id: str
+    model: str  # the model's dht_prefix
+    start: int
+    end: int
+    state: str  # one of STATES
+    throughput: Optional[float] = None
+    inference_rps: Optional[float] = None
+    forward_rps: Optional[float] = None
+    network_rps: Optional[float] = None
+    cache_tokens_left: Optional[int] = None
+    version: Optional[str] = None
+    torch_dtype: Optional[str] = None
+    quant_type: Optional[str] = None
+    using_relay: Optional[bool] = None
+    public_name: Optional[str] = None
+    adapters: tuple[str, ...] = ()
+    next_pings: dict[str, float] = field(default_factory=dict)  # peer id -> RTT seconds
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one scrape saw: every watched model and every server row, at one time."""
+
+    taken_at: float  # unix seconds
+    duration: float  # seconds the scrape took
+    models: tuple[ModelInfo, ...]
+    servers: tuple[ServerRow, ...]
+    invalid_records: int = 0  # announcements dropped as malformed, per (block, peer) entry
+    errors: tuple[str, ...] = ()
+    clamped_values: int = 0  # announced numbers beyond what we store, bounded (swarm/announce.py)
+
+    def rows_for(self, model: str) -> list[ServerRow]:
+        return [row for row in self.servers if row.model == model]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One reachability check of one peer (a server's rpc_info, or a bootstrap peer's connect)."""
+
+    peer_id: str
+    kind: str  # "server" or "bootstrap"
+    ok: bool
+    rtt: Optional[float] = None  # seconds, when ok
+    error: Optional[str] = None  # short, when not ok
+    joining: bool = False  # "protocol not supported": still loading, not unreachable
+    address: Optional[str] = None  # bootstrap multiaddr
+
+
+@dataclass(frozen=True)
+class ProbeBatch:
+    taken_at: float
+    duration: float
+    results: tuple[ProbeResult, ...]
+
+
+# ---- history, as the store hands it to the scores (plain rows, oldest first) -----------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One poll's view of one server for one model (or its absence: state OFFLINE, seen=False)."""
+
+    at: float
+    model: str
+    state: str
+    start: Optional[int] = None
+    end: Optional[int] = None
+    throughput: Optional[float] = None
+    inference_rps: Optional[float] = None
+    seen: bool = True  # False: the poll ran but this peer was not announced
+    samples: int = 1  # polls this row stands for: 1 per poll; many for an hourly rollup row (at = hour)
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """One chat request's outcome on one peer's span, written by the chat."""
+
+    at: float
+    peer_id: str
+    model: str
+    start: int
+    end: int
+    ok: bool
+    seconds_per_token: Optional[float] = None  # for the whole span, per generated token
+    error: Optional[str] = None
+
+    @property
+    def seconds_per_token_per_block(self) -> Optional[float]:
+        if self.seconds_per_token is None or self.end <= self.start:
+            return None
+        return self.seconds_per_token / (self.end - self.start)
+
+
+@dataclass(frozen=True)
+class PeerHistory:
+    """Everything the score needs about one peer over a window."""
+
+    peer_id: str
+    observations: tuple[Observation, ...] = ()
+    probes: tuple[tuple[float, ProbeResult], ...] = ()  # (at, result)
+    outcomes: tuple[ChatOutcome, ...] = ()
+    first_seen: Optional[float] = None

@@ -1,0 +1,75 @@
+"""The embedded demo's swarm layout and its chaos controls (used by the dashboard's demo panel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+
+
+def prepare_model(data_dir: Path, *, tiny: bool) -> tuple[Path, str, int, str]:
+    """The demo's model, built into ``data_dir`` once: (path, dht_prefix, num_blocks, name).
+    SmolLM2-135M-Instruct, or with ``tiny`` a tiny random Llama (fast, answers gibberish)."""
+    if tiny:
+        from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
+
+        return ensure_tiny_model(data_dir), TINY_DHT_PREFIX, TINY_NUM_BLOCKS, "tiny-llama (random)"
+    from monitor.harness.demo_model import DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, ensure_demo_model
+
+    return ensure_demo_model(data_dir), DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, "SmolLM2-135M-Instruct"
+
+
+def demo_layout(num_blocks: int, servers: int, throughput: float = 100.0) -> list[ServerSpec]:
+    """Spans such that every block is served by two servers (when there are two or more), so any
+    one server can die and the model stays fully served.
+
+    The servers form two layers that each cover all blocks: layer one cut into ``servers // 2``
+    parts, layer two into the rest, with its cuts shifted so the two layers' seams differ.
+    With 3 servers and 30 blocks: 0:30, 0:15, 15:30.
+    """
+    if servers < 1:
+        raise ValueError(f"at least one server is needed, got {servers}")
+    if servers > num_blocks:
+        raise ValueError(f"{servers} servers for {num_blocks} blocks: at most one server per block")
+    if servers == 1:
+        return [ServerSpec("server-1", 0, num_blocks, throughput, "demo-1")]
+    first, second = servers // 2, servers - servers // 2
+    cuts_one = [round(i * num_blocks / first) for i in range(first + 1)]
+    step = num_blocks / second
+    shift = step / 2 if first == second else 0
+    cuts_two = [0] + [round(j * step - shift) for j in range(1, second)] + [num_blocks]
+    spans = list(zip(cuts_one, cuts_one[1:])) + list(zip(cuts_two, cuts_two[1:]))
+    return [ServerSpec(f"server-{i + 1}", a, b, throughput, f"demo-{i + 1}") for i, (a, b) in enumerate(spans)]
+
+
+class DemoControls:
+    """What the dashboard's demo panel may do to the demo swarm: stop, start, throttle."""
+
+    ACTIONS = ("stop", "start", "throttle", "unthrottle")
+
+    def __init__(self, swarm: LocalSwarm):
+        self.swarm = swarm
+
+    def servers(self) -> list[dict]:
+        return self.swarm.describe()
+
+    def _known(self, name: str) -> None:
+        if name not in self.swarm.servers:
+            raise KeyError(f"no demo server named {name!r}; known: {', '.join(self.swarm.servers)}")
+
+    def stop(self, name: str) -> None:
+        self._known(name)
+        self.swarm.stop(name)
+
+    def start(self, name: str) -> None:
+        self._known(name)
+        if not self.swarm.servers[name].alive():
+            self.swarm.restart(name)
+
+    def throttle(self, name: str) -> None:
+        self._known(name)
+        self.swarm.throttle(name, duty=0.8, period=0.25)
+
+    def unthrottle(self, name: str) -> None:
+        self._known(name)
+        self.swarm.unthrottle(name)

@@ -1,0 +1,144 @@
+"""Entry point of each process the swarm harness starts: a bootstrap peer or a petals server.
+
+Run as ``python -m monitor.harness.server_process {bootstrap,server} ...``. It imports the compat module
+before petals, starts hivemind with NAT traversal off, listens on loopback only, creates petals
+servers through petals' ``Server`` class with a numeric throughput (no speed test, no PyPI
+version check), writes a small JSON "ready file" for the harness, and kills its own process group
+if the harness dies, so no server or p2pd daemon outlives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.swarm.dht_options import NO_NAT_TRAVERSAL, loopback_maddrs
+
+
+def _write_ready(path: str, payload: dict) -> None:
+    tmp = f"{path}.tmp"
+    Path(tmp).write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def _die_with_parent() -> None:
+    """If the harness process goes away, take the whole process group (p2pd included) down."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _interrupt_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def run_bootstrap(args) -> None:
+    import hivemind
+    from petals.cli.run_dht import report_status
+    from petals.server.reachability import ReachabilityProtocol
+
+    dht = hivemind.DHT(
+        start=True,
+        initial_peers=args.initial_peers,
+        host_maddrs=loopback_maddrs(args.port),
+        identity_path=args.identity_path,
+        **NO_NAT_TRAVERSAL,
+    )
+    protocol = ReachabilityProtocol.attach_to_dht(dht, await_ready=True)
+    _write_ready(
+        args.ready_file,
+        {"peer_id": dht.peer_id.to_base58(), "maddrs": [str(a) for a in dht.get_visible_maddrs()]},
+    )
+    try:
+        while True:
+            dht.run_coroutine(report_status, return_future=False)
+            time.sleep(5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        protocol.shutdown()
+        dht.shutdown()
+
+
+def run_server(args) -> None:
+    from petals.server.server import Server
+
+    options = dict(NO_NAT_TRAVERSAL)
+    server = Server(
+        initial_peers=args.initial_peers,
+        dht_prefix=args.dht_prefix,
+        converted_model_name_or_path=args.model,
+        public_name=args.public_name,
+        throughput=args.throughput,
+        block_indices=args.block_indices,
+        num_handlers=args.num_handlers,
+        torch_dtype="float32",
+        device="cpu",
+        update_period=args.update_period,
+        inference_max_length=args.inference_max_length,
+        attn_cache_tokens=args.attn_cache_tokens,
+        host_maddrs=loopback_maddrs(args.port),
+        identity_path=args.identity_path,
+        skip_reachability_check=True,
+        reachable_via_relay=False,
+        mean_balance_check_period=3600,
+        **options,
+    )
+    _write_ready(args.ready_file, {"peer_id": server.dht.peer_id.to_base58(), "pid": os.getpid()})
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m monitor.harness.server_process")
+    sub = parser.add_subparsers(dest="role", required=True)
+
+    boot = sub.add_parser("bootstrap", help="a bootstrap DHT peer")
+    boot.add_argument("--ready-file", required=True)
+    boot.add_argument("--port", type=int, default=0)
+    boot.add_argument("--identity-path")
+    boot.add_argument("--initial-peers", nargs="*", default=[])
+
+    srv = sub.add_parser("server", help="a petals server for a local checkpoint")
+    srv.add_argument("--ready-file", required=True)
+    srv.add_argument("--model", required=True, help="local checkpoint directory")
+    srv.add_argument("--dht-prefix", required=True)
+    srv.add_argument("--block-indices", required=True, help="start:end")
+    srv.add_argument("--throughput", type=float, required=True)
+    srv.add_argument("--initial-peers", nargs="+", required=True)
+    srv.add_argument("--public-name")
+    srv.add_argument("--identity-path")
+    srv.add_argument("--port", type=int, default=0)
+    srv.add_argument("--update-period", type=float, default=10)
+    srv.add_argument("--num-handlers", type=int, default=2)
+    srv.add_argument("--inference-max-length", type=int, default=2048)
+    srv.add_argument("--attn-cache-tokens", type=int, default=None)
+
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    _interrupt_on_sigterm()
+    (run_bootstrap if args.role == "bootstrap" else run_server)(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The SQL store: what every poll, probe and chat saw, and the few queries the views and scores need.
+
+``Store`` is the one object callers use; the work is in the modules beside it:
+
+- ``schema``: the SQLModel table classes (the schema; Alembic's ``migrations/`` must match them);
+- ``engine``: the engine per dialect, read/write transactions, the guard that turns driver errors
+  into ``StoreUnavailable`` / ``StoreSchemaError``, migrations;
+- ``writes``: polls (with each model's ``ModelHealth``), probes, chat outcomes, scores, policies;
+- ``latest``: the latest snapshot, probes, statuses, diagnoses, scores and change marks;
+- ``history``: statuses, state changes, outages, block coverage and peer histories over a range;
+- ``rollups``: hourly rollups and retention (and why 30 days of 500 servers fit in ~1 GB).
+
+Who writes: the poller (polls, diagnoses, probes, scores, rollups), the chat (its requests'
+outcomes) and the web (operators' peer policies); readers are the web, the chat's router and the
+poller itself. One ``Store`` may be shared by threads and each process opens its own: every call
+takes its own pooled connection and transaction, so the object holds no state but the engine.
+SQLite's WAL mode lets readers read while one writer writes; writers wait for each other up to
+``timeout`` seconds. A database that is down or locked makes a call raise ``StoreUnavailable``
+within a few seconds instead of hanging, and the next call works again once the database is back.
+Times are unix seconds (float) everywhere, as in ``core/snapshot.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Optional, Sequence
+
+from monitor.core.diagnosis import ModelHealth
+from monitor.core.scores import PeerScore
+from monitor.core.snapshot import ChatOutcome, PeerHistory, ProbeBatch, ProbeResult, Snapshot
+from monitor.store import history, latest, rollups, writes
+from monitor.store.engine import Database, StoreError, StoreSchemaError, StoreUnavailable
+from monitor.store.history import StateChange
+from monitor.store.latest import PollSummary
+from monitor.store.schema import PEER_POLICIES, metadata
+
+__all__ = ["PEER_POLICIES", "PollSummary", "StateChange", "Store", "StoreError", "StoreSchemaError",
+           "StoreUnavailable", "metadata"]
+
+
+class Store:
+    def __init__(self, url: str, *, timeout: float = 5.0):
+        """``timeout``: seconds a call may wait for a locked SQLite file or an unreachable server."""
+        self.db = Database(url, timeout=timeout)
+        self.engine = self.db.engine
+
+    @classmethod
+    def from_settings(cls, settings) -> "Store":
+        return cls(settings.resolved_database_url)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision`` (Alembic upgrade); keeps all data."""
+        self.db.migrate(revision)
+
+    def current_revision(self) -> Optional[str]:
+        return self.db.current_revision()
+
+    def database_size_bytes(self) -> int:
+        return self.db.size_bytes()
+
+    # ---- writes ----------------------------------------------------------------------------
+
+    def record_poll(self, snapshot: Snapshot, healths: Sequence[ModelHealth] = ()) -> int:
+        """Record one successful poll in one transaction; returns the poll id.
+
+        ``healths``: each polled model's diagnosis (``coverage.diagnose``), from which the store
+        keeps the model's status and per-block coverage for history, and the whole diagnosis for
+        the latest poll (the web shows it without running petals)."""
+        with self.db.write("recording a poll") as conn:
+            return writes.record_poll(conn, snapshot, healths)
+
+    def record_diagnoses(self, healths: Iterable[ModelHealth]) -> None:
+        """Replace the latest poll's diagnoses: the poller re-diagnoses the poll after each probe round."""
+        with self.db.write("recording diagnoses") as conn:
+            poll = latest.latest_ok_poll(conn)
+            if poll is not None:
+                writes.replace_diagnoses(conn, poll["id"], healths)
+
+    def record_failed_poll(self, at: float, error: str, *, duration: float = 0.0) -> int:
+        """A poll that could not scrape: kept (with its error) so gaps are explained; no rows."""
+        with self.db.write("recording a failed poll") as conn:
+            return writes.record_failed_poll(conn, at, error, duration)
+
+    def record_probes(self, batch: ProbeBatch) -> None:
+        if batch.results:
+            with self.db.write("recording probes") as conn:
+                writes.record_probes(conn, batch)
+
+    def record_chat_outcome(self, outcome: ChatOutcome) -> None:
+        self.record_chat_outcomes([outcome])
+
+    def record_chat_outcomes(self, outcomes: Iterable[ChatOutcome]) -> None:
+        outcomes = list(outcomes)
+        if outcomes:
+            with self.db.write("recording chat outcomes") as conn:
+                writes.record_chat_outcomes(conn, outcomes)
+
+    def record_scores(self, scores: Iterable[PeerScore]) -> None:
+        """Keep each peer's latest score (a score without ``at`` is stamped with the current time)."""
+        scores = list(scores)
+        if scores:
+            with self.db.write("recording scores") as conn:
+                writes.record_scores(conn, scores, default_at=time.time())
+
+    def set_peer_policy(self, peer_id: str, policy: Optional[str], at: Optional[float] = None) -> None:
+        """Pin or block a peer for the chat's routing; None clears it."""
+        with self.db.write("setting a peer policy") as conn:
+            writes.set_peer_policy(conn, peer_id, policy, time.time() if at is None else at)
+
+    # ---- latest ----------------------------------------------------------------------------
+
+    def last_poll(self) -> Optional[PollSummary]:
+        """The latest poll, failed or not."""
+        with self.db.read("reading the last poll") as conn:
+            return latest.last_poll(conn)
+
+    def change_marks(self) -> tuple:
+        """A fingerprint of the latest state (poll, probes, scores, diagnoses): while it stays the
+        same, whatever a reader derived from that state still holds."""
+        with self.db.read("reading change marks") as conn:
+            return latest.change_marks(conn)
+
+    def latest_snapshot(self) -> Optional[Snapshot]:
+        """The latest successful poll, rebuilt from its rows (equal to the Snapshot recorded)."""
+        with self.db.read("reading the latest snapshot") as conn:
+            return latest.latest_snapshot(conn)
+
+    def latest_probes(self) -> dict[str, ProbeResult]:
+        """Each peer's latest probe."""
+        with self.db.read("reading the latest probes") as conn:
+            return latest.latest_probes(conn)
+
+    def latest_model_status(self) -> dict[str, dict]:
+        """model -> the status recorded with the latest successful poll (plus its ``at``): ``state,
+        reasons, coverage_pct, servers_online, min_redundancy, est_tokens_per_s``."""
+        with self.db.read("reading the latest model status") as conn:
+            return latest.latest_model_status(conn)
+
+    def latest_diagnoses(self) -> dict[str, ModelHealth]:
+        """model -> its diagnosis for the latest successful poll, as refreshed after the latest
+        probe round (none for older polls)."""
+        with self.db.read("reading the latest diagnoses") as conn:
+            return latest.latest_diagnoses(conn)
+
+    def latest_scores(self) -> dict[str, PeerScore]:
+        """peer id -> its latest score (``at``: when it was computed)."""
+        with self.db.read("reading the latest scores") as conn:
+            return latest.latest_scores(conn)
+
+    def recent_chat_outcomes(self, since: float, *, limit: int = 5000) -> list[ChatOutcome]:
+        """Chat outcomes since ``since`` (newest ``limit``, oldest first): the router's evidence."""
+        with self.db.read("reading recent chat outcomes") as conn:
+            return latest.recent_chat_outcomes(conn, since, limit)
+
+    def peer_policies(self) -> dict[str, str]:
+        """peer id -> "pinned" or "blocked", as operators set them from the dashboard."""
+        with self.db.read("reading peer policies") as conn:
+            return latest.peer_policies(conn)
+
+    def poll_counts(self, since: float) -> dict[str, int]:
+        """Polls since ``since`` that succeeded and failed, and the malformed records they dropped."""
+        with self.db.read("counting polls") as conn:
+            return latest.poll_counts(conn, since)
+
+    def peer_ids(self) -> list[str]:
+        """Peers that have announced themselves as servers at least once, sorted."""
+        with self.db.read("listing peers") as conn:
+            return latest.peer_ids(conn)
+
+    # ---- history ---------------------------------------------------------------------------
+
+    def model_status_history(self, model: str, since: float, until: float) -> list[dict]:
+        """Oldest first: one dict per poll where raw rows are kept, one per hour before that
+        (see ``history.model_status_history`` for the keys)."""
+        with self.db.read("reading model status history") as conn:
+            return history.model_status_history(conn, model, since, until)
+
+    def state_changes(self, model: str, since: float, until: float) -> list[StateChange]:
+        """Oldest first; the first status ever recorded for a model counts as a change from None."""
+        with self.db.read("reading state changes") as conn:
+            return history.state_changes(conn, model, since, until)
+
+    def outage_intervals(self, model: str, since: float, until: float) -> list[tuple[float, Optional[float]]]:
+        """(start, end) of every stretch BROKEN that overlaps [since, until], oldest first; not
+        clipped to the window; ``end`` None while it lasts."""
+        with self.db.read("reading outages") as conn:
+            return history.outage_intervals(conn, model, since, until)
+
+    def block_coverage_series(self, model: str, since: float, until: float, *, value: str = "servers",
+                              stat: str = "min") -> tuple[list[float], list[list[Optional[float]]]]:
+        """(times, matrix[block][time]) for a blocks × time heatmap, oldest first.
+
+        ``value``: "servers" (serving servers) or "throughput" (their total). Where raw rows are
+        kept every poll is a column; before that every hour is one, with the hour's ``stat``
+        ("min" or "mean") per block. Missing blocks are None."""
+        with self.db.read("reading block coverage") as conn:
+            return history.block_coverage_series(conn, model, since, until, value, stat)
+
+    def peer_history(self, peer_id: str, since: float, until: float, *, merge_runs: bool = False) -> PeerHistory:
+        """The peer's observations, probes and chat outcomes in [since, until], oldest first.
+
+        Observations include the polls that did not see it (``seen=False``) for the models it
+        served; before raw retention they are hourly rows (``samples`` > 1, ``at`` = the hour).
+        ``merge_runs``: also merge consecutive polls with the same state and span within each clock
+        hour (``samples`` = polls), which keeps uptime and flaps exact at a fraction of the rows;
+        consumers must then weigh by ``samples``. Probes are raw only (within raw retention);
+        hourly probe counts are in ``probe_stats``."""
+        with self.db.read("reading peer history") as conn:
+            key = latest.peer_key(conn, peer_id)
+            found = None if key is None else history.histories(conn, since, until, [key], merge_runs).get(key)
+        return found or PeerHistory(peer_id=peer_id)
+
+    def peer_histories(self, since: float, until: float, *, merge_runs: bool = False,
+                       probes_since: Optional[float] = None) -> list[PeerHistory]:
+        """``peer_history`` of every peer observed or chatted with in [since, until], by peer id
+        (what ``scores.score_swarm`` takes). ``probes_since``: probes only from then on (they are
+        the bulk of the rows; the scores look at 24 h of them)."""
+        with self.db.read("reading peer histories") as conn:
+            found = history.histories(conn, since, until, None, merge_runs, probes_since)
+        return sorted(found.values(), key=lambda h: h.peer_id)
+
+    def probe_stats(self, peer_id: str, since: float, until: float) -> list[dict]:
+        """Oldest first: ``{at, n, ok, joining, mean_rtt}`` per hour before raw retention and per
+        probe after, for charts of probe success over days. No view uses it yet: the peer page will
+        (it is what the ``hourly_probes`` rollup is kept for)."""
+        with self.db.read("reading probe stats") as conn:
+            key = latest.peer_key(conn, peer_id)
+            return [] if key is None else history.probe_stats(conn, key, since, until)
+
+    # ---- rollups and retention -------------------------------------------------------------
+
+    def rollup_and_prune(self, now: float, *, raw_retention_days: float, rollup_retention_days: float) -> dict:
+        """Aggregate every completed hour not yet rolled up, then delete raw rows older than
+        ``raw_retention_days`` (whole hours, only rolled-up ones) and rollups, chat outcomes and
+        state changes older than ``rollup_retention_days``. Idempotent; returns counts."""
+        return rollups.rollup_and_prune(self.db, now, raw_retention_days=raw_retention_days,
+                                        rollup_retention_days=rollup_retention_days)

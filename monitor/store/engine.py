@@ -1,0 +1,209 @@
+"""The connection to the database: engine set-up per dialect, read and write transactions, the
+guard that turns driver errors into errors an operator can act on, and migrations.
+
+SQLite (default, a file in the data dir) or PostgreSQL, one schema, migrated by Alembic
+(``monitor/store/migrations``). Every call takes its own pooled connection and transaction, so
+threads and processes share a database, not Python state. A database that is down or locked
+makes a call raise ``StoreUnavailable`` within a few seconds instead of hanging, and the next call
+works again once the database is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
+
+from monitor.core.common import short_error
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+MIGRATION_LOCK = 4242001  # PostgreSQL advisory lock held while migrating (several processes may start at once)
+
+
+class StoreError(RuntimeError):
+    """A store call failed for a reason the operator can act on; the message says which."""
+
+
+class StoreUnavailable(StoreError):
+    """The database is down, unreachable or locked; the call may succeed later as is."""
+
+
+class StoreSchemaError(StoreError):
+    """The database has not been migrated to this version's schema (run ``Store.migrate()``)."""
+
+
+class Database:
+    """One database URL's engine, and the transactions every store call runs in."""
+
+    def __init__(self, url: str, *, timeout: float = 5.0):
+        """``timeout``: seconds a call may wait for a locked SQLite file or an unreachable server."""
+        self.url = _normalised(make_url(url))
+        self.timeout = timeout
+        self.display_url = self.url.render_as_string(hide_password=True)
+        self.engine = _make_engine(self.url, timeout)
+        self._migrate_lock = threading.Lock()
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def read(self, what: str = "reading") -> Iterator[Connection]:
+        with self.guard(what), self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextlib.contextmanager
+    def write(self, what: str = "writing") -> Iterator[Connection]:
+        """A write transaction; on SQLite it takes the write lock up front (``BEGIN IMMEDIATE``), so
+        concurrent writers wait ``timeout`` for each other rather than fail half-way."""
+        with self.guard(what), self.engine.connect() as conn:
+            conn.execution_options(store_write=True)
+            with conn.begin():
+                yield conn
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Turn driver errors that the operator can act on into StoreUnavailable / StoreSchemaError."""
+        try:
+            yield
+        except exc.DBAPIError as e:
+            if _is_schema_error(e):
+                raise StoreSchemaError(
+                    f"{what}: the database {self.display_url} lacks this version's tables or columns "
+                    f"({short_error(e.orig)}); run `swarm-monitor` once (it migrates at start) or Store.migrate()"
+                ) from e
+            if isinstance(e, (exc.OperationalError, exc.InterfaceError)) or e.connection_invalidated:
+                hint = ("is another process holding the file locked, or is its directory gone?"
+                        if self.dialect == "sqlite" else "is the database server up and reachable?")
+                raise StoreUnavailable(f"{what}: the database {self.display_url} is unavailable "
+                                       f"({short_error(e.orig)}); {hint} Calls work again once it is back") from e
+            raise
+        except exc.TimeoutError as e:
+            raise StoreUnavailable(f"{what}: no free connection to {self.display_url} within "
+                                   f"{self.timeout:g} s ({e})") from e
+
+    # ---- schema ------------------------------------------------------------------------------
+
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision`` (Alembic upgrade); keeps all data."""
+        from alembic import command
+
+        with self._migrate_lock, self.guard("migrating the schema"):
+            if self.dialect == "sqlite" and not _sqlite_in_memory(self.url):
+                raw = self.engine.raw_connection()
+                try:
+                    raw.cursor().execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
+                finally:
+                    raw.close()
+            with self.write() as conn:
+                if self.dialect == "postgresql":
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+                config = _alembic_config()
+                config.attributes["connection"] = conn
+                command.upgrade(config, revision)
+
+    def current_revision(self) -> Optional[str]:
+        from alembic.runtime.migration import MigrationContext
+
+        with self.read("reading the schema revision") as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def size_bytes(self) -> int:
+        """The database's size on disk (SQLite: with its write-ahead log)."""
+        with self.read("measuring the database") as conn:
+            if self.dialect == "postgresql":
+                return int(conn.exec_driver_sql("SELECT pg_database_size(current_database())").scalar())
+            size = conn.exec_driver_sql("PRAGMA page_count").scalar() * conn.exec_driver_sql("PRAGMA page_size").scalar()
+        if not _sqlite_in_memory(self.url):
+            wal = Path(f"{self.url.database}-wal")
+            size += wal.stat().st_size if wal.exists() else 0
+        return int(size)
+
+
+def insert(conn: Connection, table: sa.Table):
+    """INSERT with ON CONFLICT support (``on_conflict_do_update``) for the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    return dialect_insert(table)
+
+
+# ---- set-up ----------------------------------------------------------------------------------
+
+
+def _normalised(url: URL) -> URL:
+    if url.get_backend_name() == "postgresql" and url.get_driver_name() in ("", "psycopg2"):
+        return url.set(drivername="postgresql+psycopg")  # psycopg 3 is what we install
+    return url
+
+
+def _sqlite_in_memory(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite" and (url.database in (None, "", ":memory:")
+                                                   or url.query.get("mode") == "memory")
+
+
+def _make_engine(url: URL, timeout: float) -> Engine:
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, timeout)
+    if url.get_backend_name() == "postgresql":
+        return sa.create_engine(
+            url, pool_pre_ping=True, pool_timeout=timeout, pool_recycle=1800,
+            connect_args={"connect_timeout": max(2, math.ceil(timeout)),
+                          "options": f"-c statement_timeout={int(max(60, 12 * timeout) * 1000)}"
+                                     f" -c lock_timeout={int(timeout * 1000)}"},
+        )
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def _sqlite_engine(url: URL, timeout: float) -> Engine:
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": timeout}}
+    if _sqlite_in_memory(url):
+        kwargs["poolclass"] = StaticPool
+    else:
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        # Let SQLAlchemy's "begin" below own transactions (pysqlite's implicit BEGIN would
+        # defer the write lock to the first INSERT and can fail without waiting).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for pragma in (f"busy_timeout={int(timeout * 1000)}", "foreign_keys=ON", "synchronous=NORMAL",
+                       f"journal_size_limit={64 * 1024 * 1024}"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        # Writers take the write lock up front, so they wait busy_timeout rather than fail.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("store_write") else "BEGIN")
+
+    return engine
+
+
+def _alembic_config():
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def _is_schema_error(e: exc.DBAPIError) -> bool:
+    code = getattr(e.orig, "sqlstate", None)
+    if code in ("42P01", "42703"):  # undefined table / column
+        return True
+    text = str(e.orig).lower()
+    return "no such table" in text or "no such column" in text or "has no column named" in text

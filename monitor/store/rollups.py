@@ -1,0 +1,274 @@
+"""Rollups and retention: raw rows are kept ``raw_retention_days``, hourly rollups after that.
+
+Every completed hour is aggregated once into the ``hourly_*`` tables (``rolled_up_until`` in
+``store_meta`` is the watermark); then raw rows older than the raw retention (whole, rolled-up
+hours only) and rollups, chat outcomes and state changes older than the rollup retention go.
+The history readers use a rollup hour only where no raw rows are left (``rollup_window``), so a
+query over any range sees each poll exactly once.
+
+Why it fits in ~1 GB for 30 days × 60 s polls × 500 servers: peers are interned, per-block
+coverage is one row per (poll, model) with JSON arrays (not one row per block: 4 models × 80
+blocks would be 320 rows per poll, and the 24 h heatmap reads 1440 rows, not 460 k), and
+``next_pings`` are kept an hour only. Measured on SQLite (tests/test_store.py): 113 kB of raw rows
+per poll of 500 servers (74 of them observations, 33 probes), 127 kB of rollups per hour: 30 days
+≈ 0.44 GB.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Iterable, Optional
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from monitor.core.common import DAY, HOUR
+from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY
+from monitor.core.snapshot import JOINING, ONLINE
+from monitor.store.engine import Database, insert
+from monitor.store.schema import (
+    BlockCoverageRow,
+    ChatOutcomeRow,
+    HourlyBlockCoverageRow,
+    HourlyModelStatusRow,
+    HourlyObservationsRow,
+    HourlyPollsRow,
+    HourlyProbesRow,
+    ModelStateChangeRow,
+    ModelStatusRow,
+    Peer,
+    Poll,
+    ProbeRow,
+    ServerObservationRow,
+    ServerPingsRow,
+    StoreMetaRow,
+)
+
+# Model states worst last; a rollup hour shows the worst state it saw.
+STATE_SEVERITY = {HEALTHY: 0, DEGRADED: 1, BROKEN: 2}
+HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow)
+WATERMARK = "rolled_up_until"
+
+
+def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
+                     rollup_retention_days: float) -> dict[str, int]:
+    """Aggregate every completed hour not yet rolled up (one transaction per hour), then delete raw
+    rows older than ``raw_retention_days`` (whole hours, only rolled-up ones) and rollups, chat
+    outcomes and state changes older than ``rollup_retention_days``. Idempotent; returns counts."""
+    current_hour = floor_hour(now)
+    with db.read("reading the rollup watermark") as conn:
+        hour = _watermark(conn)
+    hours = 0
+    while True:
+        with db.write("rolling up") as conn:
+            hour = _rollup_next_hour(conn, hour, current_hour)
+        if hour is None:
+            break
+        hours += 1
+    counts: dict[str, int] = {"hours_rolled_up": hours}
+    with db.write("pruning raw rows") as conn:
+        counts.update(_prune_raw(conn, min(floor_hour(now - raw_retention_days * DAY), current_hour)))
+    with db.write("pruning rollups") as conn:
+        counts.update(_prune_rollups(conn, floor_hour(now - rollup_retention_days * DAY)))
+    return counts
+
+
+def _watermark(conn: Connection) -> Optional[float]:
+    t = StoreMetaRow.__table__.c
+    done = conn.execute(sa.select(t.value).where(t.key == WATERMARK)).scalar()
+    return float(done) if done is not None else None
+
+
+def _rollup_next_hour(conn: Connection, after: Optional[float], current_hour: float) -> Optional[float]:
+    """Roll up the first hour with data at or after ``after`` if it is complete (before
+    ``current_hour``) and move the watermark past it; returns the hour after it, or None when
+    nothing is left to roll up (the watermark then moves to ``current_hour``)."""
+    hour = _next_hour_with_data(conn, after)
+    if hour is None or hour >= current_hour:
+        _set_meta(conn, WATERMARK, repr(max(after or current_hour, current_hour)))
+        return None
+    _rollup_hour(conn, hour)
+    _set_meta(conn, WATERMARK, repr(hour + HOUR))
+    return hour + HOUR
+
+
+def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
+    """Delete polls (with everything recorded per poll) and probes older than ``cutoff``."""
+    polls = Poll.__table__
+    old_polls = sa.select(polls.c.id).where(polls.c.at < cutoff).scalar_subquery()
+    counts = {}
+    for row in (ServerObservationRow, ServerPingsRow, ModelStatusRow, BlockCoverageRow):
+        table = row.__table__
+        counts[table.name] = conn.execute(sa.delete(table).where(table.c.poll_id.in_(old_polls))).rowcount
+    counts["polls"] = conn.execute(sa.delete(polls).where(polls.c.at < cutoff)).rowcount
+    probes = ProbeRow.__table__
+    counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
+    return counts
+
+
+def _prune_rollups(conn: Connection, cutoff: float) -> dict[str, int]:
+    """Delete rollups, chat outcomes and state changes older than ``cutoff`` (each model's last
+    state change stays: it says what state the model is in)."""
+    counts = {}
+    for row in HOURLY_TABLES:
+        table = row.__table__
+        counts[table.name] = conn.execute(sa.delete(table).where(table.c.hour < cutoff)).rowcount
+    outcomes = ChatOutcomeRow.__table__
+    counts["chat_outcomes"] = conn.execute(sa.delete(outcomes).where(outcomes.c.at < cutoff)).rowcount
+    changes = ModelStateChangeRow.__table__
+    latest_change = sa.select(sa.func.max(changes.c.id)).group_by(changes.c.model)
+    counts["model_state_changes"] = conn.execute(sa.delete(changes).where(
+        changes.c.at < cutoff, changes.c.id.not_in(latest_change))).rowcount
+    return counts
+
+
+# ---- what the history readers share ----------------------------------------------------------
+
+
+def floor_hour(t: float) -> float:
+    return math.floor(t / HOUR) * HOUR
+
+
+def mean(values: Iterable[Optional[float]]) -> Optional[float]:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def raw_start(conn: Connection, column=None) -> Optional[float]:
+    """The oldest raw row still kept: rollups are used only for hours that end before it."""
+    return conn.execute(sa.select(sa.func.min(column if column is not None else Poll.__table__.c.at))).scalar()
+
+
+def rollup_window(hour_column, since: float, until: float, raw_from: Optional[float]) -> list:
+    """Conditions on a rollup table: hours overlapping [since, until] that end before the raw rows."""
+    conditions = [hour_column + HOUR > since, hour_column <= until]
+    if raw_from is not None:
+        conditions.append(hour_column + HOUR <= raw_from)
+    return conditions
+
+
+# ---- one hour --------------------------------------------------------------------------------
+
+
+def _rollup_hour(conn: Connection, hour: float) -> None:
+    """Aggregate the raw rows of [hour, hour + 1 h) into the hourly tables (replacing any)."""
+    end = hour + HOUR
+    for row in HOURLY_TABLES:
+        table = row.__table__
+        conn.execute(sa.delete(table).where(table.c.hour == hour))
+    p = Poll.__table__.c
+    polls = conn.execute(sa.select(p.id, p.at, p.ok, p.duration).where(p.at >= hour, p.at < end)).all()
+    if polls:
+        conn.execute(sa.insert(HourlyPollsRow.__table__).values(
+            hour=hour, polls=len(polls), ok_polls=sum(1 for r in polls if r.ok),
+            mean_duration=sum(r.duration or 0 for r in polls) / len(polls)))
+    ok_times = sorted(r.at for r in polls if r.ok)
+    in_hour = sa.select(p.id).where(p.at >= hour, p.at < end, p.ok).scalar_subquery()
+    _insert_rows(conn, HourlyObservationsRow, _observation_rows(conn, hour, in_hour, ok_times))
+    _insert_rows(conn, HourlyModelStatusRow, _status_rows(conn, hour, in_hour))
+    _insert_rows(conn, HourlyBlockCoverageRow, _block_rows(conn, hour, in_hour))
+    _insert_rows(conn, HourlyProbesRow, _probe_rows(conn, hour, end))
+
+
+def _insert_rows(conn: Connection, row, rows: list[dict]) -> None:
+    if rows:
+        conn.execute(sa.insert(row.__table__), rows)
+
+
+def _observation_rows(conn: Connection, hour: float, in_hour, ok_times: list[float]) -> list[dict]:
+    o, peers = ServerObservationRow.__table__.c, Peer.__table__
+    groups = conn.execute(
+        sa.select(o.peer, o.model, sa.func.max(peers.c.first_seen), sa.func.count(),
+                  _count_if(o.state == ONLINE), _count_if(o.state == JOINING),
+                  sa.func.avg(o.throughput), sa.func.avg(o.inference_rps), sa.func.min(o.start),
+                  sa.func.max(o.end))
+        .join(peers, peers.c.id == o.peer).where(o.poll_id.in_(in_hour)).group_by(o.peer, o.model)
+    ).all()
+    rows = []
+    for peer, model, first_seen, samples, online, joining, thr, rps, start, stop in groups:
+        # ok polls in the hour since the peer first appeared: the ones that could have seen it
+        since_first = len(ok_times) - bisect.bisect_left(ok_times, first_seen if first_seen is not None else hour)
+        rows.append({"peer": peer, "model": model, "hour": hour, "polls": max(since_first, samples),
+                     "samples": samples, "online": int(online or 0), "joining": int(joining or 0),
+                     "mean_throughput": thr, "mean_inference_rps": rps, "min_start": start, "max_end": stop})
+    return rows
+
+
+def _status_rows(conn: Connection, hour: float, in_hour) -> list[dict]:
+    s = ModelStatusRow.__table__.c
+    by_model: dict[str, list] = {}
+    for r in conn.execute(sa.select(s.model, s.state, s.reasons, s.coverage_pct, s.servers_online,
+                                    s.min_redundancy, s.est_tokens_per_s)
+                          .where(s.poll_id.in_(in_hour)).order_by(s.at)):
+        by_model.setdefault(r.model, []).append(r)
+    rows = []
+    for model, items in by_model.items():
+        states: dict[str, int] = {}
+        reasons: list[str] = []
+        for r in items:
+            states[r.state] = states.get(r.state, 0) + 1
+            reasons.extend(x for x in (r.reasons or ()) if x not in reasons)
+        rows.append({
+            "model": model, "hour": hour, "samples": len(items), "states": states,
+            "worst_state": max(states, key=lambda st: STATE_SEVERITY.get(st, 1)), "reasons": reasons[:20],
+            "mean_coverage_pct": mean(r.coverage_pct for r in items),
+            "mean_servers_online": mean(r.servers_online for r in items),
+            "min_redundancy": min((r.min_redundancy for r in items if r.min_redundancy is not None), default=None),
+            "mean_tokens_per_s": mean(r.est_tokens_per_s for r in items),
+        })
+    return rows
+
+
+def _block_rows(conn: Connection, hour: float, in_hour) -> list[dict]:
+    b = BlockCoverageRow.__table__.c
+    by_model: dict[str, list] = {}
+    for r in conn.execute(sa.select(b.model, b.servers, b.throughput).where(b.poll_id.in_(in_hour))):
+        by_model.setdefault(r.model, []).append(r)
+    rows = []
+    for model, items in by_model.items():
+        servers = _columns([r.servers or [] for r in items])
+        throughput = _columns([r.throughput or [] for r in items])
+        rows.append({"model": model, "hour": hour, "samples": len(items),
+                     "min_servers": [min(c, default=None) for c in servers],
+                     "mean_servers": [mean(c) for c in servers],
+                     "min_throughput": [min(c, default=None) for c in throughput],
+                     "mean_throughput": [mean(c) for c in throughput]})
+    return rows
+
+
+def _probe_rows(conn: Connection, hour: float, end: float) -> list[dict]:
+    q = ProbeRow.__table__.c
+    return [{"peer": peer, "hour": hour, "n": n, "ok": int(ok or 0), "joining": int(joining or 0), "mean_rtt": rtt}
+            for peer, n, ok, joining, rtt in conn.execute(
+                sa.select(q.peer, sa.func.count(), _count_if(q.ok), _count_if(q.joining),
+                          sa.func.avg(sa.case((q.ok, q.rtt))))
+                .where(q.at >= hour, q.at < end).group_by(q.peer))]
+
+
+def _next_hour_with_data(conn: Connection, after: Optional[float]) -> Optional[float]:
+    """The start of the first hour at or after ``after`` that has polls or probes."""
+    candidates = []
+    for column in (Poll.__table__.c.at, ProbeRow.__table__.c.at):
+        query = sa.select(sa.func.min(column))
+        if after is not None:
+            query = query.where(column >= after)
+        value = conn.execute(query).scalar()
+        if value is not None:
+            candidates.append(value)
+    return floor_hour(min(candidates)) if candidates else None
+
+
+def _set_meta(conn: Connection, key: str, value: str) -> None:
+    stmt = insert(conn, StoreMetaRow.__table__).values(key=key, value=value)
+    conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": stmt.excluded.value}))
+
+
+def _count_if(condition):
+    return sa.func.sum(sa.case((condition, 1), else_=0))
+
+
+def _columns(arrays: list[list]) -> list[list]:
+    """Per block, the values of every poll that reported that block."""
+    n = max((len(a) for a in arrays), default=0)
+    return [[a[i] for a in arrays if i < len(a) and a[i] is not None] for i in range(n)]

@@ -1,0 +1,295 @@
+"""The schema: one SQLModel class per table, and nothing else. The classes are the schema (there
+is no second list of tables): queries use ``Class.__table__`` at the point of use, and Alembic's
+revisions in ``migrations/`` must match these classes exactly (``tests/test_store.py`` checks it).
+
+Times are unix seconds (float), as in ``core/snapshot.py``. Peers are interned (``peers.id``), so
+the hot tables carry a small integer key rather than a 52-character peer id.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+SQLModel.metadata.naming_convention = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = SQLModel.metadata  # what Alembic compares against (migrations/env.py)
+
+PEER_POLICIES = ("pinned", "blocked")  # the values of peer_policies.policy
+
+# BIGINT ids on PostgreSQL; on SQLite the id must be "INTEGER PRIMARY KEY" to alias the rowid.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _json_field() -> Any:
+    return Field(default=None, sa_type=sa.JSON(none_as_null=True), nullable=True)
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+
+class Peer(SQLModel, table=True):
+    """Every peer ever seen (announced, probed, or chatted with); ``id`` is the key other tables use."""
+
+    __tablename__ = "peers"
+    __table_args__ = (sa.UniqueConstraint("peer_id"),)
+    id: Optional[int] = Field(default=None, primary_key=True)
+    peer_id: str
+    first_seen: Optional[float] = None  # first/last poll that saw it announce (None: only probed)
+    last_seen: Optional[float] = None
+    public_name: Optional[str] = None  # the last one it announced
+
+
+class WatchedModel(SQLModel, table=True):
+    __tablename__ = "models"
+    dht_prefix: str = Field(primary_key=True)
+    num_blocks: int
+    repository: Optional[str] = None
+    name: Optional[str] = None
+    official: bool = False
+    first_seen: float
+    last_seen: float
+
+
+class Poll(SQLModel, table=True):
+    __tablename__ = "polls"
+    __table_args__ = (sa.Index(None, "at"),)
+    id: Optional[int] = Field(default=None, primary_key=True)
+    at: float
+    duration: float = 0.0
+    n_models: int = 0
+    n_servers: int = 0
+    invalid_records: int = 0
+    errors: Any = _json_field()  # list of strings
+    models: Any = _json_field()  # the polled models' dht_prefixes, in order
+    ok: bool = True
+
+
+class ServerObservationRow(SQLModel, table=True):
+    __tablename__ = "server_observations"
+    __table_args__ = (sa.Index(None, "poll_id"), sa.Index(None, "peer", "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    poll_id: int = Field(foreign_key="polls.id")
+    at: float
+    model: str
+    peer: int = Field(foreign_key="peers.id")
+    state: str
+    start: int
+    end: int
+    throughput: Optional[float] = None
+    inference_rps: Optional[float] = None
+    forward_rps: Optional[float] = None
+    network_rps: Optional[float] = None
+    cache_tokens_left: Optional[int] = Field(default=None, sa_type=sa.BigInteger)
+    version: Optional[str] = None
+    torch_dtype: Optional[str] = None
+    quant_type: Optional[str] = None
+    using_relay: Optional[bool] = None
+    public_name: Optional[str] = None
+    adapters: Any = _json_field()  # list of strings; NULL when none
+
+
+class ServerPingsRow(SQLModel, table=True):
+    """A server's announced RTTs to the next servers; kept ``writes.PINGS_RETENTION`` (an hour) only."""
+
+    __tablename__ = "server_pings"
+    __table_args__ = (sa.Index(None, "poll_id"),)
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    poll_id: int = Field(foreign_key="polls.id")
+    at: float
+    peer: int = Field(foreign_key="peers.id")
+    model: str
+    next_pings: Any = _json_field()
+
+
+class ModelStatusRow(SQLModel, table=True):
+    __tablename__ = "model_status"
+    __table_args__ = (sa.Index(None, "poll_id"), sa.Index(None, "model", "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    poll_id: int = Field(foreign_key="polls.id")
+    at: float
+    model: str
+    state: str
+    reasons: Any = _json_field()
+    coverage_pct: Optional[float] = None
+    servers_online: Optional[int] = None
+    min_redundancy: Optional[int] = None
+    est_tokens_per_s: Optional[float] = None
+
+
+class BlockCoverageRow(SQLModel, table=True):
+    """One poll's per-block coverage of one model: arrays indexed by block."""
+
+    __tablename__ = "block_coverage"
+    __table_args__ = (sa.Index(None, "model", "at"),)
+    poll_id: int = Field(foreign_key="polls.id", primary_key=True)
+    model: str = Field(primary_key=True)
+    at: float
+    servers: Any = _json_field()  # serving servers per block
+    throughput: Any = _json_field()  # their total throughput per block
+
+
+class ModelStateChangeRow(SQLModel, table=True):
+    """A model's state changed between two consecutive polls (kept as long as the rollups)."""
+
+    __tablename__ = "model_state_changes"
+    __table_args__ = (sa.Index(None, "model", "at"),)
+    id: Optional[int] = Field(default=None, primary_key=True)
+    at: float
+    model: str
+    from_state: Optional[str] = None  # None: the first status recorded for the model
+    to_state: str
+    reasons: Any = _json_field()
+
+
+class ProbeRow(SQLModel, table=True):
+    __tablename__ = "probe_results"
+    __table_args__ = (sa.Index(None, "peer", "at"), sa.Index(None, "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    at: float
+    peer: int = Field(foreign_key="peers.id")
+    kind: str
+    ok: bool
+    rtt: Optional[float] = None
+    error: Optional[str] = None
+    joining: bool = False
+    address: Optional[str] = None
+
+
+class LatestProbeRow(SQLModel, table=True):
+    """Each peer's latest probe, so ``latest_probes`` reads a few hundred rows, not the history."""
+
+    __tablename__ = "latest_probes"
+    peer: int = Field(foreign_key="peers.id", primary_key=True)
+    at: float
+    kind: str
+    ok: bool
+    rtt: Optional[float] = None
+    error: Optional[str] = None
+    joining: bool = False
+    address: Optional[str] = None
+
+
+class ChatOutcomeRow(SQLModel, table=True):
+    """What one chat request saw of one peer's span; written by the chat (its own process or thread)."""
+
+    __tablename__ = "chat_outcomes"
+    __table_args__ = (sa.Index(None, "peer", "at"), sa.Index(None, "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    at: float
+    peer: int = Field(foreign_key="peers.id")
+    model: str
+    start: int
+    end: int
+    ok: bool
+    seconds_per_token: Optional[float] = None
+    error: Optional[str] = None  # added by revision 0002
+
+
+class PeerScoreRow(SQLModel, table=True):
+    """Each peer's latest score (the score job recomputes them from history every score period)."""
+
+    __tablename__ = "peer_scores"
+    peer: int = Field(foreign_key="peers.id", primary_key=True)
+    at: float
+    score: float
+    explanation: Any = _json_field()  # list of sentences
+    components: Any = _json_field()  # name -> {value, weight, points}, as PeerScore.to_dict() has them
+
+
+class PeerPolicyRow(SQLModel, table=True):
+    """An operator's routing decision about one peer, "pinned" or "blocked": written by the web (the
+    peer page), read by the chat's router."""
+
+    __tablename__ = "peer_policies"
+    peer_id: str = Field(primary_key=True, max_length=128)
+    policy: str = Field(max_length=16)
+    at: float
+
+
+class LatestDiagnosisRow(SQLModel, table=True):
+    """Each model's diagnosis (``ModelHealth.to_dict()``) for the latest poll and probe round,
+    written by the poller, so web workers show it without running petals' routing."""
+
+    __tablename__ = "latest_diagnoses"
+    model: str = Field(primary_key=True, max_length=256)
+    poll_id: int = Field(sa_type=BigId)
+    at: float  # when it was written
+    diagnosis: Any = _json_field()
+
+
+class StoreMetaRow(SQLModel, table=True):
+    """Key/value bookkeeping: ``rolled_up_until`` (the rollup watermark)."""
+
+    __tablename__ = "store_meta"
+    key: str = Field(primary_key=True)
+    value: str
+
+
+# hourly rollups: ``hour`` is the hour's start (unix seconds); rows exist for completed hours only.
+
+
+class HourlyPollsRow(SQLModel, table=True):
+    __tablename__ = "hourly_polls"
+    hour: float = Field(primary_key=True)
+    polls: int
+    ok_polls: int
+    mean_duration: Optional[float] = None
+
+
+class HourlyObservationsRow(SQLModel, table=True):
+    __tablename__ = "hourly_observations"
+    peer: int = Field(foreign_key="peers.id", primary_key=True)
+    model: str = Field(primary_key=True)
+    hour: float = Field(primary_key=True)
+    polls: int  # ok polls in the hour since the peer was first seen
+    samples: int  # of those, polls that saw it (any state)
+    online: int
+    joining: int
+    mean_throughput: Optional[float] = None
+    mean_inference_rps: Optional[float] = None
+    min_start: Optional[int] = None
+    max_end: Optional[int] = None
+
+
+class HourlyModelStatusRow(SQLModel, table=True):
+    __tablename__ = "hourly_model_status"
+    model: str = Field(primary_key=True)
+    hour: float = Field(primary_key=True)
+    samples: int
+    states: Any = _json_field()  # state -> polls
+    worst_state: str
+    reasons: Any = _json_field()  # distinct reasons seen in the hour (first 20)
+    mean_coverage_pct: Optional[float] = None
+    mean_servers_online: Optional[float] = None
+    min_redundancy: Optional[int] = None
+    mean_tokens_per_s: Optional[float] = None
+
+
+class HourlyBlockCoverageRow(SQLModel, table=True):
+    __tablename__ = "hourly_block_coverage"
+    model: str = Field(primary_key=True)
+    hour: float = Field(primary_key=True)
+    samples: int
+    min_servers: Any = _json_field()
+    mean_servers: Any = _json_field()
+    min_throughput: Any = _json_field()
+    mean_throughput: Any = _json_field()
+
+
+class HourlyProbesRow(SQLModel, table=True):
+    """Read only by ``Store.probe_stats``, which no view shows yet (the peer page will)."""
+
+    __tablename__ = "hourly_probes"
+    peer: int = Field(foreign_key="peers.id", primary_key=True)
+    hour: float = Field(primary_key=True)
+    n: int
+    ok: int
+    joining: int
+    mean_rtt: Optional[float] = None

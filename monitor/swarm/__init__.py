@@ -1,0 +1,11 @@
+"""The DHT edge: the process's DHT client (NAT traversal off), validation of what peers announce
+(untrusted: every field bounded), the scrape and the reachability probes.
+
+Importing this package imports petals (and so torch): the web layer never does.
+"""
+
+from monitor.swarm.client import start_dht
+from monitor.swarm.probes import probe_bootstrap, probe_servers
+from monitor.swarm.scrape import scrape
+
+__all__ = ["start_dht", "scrape", "probe_servers", "probe_bootstrap"]
