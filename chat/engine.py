@@ -238,9 +238,10 @@ class ChatEngine:
             self._check_served(model, load=self.coverage_check is None or model.remote is not None)
         except ModelNotServed as e:
             return ModelStatus(model.name, model.title, False, e.reason, tuple(e.missing_blocks))
-        except Exception as e:  # noqa: BLE001 - a status page must still render
-            logger.warning("status of %s failed: %r", model.name, e)
-            return ModelStatus(model.name, model.title, False, f"could not check it: {e}")
+        except Exception:  # noqa: BLE001 - a status page must still render; the cause is for the log
+            logger.warning("status of %s failed", model.name, exc_info=True)
+            return ModelStatus(model.name, model.title, False, "could not check its servers right now; "
+                                                              "try again in a minute")
         return ModelStatus(model.name, model.title, True)
 
     def statuses(self) -> list[ModelStatus]:
@@ -279,10 +280,13 @@ class ChatEngine:
         tokenizer = self.tokenizer(name)
         messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         if getattr(tokenizer, "chat_template", None):
+            from jinja2 import TemplateError
+
             try:
                 return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)), ()
-            except Exception as e:  # noqa: BLE001 - jinja errors from the model's own template
-                raise InvalidRequest("messages", f"the model's chat template rejected the messages: {e}") from None
+            except TemplateError as e:  # the model's own template refuses (e.g. "roles must alternate")
+                raise InvalidRequest("messages", f"the model's chat template rejected the messages: "
+                                                 f"{str(e)[:300]}") from None
         text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
         return self.encode(name, text), ("\nUser:", "\nSystem:")
 

@@ -2,7 +2,10 @@
 
 Routing asks for peer weights every time it builds a route, inside petals' routing lock, so the
 weights are served from memory and refreshed from the store by a background thread: the latest
-scores (from the monitor's score job) and the measured seconds per token of recent chat requests.
+scores (from the monitor's score job) and the measured seconds per token of recent chat requests
+and of the monitor's server probes (``monitor/app/measuring.py``: every ONLINE server is probed, so
+every server has a measured weight before the first chat request). A server whose outputs the
+probes found wrong gets score 0, so routing leaves it out wherever others cover its blocks.
 The thread refreshes every few seconds, and at once after each recorded outcome, so the next
 request already routes by what the last one measured.
 """
@@ -10,19 +13,38 @@ request already routes by what the last one measured.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from monitor.core.common import HOUR
+from monitor.core.measurements import ServerProbe, recent_per_peer, wrong_outputs
 from monitor.core.snapshot import ChatOutcome
 
 from chat.policy import OutcomeSink, PeerWeight, weights_from_outcomes
 
 log = logging.getLogger(__name__)
 
-OUTCOME_WINDOW = HOUR  # seconds of chat outcomes the router learns from
+OUTCOME_WINDOW = HOUR  # seconds of chat outcomes (and server probes) the router learns from
+WRONG_OUTPUTS_SCORE = 0.0  # the routing score of a server whose outputs the probes found wrong
+
+
+def probe_speeds(probes: list[ServerProbe], outcomes: list[ChatOutcome], *, now: float,
+                 window: float) -> dict[str, float]:
+    """peer -> seconds per token per block from the monitor's server probes, for every peer whose
+    newest probe is newer than its newest chat outcome (the newest kind of evidence wins: a server
+    throttled since the chat last used it is known slow before a chat tries it again). The value
+    is the median of its newest probes' one-token steps, round trip included, per block: what a
+    chat request measures on a span."""
+    last_chat: dict[str, float] = {}
+    for outcome in outcomes:
+        if outcome.ok and outcome.seconds_per_token is not None:
+            last_chat[outcome.peer_id] = max(outcome.at, last_chat.get(outcome.peer_id, 0.0))
+    return {peer: statistics.median(p.round_trip_per_block for p in kept)
+            for peer, kept in recent_per_peer(probes, now=now, max_age=window).items()
+            if kept[-1].at > last_chat.get(peer, 0.0)}
 
 
 class StoreWeights:
@@ -45,11 +67,16 @@ class StoreWeights:
         try:
             scores = {peer: stored.score for peer, stored in self.store.latest_scores().items()}
             outcomes = self.store.recent_chat_outcomes(now - self.window)
+            probes = self.store.recent_server_probes(now - self.window)
             policies = self.store.peer_policies()
         except Exception as e:  # noqa: BLE001 - keep routing on the last weights while the DB is away
             log.warning("peer weights not refreshed (keeping the last ones): %s", e)
             return self._weights
         weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.window)
+        for peer, seconds in probe_speeds(probes, outcomes, now=now, window=self.window).items():
+            weights[peer] = replace(weights.get(peer, PeerWeight()), seconds_per_token_per_block=seconds)
+        for peer in wrong_outputs(probes, now=now, max_age=self.window):
+            weights[peer] = replace(weights.get(peer, PeerWeight()), score=WRONG_OUTPUTS_SCORE)
         for peer, policy in policies.items():
             weights[peer] = replace(weights.get(peer, PeerWeight()), policy=policy)
         self._weights = weights

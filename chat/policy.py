@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from monitor.core.common import HOUR
+from monitor.core.measurements import PETALS_DEFAULT_SECONDS_PER_BLOCK
 from monitor.core.snapshot import ChatOutcome
 
 NEUTRAL_SCORE = 50.0  # what monitor.core.scores gives a peer it knows nothing about
 GOOD_SCORE = 90.0  # at or above: no health penalty
 DOUBLING_POINTS = 20.0  # every this many points below GOOD_SCORE doubles the penalty
-PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps when a server announces none
 EXPLORE_EVERY = 4  # one route in this many tries peers never measured, while there are any
 
 Spans = Mapping[str, tuple[int, int]]  # peer id -> the [start, end) blocks it serves

@@ -231,5 +231,7 @@ def _as_chat_error(model: str, error: BaseException) -> ChatError:
         return error
     if isinstance(error, MissingBlocksError):
         return ModelNotServed(model, "servers went away while answering; some blocks have no server now")
+    # the petals error names peers, addresses and internals: it is for the operator's log only
     logger.warning("generation with %s failed: %s", model, short_error(error), exc_info=error)
-    return GenerationFailed(f"generation with {model!r} failed in the swarm ({short_error(error, 300)}); try again")
+    return GenerationFailed(f"the swarm's servers failed while answering with {model!r}, also after retrying "
+                            f"other servers; try again in a moment")

@@ -35,14 +35,17 @@ TARGET_DB_BYTES = 1 << 30
 # ---- the history ------------------------------------------------------------------------------
 
 
-def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool) -> dict:
-    """Generate the history unless a matching one exists; returns its description."""
+def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool, fast: bool = False,
+                   fine_days: float = 3.0) -> dict:
+    """Generate the history unless a matching one exists; returns its description. ``fast``,
+    ``fine_days``: the generator's fast mode (``HistoryGenerator``: for the peer and score benchmarks)."""
     from generate_history import HistoryGenerator
 
     from monitor.store import Store
 
     meta_path = db.with_suffix(".json")
-    wanted = {"days": days, "servers": servers, "models": 4, "poll_period": 60}
+    wanted = {"days": days, "servers": servers, "models": 4, "poll_period": 60, **({"fast": True} if fast else {}),
+              **({"fine_days": fine_days} if fast and fine_days != 3.0 else {})}
     if not regenerate and db.exists() and meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("params") == wanted:
@@ -56,7 +59,8 @@ def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool) -> 
         store.migrate()
         end = time.time()
         print(f"generating {days:g} days × {servers} servers of polls into {db} ...", flush=True)
-        stats = HistoryGenerator(store, servers=servers, models=4, poll_period=60).run(days, end=end)
+        stats = HistoryGenerator(store, servers=servers, models=4, poll_period=60, fast=fast,
+                                 fine_days=fine_days).run(days, end=end)
     finally:
         store.close()
     meta = {"params": wanted, "end": end, "generation": stats}

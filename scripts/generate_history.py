@@ -47,6 +47,7 @@ HOUR, DAY = 3600.0, 86400.0
 MEAN_UP, MEAN_DOWN = 20 * HOUR, 1.5 * HOUR
 GRACEFUL, FOR_GOOD, UNREACHABLE = 0.6, 0.15, 0.10
 CHATS_PER_HOUR = 20
+FAST_COARSE = 10  # fast mode: 1 poll in 10 before the last `fine_days`
 
 
 @dataclass
@@ -67,7 +68,20 @@ class HistoryGenerator:
 
     def __init__(self, store, *, servers: int = 500, models: int = 4, poll_period: float = 60.0,
                  raw_retention_days: float = 2.0, rollup_retention_days: float = 90.0, seed: int = 0,
-                 analysis_every: int = 30):
+                 analysis_every: int = 30, num_blocks: Optional[int] = None, fast: bool = False,
+                 fine_days: float = 3.0):
+        """``num_blocks``: give every model this many blocks instead of its real count (the tests'
+        small histories: a diagnosis of 126 blocks per poll costs more than the rest of the poll).
+        ``fast``: histories for the peer and score benchmarks, at 2,000 servers too, in a fraction
+        of the time: polls before the last 2 hours are recorded without their models' diagnoses
+        (the diagnosis and its JSON are most of a poll's cost; the models' status, block coverage
+        and state changes start 2 hours before the end), and before the last ``fine_days`` one
+        poll in ``FAST_COARSE`` is made (those hours end up as hourly rollups anyway, with one row
+        per peer, model and hour as usual, counting fewer polls; keep ``fine_days`` above the raw
+        retention for raw rows as dense as the poller's). Everything per peer — observations,
+        probes, chat outcomes, rollups — is written as usual."""
+        from dataclasses import replace
+
         from simulate_swarm import plan_swarm, sim_models
 
         from monitor.app.jobs import Poller
@@ -78,7 +92,7 @@ class HistoryGenerator:
         self.rng = random.Random(seed)
         self.poll_period = poll_period
         self.raw_retention_days, self.rollup_retention_days = raw_retention_days, rollup_retention_days
-        self.sim_models = sim_models(models)
+        self.sim_models = [replace(m, num_blocks=num_blocks or m.num_blocks) for m in sim_models(models)]
         self.models = tuple(ModelInfo(dht_prefix=m.dht_prefix, num_blocks=m.num_blocks, repository=m.repository,
                                       name=m.repository.rsplit("/", 1)[-1] if m.repository else None)
                             for m in self.sim_models)
@@ -86,6 +100,7 @@ class HistoryGenerator:
         self.slots = [Slot(server=s, up=False, next_event=0.0) for s in self._plan(servers, seed)]
         self.poller = Poller(Settings(), store, dht=None)  # its analysis and score job; no DHT
         self.analysis_every = analysis_every
+        self.fast, self.fine_days = fast, fine_days
         self.timings: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self._cache: dict[str, dict] = {}
@@ -189,20 +204,20 @@ class HistoryGenerator:
 
         end = end if end is not None else time.time()
         start = end - days * DAY
-        n_polls = int(days * DAY // self.poll_period)
+        times = self._poll_times(start, end)
+        n_polls = len(times)
         self._start(start)
         next_rollup = math.floor(start / HOUR) * HOUR + HOUR
         pings_from = end - 2 * HOUR
         last_rows, wall = [], time.perf_counter()
-        for k in tqdm(range(n_polls), desc="polls", unit="poll", disable=not progress, mininterval=1.0):
-            at = start + k * self.poll_period
+        for at in tqdm(times, desc="polls", unit="poll", disable=not progress, mininterval=1.0):
             for slot in self.slots:
                 self._advance(slot, at)
             rows = self._rows(at, with_pings=at >= pings_from)
             snapshot = Snapshot(taken_at=at, duration=round(self.rng.uniform(0.2, 0.6), 3), models=self.models,
                                 servers=tuple(rows))
             probes = self._probes(at, rows)
-            healths = self._timed("analyse", self._analyse, snapshot, probes)
+            healths = [] if self.fast and at < pings_from else self._timed("analyse", self._analyse, snapshot, probes)
             self._timed("record_poll", self.store.record_poll, snapshot, healths)
             self._timed("record_probes", self.store.record_probes, probes)
             if at >= next_rollup:
@@ -224,6 +239,16 @@ class HistoryGenerator:
             "mean_ms": {name: round(1000 * total / self.counts[name], 2) for name, total in self.timings.items()},
             "new_peers": self.counts.get("new_peers", 0), "diagnoses": self.counts.get("diagnoses", 0),
         }
+
+    def _poll_times(self, start: float, end: float) -> list[float]:
+        """Every ``poll_period``; in fast mode every ``FAST_COARSE`` periods before the last
+        ``fine_days`` (rolled up by then: one hourly row per peer, model and hour all the same)."""
+        times, at = [], start
+        fine_from = end - self.fine_days * DAY if self.fast else start
+        while at < end - 1e-6:
+            times.append(at)
+            at += self.poll_period * (FAST_COARSE if at < fine_from else 1)
+        return times
 
     def _analyse(self, snapshot, probes):
         """The poller's analysis (``Poller.analyse``), per model. Block coverage is computed every
@@ -264,6 +289,8 @@ def main(argv=None) -> None:
     parser.add_argument("--models", type=int, default=4)
     parser.add_argument("--poll-period", type=float, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fast", action="store_true",
+                        help="record the models' diagnoses only for the last 2 hours (see HistoryGenerator)")
     parser.add_argument("--analysis-every", type=int, default=30,
                         help="re-diagnose a changed model at most every this many polls (1: every poll)")
     args = parser.parse_args(argv)
@@ -274,7 +301,7 @@ def main(argv=None) -> None:
     try:
         store.migrate()
         stats = HistoryGenerator(store, servers=args.servers, models=args.models, poll_period=args.poll_period,
-                                 seed=args.seed, analysis_every=args.analysis_every).run(args.days)
+                                 seed=args.seed, analysis_every=args.analysis_every, fast=args.fast).run(args.days)
     finally:
         store.close()
     import json

@@ -93,6 +93,19 @@ def test_the_dashboard_follows_the_swarm_without_a_reload(service, browser, arti
     expect(page.locator("#peer-live")).to_contain_text("What it announces now")
     page.screenshot(path=str(artifacts_dir / "dashboard-peer.png"), full_page=True)
 
+    # an anonymous visitor sees no operator controls; an operator logs in with the token and pins
+    assert page.locator("#peer-policy button").count() == 0
+    page.locator("#peer-policy a", has_text="log in").click()
+    page.locator("#token").fill((svc.settings.data_dir / "admin_token").read_text().strip())
+    page.locator("form.login-form button[type=submit]").click()
+    expect(page.locator("h1")).to_have_text(MALICIOUS_NAME)  # back on the peer's page
+    page.locator("#peer-policy button", has_text="Pin").click()  # an htmx POST with the CSRF header
+    expect(page.locator("#peer-policy")).to_contain_text("Pinned")
+    assert svc.store.peer_policies() == {beta: "pinned"}
+    page.locator("#peer-policy button", has_text="Clear").click()
+    expect(page.locator("#peer-policy")).to_contain_text("Routed by health score")
+    assert svc.store.peer_policies() == {}
+
     # refreshes keep the reader's place: an opened row stays open, the scroll position stays
     page.goto(base + "/models/tiny-llama")
     page.evaluate("window.__not_reloaded = true")

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 import sqlalchemy as sa
 
-from monitor.core.common import DAY, HOUR
+from monitor.core.common import DAY, HOUR, short_peer_id
 from monitor.core.diagnosis import BlockCoverage, ModelHealth, Recommendation
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import (
@@ -142,13 +142,62 @@ def test_the_latest_polls_diagnoses_are_kept_and_replaced_and_change_the_marks(s
     assert store.change_marks() != marks
 
     marks = store.change_marks()
-    store.record_diagnoses([replace(diagnosis, state="degraded")])  # after a probe round
+    assert store.record_diagnoses([replace(diagnosis, state="degraded")], taken_at=T0)  # after a probe round
     assert store.latest_diagnoses()[LLAMA.dht_prefix].state == "degraded"
     assert store.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"  # the poll's status stays
     assert store.change_marks() != marks
 
     store.record_poll(snapshot(T0 + 60, [row("a")]))
     assert store.latest_diagnoses() == {}  # the older poll's diagnosis is not the newer poll's
+    newer = health(LLAMA, "broken")
+    store.record_poll(snapshot(T0 + 120, [row("a")]), [newer])
+    # a re-diagnosis of an older poll that lands after a newer poll is dropped, not stored as the newer one's
+    assert not store.record_diagnoses([diagnosis], taken_at=T0 + 60)
+    assert store.latest_diagnoses() == {LLAMA.dht_prefix: newer}
+
+
+def test_rows_the_database_refuses_cost_those_rows_not_the_poll(store):
+    """Values the DHT edge should have bounded but did not (a bug there): a number beyond 64 bits
+    costs its row, named and counted; a non-finite number is stored as NULL, counted."""
+    good = row("good", throughput=10.0, next_pings={peer("huge"): 0.02})
+    huge = row("huge", cache_tokens_left=2**64 - 1, public_name="huge")  # what msgpack carries, SQL does not
+    nan = row("nan", throughput=float("nan"), inference_rps=float("inf"), forward_rps=-float("inf"),
+              next_pings={peer("good"): float("nan")})
+    snap = snapshot(T0, [good, huge, nan], clamped_values=2, errors=("one announcement beyond the cap",))
+    diagnosis = health(LLAMA, "healthy", blocks=[(1, float("inf"))] + [(1, 1.0)] * 7, coverage_pct=float("nan"))
+    poll_id = store.record_poll(snap, [diagnosis])
+
+    last = store.last_poll()
+    assert (last.id, last.ok, last.dropped_rows) == (poll_id, True, 1)
+    assert last.clamped_values == 2 + 3 + 1 + 1  # the edge's 2; nan's three speeds; the block's inf; the NaN coverage
+    assert last.errors[0] == "one announcement beyond the cap"
+    [refusal] = last.errors[1:]
+    assert refusal.startswith(f"server {short_peer_id(peer('huge'))} of {LLAMA.dht_prefix} (blocks 0:8) was not "
+                              f"stored: the database refused it (")
+    stored = {r.peer_id: r for r in store.latest_snapshot().servers}
+    assert set(stored) == {peer("good"), peer("nan")}
+    assert stored[peer("good")] == good
+    assert (stored[peer("nan")].throughput, stored[peer("nan")].inference_rps, stored[peer("nan")].forward_rps) == (
+        None, None, None)
+    assert store.latest_model_status()[LLAMA.dht_prefix]["coverage_pct"] is None
+    assert store.block_coverage_series(LLAMA.dht_prefix, T0, T0, value="throughput")[1][0] == [None]
+    assert store.latest_diagnoses()[LLAMA.dht_prefix].blocks[0].total_throughput is None  # JSON: no inf
+    counts = store.poll_counts(T0 - 1)
+    assert (counts["ok"], counts["failed"], counts["dropped_rows"], counts["clamped_values"]) == (1, 0, 1, 7)
+
+    # the next poll of the same peers is stored whole again
+    store.record_poll(snapshot(T0 + 60, [good, replace(huge, cache_tokens_left=2**40)]))
+    assert store.last_poll().dropped_rows == 0 and len(store.latest_snapshot().servers) == 2
+
+
+def test_a_failed_poll_keeps_its_cause_in_one_line(store):
+    store.record_poll(snapshot(T0, [row("a")]))
+    cause = "storing the poll failed: the database refused its data (NumericValueOutOfRange: bigint out of range)"
+    failed = store.record_failed_poll(T0 + 60, cause + "\nDETAIL: internals", duration=float("nan"))
+    last = store.last_poll()
+    assert (last.id, last.ok, last.errors, last.duration) == (failed, False, (cause,), 0.0)
+    assert store.latest_snapshot().taken_at == T0
+    assert store.poll_counts(T0 - 1)["failed"] == 1
 
 
 def test_next_pings_are_kept_for_an_hour_only(store):
@@ -373,7 +422,79 @@ def test_rollup_uptime_does_not_count_polls_before_a_peer_first_appeared(store):
     assert _uptime(store.peer_history(peer("early"), T0, T0 + HOUR).observations) == (6, 6)
 
 
+def _hourly_polls(store, hour: float):
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text("SELECT polls, ok_polls FROM hourly_polls WHERE hour = :h"), {"h": hour}).first()
+
+
+def test_a_poll_stored_after_its_hour_was_rolled_up_is_rolled_up_too(store):
+    for i in range(6):  # hour 0: six polls
+        store.record_poll(snapshot(T0 + 600 * i, [row("a")]))
+    store.record_poll(snapshot(T0 + HOUR + 60, [row("a")]))
+    store.rollup_and_prune(T0 + HOUR + 120, raw_retention_days=10, rollup_retention_days=30)
+    assert tuple(_hourly_polls(store, T0)) == (6, 6)
+
+    # a poll taken in hour 0 that finished storing after the rollup ran, and a late probe round
+    store.record_poll(snapshot(T0 + 3599, [row("a"), row("late")]))
+    store.record_probes(ProbeBatch(T0 + 3000, 1.0, (ProbeResult(peer("late"), "server", True, rtt=0.01),)))
+    counts = store.rollup_and_prune(T0 + 2 * HOUR + 60, raw_retention_days=10, rollup_retention_days=30)
+    assert counts["hours_rolled_up"] == 2  # hour 0 again, and hour 1
+    assert tuple(_hourly_polls(store, T0)) == (7, 7)
+    assert [p["n"] for p in store.probe_stats(peer("late"), T0, T0 + HOUR)] == [1]
+
+
+def test_raw_rows_are_never_pruned_before_they_are_rolled_up(store):
+    from monitor.store import rollups
+
+    for i in range(3 * 24):  # hourly polls for three days
+        store.record_poll(snapshot(T0 + HOUR * i, [row("a")]))
+    store.rollup_and_prune(T0 + 3 * DAY, raw_retention_days=2, rollup_retention_days=30)
+    late = T0 + DAY + 5 * HOUR  # within the raw retention: its hour is still complete in raw rows
+    store.record_poll(snapshot(late + 30, [row("a")]))  # stored late: the watermark moves back to its hour
+
+    with store.db.write() as conn:  # pruning alone (as if the rollup had not run yet) stops at the watermark
+        rollups._prune_raw(conn, T0 + 3 * DAY)
+    with store.engine.connect() as conn:
+        oldest = conn.execute(sa.text("SELECT MIN(at) FROM polls")).scalar()
+    assert oldest == late  # the hour not rolled up again keeps its raw rows
+
+    store.rollup_and_prune(T0 + 3 * DAY, raw_retention_days=2, rollup_retention_days=30)
+    assert tuple(_hourly_polls(store, late)) == (2, 2)  # rolled up again, with the late poll
+    assert tuple(_hourly_polls(store, T0)) == (1, 1)  # older hours keep their rollups
+
+
+def test_the_now_tables_keep_only_what_was_seen_within_retention(store):
+    seen_once, later = T0, T0 + 100 * DAY
+    store.record_poll(snapshot(seen_once, [row("gone"), row("stays"), row("gone", MIXTRAL)], models=(LLAMA, MIXTRAL)))
+    store.record_probes(ProbeBatch(seen_once, 1.0, (ProbeResult(peer("gone"), "server", False, error="timeout"),)))
+    store.record_scores([PeerScore(peer("gone"), 40.0, {}, (), at=seen_once)])
+    store.set_peer_policy(peer("gone"), "blocked", at=seen_once)
+    store.set_peer_policy(peer("stays"), "pinned", at=seen_once)
+    store.record_poll(snapshot(later, [row("stays")]))
+    store.record_probes(ProbeBatch(later, 1.0, (ProbeResult(peer("stays"), "server", True, rtt=0.01),)))
+    store.record_scores([PeerScore(peer("stays"), 90.0, {}, (), at=later)])
+
+    counts = store.rollup_and_prune(later + 60, raw_retention_days=2, rollup_retention_days=30)
+    assert (counts["latest_probes"], counts["peer_scores"], counts["models"], counts["peers"],
+            counts["peer_policies"]) == (1, 1, 1, 1, 1)
+    assert set(store.latest_probes()) == {peer("stays")} and set(store.latest_scores()) == {peer("stays")}
+    assert store.peer_ids() == [peer("stays")]
+    assert store.peer_policies() == {peer("stays"): "pinned"}  # its peer is still seen
+    assert store.latest_snapshot().models == (LLAMA,)
+    again = store.rollup_and_prune(later + 60, raw_retention_days=2, rollup_retention_days=30)
+    assert sum(again.values()) == 0
+
+
 # ---- migrations ------------------------------------------------------------------------------
+
+
+def head_revision() -> str:
+    """The newest revision in ``monitor/store/migrations`` (what ``migrate()`` upgrades to)."""
+    from alembic.script import ScriptDirectory
+
+    from monitor.store.engine import MIGRATIONS_DIR
+
+    return ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
 
 
 def test_migrating_an_empty_database_gives_exactly_the_models_schema(store):
@@ -382,7 +503,7 @@ def test_migrating_an_empty_database_gives_exactly_the_models_schema(store):
 
     from monitor.store import metadata
 
-    assert store.current_revision() == "0004"
+    assert store.current_revision() == head_revision()
     with store.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
 
@@ -394,7 +515,7 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
     snap = snapshot(T0, [row("a", next_pings={peer("b"): 0.1}), row("b")])
     with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no latest_diagnoses
         old.record_poll(snap, [health(LLAMA, "healthy")])
-    poll_id = old.record_poll(snap)
+    poll_id = _insert_as_revision_1(old.engine, snap)
     old.record_probes(ProbeBatch(T0, 1.0, (ProbeResult(peer("a"), "server", True, rtt=0.01),)))
     with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no chat_outcomes.error
         old.record_chat_outcome(ChatOutcome(T0, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
@@ -410,8 +531,10 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
     new = Store(store_url)
     new.migrate()
     try:
-        assert new.current_revision() == "0004"
+        assert new.current_revision() == head_revision()
         assert new.latest_snapshot() == snap
+        last = new.last_poll()  # revision 5's columns: nothing was bounded or refused in older polls
+        assert (last.id, last.clamped_values, last.dropped_rows) == (poll_id, 0, 0)
         assert new.latest_probes()[peer("a")].rtt == 0.01
         assert new.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"
         new.record_chat_outcome(ChatOutcome(T0 + 1, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
@@ -419,6 +542,35 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
         assert [(o.ok, o.seconds_per_token, o.error) for o in outcomes] == [(True, 0.5, None), (False, None, "boom")]
     finally:
         new.close()
+
+
+def _insert_as_revision_1(engine, snap: Snapshot) -> int:
+    """The snapshot's poll as revision 1 stored it (its tables, read from the database); the poll id."""
+    meta, at = sa.MetaData(), snap.taken_at
+    with engine.begin() as conn:
+        polls, models, peers, observations, pings = (sa.Table(name, meta, autoload_with=conn) for name in (
+            "polls", "models", "peers", "server_observations", "server_pings"))
+        poll_id = conn.execute(polls.insert().values(
+            at=at, duration=snap.duration, n_models=len(snap.models), n_servers=len(snap.servers),
+            invalid_records=snap.invalid_records, errors=list(snap.errors),
+            models=[m.dht_prefix for m in snap.models], ok=True).returning(polls.c.id)).scalar_one()
+        for m in snap.models:
+            conn.execute(models.insert().values(dht_prefix=m.dht_prefix, num_blocks=m.num_blocks, name=m.name,
+                                                repository=m.repository, official=m.official,
+                                                first_seen=at, last_seen=at))
+        for r in snap.servers:
+            key = conn.execute(peers.insert().values(peer_id=r.peer_id, first_seen=at, last_seen=at,
+                                                     public_name=r.public_name).returning(peers.c.id)).scalar_one()
+            conn.execute(observations.insert().values(
+                poll_id=poll_id, at=at, model=r.model, peer=key, state=r.state, start=r.start, end=r.end,
+                throughput=r.throughput, inference_rps=r.inference_rps, forward_rps=r.forward_rps,
+                network_rps=r.network_rps, cache_tokens_left=r.cache_tokens_left, version=r.version,
+                torch_dtype=r.torch_dtype, quant_type=r.quant_type, using_relay=r.using_relay,
+                public_name=r.public_name, adapters=list(r.adapters) or None))
+            if r.next_pings:
+                conn.execute(pings.insert().values(poll_id=poll_id, at=at, peer=key, model=r.model,
+                                                   next_pings=dict(r.next_pings)))
+    return poll_id
 
 
 def test_an_unmigrated_database_says_to_migrate(store_url):
@@ -600,3 +752,80 @@ def test_peer_policies_are_set_replaced_and_cleared(store):
     assert store.peer_policies() == {peer("a"): "pinned"}
     with pytest.raises(ValueError, match="pinned"):
         store.set_peer_policy(peer("a"), "banished")
+
+
+# ---- finding a peer, and what the scores count (#13) -------------------------------------------
+
+
+def test_search_finds_a_peer_by_id_its_start_or_end_or_a_piece_of_its_name(store):
+    gamma = "gamma" * 8 + "Zeta"  # (44 characters: an id that does not end in padding)
+    store.record_poll(snapshot(T0, [row("alpha", public_name="Alpha GPU farm"), row("beta", public_name="beta_100%"),
+                                    row(gamma)]))
+    found = store.search_peers(peer("alpha"))
+    assert [(m.peer_id, m.matched, m.public_name, m.first_seen) for m in found] == [
+        (peer("alpha"), "peer id", "Alpha GPU farm", T0)]
+    assert {m.peer_id for m in store.search_peers("12D3KooW")} == {peer(n) for n in ("alpha", "beta", gamma)}
+    assert [m.peer_id for m in store.search_peers("12D3KooW", limit=2)] and len(store.search_peers("12D3KooW", limit=2)) == 2
+    assert [m.peer_id for m in store.search_peers("12d3koow")] == []  # ids are case-sensitive
+    assert [(m.peer_id, m.matched) for m in store.search_peers("…" + peer(gamma)[-8:])] == [
+        (peer(gamma), "peer id suffix")]
+    assert store.search_peers("…" + peer(gamma)[-8:].lower()) == []  # (LIKE ignores case on SQLite)
+    assert [m.peer_id for m in store.search_peers("gpu FARM")] == [peer("alpha")]  # names: any case, any part
+    assert [m.peer_id for m in store.search_peers("_100%")] == [peer("beta")]  # wildcards are characters
+    assert store.search_peers("a%c") == [] and store.search_peers("nobody") == []
+
+
+def test_a_peers_last_announcements_come_from_raw_rows_then_from_rollups(store):
+    store.record_poll(snapshot(T0, [row("a", start=0, end=4, version="2.2.0"), row("a", MIXTRAL, state=JOINING)],
+                               models=(LLAMA, MIXTRAL)))
+    store.record_poll(snapshot(T0 + 600, [row("a", start=2, end=6, state=OFFLINE)]))
+    last = {a.model: a for a in store.last_announcements(peer("a"))}
+    assert (last[LLAMA.dht_prefix].at, last[LLAMA.dht_prefix].state, last[LLAMA.dht_prefix].start) == (T0 + 600, OFFLINE, 2)
+    assert (last[MIXTRAL.dht_prefix].at, last[MIXTRAL.dht_prefix].state) == (T0, JOINING)
+    assert store.peer_record(peer("a")).last_seen == T0 + 600 and store.peer_record(peer("nobody")) is None
+    store.rollup_and_prune(T0 + 3 * DAY, raw_retention_days=1, rollup_retention_days=30)  # raw rows gone
+    hourly = {a.model: a for a in store.last_announcements(peer("a"))}
+    assert hourly[LLAMA.dht_prefix].hourly and hourly[LLAMA.dht_prefix].at == T0
+    assert hourly[MIXTRAL.dht_prefix].state == JOINING and store.last_announcements(peer("nobody")) == []
+
+
+def test_rollups_keep_what_the_scores_count_flaps_and_rtt_histograms(store):
+    import json
+
+    from monitor.core import quantiles, scores
+
+    # "b" flaps inside the hour (up, down, up, down) and leaves across its end; probes with RTTs
+    ups = [True, False, True, False, True, True]
+    for i, up in enumerate(ups):
+        store.record_poll(snapshot(T0 + 600 * i, [row("a")] + ([row("b")] if up else [])))
+        store.record_probes(ProbeBatch(T0 + 600 * i + 5, 1.0, (
+            ProbeResult(peer("b"), "server", up, rtt=0.01 * (i + 1) if up else None, error=None if up else "timeout"),)))
+    store.record_poll(snapshot(T0 + HOUR, [row("a")]))  # the next hour: "b" is gone
+    store.rollup_and_prune(T0 + 2 * HOUR, raw_retention_days=2, rollup_retention_days=30)
+    with store.engine.connect() as conn:
+        flaps = dict(((r[0], (r[1], r[2])) for r in conn.execute(sa.text(
+            "SELECT p.peer_id, h.flap_chances, h.flaps FROM hourly_observations h JOIN peers p ON p.id = h.peer "
+            "WHERE h.hour = :hour"), {"hour": T0})))
+        bins, error = conn.execute(sa.text("SELECT rtt_bins, last_error FROM hourly_probes WHERE hour = :hour"),
+                                   {"hour": T0}).one()
+    # inside the hour: b was ONLINE at 4 polls followed by another poll of the hour, and left 2 times
+    assert flaps == {peer("a"): (5, 0), peer("b"): (3, 2)}
+    rtts = [0.01 * (i + 1) for i, up in enumerate(ups) if up]
+    bins = bins if isinstance(bins, list) else json.loads(bins)  # (flat: bucket, count, sum, ...)
+    assert quantiles.from_bins(zip(*[iter(bins)] * 3)).median() == pytest.approx(quantiles.histogram(rtts).median())
+    assert error == "timeout"
+    # the aggregates add the pair across the hour's end (b left) and equal the per-observation count
+    now = T0 + HOUR + 60
+    aggregates = {a.peer_id: a for a in store.peer_aggregates(now)}
+    history = {h.peer_id: h for h in store.peer_histories(now - scores.SCORE_WINDOW, now)}
+    for name in ("a", "b"):
+        expected = scores.aggregate(history[peer(name)], now)
+        got = aggregates[peer(name)]
+        assert (got.flaps, got.flap_chances, got.uptime, got.probes_ok, got.probes_failed) == (
+            expected.flaps, expected.flap_chances, expected.uptime, expected.probes_ok, expected.probes_failed), name
+    assert (aggregates[peer("b")].flaps, aggregates[peer("b")].flap_chances) == (3, 4)
+    # the histograms go with the raw rows: a day later they are pruned, the counts stay
+    store.rollup_and_prune(T0 + 4 * DAY, raw_retention_days=1, rollup_retention_days=30)
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT rtt_bins, n FROM hourly_probes WHERE hour = :hour"),
+                            {"hour": T0}).one() == (None, 6)

@@ -4,6 +4,7 @@ history with time ranges, and 4xx JSON errors for bad ids and ranges."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -203,3 +204,75 @@ def test_healthz_says_whether_the_database_answers_and_the_poller_keeps_up(clien
     body = client.get("/healthz").get_json()
     assert body["ok"] is True and body["last_poll_ok"] is True
     assert body["poller_stale"] is False  # the last poll was 60 s ago, the scrape period is 60 s
+
+
+# ---- history is bounded: within retention, at most history_max_points points a series -----------
+
+
+@pytest.fixture
+def long_history(tmp_path):
+    """(app, now): 45 polls a minute apart (one of them broken: only the first half is served),
+    each with a probe of the first server (every 10th failing), and history_max_points = 10."""
+    from monitor.app.jobs import Poller
+    from monitor.core.snapshot import ProbeBatch, Snapshot
+    from monitor.store import Store
+    from test_web_app import TINY, _rows, web_settings
+
+    settings = web_settings(data_dir=tmp_path, history_max_points=10, rollup_retention_days=3)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    poller = Poller(settings, store, dht=None)
+    now = time.time()
+    for i in range(45):
+        at = now - (45 - i) * 60
+        store.record_probes(ProbeBatch(taken_at=at - 1, duration=0.1, results=(
+            ProbeResult(PEERS["first"], "server", i % 10 != 3, rtt=0.004 if i % 10 != 3 else None,
+                        error=None if i % 10 != 3 else "Failed to connect in 5 sec"),)))
+        snapshot = Snapshot(taken_at=at, duration=1.0, models=(TINY,), servers=tuple(_rows(0 if i == 17 else 1)))
+        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_probes()))
+    yield create_app(settings, store), now
+    store.close()
+
+
+def test_history_is_downsampled_to_history_max_points_keeping_worst_states_and_counts(long_history):
+    app, now = long_history
+    client = app.test_client()
+    model = client.get(f"/api/v1/models/tiny-llama/history?since={now - 3600:.0f}").get_json()
+
+    status = model["status"]
+    assert len(status) <= 10 and sum(point["samples"] for point in status) == 45
+    assert sum(point["states"].get("broken", 0) for point in status) == 1  # the one broken poll is not lost
+    assert [point["state"] for point in status].count("broken") == 1
+    assert [point["at"] for point in status] == sorted(point["at"] for point in status)
+    coverage = model["block_coverage"]
+    assert len(coverage["times"]) <= 10 and all(len(row) == len(coverage["times"]) for row in coverage["servers"])
+    block_7 = coverage["servers"][7]  # nobody in the broken poll, two servers otherwise: minimums keep the 0
+    assert block_7.count(0) == 1 and set(block_7) == {0, 2}
+    assert model["limits"]["downsampled"] == {"status": 45, "block_coverage": 45}
+    assert any("merged" in note for note in model["limits"]["notes"])
+
+    peer = client.get(f"/api/v1/peers/{PEERS['first']}/history?since={now - 3600:.0f}").get_json()
+    assert len(peer["observations"]) <= 10 and sum(o["samples"] for o in peer["observations"]) == 45
+    probes = peer["probes"]
+    assert len(probes) <= 10 and sum(p["samples"] for p in probes) == 45
+    assert sum(p["samples"] - p["ok_samples"] for p in probes) == 5  # every failure is counted
+    assert sum(1 for p in probes if not p["ok"]) == 5 and all(p["error"] for p in probes if not p["ok"])
+
+    short = client.get(f"/api/v1/models/tiny-llama/history?since={now - 330:.0f}").get_json()
+    assert [point["samples"] for point in short["status"]] == [1] * 5  # few points: as recorded
+    assert short["limits"]["downsampled"] == {} and short["limits"]["since_requested"] is None
+
+
+def test_history_before_retention_is_clamped_and_says_so(long_history):
+    app, now = long_history
+    client = app.test_client()
+    asked = now - 10 * 86400  # retention is 3 days
+    before = time.time()
+    body = client.get(f"/api/v1/models/tiny-llama/history?since={asked:.0f}").get_json()
+    assert before - 3 * 86400 - 1 <= body["since"] <= time.time() - 3 * 86400 + 1  # retention: 3 days
+    assert body["limits"]["since_requested"] == pytest.approx(asked, abs=1)
+    assert any("clamped" in note for note in body["limits"]["notes"])
+    assert sum(point["samples"] for point in body["status"]) == 45  # everything kept is still there
+
+    too_old = client.get(f"/api/v1/peers/{PEERS['first']}/history?since={asked:.0f}&until={now - 5 * 86400:.0f}")
+    assert too_old.status_code == 400 and "oldest history kept" in too_old.get_json()["error"]

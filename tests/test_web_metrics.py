@@ -105,3 +105,20 @@ def test_metrics_count_failed_polls_and_dropped_records_over_the_last_day(popula
     assert value(f, "swarm_monitor_polls_24h", result="failed") == 1
     assert value(f, "swarm_monitor_invalid_records_24h") == 0 + 1 + 2
     assert value(f, "swarm_monitor_last_poll_ok") == 0
+
+
+def test_metrics_carry_servers_speed_reachability_and_the_last_polls_time_and_errors(populated):
+    """The gauges an operator's alerting reads, against what the populated store holds."""
+    app, store, _, _ = populated
+    f = scrape(app.test_client())
+    diagnoses = store.latest_diagnoses()
+    # first, second and full are online and reachable; joining is JOINING; unreachable failed its probe
+    assert value(f, "swarm_monitor_model_servers_online", model="tiny-llama") == 3
+    assert value(f, "swarm_monitor_model_servers_online", model="other-model") == 1
+    assert value(f, "swarm_monitor_model_est_tokens_per_second", model="tiny-llama") == pytest.approx(
+        diagnoses["tiny-llama"].est_tokens_per_s)
+    assert value(f, "swarm_monitor_model_est_tokens_per_second", model="tiny-llama") > 0
+    assert value(f, "swarm_monitor_unreachable_peers") == 1  # PEERS["unreachable"]
+    last = store.last_poll()
+    assert value(f, "swarm_monitor_last_poll_timestamp_seconds") == pytest.approx(last.at)
+    assert value(f, "swarm_monitor_last_poll_errors") == len(last.errors) == 0

@@ -3,17 +3,21 @@ OpenAI's clients and tools chat through the swarm.
 
 Parameters OpenAI defines but the swarm cannot honour (penalties other than repetition, logit
 bias, logprobs, tools, n > 1) are refused with a 400 naming them rather than silently ignored.
-Each answer carries a ``petals`` extension: its route and speed. Errors have OpenAI's shape.
+Each answer carries a ``petals`` extension: its route and speed. Errors have OpenAI's shape, also
+mid-stream. Prompts are bounded before they are tokenized (``chat.http.limits``): characters over
+all messages, token ids by the model's context.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from typing import Iterator, Optional, Sequence
 
 from flask import Blueprint, Response, jsonify, stream_with_context
+from werkzeug.exceptions import HTTPException
 
 from chat.engine import (
     ChatEngine,
@@ -23,24 +27,23 @@ from chat.engine import (
     GenerationParams,
     InvalidRequest,
     ModelStatus,
-    UnknownModel,
 )
-from chat.http.params import MAX_TEXT_CHARS, Params, request_params
-from chat.http.responses import error_status, last_finished, sse
+from chat.http.limits import ChatLimits, check_token_ids
+from chat.http.params import Params, request_params
+from chat.http.responses import (
+    INTERNAL_ERROR,
+    error_status,
+    last_finished,
+    openai_chat_error,
+    openai_error,
+    openai_error_body,
+    sse,
+)
+
+logger = logging.getLogger(__name__)
 
 MAX_MESSAGES = 512
-
-
-def _error(error: ChatError) -> Response:
-    status, headers = error_status(error)
-    kind = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
-            503: "service_unavailable"}.get(status, "api_error")
-    code = "model_not_found" if isinstance(error, UnknownModel) else None
-    body = {"error": {"message": str(error), "type": kind, "param": getattr(error, "param", None), "code": code}}
-    response = jsonify(body)
-    response.status_code = status
-    response.headers.update(headers)
-    return response
+MAX_CONTENT_PARTS = 64  # text parts of one message
 
 
 def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: int, *,
@@ -78,7 +81,7 @@ def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt:
                             stop_mode="exclude", skip_special_tokens=True)
 
 
-def _messages(params: Params) -> list[dict]:
+def _messages(params: Params, limits: ChatLimits) -> list[dict]:
     messages = params.raw("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages", "messages must be a non-empty list of {role, content} objects")
@@ -96,6 +99,9 @@ def _messages(params: Params) -> list[dict]:
             raise InvalidRequest(f"{where}.role", f"{where}.role must be 'system', 'user' or 'assistant', got {role!r}")
         content = message.get("content")
         if isinstance(content, list):
+            if len(content) > MAX_CONTENT_PARTS:
+                raise InvalidRequest(f"{where}.content", f"{where}.content has {len(content)} parts; at most "
+                                                         f"{MAX_CONTENT_PARTS} are accepted")
             parts = []
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
@@ -105,22 +111,23 @@ def _messages(params: Params) -> list[dict]:
             content = "".join(parts)
         if not isinstance(content, str):
             raise InvalidRequest(f"{where}.content", f"{where}.content must be a string")
-        if len(content) > MAX_TEXT_CHARS:
-            raise InvalidRequest(f"{where}.content", f"{where}.content is longer than {MAX_TEXT_CHARS} characters")
         result.append({"role": role, "content": content})
+    limits.check_prompt_chars("messages", sum(len(m["content"]) for m in result),
+                              what="the content of messages, all together,")
     return result
 
 
-def _completion_prompt(engine: ChatEngine, model: str, params: Params) -> tuple[list[int], str]:
+def _completion_prompt(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> tuple[list[int], str]:
     prompt = params.raw("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        if len(prompt) > MAX_TEXT_CHARS:
-            raise InvalidRequest("prompt", f"prompt is longer than {MAX_TEXT_CHARS} characters")
+        limits.check_prompt_chars("prompt", len(prompt))
         return engine.encode(model, prompt), prompt
-    vocab = len(engine.tokenizer(model))
+    if isinstance(prompt, list) and prompt:
+        check_token_ids("prompt", prompt, engine.context_length(model))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        vocab = len(engine.tokenizer(model))
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequest("prompt", f"prompt token ids must be between 0 and {vocab - 1}")
         return list(prompt), engine.tokenizer(model).decode(prompt)
@@ -147,7 +154,7 @@ def _model_card(status: ModelStatus) -> dict:
             "petals": {"title": status.title, "served": status.served, "reason": status.reason or None}}
 
 
-def complete(engine: ChatEngine, *, chat: bool) -> Response:
+def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
     """A chat completion (``chat``) or a text completion, whole or streamed."""
     params = request_params()
     if params.form:
@@ -160,14 +167,14 @@ def complete(engine: ChatEngine, *, chat: bool) -> Response:
         raise InvalidRequest("best_of", "only best_of = 1 is supported here")
     echo = ""
     if chat:
-        messages = _messages(params)
+        messages = _messages(params, limits)
         input_ids, extra_stops = engine.encode_chat(model, messages)
         generation = _generation_params(engine, model, params, len(input_ids), default_max=0, extra_stops=extra_stops)
         prompt_param = "messages"
     else:
         if params.raw("suffix"):
             raise InvalidRequest("suffix", "suffix is not supported here")
-        input_ids, prompt_text = _completion_prompt(engine, model, params)
+        input_ids, prompt_text = _completion_prompt(engine, model, params, limits)
         if params.boolean("echo"):
             echo = prompt_text
         generation = _generation_params(engine, model, params, len(input_ids), default_max=16)
@@ -215,39 +222,44 @@ def complete(engine: ChatEngine, *, chat: bool) -> Response:
                         if include_usage:
                             yield sse(json.dumps({"id": ident, "object": chunk_obj, "created": created, "model": name,
                                                   "choices": [], "usage": _usage(event)}))
-            except ChatError as e:
+            except ChatError as e:  # the status line is sent: the error goes into the stream
                 status, _ = error_status(e)
-                yield sse(json.dumps({"error": {"message": str(e), "type": "api_error", "code": status}}))
+                yield sse(json.dumps(openai_error_body(status, str(e), param=getattr(e, "param", None))))
+            except Exception:  # noqa: BLE001 - never an exception's text to the user
+                logger.warning("streamed completion failed", exc_info=True)
+                yield sse(json.dumps(openai_error_body(500, INTERNAL_ERROR)))
             yield "data: [DONE]\n\n"
 
     return Response(stream_with_context(events()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def register(bp: Blueprint, engine: ChatEngine) -> None:
+def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
     """Add the OpenAI API's routes to the chat blueprint."""
+
+    def answer(view):
+        try:
+            return view()
+        except ChatError as e:
+            return openai_chat_error(e)
+        except HTTPException:  # 413 and the like: the blueprint's handler answers them
+            raise
+        except Exception:  # noqa: BLE001 - never an exception's text to the user
+            logger.warning("OpenAI API request failed", exc_info=True)
+            return openai_error(500, INTERNAL_ERROR)
 
     @bp.post("/v1/chat/completions")
     def openai_chat():
-        try:
-            return complete(engine, chat=True)
-        except ChatError as e:
-            return _error(e)
+        return answer(lambda: complete(engine, limits, chat=True))
 
     @bp.post("/v1/completions")
     def openai_completions():
-        try:
-            return complete(engine, chat=False)
-        except ChatError as e:
-            return _error(e)
+        return answer(lambda: complete(engine, limits, chat=False))
 
     @bp.get("/v1/models")
     def openai_models():
-        return jsonify(object="list", data=[_model_card(s) for s in engine.statuses()])
+        return answer(lambda: jsonify(object="list", data=[_model_card(s) for s in engine.statuses()]))
 
     @bp.get("/v1/models/<path:name>")
     def openai_model(name):
-        try:
-            return jsonify(_model_card(engine.status(engine.resolve(name))))
-        except ChatError as e:
-            return _error(e)
+        return answer(lambda: jsonify(_model_card(engine.status(engine.resolve(name)))))

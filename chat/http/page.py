@@ -3,9 +3,16 @@
 A turn is two requests, so that htmx can show the question at once and the answer as it streams:
 ``POST /chat/turns`` checks the form and keeps the turn (the question and its generation
 parameters), and ``GET /chat/turns/<id>/events`` streams that answer as server-sent events, once
-(a second connection, e.g. EventSource reconnecting, gets 204). Conversations live in memory
-only. The POSTs get no origin check of their own: the web app's CSRF protection covers every
-form/htmx POST, these included.
+(a second connection, e.g. EventSource reconnecting, gets 204). The POSTs get no origin check of
+their own: the web app's CSRF protection covers every form/htmx POST, these included.
+
+Conversations live in memory, kept apart per visitor: the first turn gives the browser a random
+visitor id in its signed session cookie, and a visitor can read, continue, stream or stop only
+their own conversations and turns (someone else's ids answer as if unknown). Each visitor keeps at
+most ``conversations_per_visitor`` conversations (the least recently used idle one is forgotten
+first) and the page keeps at most ``max_visitors`` visitors (the least recently active idle
+visitor is forgotten first); an answer being written is never forgotten, so when all are busy a
+new one is refused with 429.
 """
 
 from __future__ import annotations
@@ -19,13 +26,27 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from flask import Blueprint, Response, render_template, request, stream_with_context
+from flask import Blueprint, Response, render_template, request, session, stream_with_context
 
-from chat.engine import ChatEngine, ChatError, Delta, Finished, GenerationParams, InvalidRequest, ModelNotServed
+from chat.engine import (
+    Busy,
+    ChatEngine,
+    ChatError,
+    Delta,
+    Finished,
+    GenerationParams,
+    InvalidRequest,
+    ModelNotServed,
+)
+from chat.http.limits import ChatLimits
 from chat.http.params import Params
-from chat.http.responses import error_status, sse
+from chat.http.responses import INTERNAL_ERROR, error_status, sse
 
 logger = logging.getLogger(__name__)
+
+VISITOR_KEY = "chat_visitor"  # the visitor's id in the session cookie
+PENDING_TIMEOUT = 60.0  # a turn whose stream never connected stops counting as active after this
+RETRY_AFTER = 30  # seconds, when every visitor's place holds an answer being written
 
 
 @dataclass
@@ -39,42 +60,90 @@ class _Turn:
     state: str = "pending"  # pending -> running -> done
     created: float = field(default_factory=time.monotonic)
 
+    def active(self, now: float) -> bool:
+        """Being written, or waiting (not too long) for its stream."""
+        return self.state == "running" or (self.state == "pending" and now - self.created <= PENDING_TIMEOUT)
+
 
 @dataclass
 class _Conversation:
     id: str
+    visitor: str
     messages: list[dict] = field(default_factory=list)
     turn: Optional[_Turn] = None  # the answer being written, if any
 
+    def active(self, now: float) -> bool:
+        return self.turn is not None and self.turn.active(now)
+
+    def chars(self) -> int:
+        return sum(len(m["content"]) for m in self.messages)
+
+
+@dataclass
+class _Visitor:
+    id: str
+    conversations: "OrderedDict[str, _Conversation]" = field(default_factory=OrderedDict)  # least recent first
+
+    def active(self, now: float) -> bool:
+        return any(c.active(now) for c in self.conversations.values())
+
 
 class _Conversations:
-    """The chat page's conversations, in memory, the least recently used forgotten first."""
+    """The chat page's conversations, in memory, per visitor; bounded per visitor and in all."""
 
-    PENDING_TIMEOUT = 60.0  # a turn whose stream never connected is dropped after this
-
-    def __init__(self, limit: int = 500):
-        self._items: OrderedDict[str, _Conversation] = OrderedDict()
+    def __init__(self, per_visitor: int, max_visitors: int):
+        self._visitors: OrderedDict[str, _Visitor] = OrderedDict()  # least recently active first
         self._turns: dict[str, _Turn] = {}
-        self._limit = limit
+        self._per_visitor, self._max_visitors = per_visitor, max_visitors
         self._lock = threading.Lock()
 
-    def get_or_create(self, conversation_id: Optional[str]) -> _Conversation:
+    def get_or_create(self, visitor_id: str, conversation_id: Optional[str]) -> _Conversation:
+        """The visitor's conversation ``conversation_id``, or a new one (for an id that is not
+        theirs too). Raises Busy when no idle conversation or visitor can make room."""
+        now = time.monotonic()
         with self._lock:
-            conversation = self._items.get(conversation_id or "")
+            visitor = self._visitors.get(visitor_id)
+            if visitor is None:
+                self._make_room_for_a_visitor(now)
+                visitor = self._visitors[visitor_id] = _Visitor(visitor_id)
+            self._visitors.move_to_end(visitor_id)
+            conversation = visitor.conversations.get(conversation_id or "")
             if conversation is None:
-                conversation = _Conversation(secrets.token_urlsafe(12))
-                self._items[conversation.id] = conversation
-                while len(self._items) > self._limit:
-                    _, old = self._items.popitem(last=False)
-                    if old.turn:
-                        self._turns.pop(old.turn.id, None)
-            self._items.move_to_end(conversation.id)
+                self._make_room_in(visitor, now)
+                conversation = _Conversation(secrets.token_urlsafe(12), visitor_id)
+                visitor.conversations[conversation.id] = conversation
+            visitor.conversations.move_to_end(conversation.id)
             return conversation
+
+    def _make_room_for_a_visitor(self, now: float) -> None:
+        if len(self._visitors) < self._max_visitors:
+            return
+        idle = next((v for v in self._visitors.values() if not v.active(now)), None)
+        if idle is None:
+            raise Busy(f"the chat page is writing answers for {len(self._visitors)} visitors, the most it serves at "
+                       f"once; retry in {RETRY_AFTER} s", RETRY_AFTER)
+        for conversation in idle.conversations.values():
+            self._drop_turn(conversation)
+        del self._visitors[idle.id]
+
+    def _make_room_in(self, visitor: _Visitor, now: float) -> None:
+        if len(visitor.conversations) < self._per_visitor:
+            return
+        idle = next((c for c in visitor.conversations.values() if not c.active(now)), None)
+        if idle is None:
+            raise Busy(f"you have {len(visitor.conversations)} conversations waiting for answers, the most one "
+                       f"visitor may have; wait for an answer to finish (or stop one)", 10)
+        self._drop_turn(idle)
+        del visitor.conversations[idle.id]
+
+    def _drop_turn(self, conversation: _Conversation) -> None:
+        if conversation.turn is not None:
+            self._turns.pop(conversation.turn.id, None)
 
     def start_turn(self, conversation: _Conversation, message: dict, turn: _Turn) -> None:
         with self._lock:
             busy = conversation.turn
-            if busy is not None and not (busy.state == "pending" and time.monotonic() - busy.created > self.PENDING_TIMEOUT):
+            if busy is not None and busy.active(time.monotonic()):
                 raise InvalidRequest("message", "the previous answer is still being written; wait for it or stop it")
             if busy is not None:
                 self._turns.pop(busy.id, None)
@@ -82,17 +151,26 @@ class _Conversations:
             conversation.turn = turn
             self._turns[turn.id] = turn
 
-    def claim(self, turn_id: str) -> Optional[_Turn]:
-        """The turn, if it is waiting for its stream (a second connection gets None)."""
+    def _own(self, visitor_id: Optional[str], turn_id: str) -> Optional[_Turn]:
+        turn = self._turns.get(turn_id)
+        if turn is None or visitor_id is None or turn.conversation.visitor != visitor_id:
+            return None
+        return turn
+
+    def claim(self, visitor_id: Optional[str], turn_id: str) -> Optional[_Turn]:
+        """The visitor's turn, if it is waiting for its stream (a second connection gets None)."""
         with self._lock:
-            turn = self._turns.get(turn_id)
+            turn = self._own(visitor_id, turn_id)
             if turn is None or turn.state != "pending":
                 return None
             turn.state = "running"
+            if visitor_id in self._visitors:
+                self._visitors.move_to_end(visitor_id)
             return turn
 
-    def turn(self, turn_id: str) -> Optional[_Turn]:
-        return self._turns.get(turn_id)
+    def turn(self, visitor_id: Optional[str], turn_id: str) -> Optional[_Turn]:
+        with self._lock:
+            return self._own(visitor_id, turn_id)
 
     def finish(self, turn: _Turn, answer: Optional[str]) -> None:
         with self._lock:
@@ -105,6 +183,14 @@ class _Conversations:
                 conversation.messages.append({"role": "assistant", "content": answer})
             elif conversation.messages and conversation.messages[-1]["role"] == "user":
                 conversation.messages.pop()  # no answer: the question may be asked again
+
+
+def _visitor_id(*, create: bool) -> Optional[str]:
+    """This browser's visitor id, from its signed session cookie (made on its first turn)."""
+    visitor = session.get(VISITOR_KEY)
+    if not isinstance(visitor, str) and create:
+        visitor = session[VISITOR_KEY] = secrets.token_urlsafe(18)
+    return visitor if isinstance(visitor, str) else None
 
 
 def _generation_params(engine: ChatEngine, model: str, params: Params) -> GenerationParams:
@@ -120,29 +206,37 @@ def _generation_params(engine: ChatEngine, model: str, params: Params) -> Genera
 
 def _error(error: ChatError) -> Response:
     """The error as a fragment htmx puts into the page's error box."""
-    status, headers = error_status(error)
-    response = Response(render_template("chat/_error.html", message=str(error)), status=status)
-    response.headers.update(headers)
+    return error_fragment(str(error), *error_status(error))
+
+
+def error_fragment(message: str, status: int, headers: Optional[dict] = None) -> Response:
+    response = Response(render_template("chat/_error.html", message=message), status=status)
+    response.headers.update(headers or {})
     response.headers["HX-Retarget"] = "#chat-error"
     response.headers["HX-Reswap"] = "innerHTML"
     response.headers["X-Chat-Error"] = "1"
     return response
 
 
-def _start_turn(engine: ChatEngine, conversations: _Conversations) -> str:
+def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatLimits) -> str:
     """Check the page's form and keep the turn; the fragment that shows the question."""
     params = Params(request.form.to_dict(), form=True)
     model = engine.resolve(params.string("model", required=True, max_chars=500))
-    message = params.string("message", required=True)
+    message = params.string("message", required=True, max_chars=None)
+    system = params.string("system", max_chars=None) or ""
+    limits.check_prompt_chars("message", len(message))  # before anything is tokenized
+    limits.check_prompt_chars("system", len(system), what="the system prompt")
     if not message.strip():
         raise InvalidRequest("message", "message is empty; write something to send")
-    system = params.string("system")
     generation = _generation_params(engine, model, params)
     status = engine.status(model)
     if not status.served:
         raise ModelNotServed(model, status.reason, status.missing_blocks)
-    conversation = conversations.get_or_create(params.string("conversation_id", max_chars=100))
-    prompt = ([{"role": "system", "content": system}] if system and system.strip() else []) + conversation.messages + [
+    conversation = conversations.get_or_create(_visitor_id(create=True),
+                                               params.string("conversation_id", max_chars=100))
+    limits.check_prompt_chars("message", conversation.chars() + len(system) + len(message),
+                              what="the conversation with this message")
+    prompt = ([{"role": "system", "content": system}] if system.strip() else []) + conversation.messages + [
         {"role": "user", "content": message}]
     input_ids, stops = engine.encode_chat(model, prompt)
     context = engine.context_length(model)
@@ -153,7 +247,7 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations) -> str:
     turn = _Turn(secrets.token_urlsafe(12), conversation, model, input_ids, generation)
     conversations.start_turn(conversation, {"role": "user", "content": message}, turn)
     return render_template("chat/_turn.html", turn=turn, message=message, conversation_id=conversation.id,
-                           title=engine.title(model))
+                           title=engine.title(model), max_prompt_chars=limits.max_prompt_chars)
 
 
 def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn) -> Iterator[str]:
@@ -171,17 +265,17 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
     except ChatError as e:
         yield sse(str(e), "failed")
         yield sse(render_template("chat/_done.html", finished=None, stats=None), "done")
-    except Exception as e:  # noqa: BLE001 - never a traceback to the user
+    except Exception:  # noqa: BLE001 - never a traceback to the user
         logger.warning("chat turn failed", exc_info=True)
-        yield sse(f"internal error ({type(e).__name__}); try again", "failed")
+        yield sse(INTERNAL_ERROR, "failed")
         yield sse(render_template("chat/_done.html", finished=None, stats=None), "done")
     finally:
         conversations.finish(turn, answer_text)
 
 
-def register(bp: Blueprint, engine: ChatEngine) -> None:
+def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
     """Add the chat page's routes to the chat blueprint (templates/chat/*.html name them)."""
-    conversations = _Conversations()
+    conversations = _Conversations(limits.conversations_per_visitor, limits.max_visitors)
 
     @bp.get("/chat")
     def page():
@@ -190,9 +284,10 @@ def register(bp: Blueprint, engine: ChatEngine) -> None:
         wanted = request.args.get("model")
         selected = next((s.name for s in served if s.name == wanted), served[0].name if served else None)
         defaults = engine.defaults(selected) if selected else {}
+        # no conversation yet: the first turn makes one (a page view keeps nothing in memory)
         return render_template("chat/page.html", statuses=statuses, selected=selected, defaults=defaults,
                                context=engine.context_length(selected) if selected else None,
-                               conversation_id=conversations.get_or_create(None).id)
+                               conversation_id="", max_prompt_chars=limits.max_prompt_chars)
 
     @bp.get("/chat/params")
     def params_partial():
@@ -206,21 +301,22 @@ def register(bp: Blueprint, engine: ChatEngine) -> None:
     @bp.post("/chat/turns")
     def post_turn():
         try:
-            return _start_turn(engine, conversations)
+            return _start_turn(engine, conversations, limits)
         except ChatError as e:
             return _error(e)
 
     @bp.get("/chat/turns/<turn_id>/events")
     def turn_events(turn_id):
-        turn = conversations.claim(turn_id)
+        turn = conversations.claim(_visitor_id(create=False), turn_id)
         if turn is None:
-            return Response(status=204)  # finished or unknown: tells EventSource not to reconnect
+            return Response(status=204)  # finished, unknown or not yours: tells EventSource not to reconnect
         return Response(stream_with_context(_answer_events(engine, conversations, turn)), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @bp.post("/chat/turns/<turn_id>/stop")
     def stop_turn(turn_id):
-        turn = conversations.turn(turn_id)
-        if turn is not None:
-            turn.stop_event.set()
+        turn = conversations.turn(_visitor_id(create=False), turn_id)
+        if turn is None:
+            return Response("this answer is finished, or is not yours to stop", status=404, mimetype="text/plain")
+        turn.stop_event.set()
         return '<span class="chat-stopping">stopping…</span>'

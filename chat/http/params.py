@@ -42,7 +42,8 @@ class Params:
         return self.raw(name) is not None
 
     def string(self, name: str, *, required: bool = False, default: Optional[str] = None,
-               max_chars: int = MAX_TEXT_CHARS) -> Optional[str]:
+               max_chars: Optional[int] = MAX_TEXT_CHARS) -> Optional[str]:
+        """``max_chars`` None: the caller bounds it (prompts: ``ChatLimits.check_prompt_chars``)."""
         value = self.raw(name)
         if value is None:
             if required:
@@ -50,7 +51,7 @@ class Params:
             return default
         if not isinstance(value, str):
             raise InvalidRequest(name, f"{name} must be a string, got {_kind(value)}")
-        if len(value) > max_chars:
+        if max_chars is not None and len(value) > max_chars:
             raise InvalidRequest(name, f"{name} is {len(value)} characters long; at most {max_chars} are accepted")
         return value
 

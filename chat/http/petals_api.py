@@ -3,7 +3,10 @@
 connection, continued request after request).
 
 Errors keep that API's shape, ``{"ok": false, "traceback": ...}``, but the "traceback" is a short
-message for people, never a Python traceback.
+message for people, never a Python traceback, an exception's text or a path. A WebSocket session
+ends after ``ws_idle_timeout`` seconds without a request and after ``ws_max_lifetime`` seconds in
+all (``chat.http.limits.WsClock``): the client gets that error message, then a close frame that
+says the same.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ from typing import Any, Sequence
 
 from flask import Blueprint, Response, jsonify
 from simple_websocket import ConnectionClosed
+from werkzeug.exceptions import HTTPException
 
 from chat.engine import ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest
+from chat.http.limits import ChatLimits, WsClock, WsClosing
 from chat.http.params import Params, request_params
-from chat.http.responses import error_status, last_finished
+from chat.http.responses import INTERNAL_ERROR, error_status, last_finished, petals_error
 
 logger = logging.getLogger(__name__)
 
-WS_STEP_TIMEOUT = 300  # seconds a ws session may wait for its next request
+WS_CLOSE_NORMAL = 1000  # the close code when a session ends on a time limit (the reason says which)
+MAX_CLOSE_REASON_BYTES = 123  # what a close frame can carry
 
 
 def generation_params(engine: ChatEngine, model: str, params: Params, *, n_input: int, used: int, room: int,
@@ -54,11 +60,12 @@ def generation_params(engine: ChatEngine, model: str, params: Params, *, n_input
     )
 
 
-def http_generate(engine: ChatEngine) -> Response:
+def http_generate(engine: ChatEngine, limits: ChatLimits) -> Response:
     """/api/v1/generate: one answer, whole."""
     params = request_params()
     model = params.model(engine)
-    inputs = params.string("inputs", required=True)
+    inputs = params.string("inputs", required=True, max_chars=None)
+    limits.check_prompt_chars("inputs", len(inputs))
     input_ids = engine.encode(model, inputs)
     context = engine.context_length(model)
     if len(input_ids) >= context:
@@ -71,11 +78,12 @@ def http_generate(engine: ChatEngine) -> Response:
                    route=[hop.to_dict() for hop in finished.route])
 
 
-def ws_generate(engine: ChatEngine, ws: Any) -> None:
-    """/api/v2/generate: one ws connection = one inference session."""
+def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:
+    """/api/v2/generate: one ws connection = one inference session, within the time limits."""
+    clock = WsClock(limits)
     session = None
     try:
-        message = _ws_receive(ws)
+        message = _ws_receive(ws, clock)
         if message.get("type") != "open_inference_session":
             raise InvalidRequest("type", f"the first request must have type 'open_inference_session', "
                                          f"got {message.get('type')!r}")
@@ -88,26 +96,29 @@ def ws_generate(engine: ChatEngine, ws: Any) -> None:
         session = engine.open_session(model, max_length)
         ws.send(json.dumps({"ok": True}))
         while True:
-            message = _ws_receive(ws)
+            message = _ws_receive(ws, clock)
             if message.get("type") != "generate":
                 raise InvalidRequest("type", f"expected a request of type 'generate', got {message.get('type')!r}")
-            _ws_step(engine, ws, session, model, Params(message))
+            _ws_step(engine, ws, session, model, Params(message), limits, clock)
+    except WsClosing as e:
+        _ws_send_error(ws, str(e))
+        _ws_close(ws, str(e))
     except ChatError as e:
         _ws_send_error(ws, str(e))
     except ConnectionClosed:  # the client went away, while we received or sent
         pass
-    except Exception as e:  # noqa: BLE001 - never a traceback to the user
+    except Exception:  # noqa: BLE001 - never a traceback to the user
         logger.warning("ws generate failed", exc_info=True)
-        _ws_send_error(ws, f"internal error ({type(e).__name__}); try again")
+        _ws_send_error(ws, INTERNAL_ERROR)
     finally:
         if session is not None:
             session.close()
 
 
-def _ws_receive(ws: Any) -> dict:
-    raw = ws.receive(timeout=WS_STEP_TIMEOUT)
+def _ws_receive(ws: Any, clock: WsClock) -> dict:
+    raw = ws.receive(timeout=clock.receive_timeout())
     if raw is None:
-        raise InvalidRequest(None, f"no request within {WS_STEP_TIMEOUT} s; the session is closed")
+        raise clock.closing()
     try:
         data = json.loads(raw)
     except (TypeError, ValueError):
@@ -124,8 +135,20 @@ def _ws_send_error(ws: Any, message: str) -> None:
         pass
 
 
-def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, params: Params) -> None:
-    inputs = params.string("inputs")
+def _ws_close(ws: Any, why: str) -> None:
+    """Close with a frame whose reason says why (cut to what a close frame carries)."""
+    reason = why.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+    try:
+        ws.close(reason=WS_CLOSE_NORMAL, message=reason)
+    except Exception:  # noqa: BLE001 - the client is gone
+        pass
+
+
+def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, params: Params, limits: ChatLimits,
+             clock: WsClock) -> None:
+    inputs = params.string("inputs", max_chars=None)
+    if inputs:
+        limits.check_prompt_chars("inputs", len(inputs))
     first = session.used == 0
     input_ids = engine.encode(model, inputs, add_special_tokens=first) if inputs else []
     if first and not input_ids:
@@ -153,7 +176,11 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
     if streaming:  # like chat.petals.dev: chunks of max_new_tokens until a stop sequence (or the session's end)
         generation = dataclasses.replace(generation, max_new_tokens=room)
     text, count = "", 0
-    for event in session.generate(input_ids or None, generation):
+    events = session.generate(input_ids or None, generation)
+    for event in events:
+        if clock.expired():  # leaving the generator stops the answer after the current token
+            events.close()
+            raise clock.over()
         if isinstance(event, Delta):
             text, count = text + event.text, count + event.token_count
             if streaming and count >= chunk:
@@ -166,7 +193,7 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
             ws.send(json.dumps({"ok": True, "outputs": text, "stop": True, "token_count": count}))
 
 
-def register(bp: Blueprint, engine: ChatEngine) -> None:
+def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
     """Add chat.petals.dev's routes to the chat blueprint (the ws route needs a server that
     speaks WebSocket: werkzeug, gunicorn with threads)."""
     from flask_sock import Sock
@@ -174,11 +201,16 @@ def register(bp: Blueprint, engine: ChatEngine) -> None:
     @bp.post("/api/v1/generate", endpoint="http_generate")
     def http_generate_view():
         try:
-            return http_generate(engine)
+            return http_generate(engine, limits)
         except ChatError as e:
             status, headers = error_status(e)
-            return jsonify(ok=False, traceback=str(e), param=getattr(e, "param", None)), status, headers
+            return petals_error(status, str(e), param=getattr(e, "param", None), headers=headers)
+        except HTTPException:  # 413 and the like: the blueprint's handler answers them
+            raise
+        except Exception:  # noqa: BLE001 - never an exception's text to the user
+            logger.warning("/api/v1/generate failed", exc_info=True)
+            return petals_error(500, INTERNAL_ERROR)
 
     @Sock().route("/api/v2/generate", bp=bp, endpoint="ws_generate")
     def ws_generate_view(ws):
-        ws_generate(engine, ws)
+        ws_generate(engine, ws, limits)

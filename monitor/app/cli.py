@@ -128,6 +128,17 @@ def serve(config_file, host, port, initial_peers, models, no_poller) -> None:
     _run_service(settings, run_poller=not no_poller)
 
 
+def _with_webhooks(settings: Settings, urls: tuple[str, ...]) -> Settings:
+    """``--webhook URL`` (repeatable): alert notices go to these webhooks too (README: Alerts)."""
+    if not urls:
+        return settings
+    try:
+        alerts = settings.alerts.with_webhook_urls(list(urls))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--webhook") from None
+    return settings.model_copy(update={"alerts": alerts})
+
+
 def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=None, before_close=None) -> None:
     from monitor.app.service import Service
     from monitor.web.auth import login_url
@@ -142,6 +153,8 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
         if service.engine is not None:
             click.echo(f"Chat:      {base}/chat   (OpenAI API: {base}/v1, chat.petals.dev API: {base}/api/v2/generate)")
         click.echo(f"API:       {base}/api/v1/state   Metrics: {base}/metrics")
+        hooks = len(settings.alerts.webhooks) if settings.alerts.enabled else 0
+        click.echo(f"Alerts:    {base}/alerts   ({hooks} webhook{'s' if hooks != 1 else ''} notified)")
         click.echo(f"Operator login (pin/block peers{', chaos controls' if demo_controls else ''}): "
                    f"{login_url(base, service.app.extensions['operator_token'])}")
         click.echo("Press Ctrl-C to stop.")
@@ -160,10 +173,13 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
 @click.option("--initial-peers", multiple=True,
               help="Watch a real swarm instead of starting one: bootstrap multiaddr (repeatable) or 'public'.")
 @click.option("--model", "models", multiple=True, help="With --initial-peers: model to watch, PREFIX[:NUM_BLOCKS[:PATH]].")
-def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models) -> None:
+@click.option("--webhook", "webhooks", multiple=True, metavar="URL",
+              help="Send alert notices to this webhook too (repeatable; Slack and Discord URLs get their format).")
+def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models, webhooks) -> None:
     """Start a private swarm serving a real model on 127.0.0.1, with the dashboard and chat on it."""
     settings = _settings(config_file, port=port, models=_model_option(models),
                          initial_peers=list(initial_peers) or None)
+    settings = _with_webhooks(settings, webhooks)
     if settings.initial_peers:
         click.echo("Watching the given swarm (no local swarm started).")
         _run_service(settings)
@@ -200,25 +216,33 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
             "scrape_period": min(settings.scrape_period, 10.0),
             "probe_period": min(settings.probe_period, 10.0),
             "score_period": min(settings.score_period, 10.0),
+            # (#14) the demo's servers are ours: measure them often, up to a tenth of their time
+            "speed_probe_period": min(settings.speed_probe_period, 20.0),
+            "speed_probe_max_share": max(settings.speed_probe_max_share, 0.1),
         })
         _run_service(settings, demo_controls=DemoControls(swarm))
     click.echo("Stopped.")
 
 
 @main.command()
-@click.argument("action", type=click.Choice(["stop", "start", "throttle", "unthrottle"]))
-@click.argument("server")
+@click.argument("action", type=click.Choice(["stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt",
+                                             "hostile"]))
+@click.argument("server", required=False)
 @click.option("--url", default="http://127.0.0.1:5000", show_default=True, help="The running demo's dashboard.")
 @config_option
 @click.option("--token", envvar="SWARM_MONITOR_ADMIN_TOKEN", default=None,
               help="The operator token (default: the running service's, from its data directory).")
 def chaos(action, server, url, config_file, token) -> None:
-    """Stop, start or throttle a server of a running demo (e.g. `chaos stop server-2`)."""
+    """Stop, start, throttle or corrupt a server of a running demo (e.g. `chaos stop server-2`;
+    `chaos corrupt server-3` makes it answer with wrong outputs). `chaos hostile` (no server) makes a
+    made-up peer announce hostile records on every block for 10 minutes."""
     import urllib.error
     import urllib.request
 
     from monitor.web.auth import TokenError, resolve_token, token_path
 
+    if (action == "hostile") != (server is None):
+        raise click.UsageError("`chaos hostile` takes no server; every other action needs one (e.g. server-2)")
     settings = _settings(config_file)
     try:
         token = token or resolve_token(settings, create=False)
@@ -227,7 +251,9 @@ def chaos(action, server, url, config_file, token) -> None:
     if not token:
         raise click.ClickException(f"no operator token: {token_path(settings)} does not exist (is the demo running "
                                    f"as this user, with this data directory?); pass --token")
-    request = urllib.request.Request(f"{url.rstrip('/')}/demo/servers/{server}/{action}", method="POST",
+    path = "/demo/hostile" if action == "hostile" else f"/demo/servers/{server}/{action}"
+    server = server or "swarm"
+    request = urllib.request.Request(f"{url.rstrip('/')}{path}", method="POST",
                                      headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60):

@@ -3,7 +3,10 @@
 Each job is one method of ``Poller`` that can also run once by hand (``swarm-monitor poll --once``,
 tests). A job that fails logs, is counted, and leaves the last good state in the store untouched;
 a database that is down or locked makes the poll retry once, then skip with the error recorded,
-and writing resumes by itself when the database is back.
+and writing resumes by itself when the database is back. A poll that is scraped but cannot be
+stored (the database refuses its data, or is away) is recorded as a failed poll with that cause,
+so the dashboard and /metrics say so; the log names the real cause (a refused value is not an
+unavailable database).
 """
 
 from __future__ import annotations
@@ -11,22 +14,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from monitor.core import coverage, scores
-from monitor.core.common import WEEK
+from monitor.core.common import short_error
 from monitor.core.diagnosis import ModelHealth
 from monitor import swarm
 from monitor.app.settings import Settings
 from monitor.core.snapshot import ModelInfo, ProbeBatch, ProbeResult, Snapshot
+from monitor.store import StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
+from monitor.store.engine import data_error_text
 
 log = logging.getLogger(__name__)
 
-SCORE_WINDOW = WEEK  # scores look at a week of history (and at scores.PROBE_WINDOW of probes)
 DB_RETRY_DELAY = 2.0
+
+
+class StoreCall(NamedTuple):
+    """What a store call under ``Poller._with_db_retry`` came to (indexable as (ok, value))."""
+
+    ok: bool
+    value: Any = None
+    error: Optional[BaseException] = None
 
 
 @dataclass
@@ -68,7 +80,8 @@ class Poller:
 
     # ---- jobs --------------------------------------------------------------------------------
     def poll_once(self) -> Optional[Snapshot]:
-        """Scrape, diagnose, record. Returns the snapshot."""
+        """Scrape, diagnose, record. Returns the snapshot. A poll that cannot be stored is recorded
+        as a failed poll with the cause (``unstored_cause``)."""
         try:
             snapshot = swarm.scrape(
                 self.dht, watched_models(self.settings),
@@ -77,35 +90,61 @@ class Poller:
         except Exception as e:  # noqa: BLE001 - a failed scrape must not stop the scheduler
             log.exception("scrape failed")
             self.stats.failed("scrape", e)
-            self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), f"{type(e).__name__}: {e}"),
+            self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), short_error(e, 1000)),
                                 job="scrape")
             return None
-        healths = self.analyse(snapshot, self._latest_probes())
-        ok, _ = self._with_db_retry(lambda: self.store.record_poll(snapshot, healths), job="scrape")
-        if not ok:
+        snapshot, healths = self.analyse_poll(snapshot)
+        stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, healths), job="scrape")
+        if not stored.ok:
+            self._record_unstored(snapshot, stored.error)
             return snapshot
-        self._last_snapshot = snapshot
+        # without its diagnoses, the probe round re-reads the poll as stored (bounded) and diagnoses that
+        self._last_snapshot = snapshot if healths or not snapshot.models else None
         self.stats.ok("scrape")
         return snapshot
 
+    def analyse_poll(self, snapshot: Snapshot) -> tuple[Snapshot, list[ModelHealth]]:
+        """The poll's diagnoses with the latest probes. If diagnosing fails (a bug, or a value the
+        DHT edge should have bounded), the poll is still stored, without diagnoses and with the
+        failure in its errors; the web then diagnoses the stored (bounded) rows itself."""
+        try:
+            return snapshot, self.analyse(snapshot, self._latest_probes())
+        except Exception as e:  # noqa: BLE001 - the analysis must not cost the poll
+            log.exception("diagnosing the poll failed; storing it without diagnoses")
+            self.stats.failed("diagnose", e)
+            return replace(snapshot, errors=snapshot.errors + (f"diagnosing the poll failed: {short_error(e)}",)), []
+
+    def _record_unstored(self, snapshot: Snapshot, error: Optional[BaseException]) -> None:
+        """The poll was scraped but not stored: record it as failed, with the cause (if the database
+        takes even that; the log has the cause either way)."""
+        try:
+            self.store.record_failed_poll(snapshot.taken_at, unstored_cause(error), duration=snapshot.duration)
+        except StoreError as e:
+            log.warning("scrape: the failed poll could not be recorded either: %s", e)
+
     def analyse(self, snapshot: Snapshot, probes: Mapping[str, ProbeResult]) -> list[ModelHealth]:
-        """Each polled model's diagnosis, as ``record_poll`` and ``record_diagnoses`` take it."""
+        """Each polled model's diagnosis, as ``record_poll`` and ``record_diagnoses`` take it
+        (speeds as measured by the server probes where there are some, #14)."""
+        from monitor.app.measuring import measured_view
+
+        measured = measured_view(self.store, self.settings)
         return [
             coverage.diagnose(
                 model, snapshot.rows_for(model.dht_prefix), probes,
                 min_tokens_per_s=self.settings.min_tokens_per_s,
                 min_cache_tokens=self.settings.min_cache_tokens,
+                measured=measured.speeds(model.dht_prefix), wrong=measured.wrong(model.dht_prefix),
             )
             for model in snapshot.models
         ]
 
     def refresh_scores(self, now: Optional[float] = None) -> dict[str, scores.PeerScore]:
-        """Score every peer from a week of history (its own job: it reads much more than a poll)."""
+        """Score every peer from a week of history, counted by the database (``Store.peer_aggregates``)."""
         now = now or time.time()
         try:
-            histories = self.store.peer_histories(now - SCORE_WINDOW, now, merge_runs=True,
-                                                  probes_since=now - scores.PROBE_WINDOW)
-            result = scores.score_swarm(histories, now)
+            from monitor.app.measuring import scoring_inputs  # (#14) speed and correctness probes
+
+            result = scores.score_all(self.store.peer_aggregates(now), now, **scoring_inputs(self.store, self.settings, now))
             self.store.record_scores(result.values())
         except Exception as e:  # noqa: BLE001
             log.exception("score refresh failed")
@@ -115,7 +154,7 @@ class Poller:
         return result
 
     def probe_once(self) -> Optional[ProbeBatch]:
-        snapshot = self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="probe")[1]
+        snapshot = self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="probe").value
         online = sorted({row.peer_id for row in (snapshot.servers if snapshot else ()) if row.state == "ONLINE"})
         try:
             batch = swarm.probe_servers(self.dht, online, timeout=self.settings.probe_timeout,
@@ -128,42 +167,58 @@ class Poller:
             log.exception("probe failed")
             self.stats.failed("probe", e)
             return None
-        if self._with_db_retry(lambda: self.store.record_probes(batch), job="probe")[0]:
+        if self._with_db_retry(lambda: self.store.record_probes(batch), job="probe").ok:
             self.stats.ok("probe")
             if snapshot is not None:  # unreachable peers change the diagnosis: redo it with these probes
                 self._with_db_retry(lambda: self.rediagnose(snapshot), job="probe")
         return batch
 
-    def rediagnose(self, snapshot: Snapshot) -> None:
-        """Diagnose the latest poll's snapshot again with the latest probes, and store that."""
-        self.store.record_diagnoses(self.analyse(snapshot, self.store.latest_probes()))
+    def rediagnose(self, snapshot: Snapshot) -> bool:
+        """Diagnose the latest poll's snapshot again with the latest probes, and store that against
+        the poll it diagnosed (dropped if a newer poll came in meanwhile: False)."""
+        return self.store.record_diagnoses(self.analyse(snapshot, self.store.latest_probes()),
+                                           taken_at=snapshot.taken_at)
 
     def rollup_once(self, now: Optional[float] = None):
-        ok, result = self._with_db_retry(lambda: self.store.rollup_and_prune(
+        done = self._with_db_retry(lambda: self.store.rollup_and_prune(
             now or time.time(),
             raw_retention_days=self.settings.raw_retention_days,
             rollup_retention_days=self.settings.rollup_retention_days,
         ), job="rollup")
-        if ok:
+        if done.ok:
             self.stats.ok("rollup")
-        return result
+        return done.value
 
     # ---- helpers -----------------------------------------------------------------------------
     def _latest_probes(self) -> dict:
-        return self._with_db_retry(self.store.latest_probes, job="probe-read")[1] or {}
+        return self._with_db_retry(self.store.latest_probes, job="probe-read").value or {}
 
-    def _with_db_retry(self, call, job: str = "db") -> tuple[bool, object]:
-        """Run a store call; on failure retry once after a pause, then give up (recorded).
-        Returns (succeeded, result)."""
+    def _with_db_retry(self, call: Callable[[], Any], job: str = "db") -> StoreCall:
+        """Run a store call; if the database is unavailable, retry once after a pause, then give
+        up. Any failure is counted and logged with its real cause: an unavailable database, data
+        the database refused (not retried: it would fail the same way), a schema to migrate, or a
+        bug (with its traceback)."""
         for attempt in (1, 2):
             try:
-                return True, call()
-            except Exception as e:  # noqa: BLE001 - database down or locked
-                if attempt == 2:
-                    log.warning("%s: database unavailable, skipped: %s", job, e)
-                    self.stats.failed(job, e)
-                    return False, None
-                time.sleep(DB_RETRY_DELAY)
+                return StoreCall(True, call())
+            except StoreUnavailable as e:
+                if attempt == 1:
+                    time.sleep(DB_RETRY_DELAY)
+                    continue
+                log.warning("%s: database unavailable, skipped: %s", job, e)
+                error: BaseException = e
+            except StoreDataError as e:
+                log.warning("%s: not stored, the database refused the data: %s", job, e)
+                error = e
+            except StoreSchemaError as e:
+                log.error("%s: not stored: %s", job, e)
+                error = e
+            except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, the scheduler goes on
+                log.exception("%s failed", job)
+                error = e
+            self.stats.failed(job, error)
+            return StoreCall(False, None, error)
+        raise AssertionError("unreachable")
 
     # ---- scheduling --------------------------------------------------------------------------
     def start(self, *, run_now: bool = True) -> BackgroundScheduler:
@@ -176,6 +231,12 @@ class Poller:
         scheduler.add_job(self.probe_once, "interval", seconds=s.probe_period, id="probe", **first)
         scheduler.add_job(self.refresh_scores, "interval", seconds=s.score_period, id="scores", **first)
         scheduler.add_job(self.rollup_once, "interval", seconds=s.rollup_period, id="rollup")
+        from monitor.app.alerts import schedule_alerts  # Alerts (#15): rules after every round, webhooks
+
+        self.alerter = schedule_alerts(scheduler, self)
+        from monitor.app.measuring import start_measuring  # Measured speed and correctness (#14)
+
+        self.measurer = start_measuring(self, run_now=run_now)
         scheduler.start()
         self._scheduler = scheduler
         return scheduler
@@ -184,6 +245,22 @@ class Poller:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
+        if getattr(self, "measurer", None) is not None:  # (#14) its probe loop and P2P replica
+            self.measurer.close()
+            self.measurer = None
+
+
+def unstored_cause(error: Optional[BaseException]) -> str:
+    """Why a scraped poll was not stored, as its failed poll records it. Anyone may read it on the
+    dashboard, so no database URL: what the database said about refused data, else what kind of
+    failure it was (the poller's log has the rest)."""
+    if isinstance(error, StoreDataError):
+        return f"storing the poll failed: the database refused its data ({data_error_text(error.__cause__ or error)})"
+    if isinstance(error, StoreUnavailable):
+        return "storing the poll failed: the database was unavailable or locked (the poller's log says why)"
+    if isinstance(error, StoreSchemaError):
+        return "storing the poll failed: the database lacks this version's schema (restarting the poller migrates it)"
+    return f"storing the poll failed: {short_error(error)}"
 
 
 def _now_datetime():

@@ -1,8 +1,9 @@
 """The product in one process: DHT client, store, poller, chat engine and web app, wired together.
 
 ``swarm-monitor serve`` and ``swarm-monitor demo`` build a Service; the gunicorn entry
-(``monitor.web.wsgi``) builds only the web part, and ``swarm-monitor poll`` only the poller, so
-several web workers never run several schedulers.
+(``monitor.web.wsgi``) builds only the web part, ``swarm-monitor poll`` only the poller, so
+several web workers never run several schedulers, and the chat's gunicorn entry
+(``monitor.app.chat_wsgi``) a Service without the poller: DHT client, chat engine and web app.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class Service:
         blueprints = []
         if self.engine is not None:
             from chat.http import create_blueprint
+            from chat.http.limits import ChatLimits
 
-            blueprints.append(create_blueprint(self.engine))
+            blueprints.append(create_blueprint(self.engine, ChatLimits.from_settings(self.settings)))
         app = create_app(self.settings, self.store, chat_blueprints=blueprints,
                          demo_controls=self.demo_controls, reachability_check=self.reachability_check)
         # This process has imported torch and petals (hundreds of thousands of long-lived objects):

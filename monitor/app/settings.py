@@ -15,6 +15,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from monitor.app.alert_settings import AlertSettings
+
 ENV_PREFIX = "SWARM_MONITOR_"
 
 
@@ -79,6 +81,25 @@ class Settings(BaseModel):
     ws_idle_timeout: float = Field(default=300, gt=0, le=86400)  # seconds a WebSocket may stay silent
     ws_max_lifetime: float = Field(default=3600, gt=0, le=7 * 86400)  # seconds a WebSocket may last
     history_max_points: int = Field(default=2000, ge=10, le=100_000)  # per series in history APIs
+
+    # Alerts (#15, README: Alerts): rules evaluated after every scrape and probe round, notices to
+    # webhooks ([alerts], [[alerts.rules]], [[alerts.webhooks]]; validated in app/alert_settings.py)
+    alerts: AlertSettings = AlertSettings()
+
+    # Chat limits (README: Security): what one visitor may send to the chat and keep in it
+    max_prompt_chars: int = Field(default=100_000, ge=100, le=10_000_000)  # checked before tokenizing
+    chat_conversations_per_visitor: int = Field(default=4, ge=1, le=1000)  # chat page, kept in memory
+    chat_max_visitors: int = Field(default=500, ge=1, le=1_000_000)  # the least recently active idle one goes
+
+    # Measured speed and correctness (#14, README: Measured speed and correctness): server probes
+    speed_probe_period: float = Field(default=300, gt=0)  # each server probed at most once per period
+    speed_probe_timeout: float = Field(default=10, gt=0, le=600)  # seconds per step of a probe session
+    speed_probe_concurrency: int = Field(default=2, gt=0, le=64)  # probe sessions at once, all servers
+    speed_probe_max_share: float = Field(default=0.02, gt=0, le=0.5)  # of a server's time, at most
+    correctness_checks: bool = True  # outputs vs the monitor's own blocks (models with a path) or vs peers
+
+    # Peer search and "my server" (#13, README: Dashboard): the search box on every page
+    search_max_results: int = Field(default=20, ge=1, le=100)  # peers one search answers with
 
     # Chat
     routing: Literal["health", "default"] = "health"

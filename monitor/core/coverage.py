@@ -14,7 +14,19 @@ petals' own code on the same data instead of re-deriving it:
 
 What counts as *serving* a block: an ONLINE server whose latest probe is ok, JOINING (still
 loading), or missing (not probed yet). JOINING and OFFLINE servers do not serve; a server whose
-probe failed is unreachable and does not serve either.
+probe failed is unreachable and does not serve either, nor does one whose outputs the monitor found
+wrong (``wrong``: peer -> why, from the correctness probes, ``monitor.core.measurements``).
+
+Speeds: where the server probes measured a server (``measured``: peer -> seconds per token per
+block), the route search prices its blocks at what was measured instead of what it announces, and
+the estimate says whether it rests on measurements, announcements or both. When every hop of the
+best route was measured, the estimate is what a client waits per token on it: per hop, the measured
+seconds per block times its blocks plus the probe's round trip to that server (petals' graph adds a
+fixed 18 ms per hop for serialization, which on small hidden states is far above what it costs). A server measured
+``SLOW_FACTOR`` times slower than it announces (or petals assumes, 1/300 s, when it announces
+nothing) or than the median of the model's other measured servers is named (it makes the model
+degraded: petals' default routing still trusts its announcement), and so are blocks whose fastest
+measured server is ``SLOW_FACTOR`` times slower than the model's median block.
 
 State: **broken** when some block has no serving server; else **degraded** when some block has a
 single serving server, the best route is slower than ``min_tokens_per_s``, or some block's
@@ -51,6 +63,7 @@ from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-export
     ranges,
 )
 from monitor.core.common import short_peer_id
+from monitor.core.measurements import SLOW_FACTOR, slowness
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
 
 import dijkstar
@@ -98,17 +111,21 @@ def _unreachable(row: ServerRow, probes: Mapping[str, ProbeResult]) -> bool:
     return probe is not None and not probe.ok and not probe.joining
 
 
-def _why_not_serving(row: ServerRow, probes: Mapping[str, ProbeResult]) -> Optional[str]:
+def _why_not_serving(row: ServerRow, probes: Mapping[str, ProbeResult],
+                     wrong: Mapping[str, str] = {}) -> Optional[str]:
     if row.state != ONLINE:
         return f"{row.state}" + (" (still loading)" if row.state == JOINING else "")
     if _unreachable(row, probes):
         error = probes[row.peer_id].error
         return "ONLINE but unreachable" + (f" (probe failed: {error})" if error else " (probe failed)")
+    if row.peer_id in wrong:
+        return f"ONLINE but {wrong[row.peer_id]}"
     return None
 
 
-def _serving(rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult]) -> list[ServerRow]:
-    return [row for row in rows if _why_not_serving(row, probes) is None]
+def _serving(rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult],
+             wrong: Mapping[str, str] = {}) -> list[ServerRow]:
+    return [row for row in rows if _why_not_serving(row, probes, wrong) is None]
 
 
 def block_redundancy(
@@ -130,11 +147,12 @@ def block_redundancy(
 
 
 def block_coverage(
-    model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult] = {}
+    model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult] = {},
+    wrong: Mapping[str, str] = {},
 ) -> tuple[BlockCoverage, ...]:
     """Per block: the peers serving it, their throughput and cache: ``diagnose``'s ``blocks``
     without the route search (for a caller that needs them every poll, not the whole diagnosis)."""
-    return tuple(_block_coverage(model.num_blocks, _serving(_distinct(model, rows), probes)))
+    return tuple(_block_coverage(model.num_blocks, _serving(_distinct(model, rows), probes, wrong)))
 
 
 def _block_coverage(num_blocks: int, serving: Sequence[ServerRow]) -> list[BlockCoverage]:
@@ -220,14 +238,17 @@ def best_route(
     *,
     client_rtts: Optional[Mapping[str, float]] = None,
     cache_tokens_needed: Optional[int] = None,
+    measured: Mapping[str, float] = {},
 ) -> tuple[list[RouteHop], float]:
     """The route petals' min-latency routing would take through ONLINE rows, and its seconds per token.
 
     ``client_rtts``: peer id -> RTT seconds from the client (unknown peers cost petals' default).
-    Returns ``([], inf)`` when some block has no ONLINE server. Callers exclude unreachable rows.
+    ``measured``: peer id -> measured seconds per token per block, used instead of what the peer
+    announces. Returns ``([], inf)`` when some block has no ONLINE server. Callers exclude
+    unreachable rows.
     """
     num_blocks = model_info.num_blocks
-    online = [row for row in _distinct(model_info, rows) if row.state == ONLINE]
+    online = [_as_measured(row, measured) for row in _distinct(model_info, rows) if row.state == ONLINE]
     if any(count == 0 for count, _ in block_redundancy(num_blocks, online)):
         return [], math.inf
     infos, ids = _module_infos(num_blocks, online)
@@ -247,6 +268,44 @@ def best_route(
             hops[-1][2] = block
     route = [(names[peer_id], start, end) for peer_id, start, end in hops if end > start]
     return route, float(path.total_cost)
+
+
+def _as_measured(row: ServerRow, measured: Mapping[str, float]) -> ServerRow:
+    """The row with the speed we measured in place of the one it announces (petals' graph prices a
+    block at ``1 / inference_rps``)."""
+    seconds = measured.get(row.peer_id)
+    return replace(row, inference_rps=1.0 / seconds) if seconds and seconds > 0 else row
+
+
+def _speed_source(route: Sequence[RouteHop], measured: Mapping[str, float]) -> str:
+    hops = {peer for peer, _, _ in route}
+    if hops and hops <= set(measured):
+        return "measured"
+    return "partly measured" if hops & set(measured) else "announced"
+
+
+def _slow_peers(serving: Sequence[ServerRow], measured: Mapping[str, float],
+                labels: Mapping[str, str]) -> list[str]:
+    """Sentences for servers measured SLOW_FACTOR times slower than they announce, or than the
+    other measured servers of the model."""
+    sentences = []
+    for row in serving:
+        others = [seconds for peer, seconds in measured.items() if peer != row.peer_id]
+        found = slowness(measured.get(row.peer_id), row.inference_rps, others)
+        if found is not None and found.slow:
+            sentences.append(f"{labels[row.peer_id]} ({row.start}:{row.end}) is slow: {found.describe()} "
+                             f"— petals' default routing still trusts the announcement")
+    return sentences
+
+
+def _slow_blocks(blocks: Sequence[BlockCoverage], measured: Mapping[str, float]) -> list[Range]:
+    """Served blocks whose fastest measured server is SLOW_FACTOR times slower than the median block."""
+    fastest = {b.index: min(measured[p] for p in b.peers if p in measured) for b in blocks
+               if any(p in measured for p in b.peers)}
+    if len(fastest) < 2:
+        return []
+    median = statistics.median(fastest.values())
+    return ranges(index for index, seconds in fastest.items() if seconds >= SLOW_FACTOR * median)
 
 
 # ---- the diagnosis ---------------------------------------------------------------------------
@@ -302,18 +361,22 @@ def diagnose(
     min_tokens_per_s: float = 1.0,
     min_cache_tokens: int = 1024,
     recommend_blocks: Optional[int] = None,
+    measured: Mapping[str, float] = {},
+    wrong: Mapping[str, str] = {},
 ) -> ModelHealth:
     """The model's state with its reasons, from a snapshot's rows and the latest probe per peer.
 
-    Rows of other models are ignored, so a whole ``Snapshot.servers`` may be passed.
+    Rows of other models are ignored, so a whole ``Snapshot.servers`` may be passed. ``measured``:
+    peer -> seconds per token per block the server probes measured (preferred to announcements);
+    ``wrong``: peer -> why its outputs are wrong (such a server does not count as serving).
     """
     if model.num_blocks < 1:
         raise ValueError(f"model {model.dht_prefix!r} has num_blocks={model.num_blocks}; it needs at least 1 block")
     num_blocks = model.num_blocks
     rows = _distinct(model, rows)
     labels = {row.peer_id: peer_label(row) for row in rows}
-    serving = _serving(rows, probes)
-    excluded = {row.peer_id: why for row in rows if (why := _why_not_serving(row, probes)) is not None}
+    serving = _serving(rows, probes, wrong)
+    excluded = {row.peer_id: why for row in rows if (why := _why_not_serving(row, probes, wrong)) is not None}
     reachable = [row for row in rows if not _unreachable(row, probes)]
 
     blocks = _block_coverage(num_blocks, serving)
@@ -328,10 +391,18 @@ def diagnose(
 
     route: list[RouteHop] = []
     tokens_per_s: Optional[float] = None
+    source: Optional[str] = None  # what the estimate rests on
     if not missing:
         client_rtts = {peer: p.rtt for peer, p in probes.items() if p.ok and p.rtt is not None}
-        route, seconds = best_route(model, serving, client_rtts=client_rtts)
+        route, seconds = best_route(model, serving, client_rtts=client_rtts, measured=measured)
+        source = _speed_source(route, measured) if route else None
+        if source == "measured":  # what a client waits per token on that route, all of it measured
+            seconds = sum(measured[peer] * (end - start) + client_rtts.get(peer, 0.0) for peer, start, end in route)
         tokens_per_s = 1.0 / seconds if seconds > 0 else math.inf
+    estimate = f"{tokens_per_s:.2f} tokens/s" if tokens_per_s is not None else ""
+    estimate += {"measured": ", measured", "partly measured": ", partly measured (the rest as announced)",
+                 "announced": ", as announced (not measured yet)"}.get(source, "")
+    slow_blocks = _slow_blocks(blocks, measured)
 
     reasons: list[str] = []
     if missing:
@@ -351,9 +422,16 @@ def diagnose(
             )
         if tokens_per_s is not None and tokens_per_s < min_tokens_per_s:
             reasons.append(
-                f"the best route runs at an estimated {tokens_per_s:.2f} tokens/s, below {min_tokens_per_s:g} "
+                f"the best route runs at an estimated {estimate}, below {min_tokens_per_s:g} "
                 f"tokens/s ({_route_phrase(route, labels)})"
             )
+        for peer, why in sorted(wrong.items()):
+            if peer in labels and peer in excluded:
+                reasons.append(f"{labels[peer]} {why} — not counted as serving; the chat routes around it")
+        reasons.extend(_slow_peers(serving, measured, labels))
+        if slow_blocks:
+            reasons.append(f"slow {_blocks_phrase(slow_blocks)}: even the fastest measured server there is at least "
+                           f"{SLOW_FACTOR:g}× slower than the model's median block")
         for start, end in low_cache:
             least = min(blocks[i].cache_tokens_left for i in range(start, end))
             reasons.append(
@@ -364,7 +442,7 @@ def diagnose(
         if state == HEALTHY:
             reasons.append(
                 f"every block is served by at least {min(b.online for b in blocks)} online servers; "
-                f"best route ≈ {tokens_per_s:.2f} tokens/s ({_route_phrase(route, labels)})"
+                f"best route ≈ {estimate} ({_route_phrase(route, labels)})"
             )
 
     return ModelHealth(
@@ -380,6 +458,7 @@ def diagnose(
         bottleneck_ranges=tuple(bottlenecks),
         low_cache_ranges=tuple(low_cache),
         est_tokens_per_s=tokens_per_s,
+        speed_source=source,
         route=tuple(route),
         recommendation=_recommend(model, reachable, serving, recommend_blocks),
         excluded_peers=excluded,

@@ -70,6 +70,8 @@ class ModelHealth:
     route: tuple[RouteHop, ...]
     recommendation: Recommendation
     excluded_peers: dict[str, str] = field(default_factory=dict)  # announced but not serving: why
+    # what est_tokens_per_s rests on: "measured", "partly measured", "announced"; None without a route
+    speed_source: Optional[str] = None
 
     def to_dict(self) -> dict:
         """JSON-ready: tuples become lists, non-finite numbers None (``common.jsonable``)."""
@@ -91,4 +93,5 @@ class ModelHealth:
             est_tokens_per_s=data["est_tokens_per_s"], route=spans("route"),
             recommendation=Recommendation(**data["recommendation"]),
             excluded_peers=dict(data.get("excluded_peers") or {}),
+            speed_source=data.get("speed_source"),
         )

@@ -1,14 +1,19 @@
-"""Per-peer health score 0–100, with the sentences that explain it, from the peer's history.
+"""Per-peer health score 0–100, with the sentences that explain it, from counts over time windows.
 
-Pure: ``PeerHistory`` rows in (as the store hands them over), ``PeerScore`` out. The score is a
-weighted sum of six qualities in [0, 1]; each quality is pulled towards 0.5 ("don't know yet")
+Pure: ``PeerAggregates`` in (plain counts and histograms per peer), ``PeerScore`` out. The score is
+a weighted sum of six qualities in [0, 1]; each quality is pulled towards 0.5 ("don't know yet")
 by how little evidence it rests on, so a new peer starts at 50 rather than 100, and a peer earns a
 high score only by being observed to be good for a while. The formula is the constant
 ``FORMULA`` (the dashboard shows it), built from the very constants the code uses and appended to
 this docstring at import, so text and code cannot drift apart.
 
-Speed is judged relative to the swarm: ``score_swarm`` computes the swarm median of seconds per
-token per block over all peers' successful chat outcomes and scores each peer against it.
+The aggregates come from SQL in production (``Store.peer_aggregates``: the store counts, nothing
+is materialized per observation) or from a ``PeerHistory`` here (``aggregate``: every
+observation in Python, for small histories and as the specification the SQL must match). Medians
+are estimated from log-scale histograms (``monitor.core.quantiles``), so both ways compute them alike.
+
+Speed is judged relative to the swarm: ``score_all`` takes the swarm median of seconds per token
+per block over all peers' successful chat outcomes and scores each peer against it.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from monitor.core.common import DAY, HOUR, WEEK
+from monitor.core.quantiles import MAX_RELATIVE_ERROR, Histogram, histogram
 from monitor.core.snapshot import ONLINE, Observation, PeerHistory
 
 NEUTRAL = 0.5
@@ -35,7 +41,10 @@ WEIGHTS = {
 PRIOR = {"uptime": 5, "probe_success": 4, "probe_rtt": 4, "stability": 10, "chat_success": 3, "chat_speed": 3}
 UPTIME_WINDOWS = ((HOUR, 0.5, "1 h"), (DAY, 0.3, "24 h"), (WEEK, 0.2, "7 d"))
 PROBE_WINDOW, FLAP_WINDOW, CHAT_WINDOW = DAY, DAY, WEEK
+SCORE_WINDOW = max(w for w, _, _ in UPTIME_WINDOWS)  # the oldest evidence any component looks at
+_FLAP_UPTIME = [w for w, _, _ in UPTIME_WINDOWS].index(FLAP_WINDOW)  # the uptime window that counts its polls
 RTT_REFERENCE = 0.100  # seconds: a 100 ms median RTT scores 0.5
+PROBE_SPEED_SAMPLES = 3  # (#14) the probes a measured speed rests on (monitor.core.measurements.SPEED_SAMPLES)
 FLAP_SCALE = 3.0  # flaps: 3 flaps in 24 h score e^-1 ≈ 0.37
 
 FORMULA = f"""\
@@ -54,6 +63,12 @@ chat success   {WEIGHTS['chat_success']:>2}  ok / all chat outcomes in the last 
 chat speed     {WEIGHTS['chat_speed']:>2}  min(1, swarm median ÷ peer median) of seconds per token per block over ok chat outcomes
                    in the last 7 d (swarm median = median over peers of each peer's median), k = {PRIOR['chat_speed']};
                    0.5 while there is no swarm reference
+Speed probes (#14): where they measured the peer (the median of its newest 3 probes' one-token steps per
+                   block), that figure judges its speed instead of the chats' (n = 3), and the swarm median
+                   is taken over each peer's probe figure, or its chat median if it was not probed.
+Wrong outputs (#14): a peer whose latest correctness probe found its outputs wrong scores 0.
+Medians are estimated from log-scale histograms with buckets 1/16 octave wide (the mean of the middle
+bucket): within {MAX_RELATIVE_ERROR * 100:.1f} % of the exact median, so they can be counted in SQL.
 """
 
 
@@ -80,32 +95,106 @@ class PeerScore:
         }
 
 
-def _shrink(measured: float, n: int, k: float) -> float:
-    return (n * measured + k * NEUTRAL) / (n + k) if n > 0 else NEUTRAL
+# ---- what the score is computed from ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Uptime:
+    """One uptime window: polls (per model served) that saw the peer ONLINE, of those that could have."""
+
+    online: int = 0
+    polls: int = 0
+
+
+@dataclass(frozen=True)
+class PeerAggregates:
+    """Everything the score needs about one peer at one time, as counts: what SQL can sum."""
+
+    peer_id: str
+    uptime: tuple[Uptime, ...] = tuple(Uptime() for _ in UPTIME_WINDOWS)  # one per UPTIME_WINDOWS
+    flaps: int = 0  # left ONLINE between consecutive polls of one model, in FLAP_WINDOW
+    flap_chances: int = 0  # polls in FLAP_WINDOW that followed an ONLINE poll of the same model
+    probes_ok: int = 0  # in PROBE_WINDOW
+    probes_failed: int = 0  # not ok and not JOINING
+    probes_joining: int = 0  # not ok, answered JOINING (still loading)
+    probe_rtt: Histogram = Histogram()  # RTTs of ok probes
+    last_probe_error: Optional[str] = None  # of the latest failed probe (not JOINING)
+    chats_ok: int = 0  # in CHAT_WINDOW
+    chats_failed: int = 0
+    chat_speed: Histogram = Histogram()  # seconds per token per block of ok chat outcomes
+    last_chat_error: Optional[str] = None  # of the latest failed outcome
+    advertised_inference_rps: Optional[float] = None  # the latest announced
 
 
 def _up(observation: Observation) -> bool:
     return observation.seen and observation.state == ONLINE
 
 
-def _pct(ratio: float) -> str:
-    return f"{100 * ratio:.0f}%"
+def aggregate(history: PeerHistory, now: float) -> PeerAggregates:
+    """The aggregates of a history, observation by observation (what the store's SQL counts)."""
+    uptime = []
+    for window, _, _ in UPTIME_WINDOWS:
+        # A row may stand for many polls (an hourly rollup, a merged run): weigh by `samples`.
+        polls = [o for o in history.observations if o.at >= now - window]
+        uptime.append(Uptime(online=sum(o.samples for o in polls if _up(o)), polls=sum(o.samples for o in polls)))
+    flaps, chances = _flaps(history, now)
+    probes = [result for at, result in history.probes if at >= now - PROBE_WINDOW]
+    failed_probes = [r for r in probes if not r.ok and not r.joining]
+    chats = [o for o in history.outcomes if o.at >= now - CHAT_WINDOW]
+    failed_chats = [o for o in chats if not o.ok]
+    return PeerAggregates(
+        peer_id=history.peer_id,
+        uptime=tuple(uptime),
+        flaps=flaps,
+        flap_chances=chances,
+        probes_ok=sum(1 for r in probes if r.ok),
+        probes_failed=len(failed_probes),
+        probes_joining=sum(1 for r in probes if r.joining and not r.ok),
+        probe_rtt=histogram(r.rtt for r in probes if r.ok and r.rtt is not None),
+        last_probe_error=failed_probes[-1].error if failed_probes else None,
+        chats_ok=sum(1 for o in chats if o.ok),
+        chats_failed=len(failed_chats),
+        chat_speed=histogram(o.seconds_per_token_per_block for o in chats if o.ok),
+        last_chat_error=failed_chats[-1].error if failed_chats else None,
+        advertised_inference_rps=next(
+            (o.inference_rps for o in reversed(history.observations) if o.inference_rps), None),
+    )
+
+
+def _flaps(history: PeerHistory, now: float) -> tuple[int, int]:
+    """(flaps, chances) over consecutive observations of each model whose later one is in FLAP_WINDOW."""
+    by_model: dict[str, list[Observation]] = {}
+    for observation in history.observations:
+        by_model.setdefault(observation.model, []).append(observation)
+    flaps = chances = 0
+    for observations in by_model.values():
+        observations.sort(key=lambda o: o.at)
+        for before, after in zip(observations, observations[1:]):
+            if after.at >= now - FLAP_WINDOW and _up(before):
+                chances += before.samples
+                flaps += not _up(after)
+    return flaps, chances
 
 
 # ---- components: each returns (quality, sentence) --------------------------------------------
 
 
-def _uptime(history: PeerHistory, now: float) -> tuple[float, str]:
+def _shrink(measured: float, n: int, k: float) -> float:
+    return (n * measured + k * NEUTRAL) / (n + k) if n > 0 else NEUTRAL
+
+
+def _pct(ratio: float) -> str:
+    return f"{100 * ratio:.0f}%"
+
+
+def _uptime(agg: PeerAggregates) -> tuple[float, str]:
     weighted, weights, ratios = 0.0, 0.0, {}
-    for window, weight, label in UPTIME_WINDOWS:
-        polls = [o for o in history.observations if o.at >= now - window]
-        if not polls:
+    for (_, weight, label), counts in zip(UPTIME_WINDOWS, agg.uptime):
+        if counts.polls <= 0:
             continue
-        # A row may stand for many polls (an hourly rollup, a merged run): weigh by `samples`.
-        samples = sum(o.samples for o in polls)
-        ratio = sum(o.samples for o in polls if _up(o)) / samples
+        ratio = counts.online / counts.polls
         ratios[label] = ratio
-        weighted += weight * _shrink(ratio, samples, PRIOR["uptime"])
+        weighted += weight * _shrink(ratio, counts.polls, PRIOR["uptime"])
         weights += weight
     if not ratios:
         return NEUTRAL, "online: no polls seen yet"
@@ -117,76 +206,48 @@ def _uptime(history: PeerHistory, now: float) -> tuple[float, str]:
     return weighted / weights, sentence
 
 
-def _probes(history: PeerHistory, now: float) -> tuple[float, float, str]:
-    recent = [result for at, result in history.probes if at >= now - PROBE_WINDOW]
-    joining = sum(1 for r in recent if r.joining and not r.ok)
-    counted = [r for r in recent if r.ok or not r.joining]
-    ok = [r for r in counted if r.ok]
-    rtts = [r.rtt for r in ok if r.rtt is not None]
-    success = _shrink(len(ok) / len(counted), len(counted), PRIOR["probe_success"]) if counted else NEUTRAL
-    if not recent:
+def _probes(agg: PeerAggregates) -> tuple[float, float, str]:
+    counted = agg.probes_ok + agg.probes_failed
+    success = _shrink(agg.probes_ok / counted, counted, PRIOR["probe_success"]) if counted else NEUTRAL
+    if not counted and not agg.probes_joining:
         return success, NEUTRAL, "probe: none in the last 24 h"
-    sentence = f"probe ok {len(ok)}/{len(counted)}"
+    sentence = f"probe ok {agg.probes_ok}/{counted}"
     rtt_quality = NEUTRAL
-    if rtts:
-        median_rtt = statistics.median(rtts)
-        rtt_quality = _shrink(1 / (1 + median_rtt / RTT_REFERENCE), len(rtts), PRIOR["probe_rtt"])
+    median_rtt = agg.probe_rtt.median()
+    if median_rtt is not None:
+        rtt_quality = _shrink(1 / (1 + median_rtt / RTT_REFERENCE), agg.probe_rtt.count, PRIOR["probe_rtt"])
         sentence += f", median RTT {median_rtt * 1000:.0f} ms"
-    if joining:
-        sentence += f", {joining} answered JOINING (still loading)"
-    failed = [r for r in counted if not r.ok]
-    if failed and failed[-1].error:
-        sentence += f" (last error: {failed[-1].error})"
+    if agg.probes_joining:
+        sentence += f", {agg.probes_joining} answered JOINING (still loading)"
+    if agg.probes_failed and agg.last_probe_error:
+        sentence += f" (last error: {agg.last_probe_error})"
     return success, rtt_quality, sentence
 
 
-def _flaps(history: PeerHistory, now: float) -> tuple[float, str]:
-    by_model: dict[str, list[Observation]] = {}
-    for observation in history.observations:
-        by_model.setdefault(observation.model, []).append(observation)
-    flaps = polls = chances = 0
-    for observations in by_model.values():
-        observations.sort(key=lambda o: o.at)
-        for before, after in zip(observations, observations[1:]):
-            if after.at < now - FLAP_WINDOW:
-                continue
-            polls += before.samples
-            if _up(before):
-                chances += before.samples
-                flaps += not _up(after)
-    if not polls:
+def _stability(agg: PeerAggregates) -> tuple[float, str]:
+    if not agg.uptime[_FLAP_UPTIME].polls:
         return NEUTRAL, "state flaps: no polls in the last 24 h"
-    if not chances:
-        return NEUTRAL, "0 state flaps in 24 h (never ONLINE, nothing to judge)"
+    if not agg.flap_chances:
+        why = "never ONLINE" if not agg.uptime[_FLAP_UPTIME].online else "ONLINE in the last poll only"
+        return NEUTRAL, f"0 state flaps in 24 h ({why}, nothing to judge)"
+    flaps, chances = agg.flaps, agg.flap_chances
     quality = _shrink(math.exp(-flaps / FLAP_SCALE), chances, PRIOR["stability"])
     return quality, f"{flaps} state flap{'' if flaps == 1 else 's'} in 24 h (left ONLINE; {chances} polls while ONLINE)"
 
 
-def peer_sec_per_block(history: PeerHistory, now: float) -> Optional[float]:
-    """Median seconds per token per block over the peer's ok chat outcomes in the chat window."""
-    speeds = [
-        o.seconds_per_token_per_block
-        for o in history.outcomes
-        if o.ok and o.at >= now - CHAT_WINDOW and o.seconds_per_token_per_block is not None
-    ]
-    return statistics.median(speeds) if speeds else None
-
-
-def _chat(history: PeerHistory, now: float, reference: Optional[float]) -> tuple[float, float, str]:
-    recent = [o for o in history.outcomes if o.at >= now - CHAT_WINDOW]
-    if not recent:
+def _chat(agg: PeerAggregates, reference: Optional[float]) -> tuple[float, float, str]:
+    total = agg.chats_ok + agg.chats_failed
+    if not total:
         return NEUTRAL, NEUTRAL, "chat: no outcomes in the last 7 d"
-    ok = [o for o in recent if o.ok]
-    success = _shrink(len(ok) / len(recent), len(recent), PRIOR["chat_success"])
-    sentence = f"chat: {len(ok)}/{len(recent)} ok"
+    success = _shrink(agg.chats_ok / total, total, PRIOR["chat_success"])
+    sentence = f"chat: {agg.chats_ok}/{total} ok"
     speed = NEUTRAL
-    median = peer_sec_per_block(history, now)
+    median = agg.chat_speed.median()
     if median is not None:
         sentence += f", {median:.3g} s/token/block"
-        samples = sum(1 for o in ok if o.seconds_per_token_per_block is not None)
         if reference and reference > 0:
             ratio = median / reference
-            speed = _shrink(min(1.0, 1 / ratio) if ratio > 0 else 1.0, samples, PRIOR["chat_speed"])
+            speed = _shrink(min(1.0, 1 / ratio) if ratio > 0 else 1.0, agg.chat_speed.count, PRIOR["chat_speed"])
             if ratio > 1.1:
                 sentence += f" — {ratio:.1f}× slower than the swarm median"
             elif ratio < 1 / 1.1:
@@ -195,24 +256,41 @@ def _chat(history: PeerHistory, now: float, reference: Optional[float]) -> tuple
                 sentence += " — about the swarm median"
         else:
             sentence += " — no swarm reference to compare with yet"
-    advertised = next((o.inference_rps for o in reversed(history.observations) if o.inference_rps), None)
-    if advertised:
-        sentence += f"; advertises {1 / advertised:.3g} s/token/block"
-    failed = [o for o in recent if not o.ok]
-    if failed and failed[-1].error:
-        sentence += f" (last error: {failed[-1].error})"
+    if agg.advertised_inference_rps:
+        sentence += f"; advertises {1 / agg.advertised_inference_rps:.3g} s/token/block"
+    if agg.chats_failed and agg.last_chat_error:
+        sentence += f" (last error: {agg.last_chat_error})"
     return success, speed, sentence
 
 
 # ---- the score -------------------------------------------------------------------------------
 
 
-def score_peer(history: PeerHistory, now: float, *, reference_sec_per_block: Optional[float] = None) -> PeerScore:
-    """The peer's score at ``now``; pass the swarm's median speed (see ``score_swarm``) to judge speed."""
-    uptime, uptime_text = _uptime(history, now)
-    probe_success, probe_rtt, probe_text = _probes(history, now)
-    stability, flap_text = _flaps(history, now)
-    chat_success, chat_speed, chat_text = _chat(history, now, reference_sec_per_block)
+def _probe_speed(measured: float, reference: Optional[float]) -> tuple[float, str]:
+    """(#14) Speed as the speed probes measured it (they measure every server, chats only some)."""
+    text = f"speed probes measure {measured:.3g} s/token/block"
+    if not reference or reference <= 0 or measured <= 0:
+        return NEUTRAL, text + " — no swarm reference to compare with yet"
+    ratio = measured / reference
+    quality = _shrink(min(1.0, 1 / ratio), PROBE_SPEED_SAMPLES, PRIOR["chat_speed"])
+    if ratio > 1.1:
+        return quality, text + f" — {ratio:.1f}× slower than the swarm median"
+    return quality, text + (f" — {1 / ratio:.1f}× faster than the swarm median" if ratio < 1 / 1.1
+                            else " — about the swarm median")
+
+
+def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[float] = None,
+          measured_sec_per_block: Optional[float] = None, wrong_outputs: Optional[str] = None) -> PeerScore:
+    """The score: the one scoring function. Pass the swarm's median speed (``swarm_median``) to judge speed;
+    (#14) the speed probes' measurement of the peer, which judges its speed instead of chats', and
+    why its outputs are wrong if the correctness probes found them so (the score is then 0)."""
+    uptime, uptime_text = _uptime(agg)
+    probe_success, probe_rtt, probe_text = _probes(agg)
+    stability, flap_text = _stability(agg)
+    chat_success, chat_speed, chat_text = _chat(agg, reference_sec_per_block)
+    if measured_sec_per_block is not None:
+        chat_speed, speed_text = _probe_speed(measured_sec_per_block, reference_sec_per_block)
+        chat_text += "; " + speed_text
     qualities = {
         "uptime": uptime,
         "probe_success": probe_success,
@@ -222,27 +300,57 @@ def score_peer(history: PeerHistory, now: float, *, reference_sec_per_block: Opt
         "chat_speed": chat_speed,
     }
     components = {name: (q, float(WEIGHTS[name]), WEIGHTS[name] * q) for name, q in qualities.items()}
-    score = round(sum(points for _, _, points in components.values()), 1)
+    total = round(sum(points for _, _, points in components.values()), 1)
+    explanation = (uptime_text, probe_text, flap_text, chat_text)
+    if wrong_outputs:
+        total = 0.0
+        explanation += (f"outputs: {wrong_outputs} — score 0 until a probe finds them correct",)
     return PeerScore(
-        peer_id=history.peer_id,
-        score=min(100.0, max(0.0, score)),
+        peer_id=agg.peer_id,
+        score=min(100.0, max(0.0, total)),
         components=components,
-        explanation=(uptime_text, probe_text, flap_text, chat_text),
+        explanation=explanation,
         at=now,
     )
 
 
-def swarm_reference(histories: Iterable[PeerHistory], now: float) -> Optional[float]:
+def swarm_median(aggregates: Iterable[PeerAggregates]) -> Optional[float]:
     """The swarm median of seconds per token per block: the median over peers of each peer's median."""
-    medians = [m for h in histories if (m := peer_sec_per_block(h, now)) is not None]
+    medians = [m for agg in aggregates if (m := agg.chat_speed.median()) is not None]
     return statistics.median(medians) if medians else None
 
 
+def score_all(aggregates: Iterable[PeerAggregates], now: float, *, measured: Mapping[str, float] = {},
+              wrong: Mapping[str, str] = {}) -> dict[str, PeerScore]:
+    """Every peer's score, with speed judged against the swarm median. (#14) ``measured``: peer ->
+    seconds per token per block the speed probes measured (their figure replaces the chats' in the
+    peer's speed and in the swarm median); ``wrong``: peer -> why its outputs are wrong."""
+    aggregates = list(aggregates)
+    reference = swarm_median(aggregates)
+    if measured:
+        figures = [f for agg in aggregates if (f := measured.get(agg.peer_id) or agg.chat_speed.median()) is not None]
+        reference = statistics.median(figures) if figures else reference
+    return {agg.peer_id: score(agg, now, reference_sec_per_block=reference,
+                               measured_sec_per_block=measured.get(agg.peer_id), wrong_outputs=wrong.get(agg.peer_id))
+            for agg in aggregates}
+
+
+# ---- from histories (small histories, tests, the specification of the SQL aggregates) --------
+
+
+def score_peer(history: PeerHistory, now: float, *, reference_sec_per_block: Optional[float] = None) -> PeerScore:
+    """``score`` of the history's aggregates."""
+    return score(aggregate(history, now), now, reference_sec_per_block=reference_sec_per_block)
+
+
+def swarm_reference(histories: Iterable[PeerHistory], now: float) -> Optional[float]:
+    """``swarm_median`` of the histories' aggregates."""
+    return swarm_median(aggregate(h, now) for h in histories)
+
+
 def score_swarm(histories: Iterable[PeerHistory], now: float) -> dict[str, PeerScore]:
-    """Every peer's score, with speed judged against the swarm median."""
-    histories = list(histories)
-    reference = swarm_reference(histories, now)
-    return {h.peer_id: score_peer(h, now, reference_sec_per_block=reference) for h in histories}
+    """``score_all`` of the histories' aggregates."""
+    return score_all((aggregate(h, now) for h in histories), now)
 
 
 __doc__ += "\nThe formula\n\n" + FORMULA

@@ -43,9 +43,9 @@ def demo_layout(num_blocks: int, servers: int, throughput: float = 100.0) -> lis
 
 
 class DemoControls:
-    """What the dashboard's demo panel may do to the demo swarm: stop, start, throttle."""
+    """What the dashboard's demo panel may do to the demo swarm: stop, start, throttle, corrupt."""
 
-    ACTIONS = ("stop", "start", "throttle", "unthrottle")
+    ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt")
 
     def __init__(self, swarm: LocalSwarm):
         self.swarm = swarm
@@ -73,3 +73,21 @@ class DemoControls:
     def unthrottle(self, name: str) -> None:
         self._known(name)
         self.swarm.unthrottle(name)
+
+    def corrupt(self, name: str) -> None:
+        """The server keeps answering, fast, with wrong outputs (until ``uncorrupt``)."""
+        self._known(name)
+        self.swarm.corrupt(name)
+
+    def uncorrupt(self, name: str) -> None:
+        self._known(name)
+        self.swarm.uncorrupt(name)
+
+    def hostile(self) -> int:
+        """A made-up peer announces hostile records on every block (numbers at the edge of the DHT's
+        wire format, garbage text, malformed records) for ten minutes; returns how many
+        (``harness/hostile.py``). The monitor must bound or drop them and keep every poll."""
+        from monitor.harness.hostile import announce_hostile
+
+        num_blocks = max(spec.end for spec in self.swarm.specs.values())
+        return len(announce_hostile(self.swarm.dht, self.swarm.dht_prefix, num_blocks))

@@ -1,7 +1,7 @@
 """The one swarm launcher: a real private Petals swarm on loopback (tests, demo, benchmarks).
 
 It starts a bootstrap DHT peer and petals servers as separate processes (``monitor.harness.server_process``),
-waits until each server is ONLINE in the DHT, can stop, kill, throttle and restart any server,
+waits until each server is ONLINE in the DHT, can stop, kill, throttle, corrupt and restart any server,
 and reaps every process it started, whatever happens. Each child runs in its own session, so its
 whole process group (handler processes, DHT process, p2pd daemon) is ended together.
 """
@@ -105,6 +105,8 @@ class LocalSwarm:
         self._throttles: dict[str, threading.Event] = {}
         self._dht = None
         self._lock = threading.Lock()
+        for stale in self.workdir.glob("*.corrupt"):  # a workdir reused from an earlier run starts honest
+            stale.unlink(missing_ok=True)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "LocalSwarm":
@@ -151,6 +153,7 @@ class LocalSwarm:
             "--initial-peers", *self.initial_peers,
             "--identity-path", str(self.workdir / f"{spec.name}.id"),
             "--update-period", str(self.update_period),
+            "--corrupt-flag", str(self._corrupt_flag(spec.name)),
         ]
         if spec.public_name:
             args += ["--public-name", spec.public_name]
@@ -290,6 +293,22 @@ class LocalSwarm:
     def is_throttled(self, name: str) -> bool:
         return name in self._throttles
 
+    def _corrupt_flag(self, name: str) -> Path:
+        return self.workdir / f"{name}.corrupt"
+
+    def corrupt(self, name: str) -> None:
+        """Make the server return wrong outputs (noise as large as the outputs themselves) while it
+        stays fast and ONLINE: its process perturbs every block's outputs while a flag file exists."""
+        if name not in self.specs:
+            raise KeyError(name)
+        self._corrupt_flag(name).touch()
+
+    def uncorrupt(self, name: str) -> None:
+        self._corrupt_flag(name).unlink(missing_ok=True)
+
+    def is_corrupted(self, name: str) -> bool:
+        return self._corrupt_flag(name).exists()
+
     # ---- teardown --------------------------------------------------------------------------
     def _reap(self, proc: Optional[_Proc], *, graceful: bool, grace: float = 15.0) -> None:
         if proc is None or proc.popen is None:
@@ -339,6 +358,7 @@ class LocalSwarm:
                 "pid": proc.pid,
                 "running": proc.alive(),
                 "throttled": self.is_throttled(name),
+                "corrupted": self.is_corrupted(name),
             }
             for name, proc in self.servers.items()
         ]

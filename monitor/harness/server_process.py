@@ -76,9 +76,29 @@ def run_bootstrap(args) -> None:
         dht.shutdown()
 
 
+def _corrupt_outputs_when_flagged(flag: str) -> None:
+    """Chaos: while the file ``flag`` exists, every block's outputs (inference and forward) get
+    noise as large as the outputs themselves, so the server still answers, fast, but wrong.
+    Patched on petals' TransformerBackend in this process, where the compute runtime runs."""
+    import torch
+    from petals.server.backend import TransformerBackend
+
+    def perturbed(outputs):
+        if not os.path.exists(flag):
+            return outputs
+        return tuple(o + torch.randn_like(o) * o.float().std().to(o.dtype) if torch.is_tensor(o) and
+                     o.is_floating_point() and o.numel() > 1 else o for o in outputs)
+
+    inference_step, forward = TransformerBackend.inference_step, TransformerBackend.forward
+    TransformerBackend.inference_step = lambda self, *a, **k: perturbed(inference_step(self, *a, **k))
+    TransformerBackend.forward = lambda self, *a, **k: perturbed(forward(self, *a, **k))
+
+
 def run_server(args) -> None:
     from petals.server.server import Server
 
+    if args.corrupt_flag:
+        _corrupt_outputs_when_flagged(args.corrupt_flag)
     options = dict(NO_NAT_TRAVERSAL)
     server = Server(
         initial_peers=args.initial_peers,
@@ -133,6 +153,7 @@ def main(argv=None) -> None:
     srv.add_argument("--num-handlers", type=int, default=2)
     srv.add_argument("--inference-max-length", type=int, default=2048)
     srv.add_argument("--attn-cache-tokens", type=int, default=None)
+    srv.add_argument("--corrupt-flag", default=None, help="chaos: outputs are perturbed while this file exists")
 
     args = parser.parse_args(argv)
     _die_with_parent()

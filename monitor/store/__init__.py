@@ -4,11 +4,13 @@
 
 - ``schema``: the SQLModel table classes (the schema; Alembic's ``migrations/`` must match them);
 - ``engine``: the engine per dialect, read/write transactions, the guard that turns driver errors
-  into ``StoreUnavailable`` / ``StoreSchemaError``, migrations;
+  into ``StoreUnavailable`` / ``StoreSchemaError`` / ``StoreDataError``, writes that leave out
+  only the rows the database refuses (``insert_rows``), migrations;
 - ``writes``: polls (with each model's ``ModelHealth``), probes, chat outcomes, scores, policies;
 - ``latest``: the latest snapshot, probes, statuses, diagnoses, scores and change marks;
 - ``history``: statuses, state changes, outages, block coverage and peer histories over a range;
 - ``rollups``: hourly rollups and retention (and why 30 days of 500 servers fit in ~1 GB).
+- ``alerts``: alerts pending or firing, every notice, and the outbox of deliveries to webhooks.
 
 Who writes: the poller (polls, diagnoses, probes, scores, rollups), the chat (its requests'
 outcomes) and the web (operators' peer policies); readers are the web, the chat's router and the
@@ -22,20 +24,25 @@ Times are unix seconds (float) everywhere, as in ``core/snapshot.py``.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Iterable, Optional, Sequence
 
 from monitor.core.diagnosis import ModelHealth
-from monitor.core.scores import PeerScore
+from monitor.core.measurements import ServerProbe
+from monitor.core.scores import PeerAggregates, PeerScore
+from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ProbeBatch, ProbeResult, Snapshot
-from monitor.store import history, latest, rollups, writes
-from monitor.store.engine import Database, StoreError, StoreSchemaError, StoreUnavailable
+from monitor.store import aggregates, alerts, history, latest, peers, probes_measured, rollups, writes
+from monitor.store.engine import Database, StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
 from monitor.store.history import StateChange
 from monitor.store.latest import PollSummary
 from monitor.store.schema import PEER_POLICIES, metadata
 
-__all__ = ["PEER_POLICIES", "PollSummary", "StateChange", "Store", "StoreError", "StoreSchemaError",
-           "StoreUnavailable", "metadata"]
+__all__ = ["PEER_POLICIES", "PollSummary", "StateChange", "Store", "StoreDataError", "StoreError",
+           "StoreSchemaError", "StoreUnavailable", "metadata"]
+
+log = logging.getLogger(__name__)
 
 
 class Store:
@@ -68,19 +75,27 @@ class Store:
 
         ``healths``: each polled model's diagnosis (``coverage.diagnose``), from which the store
         keeps the model's status and per-block coverage for history, and the whole diagnosis for
-        the latest poll (the web shows it without running petals)."""
+        the latest poll (the web shows it without running petals). A row the database refuses
+        costs that row, not the poll: it is left out, counted and named in the poll's errors (and
+        logged). ``StoreDataError`` only if the poll itself cannot be stored."""
         with self.db.write("recording a poll") as conn:
-            return writes.record_poll(conn, snapshot, healths)
+            written = writes.record_poll(conn, snapshot, healths)
+            rollups.follow_writes(conn, snapshot.taken_at)
+        if written.dropped:
+            log.warning("poll %s: %d rows were not stored: %s", written.poll_id, written.dropped,
+                        "; ".join(written.error_lines()))
+        return written.poll_id
 
-    def record_diagnoses(self, healths: Iterable[ModelHealth]) -> None:
-        """Replace the latest poll's diagnoses: the poller re-diagnoses the poll after each probe round."""
+    def record_diagnoses(self, healths: Iterable[ModelHealth], *, taken_at: float) -> bool:
+        """Replace the diagnoses of the poll taken at ``taken_at`` (the poller re-diagnoses it after
+        each probe round), if it is still the latest successful poll; False if a newer poll came in
+        meanwhile (its own diagnoses stay)."""
         with self.db.write("recording diagnoses") as conn:
-            poll = latest.latest_ok_poll(conn)
-            if poll is not None:
-                writes.replace_diagnoses(conn, poll["id"], healths)
+            return writes.record_diagnoses(conn, taken_at, healths)
 
     def record_failed_poll(self, at: float, error: str, *, duration: float = 0.0) -> int:
-        """A poll that could not scrape: kept (with its error) so gaps are explained; no rows."""
+        """A poll that could not scrape, or not be stored: kept with its cause so that the gap is
+        explained (dashboard, /metrics); no rows."""
         with self.db.write("recording a failed poll") as conn:
             return writes.record_failed_poll(conn, at, error, duration)
 
@@ -88,6 +103,14 @@ class Store:
         if batch.results:
             with self.db.write("recording probes") as conn:
                 writes.record_probes(conn, batch)
+                rollups.follow_writes(conn, batch.taken_at)
+
+    def record_server_probes(self, probes: Iterable[ServerProbe]) -> None:
+        """Speed (and correctness) probes of servers' spans (``monitor/app/measuring.py``)."""
+        probes = list(probes)
+        if probes:
+            with self.db.write("recording server probes") as conn:
+                probes_measured.record(conn, probes)
 
     def record_chat_outcome(self, outcome: ChatOutcome) -> None:
         self.record_chat_outcomes([outcome])
@@ -155,13 +178,22 @@ class Store:
         with self.db.read("reading recent chat outcomes") as conn:
             return latest.recent_chat_outcomes(conn, since, limit)
 
+    def recent_server_probes(self, since: float, *, until: Optional[float] = None, model: Optional[str] = None,
+                             peer_id: Optional[str] = None, limit: int = 20_000) -> list[ServerProbe]:
+        """Server probes since ``since`` (newest ``limit``, oldest first), of one model and/or peer
+        if given: measured speeds and correctness verdicts (``core.measurements`` reads them)."""
+        with self.db.read("reading server probes") as conn:
+            return probes_measured.recent(conn, since, until=until, model=model, peer_id=peer_id, limit=limit)
+
     def peer_policies(self) -> dict[str, str]:
         """peer id -> "pinned" or "blocked", as operators set them from the dashboard."""
         with self.db.read("reading peer policies") as conn:
             return latest.peer_policies(conn)
 
     def poll_counts(self, since: float) -> dict[str, int]:
-        """Polls since ``since`` that succeeded and failed, and the malformed records they dropped."""
+        """Polls since ``since`` that succeeded and failed (``ok``, ``failed``), and the malformed
+        records they dropped, the announced values they bounded and the rows the database refused
+        (``invalid_records``, ``clamped_values``, ``dropped_rows``)."""
         with self.db.read("counting polls") as conn:
             return latest.poll_counts(conn, since)
 
@@ -222,6 +254,30 @@ class Store:
             found = history.histories(conn, since, until, None, merge_runs, probes_since)
         return sorted(found.values(), key=lambda h: h.peer_id)
 
+    def peer_aggregates(self, now: float) -> list[PeerAggregates]:
+        """What ``scores.score_all`` takes, for every peer observed or chatted with in the score
+        window, counted by the database (``aggregates``): memory bounded by the number of peers."""
+        with self.db.read("reading score aggregates") as conn:
+            return aggregates.peer_aggregates(conn, now)
+
+    # ---- finding a peer ---------------------------------------------------------------------
+
+    def search_peers(self, query: str, *, limit: int = 20) -> list[peers.PeerMatch]:
+        """Peers whose id is ``query`` or starts with it (ends with it, after ``…``), or whose
+        public name contains it, exact matches first; at most ``limit`` (``peers.search``)."""
+        with self.db.read("searching peers") as conn:
+            return peers.search(conn, query, limit)
+
+    def peer_record(self, peer_id: str) -> Optional[peers.PeerRecord]:
+        """When the peer was first and last seen announcing itself, and its last public name."""
+        with self.db.read("reading a peer") as conn:
+            return peers.record(conn, peer_id)
+
+    def last_announcements(self, peer_id: str) -> list[LastAnnouncement]:
+        """What the peer announced per model the last time a poll saw it, newest first."""
+        with self.db.read("reading a peer's last announcements") as conn:
+            return peers.last_announcements(conn, peer_id)
+
     def probe_stats(self, peer_id: str, since: float, until: float) -> list[dict]:
         """Oldest first: ``{at, n, ok, joining, mean_rtt}`` per hour before raw retention and per
         probe after, for charts of probe success over days. No view uses it yet: the peer page will
@@ -230,11 +286,62 @@ class Store:
             key = latest.peer_key(conn, peer_id)
             return [] if key is None else history.probe_stats(conn, key, since, until)
 
+    # ---- alerts (#15: store/alerts.py) -------------------------------------------------------
+
+    def alerts(self) -> dict:
+        """(rule, subject) -> every pending or firing ``core.alerts.Alert``."""
+        with self.db.read("reading alerts") as conn:
+            return alerts.load_alerts(conn)
+
+    def alerts_evaluated_at(self) -> Optional[float]:
+        """When the poller's alert job last evaluated the rules (a heartbeat, a minute apart at most)."""
+        with self.db.read("reading the alert job's heartbeat") as conn:
+            return alerts.evaluated_at(conn)
+
+    def record_alert_evaluation(self, evaluation, webhooks_for, now: float) -> list[int]:
+        """An evaluation's changed alerts, its notices and their deliveries (``webhooks_for(notice)``
+        names the webhooks), and when it ran, in one transaction; returns the notices' ids."""
+        with self.db.write("recording alerts") as conn:
+            return alerts.record_evaluation(conn, evaluation, webhooks_for, now)
+
+    def pending_alert_deliveries(self, *, limit: int = 100) -> list:
+        """Pending deliveries (due now or waiting for a retry), with their notices, oldest first."""
+        with self.db.read("reading pending alert deliveries") as conn:
+            return alerts.pending_deliveries(conn, limit)
+
+    def record_alert_delivery(self, delivery_id: int, *, ok: bool, at: float, error: Optional[str] = None,
+                              retry_at: Optional[float] = None) -> None:
+        """One delivery attempt: delivered, to be retried at ``retry_at``, or (None) given up."""
+        with self.db.write("recording an alert delivery") as conn:
+            alerts.record_attempt(conn, delivery_id, ok=ok, at=at, error=error, retry_at=retry_at)
+
+    def alert_events(self, since: float, until: float, *, limit: int = 200) -> list:
+        """Notices in [since, until], newest first, each with its deliveries (``StoredNotice``)."""
+        with self.db.read("reading alert history") as conn:
+            return alerts.events(conn, since, until, limit)
+
+    def alert_deliveries(self, *, status: Optional[str] = None, limit: int = 50) -> list:
+        """The latest deliveries (of one status: pending, delivered, failed), newest first."""
+        with self.db.read("reading alert deliveries") as conn:
+            return alerts.recent_deliveries(conn, status, limit)
+
+    def alert_delivery_counts(self, since: float) -> dict[str, dict[str, int]]:
+        """webhook -> status -> deliveries since ``since`` (and every pending one)."""
+        with self.db.read("counting alert deliveries") as conn:
+            return alerts.delivery_counts(conn, since)
+
+    def prune_alerts(self, before: float) -> dict[str, int]:
+        """Delete notices (and their deliveries) older than ``before``, except undelivered ones."""
+        with self.db.write("pruning alert history") as conn:
+            return alerts.prune(conn, before)
+
     # ---- rollups and retention -------------------------------------------------------------
 
     def rollup_and_prune(self, now: float, *, raw_retention_days: float, rollup_retention_days: float) -> dict:
-        """Aggregate every completed hour not yet rolled up, then delete raw rows older than
-        ``raw_retention_days`` (whole hours, only rolled-up ones) and rollups, chat outcomes and
-        state changes older than ``rollup_retention_days``. Idempotent; returns counts."""
+        """Aggregate every completed hour not yet rolled up (and hours written into since they
+        were), then delete raw rows older than ``raw_retention_days`` (whole hours, only rolled-up
+        ones), rollups, chat outcomes and state changes older than ``rollup_retention_days``, and
+        latest probes, scores, models, peers and policies not seen within those retentions
+        (``rollups.rollup_and_prune``). Idempotent; returns counts."""
         return rollups.rollup_and_prune(self.db, now, raw_retention_days=raw_retention_days,
                                         rollup_retention_days=rollup_retention_days)

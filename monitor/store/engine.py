@@ -5,7 +5,9 @@ SQLite (default, a file in the data dir) or PostgreSQL, one schema, migrated by 
 (``monitor/store/migrations``). Every call takes its own pooled connection and transaction, so
 threads and processes share a database, not Python state. A database that is down or locked
 makes a call raise ``StoreUnavailable`` within a few seconds instead of hanging, and the next call
-works again once the database is back.
+works again once the database is back. Data the database refuses (a number beyond its column, a
+constraint) is a different failure, ``StoreDataError``: retrying cannot help, but the other rows
+can still go in, which ``insert_rows`` does (one refused row costs that row, not the batch).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -37,6 +40,11 @@ class StoreUnavailable(StoreError):
 
 class StoreSchemaError(StoreError):
     """The database has not been migrated to this version's schema (run ``Store.migrate()``)."""
+
+
+class StoreDataError(StoreError, ValueError):
+    """The database (or its driver) refused the values of a write: a number beyond its column, a
+    constraint, a value its type cannot hold. Retrying the same write fails the same way."""
 
 
 class Database:
@@ -66,22 +74,33 @@ class Database:
     def write(self, what: str = "writing") -> Iterator[Connection]:
         """A write transaction; on SQLite it takes the write lock up front (``BEGIN IMMEDIATE``), so
         concurrent writers wait ``timeout`` for each other rather than fail half-way."""
-        with self.guard(what), self.engine.connect() as conn:
+        with self.guard(what, writing=True), self.engine.connect() as conn:
             conn.execution_options(store_write=True)
             with conn.begin():
                 yield conn
 
     @contextlib.contextmanager
-    def guard(self, what: str) -> Iterator[None]:
-        """Turn driver errors that the operator can act on into StoreUnavailable / StoreSchemaError."""
+    def guard(self, what: str, *, writing: bool = False) -> Iterator[None]:
+        """Turn driver errors that the operator can act on into StoreUnavailable / StoreSchemaError /
+        StoreDataError (a data error is never reported as an unavailable database). ``writing``:
+        a plain ``ValueError`` / ``OverflowError`` (the driver refusing a value) is a data error
+        too; in a read it is a bug and stays what it is."""
         try:
             yield
-        except exc.DBAPIError as e:
-            if _is_schema_error(e):
+        except StoreError:
+            raise
+        except (exc.StatementError, OverflowError, ValueError) as e:
+            if not writing and not isinstance(e, exc.StatementError):
+                raise
+            if isinstance(e, exc.DBAPIError) and _is_schema_error(e):
                 raise StoreSchemaError(
                     f"{what}: the database {self.display_url} lacks this version's tables or columns "
                     f"({short_error(e.orig)}); run `swarm-monitor` once (it migrates at start) or Store.migrate()"
                 ) from e
+            if is_data_error(e):
+                raise StoreDataError(f"{what}: the database refused the data ({data_error_text(e)})") from e
+            if not isinstance(e, exc.DBAPIError):
+                raise
             if isinstance(e, (exc.OperationalError, exc.InterfaceError)) or e.connection_invalidated:
                 hint = ("is another process holding the file locked, or is its directory gone?"
                         if self.dialect == "sqlite" else "is the database server up and reachable?")
@@ -128,6 +147,70 @@ class Database:
             wal = Path(f"{self.url.database}-wal")
             size += wal.stat().st_size if wal.exists() else 0
         return int(size)
+
+
+# ---- data errors -----------------------------------------------------------------------------
+
+
+def is_data_error(error: BaseException) -> bool:
+    """True when the database or its driver refused the *values* of a statement (not the statement,
+    the schema or the connection): the same values fail again, other rows may still go in.
+    PostgreSQL: SQLSTATE classes 22 (data exception) and 23 (integrity); SQLite: an integer beyond
+    64 bits (``OverflowError``), a value it cannot bind, a constraint; either: a value its column
+    type could not convert (SQLAlchemy's ``StatementError``, e.g. JSON)."""
+    if isinstance(error, (exc.DataError, exc.IntegrityError)):
+        return True
+    if isinstance(error, exc.DBAPIError):
+        code = str(getattr(error.orig, "sqlstate", None) or "")
+        if code[:2] in ("22", "23"):
+            return True
+        return (isinstance(error, (exc.ProgrammingError, exc.InterfaceError))
+                and "binding parameter" in str(error.orig).lower())
+    if isinstance(error, exc.StatementError):  # raised while converting a value, before the database saw it
+        return True
+    return isinstance(error, (OverflowError, ValueError))
+
+
+def data_error_text(error: BaseException) -> str:
+    """What the database said about the refused values, in one short line (no SQL, no parameters)."""
+    cause = getattr(error, "orig", None) or error
+    return short_error(cause)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A row the database refused, and what it said."""
+
+    row: dict
+    error: str
+
+
+def insert_rows(conn: Connection, statement, rows: Sequence[dict]) -> tuple[list[dict], list[Refused]]:
+    """Execute ``statement`` for every row (one executemany); rows the database refuses as data
+    (``is_data_error``) are left out and the others written. The batch is tried whole inside a
+    SAVEPOINT; if it is refused, each half is tried the same way, down to single rows, so k bad rows
+    among n cost about 2·k·log2(n) statements. Returns (written rows, refused rows)."""
+    refused: list[Refused] = []
+
+    def attempt(part: Sequence[dict]) -> None:
+        try:
+            with conn.begin_nested():
+                conn.execute(statement, list(part))
+            return
+        except Exception as e:  # noqa: BLE001 - only data errors are handled, the rest re-raised
+            if not is_data_error(e):
+                raise
+            if len(part) == 1:
+                refused.append(Refused(part[0], data_error_text(e)))
+                return
+        middle = len(part) // 2
+        attempt(part[:middle])
+        attempt(part[middle:])
+
+    if rows:
+        attempt(rows)
+    bad = {id(r.row) for r in refused}
+    return [row for row in rows if id(row) not in bad], refused
 
 
 def insert(conn: Connection, table: sa.Table):

@@ -46,6 +46,8 @@ class PollSummary:
     invalid_records: int
     errors: tuple[str, ...]
     ok: bool
+    clamped_values: int = 0  # announced values bounded to what we store
+    dropped_rows: int = 0  # rows the database refused (named in ``errors``)
 
 
 def last_poll(conn: Connection) -> Optional[PollSummary]:
@@ -56,7 +58,8 @@ def last_poll(conn: Connection) -> Optional[PollSummary]:
         return None
     return PollSummary(id=row["id"], at=row["at"], duration=row["duration"], n_models=row["n_models"],
                        n_servers=row["n_servers"], invalid_records=row["invalid_records"],
-                       errors=tuple(row["errors"] or ()), ok=bool(row["ok"]))
+                       errors=tuple(row["errors"] or ()), ok=bool(row["ok"]),
+                       clamped_values=row["clamped_values"] or 0, dropped_rows=row["dropped_rows"] or 0)
 
 
 def change_marks(conn: Connection) -> tuple:
@@ -179,14 +182,17 @@ def peer_policies(conn: Connection) -> dict[str, str]:
 
 
 def poll_counts(conn: Connection, since: float) -> dict[str, int]:
-    """Polls since ``since`` that succeeded and failed, and the malformed records they dropped."""
+    """Polls since ``since`` that succeeded and failed, the malformed records they dropped, the
+    announced values they bounded and the rows the database refused."""
     t = Poll.__table__.c
-    query = sa.select(t.ok, sa.func.count(), sa.func.coalesce(sa.func.sum(t.invalid_records), 0)).where(
+    sums = ("invalid_records", "clamped_values", "dropped_rows")
+    query = sa.select(t.ok, sa.func.count(), *(sa.func.coalesce(sa.func.sum(t[name]), 0) for name in sums)).where(
         t.at >= since).group_by(t.ok)
-    counts = {"ok": 0, "failed": 0, "invalid_records": 0}
-    for ok, n, invalid in conn.execute(query):
+    counts = {"ok": 0, "failed": 0, **{name: 0 for name in sums}}
+    for ok, n, *totals in conn.execute(query):
         counts["ok" if ok else "failed"] += n
-        counts["invalid_records"] += int(invalid)
+        for name, total in zip(sums, totals):
+            counts[name] += int(total)
     return counts
 
 

@@ -1,8 +1,13 @@
 """Rollups and retention: raw rows are kept ``raw_retention_days``, hourly rollups after that.
 
-Every completed hour is aggregated once into the ``hourly_*`` tables (``rolled_up_until`` in
+Every completed hour is aggregated into the ``hourly_*`` tables (``rolled_up_until`` in
 ``store_meta`` is the watermark); then raw rows older than the raw retention (whole, rolled-up
-hours only) and rollups, chat outcomes and state changes older than the rollup retention go.
+hours only: never past the watermark) and rollups, chat outcomes and state changes older than the
+rollup retention go. The watermark follows the writes: a poll or probe round stored into an hour
+already rolled up (it finished after the rollup ran) moves it back (``follow_writes``), so the
+next rollup redoes that hour with every row. The "now" tables are pruned too: latest probes,
+scores and watched models not refreshed within the raw retention, and peers (and their routing
+policies) not seen within the rollup retention that no row refers to any more.
 The history readers use a rollup hour only where no raw rows are left (``rollup_window``), so a
 query over any range sees each poll exactly once.
 
@@ -26,11 +31,13 @@ from sqlalchemy.engine import Connection
 from monitor.core.common import DAY, HOUR
 from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY
 from monitor.core.snapshot import JOINING, ONLINE
+from monitor.store import aggregates, probes_measured
 from monitor.store.engine import Database, insert
 from monitor.store.schema import (
     BlockCoverageRow,
     ChatOutcomeRow,
     HourlyBlockCoverageRow,
+    LatestProbeRow,
     HourlyModelStatusRow,
     HourlyObservationsRow,
     HourlyPollsRow,
@@ -38,63 +45,106 @@ from monitor.store.schema import (
     ModelStateChangeRow,
     ModelStatusRow,
     Peer,
+    PeerPolicyRow,
+    PeerScoreRow,
     Poll,
     ProbeRow,
     ServerObservationRow,
     ServerPingsRow,
     StoreMetaRow,
+    WatchedModel,
 )
 
 # Model states worst last; a rollup hour shows the worst state it saw.
 STATE_SEVERITY = {HEALTHY: 0, DEGRADED: 1, BROKEN: 2}
 HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow)
-WATERMARK = "rolled_up_until"
+WATERMARK = "rolled_up_until"  # hours before it are rolled up
+PRUNED = "raw_pruned_until"  # raw rows before it are gone
 
 
 def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
                      rollup_retention_days: float) -> dict[str, int]:
     """Aggregate every completed hour not yet rolled up (one transaction per hour), then delete raw
-    rows older than ``raw_retention_days`` (whole hours, only rolled-up ones) and rollups, chat
-    outcomes and state changes older than ``rollup_retention_days``. Idempotent; returns counts."""
+    rows older than ``raw_retention_days`` (whole hours, only rolled-up ones), rollups, chat
+    outcomes and state changes older than ``rollup_retention_days``, and what the "now" tables
+    hold of peers and models not seen within those retentions. Idempotent; returns counts."""
     current_hour = floor_hour(now)
-    with db.read("reading the rollup watermark") as conn:
-        hour = _watermark(conn)
     hours = 0
     while True:
         with db.write("rolling up") as conn:
-            hour = _rollup_next_hour(conn, hour, current_hour)
-        if hour is None:
-            break
+            if not _rollup_next_hour(conn, current_hour):
+                break
         hours += 1
     counts: dict[str, int] = {"hours_rolled_up": hours}
+    raw_cutoff = min(floor_hour(now - raw_retention_days * DAY), current_hour)
+    rollup_cutoff = floor_hour(now - rollup_retention_days * DAY)
     with db.write("pruning raw rows") as conn:
-        counts.update(_prune_raw(conn, min(floor_hour(now - raw_retention_days * DAY), current_hour)))
+        counts.update(_prune_raw(conn, raw_cutoff))
     with db.write("pruning rollups") as conn:
-        counts.update(_prune_rollups(conn, floor_hour(now - rollup_retention_days * DAY)))
+        counts.update(_prune_rollups(conn, rollup_cutoff))
+    with db.write("pruning the latest state") as conn:
+        counts.update(_prune_now(conn, raw_cutoff, rollup_cutoff))
     return counts
 
 
-def _watermark(conn: Connection) -> Optional[float]:
+def follow_writes(conn: Connection, at: float) -> None:
+    """Called in the transaction that stores rows at time ``at``: if their hour is already rolled
+    up, move the watermark back to it so that the next rollup redoes the hour with them. Rows older
+    than the raw rows already pruned are not rolled up (their hour's raw rows are gone)."""
+    done = _meta_float(conn, WATERMARK, lock=True)
+    hour = floor_hour(at)
+    if done is None or hour >= done:
+        return
+    pruned = _meta_float(conn, PRUNED)
+    if pruned is not None and hour < pruned:
+        return
+    _set_meta(conn, WATERMARK, repr(hour))
+
+
+def rolled_up_until(conn: Connection) -> Optional[float]:
+    """The watermark: hours before it are rolled up (None: nothing rolled up yet)."""
+    return _meta_float(conn, WATERMARK)
+
+
+def raw_pruned_until(conn: Connection) -> Optional[float]:
+    """Raw rows before it are gone (None: none pruned yet)."""
+    return _meta_float(conn, PRUNED)
+
+
+def _meta_float(conn: Connection, key: str, *, lock: bool = False) -> Optional[float]:
+    """A number kept in ``store_meta``; ``lock``: hold its row until the transaction ends (PostgreSQL;
+    SQLite's writers are serialised anyway), so that a rollup and a late write see each other."""
     t = StoreMetaRow.__table__.c
-    done = conn.execute(sa.select(t.value).where(t.key == WATERMARK)).scalar()
-    return float(done) if done is not None else None
+    query = sa.select(t.value).where(t.key == key)
+    value = conn.execute(query.with_for_update() if lock else query).scalar()
+    return float(value) if value is not None else None
 
 
-def _rollup_next_hour(conn: Connection, after: Optional[float], current_hour: float) -> Optional[float]:
-    """Roll up the first hour with data at or after ``after`` if it is complete (before
-    ``current_hour``) and move the watermark past it; returns the hour after it, or None when
-    nothing is left to roll up (the watermark then moves to ``current_hour``)."""
+def _rollup_next_hour(conn: Connection, current_hour: float) -> bool:
+    """Roll up the first hour with data at or after the watermark if it is complete (before
+    ``current_hour``) and move the watermark past it; returns False when nothing is left to roll
+    up (the watermark then moves to ``current_hour``). The watermark row is locked first, so a late
+    write either lands before this reads the hour's rows or sees the new watermark after it."""
+    after = _meta_float(conn, WATERMARK, lock=True)
     hour = _next_hour_with_data(conn, after)
     if hour is None or hour >= current_hour:
         _set_meta(conn, WATERMARK, repr(max(after or current_hour, current_hour)))
-        return None
+        return False
     _rollup_hour(conn, hour)
     _set_meta(conn, WATERMARK, repr(hour + HOUR))
-    return hour + HOUR
+    return True
 
 
 def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
-    """Delete polls (with everything recorded per poll) and probes older than ``cutoff``."""
+    """Delete polls (with everything recorded per poll) and probes older than ``cutoff``, but never
+    past the watermark: raw rows go only once they are rolled up."""
+    done = _meta_float(conn, WATERMARK, lock=True)
+    if done is None:
+        return {}
+    cutoff = min(cutoff, done)
+    pruned = _meta_float(conn, PRUNED)
+    if pruned is None or cutoff > pruned:
+        _set_meta(conn, PRUNED, repr(cutoff))
     polls = Poll.__table__
     old_polls = sa.select(polls.c.id).where(polls.c.at < cutoff).scalar_subquery()
     counts = {}
@@ -104,6 +154,8 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     counts["polls"] = conn.execute(sa.delete(polls).where(polls.c.at < cutoff)).rowcount
     probes = ProbeRow.__table__
     counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
+    counts["server_probes"] = probes_measured.prune(conn, cutoff)  # (#14: raw only, no rollup)
+    counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (#13: kept as long as raw rows)
     return counts
 
 
@@ -121,6 +173,33 @@ def _prune_rollups(conn: Connection, cutoff: float) -> dict[str, int]:
     counts["model_state_changes"] = conn.execute(sa.delete(changes).where(
         changes.c.at < cutoff, changes.c.id.not_in(latest_change))).rowcount
     return counts
+
+
+def _prune_now(conn: Connection, raw_cutoff: float, rollup_cutoff: float) -> dict[str, int]:
+    """The "now" tables keep only what was seen lately: latest probes, scores and watched models
+    not refreshed since ``raw_cutoff``; peers not seen since ``rollup_cutoff`` that no row refers to
+    (found from the schema's foreign keys, so tables added later are respected); routing policies
+    set before ``rollup_cutoff`` for peers no longer known."""
+    counts = {}
+    for row in (LatestProbeRow, PeerScoreRow):
+        table = row.__table__
+        counts[table.name] = conn.execute(sa.delete(table).where(table.c.at < raw_cutoff)).rowcount
+    models = WatchedModel.__table__
+    counts[models.name] = conn.execute(sa.delete(models).where(models.c.last_seen < raw_cutoff)).rowcount
+    peers = Peer.__table__
+    unreferenced = [~sa.exists().where(column == peers.c.id) for column in _columns_referring_to(peers.c.id)]
+    counts[peers.name] = conn.execute(sa.delete(peers).where(
+        sa.func.coalesce(peers.c.last_seen, peers.c.first_seen, 0.0) < rollup_cutoff, *unreferenced)).rowcount
+    policies = PeerPolicyRow.__table__
+    counts[policies.name] = conn.execute(sa.delete(policies).where(
+        policies.c.at < rollup_cutoff, policies.c.peer_id.not_in(sa.select(peers.c.peer_id)))).rowcount
+    return counts
+
+
+def _columns_referring_to(key: sa.Column) -> list[sa.Column]:
+    """Every column of the schema with a foreign key to ``key``."""
+    return [fk.parent for table in key.table.metadata.sorted_tables for fk in table.foreign_keys
+            if fk.column is key]
 
 
 # ---- what the history readers share ----------------------------------------------------------
@@ -165,7 +244,9 @@ def _rollup_hour(conn: Connection, hour: float) -> None:
             mean_duration=sum(r.duration or 0 for r in polls) / len(polls)))
     ok_times = sorted(r.at for r in polls if r.ok)
     in_hour = sa.select(p.id).where(p.at >= hour, p.at < end, p.ok).scalar_subquery()
-    _insert_rows(conn, HourlyObservationsRow, _observation_rows(conn, hour, in_hour, ok_times))
+    ok_polls = sorted((r.at, r.id) for r in polls if r.ok)
+    pairs = [(before, after_at) for (_, before), (after_at, _) in zip(ok_polls, ok_polls[1:])]
+    _insert_rows(conn, HourlyObservationsRow, _observation_rows(conn, hour, in_hour, ok_times, pairs))
     _insert_rows(conn, HourlyModelStatusRow, _status_rows(conn, hour, in_hour))
     _insert_rows(conn, HourlyBlockCoverageRow, _block_rows(conn, hour, in_hour))
     _insert_rows(conn, HourlyProbesRow, _probe_rows(conn, hour, end))
@@ -176,7 +257,10 @@ def _insert_rows(conn: Connection, row, rows: list[dict]) -> None:
         conn.execute(sa.insert(row.__table__), rows)
 
 
-def _observation_rows(conn: Connection, hour: float, in_hour, ok_times: list[float]) -> list[dict]:
+def _observation_rows(conn: Connection, hour: float, in_hour, ok_times: list[float],
+                      pairs: list[tuple[int, float]]) -> list[dict]:
+    """Per (peer, model): the hour's counts, and its flaps between the hour's consecutive ok polls
+    (``pairs``: poll id, time of the next; ``aggregates.departures``), for the scores."""
     o, peers = ServerObservationRow.__table__.c, Peer.__table__
     groups = conn.execute(
         sa.select(o.peer, o.model, sa.func.max(peers.c.first_seen), sa.func.count(),
@@ -192,6 +276,9 @@ def _observation_rows(conn: Connection, hour: float, in_hour, ok_times: list[flo
         rows.append({"peer": peer, "model": model, "hour": hour, "polls": max(since_first, samples),
                      "samples": samples, "online": int(online or 0), "joining": int(joining or 0),
                      "mean_throughput": thr, "mean_inference_rps": rps, "min_start": start, "max_end": stop})
+    flaps = aggregates.departures(conn, pairs)
+    for row in rows:
+        row["flap_chances"], row["flaps"] = flaps.get((row["peer"], row["model"]), (0, 0))
     return rows
 
 
@@ -238,12 +325,16 @@ def _block_rows(conn: Connection, hour: float, in_hour) -> list[dict]:
 
 
 def _probe_rows(conn: Connection, hour: float, end: float) -> list[dict]:
-    q = ProbeRow.__table__.c
-    return [{"peer": peer, "hour": hour, "n": n, "ok": int(ok or 0), "joining": int(joining or 0), "mean_rtt": rtt}
-            for peer, n, ok, joining, rtt in conn.execute(
-                sa.select(q.peer, sa.func.count(), _count_if(q.ok), _count_if(q.joining),
-                          sa.func.avg(sa.case((q.ok, q.rtt))))
-                .where(q.at >= hour, q.at < end).group_by(q.peer))]
+    """Per peer: probes, ok, JOINING, the mean RTT, and for the scores the RTT histogram and the
+    latest failure's error (``aggregates.probe_bins``)."""
+    rows = []
+    for peer, found in aggregates.probe_bins(conn, [(hour, end)], math.inf).items():
+        timed = sum(n for _, n, _ in found["bins"])
+        rows.append({"peer": peer, "hour": hour, "n": found["n"], "ok": found["ok"], "joining": found["joining"],
+                     "mean_rtt": sum(total for _, _, total in found["bins"]) / timed if timed else None,
+                     "rtt_bins": [x for b in found["bins"] for x in b],  # flat: bucket, count, sum, ...
+                     "last_error": found["error"][1] if found["error"] else None})
+    return rows
 
 
 def _next_hour_with_data(conn: Connection, after: Optional[float]) -> Optional[float]:

@@ -38,7 +38,7 @@ class Peer(SQLModel, table=True):
     """Every peer ever seen (announced, probed, or chatted with); ``id`` is the key other tables use."""
 
     __tablename__ = "peers"
-    __table_args__ = (sa.UniqueConstraint("peer_id"),)
+    __table_args__ = (sa.UniqueConstraint("peer_id"), sa.Index(None, "public_name"))  # (name: peer search)
     id: Optional[int] = Field(default=None, primary_key=True)
     peer_id: str
     first_seen: Optional[float] = None  # first/last poll that saw it announce (None: only probed)
@@ -69,6 +69,10 @@ class Poll(SQLModel, table=True):
     errors: Any = _json_field()  # list of strings
     models: Any = _json_field()  # the polled models' dht_prefixes, in order
     ok: bool = True
+    # added by revision 0005: announced values bounded (swarm/announce.py, and non-finite ones the
+    # store nulled), and rows of this poll the database refused (named in ``errors``)
+    clamped_values: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    dropped_rows: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class ServerObservationRow(SQLModel, table=True):
@@ -225,11 +229,103 @@ class LatestDiagnosisRow(SQLModel, table=True):
 
 
 class StoreMetaRow(SQLModel, table=True):
-    """Key/value bookkeeping: ``rolled_up_until`` (the rollup watermark)."""
+    """Key/value bookkeeping: ``rolled_up_until`` (the rollup watermark; writes into an hour before
+    it move it back) and ``raw_pruned_until`` (raw rows before it are gone)."""
 
     __tablename__ = "store_meta"
     key: str = Field(primary_key=True)
     value: str
+
+
+# ---- alerts (#15; revision 0006): the evaluator's memory, every notice, and its deliveries ------
+
+
+class AlertRow(SQLModel, table=True):
+    """An alert pending or firing, one per rule and subject (``core/alerts.py``'s ``Alert``): kept
+    here so that a restarted poller neither repeats a notice nor forgets one."""
+
+    __tablename__ = "alerts"
+    rule: str = Field(primary_key=True, max_length=100)
+    subject: str = Field(primary_key=True, max_length=256)
+    kind: str = Field(max_length=32)
+    label: str = Field(max_length=400)
+    status: str = Field(max_length=16)  # pending | firing
+    state: str = Field(max_length=32)
+    severity: str = Field(max_length=16)
+    summary: str = Field(max_length=400)
+    details: Any = _json_field()  # list of strings
+    since: float
+    fired_at: Optional[float] = None
+    notified_at: Optional[float] = None
+    next_state: Optional[str] = Field(default=None, max_length=32)
+    next_since: Optional[float] = None
+
+
+class AlertEventRow(SQLModel, table=True):
+    """Every notice an alert gave (firing, changed, repeat, resolved): the alerts' history, kept
+    ``alerts.history_days``."""
+
+    __tablename__ = "alert_events"
+    __table_args__ = (sa.Index(None, "at"),)
+    id: Optional[int] = Field(default=None, primary_key=True)
+    at: float
+    rule: str = Field(max_length=100)
+    subject: str = Field(max_length=256)
+    kind: str = Field(max_length=32)
+    label: str = Field(max_length=400)
+    event: str = Field(max_length=16)
+    state: str = Field(max_length=32)
+    previous_state: Optional[str] = Field(default=None, max_length=32)
+    severity: str = Field(max_length=16)
+    summary: str = Field(max_length=400)
+    details: Any = _json_field()
+    since: float
+
+
+class AlertDeliveryRow(SQLModel, table=True):
+    """One notice to one webhook (the outbox): written with the notice, in its transaction, then
+    sent, retried with backoff, or given up; the dashboard shows the ones that failed."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (sa.Index(None, "status", "next_attempt_at"), sa.Index(None, "event_id"))
+    id: Optional[int] = Field(default=None, primary_key=True)
+    event_id: int = Field(foreign_key="alert_events.id")
+    webhook: str = Field(max_length=100)
+    status: str = Field(max_length=16)  # pending | delivered | failed
+    attempts: int = 0
+    created_at: float
+    next_attempt_at: Optional[float] = None
+    last_attempt_at: Optional[float] = None
+    delivered_at: Optional[float] = None
+    last_error: Optional[str] = Field(default=None, max_length=300)
+
+
+# ---- server probes (#14; revision 0007): measured speed and correctness of each server ----------
+
+
+class ServerProbeRow(SQLModel, table=True):
+    """One speed probe of one server's span (``core/measurements.py``'s ``ServerProbe``), with its
+    correctness verdict when it was checked; kept ``raw_retention_days`` like the other raw rows."""
+
+    __tablename__ = "server_probes"
+    __table_args__ = (sa.Index(None, "at"), sa.Index(None, "peer", "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    at: float
+    peer: int = Field(foreign_key="peers.id")
+    model: str = Field(max_length=256)
+    start: int
+    end: int
+    ok: bool
+    seconds_per_token: Optional[float] = None  # median 1-token step of the span, round trip included
+    rtt: Optional[float] = None  # median empty step
+    prefill_seconds: Optional[float] = None
+    duration: Optional[float] = None  # the steps' total: the server's time the probe took
+    error: Optional[str] = Field(default=None, max_length=300)
+    verdict: Optional[str] = Field(default=None, max_length=16)  # ok | wrong | disagrees; NULL: not checked
+    error_ratio: Optional[float] = None
+    tolerance: Optional[float] = None
+    checked_against: Optional[str] = Field(default=None, max_length=16)  # reference | peers
+    detail: Optional[str] = Field(default=None, max_length=300)
 
 
 # hourly rollups: ``hour`` is the hour's start (unix seconds); rows exist for completed hours only.
@@ -256,6 +352,11 @@ class HourlyObservationsRow(SQLModel, table=True):
     mean_inference_rps: Optional[float] = None
     min_start: Optional[int] = None
     max_end: Optional[int] = None
+    # added by revision 0008, for the scores (store/aggregates.py); NULL for hours rolled up before:
+    # pairs of consecutive ok polls of the hour whose first saw it ONLINE, and of those, the ones
+    # whose second did not (it left ONLINE)
+    flap_chances: Optional[int] = None
+    flaps: Optional[int] = None
 
 
 class HourlyModelStatusRow(SQLModel, table=True):
@@ -293,3 +394,8 @@ class HourlyProbesRow(SQLModel, table=True):
     ok: int
     joining: int
     mean_rtt: Optional[float] = None
+    # added by revision 0008 (NULL for hours rolled up before): the RTT histogram of ok probes as
+    # core/quantiles.py buckets them, flat (decodes faster): [bucket, count, sum, bucket, ...], kept
+    # as long as raw rows (the scores read a day of it); and the latest failure's error
+    rtt_bins: Any = _json_field()
+    last_error: Optional[str] = None

@@ -8,18 +8,20 @@ never sees half of a poll.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from typing import Iterable, Iterator, Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from monitor.core.common import HOUR, finite, jsonable
+from monitor.core.common import HOUR, finite, jsonable, short_error, short_peer_id
 from monitor.core.diagnosis import ModelHealth
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ChatOutcome, ModelInfo, ProbeBatch, ServerRow, Snapshot
-from monitor.store.engine import insert
+from monitor.store.engine import Refused, insert, insert_rows
 from monitor.store.schema import (
     PEER_POLICIES,
     BlockCoverageRow,
@@ -42,85 +44,167 @@ from monitor.store.schema import (
 # snapshot needs them, and per observation they would double the raw table.
 PINGS_RETENTION = HOUR
 _CHUNK = 200  # rows per multi-VALUES statement / ids per IN list (SQLite's variable limit)
+FAILED_POLL_ERROR_CHARS = 1000  # a failed poll's cause, one line
+MAX_NAMED_REFUSALS = 10  # refused rows named one by one in a poll's errors; the rest are counted
+
+log = logging.getLogger(__name__)
 
 
 # ---- polls -----------------------------------------------------------------------------------
 
 
-def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[ModelHealth]) -> int:
+@dataclass
+class PollWritten:
+    """What writing one poll stored, bounded and left out."""
+
+    poll_id: int
+    bounded: int = 0  # non-finite numbers stored as NULL (the DHT edge bounds the rest)
+    dropped: int = 0  # rows the database refused (and rows that needed a refused row)
+    refusals: list[str] = field(default_factory=list)  # one line per refused row: what, and why
+
+    def finite(self, value: Optional[float]) -> Optional[float]:
+        """The value if finite; NaN and infinities become NULL, counted."""
+        kept = finite(value)
+        if kept is None and value is not None:
+            self.bounded += 1
+        return kept
+
+    def refused(self, refusals: Sequence[Refused], name: Callable[[dict], str]) -> None:
+        self.dropped += len(refusals)
+        self.refusals.extend(f"{name(r.row)} was not stored: the database refused it ({r.error})" for r in refusals)
+
+    def error_lines(self) -> list[str]:
+        """The refusals as the poll's errors: the first ``MAX_NAMED_REFUSALS`` named, the rest counted."""
+        lines = self.refusals[:MAX_NAMED_REFUSALS]
+        if self.dropped > len(lines):
+            lines.append(f"{self.dropped - len(lines)} more rows of this poll were not stored "
+                         f"(the database refused them)")
+        return lines
+
+
+def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[ModelHealth]) -> PollWritten:
     """One successful poll: its servers, and per model the status row, the block coverage arrays
-    and the diagnosis, all derived from the model's ``ModelHealth``. Returns the poll id."""
+    and the diagnosis, all derived from the model's ``ModelHealth``.
+
+    A row the database refuses costs that row, not the poll (``engine.insert_rows``): it is left
+    out, counted in ``polls.dropped_rows`` and named in ``polls.errors``; non-finite numbers are
+    stored as NULL and counted in ``polls.clamped_values`` (with what the DHT edge bounded)."""
     at = snapshot.taken_at
-    poll_id = conn.execute(sa.insert(Poll.__table__).values(
-        at=at, duration=snapshot.duration, n_models=len(snapshot.models),
-        n_servers=len(snapshot.servers), invalid_records=snapshot.invalid_records,
-        errors=list(snapshot.errors), models=[m.dht_prefix for m in snapshot.models], ok=True,
-    ).returning(Poll.__table__.c.id)).scalar_one()
-    _upsert_models(conn, snapshot.models, at)
-    _record_servers(conn, poll_id, at, snapshot.servers)
+    t = Poll.__table__
+    errors = list(snapshot.errors)
+    written = PollWritten(conn.execute(sa.insert(t).values(
+        at=at, duration=finite(snapshot.duration) or 0.0, n_models=len(snapshot.models),
+        n_servers=len(snapshot.servers), invalid_records=snapshot.invalid_records, errors=errors,
+        models=[m.dht_prefix for m in snapshot.models], ok=True, clamped_values=snapshot.clamped_values,
+    ).returning(t.c.id)).scalar_one())
+    _upsert_models(conn, written, snapshot.models, at)
+    _record_servers(conn, written, at, snapshot.servers)
     if healths:
-        statuses = [_status_row(health) for health in healths]
-        conn.execute(sa.insert(ModelStatusRow.__table__), [{**s, "poll_id": poll_id, "at": at} for s in statuses])
-        _record_state_changes(conn, at, statuses)
-        conn.execute(sa.insert(BlockCoverageRow.__table__), [
-            {"poll_id": poll_id, "model": health.model, "at": at,
-             "servers": [int(b.online) for b in health.blocks],
-             "throughput": [float(b.total_throughput) for b in health.blocks]}
-            for health in healths
-        ])
-        replace_diagnoses(conn, poll_id, healths)  # (older ones go: they belong to an older poll)
-    return poll_id
+        _record_healths(conn, written, at, healths)
+    if written.bounded or written.dropped:
+        conn.execute(sa.update(t).where(t.c.id == written.poll_id).values(
+            clamped_values=snapshot.clamped_values + written.bounded, dropped_rows=written.dropped,
+            errors=errors + written.error_lines()))
+    return written
 
 
 def record_failed_poll(conn: Connection, at: float, error: str, duration: float) -> int:
-    """A poll that could not scrape: kept (with its error) so gaps are explained; no rows."""
+    """A poll that could not scrape or be stored: kept (with its error) so gaps are explained; no rows."""
     t = Poll.__table__
-    return conn.execute(sa.insert(t).values(at=at, duration=duration, errors=[str(error)], models=[], ok=False)
-                        .returning(t.c.id)).scalar_one()
+    return conn.execute(sa.insert(t).values(
+        at=at, duration=finite(duration) or 0.0, errors=[short_error(error, FAILED_POLL_ERROR_CHARS)], models=[],
+        ok=False).returning(t.c.id)).scalar_one()
 
 
-def replace_diagnoses(conn: Connection, poll_id: int, healths: Iterable[ModelHealth]) -> None:
-    """The diagnoses of poll ``poll_id`` replace every stored one (only the latest poll's are kept)."""
+def record_diagnoses(conn: Connection, taken_at: float, healths: Iterable[ModelHealth]) -> bool:
+    """A re-diagnosis of the poll taken at ``taken_at`` (after a probe round) replaces that poll's
+    diagnoses, if it is still the latest successful poll; a newer poll keeps its own (False)."""
+    p = Poll.__table__.c
+    latest = conn.execute(sa.select(p.id, p.at).where(p.ok).order_by(p.at.desc(), p.id.desc()).limit(1)).first()
+    if latest is None or latest.at != taken_at:
+        return False
+    replace_diagnoses(conn, latest.id, healths)
+    return True
+
+
+def replace_diagnoses(conn: Connection, poll_id: int, healths: Iterable[ModelHealth],
+                      written: Optional[PollWritten] = None) -> None:
+    """The diagnoses of poll ``poll_id`` replace every stored one (only the latest poll's are kept);
+    one the database refuses is left out (the web then diagnoses that model itself)."""
     t = LatestDiagnosisRow.__table__
     conn.execute(sa.delete(t))
-    written = time.time()
-    rows = [{"model": h.model, "poll_id": poll_id, "at": written, "diagnosis": h.to_dict()} for h in healths]
-    if rows:
-        conn.execute(sa.insert(t), rows)
+    at = time.time()
+    rows = [{"model": h.model, "poll_id": poll_id, "at": at, "diagnosis": h.to_dict()} for h in healths]
+    _, refused = insert_rows(conn, sa.insert(t), rows)
+    if written is not None:
+        written.refused(refused, lambda r: f"the diagnosis of model {r['model']}")
+    elif refused:
+        log.warning("poll %s: diagnoses not stored: %s", poll_id,
+                    "; ".join(f"{r.row['model']}: {r.error}" for r in refused))
 
 
-def _status_row(health: ModelHealth) -> dict:
+def _record_healths(conn: Connection, written: PollWritten, at: float, healths: Sequence[ModelHealth]) -> None:
+    """Per model: the status row (and a state change if it changed), the block coverage arrays and
+    the whole diagnosis."""
+    poll_id = written.poll_id
+    statuses, refused = insert_rows(conn, sa.insert(ModelStatusRow.__table__), [
+        {**_status_row(health, written), "poll_id": poll_id, "at": at} for health in healths])
+    written.refused(refused, lambda r: f"the status of model {r['model']}")
+    _record_state_changes(conn, written, at, statuses)
+    _, refused = insert_rows(conn, sa.insert(BlockCoverageRow.__table__), [
+        {"poll_id": poll_id, "model": health.model, "at": at,
+         "servers": [int(b.online) for b in health.blocks],
+         "throughput": [written.finite(b.total_throughput) for b in health.blocks]}
+        for health in healths
+    ])
+    written.refused(refused, lambda r: f"the block coverage of model {r['model']}")
+    replace_diagnoses(conn, poll_id, healths, written)  # (older ones go: they belong to an older poll)
+
+
+def _status_row(health: ModelHealth, written: PollWritten) -> dict:
     return {"model": health.model, "state": health.state, "reasons": list(health.reasons),
-            "coverage_pct": health.coverage_pct, "servers_online": health.servers_online,
+            "coverage_pct": written.finite(health.coverage_pct), "servers_online": health.servers_online,
             "min_redundancy": health.min_redundancy, "est_tokens_per_s": finite(health.est_tokens_per_s)}
 
 
-def _record_servers(conn: Connection, poll_id: int, at: float, servers: Sequence[ServerRow]) -> None:
-    keys = _upsert_seen_peers(conn, servers, at)
-    observations, pings = [], []
+def _record_servers(conn: Connection, written: PollWritten, at: float, servers: Sequence[ServerRow]) -> None:
+    keys = _upsert_seen_peers(conn, written, servers, at)
+    ids = {key: peer for peer, key in keys.items()}
+    observations, pings, orphans = [], [], 0
     for row in servers:
-        peer = keys[row.peer_id]
+        peer = keys.get(row.peer_id)
+        if peer is None:  # its peer row was refused (named): the rows that need it go too
+            orphans += 1
+            continue
         observations.append({
-            "poll_id": poll_id, "at": at, "model": row.model, "peer": peer, "state": row.state,
-            "start": row.start, "end": row.end, "throughput": row.throughput,
-            "inference_rps": row.inference_rps, "forward_rps": row.forward_rps,
-            "network_rps": row.network_rps, "cache_tokens_left": row.cache_tokens_left,
+            "poll_id": written.poll_id, "at": at, "model": row.model, "peer": peer, "state": row.state,
+            "start": row.start, "end": row.end, "throughput": written.finite(row.throughput),
+            "inference_rps": written.finite(row.inference_rps), "forward_rps": written.finite(row.forward_rps),
+            "network_rps": written.finite(row.network_rps), "cache_tokens_left": row.cache_tokens_left,
             "version": row.version, "torch_dtype": row.torch_dtype, "quant_type": row.quant_type,
             "using_relay": row.using_relay, "public_name": row.public_name,
             "adapters": list(row.adapters) or None,
         })
         if row.next_pings:
-            pings.append({"poll_id": poll_id, "at": at, "peer": peer, "model": row.model,
+            pings.append({"poll_id": written.poll_id, "at": at, "peer": peer, "model": row.model,
                           "next_pings": _pings_to_json(row.next_pings)})
-    if observations:
-        conn.execute(sa.insert(ServerObservationRow.__table__), observations)
+    written.dropped += orphans
+
+    def server(r: dict) -> str:
+        blocks = f" (blocks {r['start']}:{r['end']})" if "start" in r else ""
+        return f"server {short_peer_id(ids.get(r['peer']))} of {r['model']}{blocks}"
+
+    stored, refused = insert_rows(conn, sa.insert(ServerObservationRow.__table__), observations)
+    written.refused(refused, server)
+    stored_keys = {(r["peer"], r["model"]) for r in stored}
     t = ServerPingsRow.__table__
-    if pings:
-        conn.execute(sa.insert(t), pings)
+    pings = [p for p in pings if (p["peer"], p["model"]) in stored_keys]
+    _, refused = insert_rows(conn, sa.insert(t), pings)
+    written.refused(refused, lambda r: f"the next_pings of {server(r)}")
     conn.execute(sa.delete(t).where(t.c.at < at - PINGS_RETENTION))
 
 
-def _record_state_changes(conn: Connection, at: float, statuses: list[dict]) -> None:
+def _record_state_changes(conn: Connection, written: PollWritten, at: float, statuses: list[dict]) -> None:
     t = ModelStateChangeRow.__table__
     c = t.c
     changes = []
@@ -130,31 +214,34 @@ def _record_state_changes(conn: Connection, at: float, statuses: list[dict]) -> 
         if before != status["state"]:
             changes.append({"at": at, "model": status["model"], "from_state": before,
                             "to_state": status["state"], "reasons": status["reasons"]})
-    if changes:
-        conn.execute(sa.insert(t), changes)
+    _, refused = insert_rows(conn, sa.insert(t), changes)
+    written.refused(refused, lambda r: f"the state change of model {r['model']}")
 
 
-def _upsert_models(conn: Connection, models: Sequence[ModelInfo], at: float) -> None:
-    if not models:
-        return
+def _upsert_models(conn: Connection, written: PollWritten, models: Sequence[ModelInfo], at: float) -> None:
     table = WatchedModel.__table__
     t = table.c
     rows = {m.dht_prefix: {"dht_prefix": m.dht_prefix, "num_blocks": m.num_blocks, "repository": m.repository,
                            "name": m.name, "official": m.official, "first_seen": at, "last_seen": at}
             for m in models}
-    stmt = insert(conn, table).values(list(rows.values()))
+    stmt = insert(conn, table)
     ex = stmt.excluded
-    conn.execute(stmt.on_conflict_do_update(index_elements=["dht_prefix"], set_={
+    stmt = stmt.on_conflict_do_update(index_elements=["dht_prefix"], set_={
         "num_blocks": sa.case((ex.num_blocks > 0, ex.num_blocks), else_=t.num_blocks),
         "repository": sa.func.coalesce(ex.repository, t.repository),
         "name": sa.func.coalesce(ex.name, t.name),
         "official": ex.official,
         "first_seen": sa.case((ex.first_seen < t.first_seen, ex.first_seen), else_=t.first_seen),
         "last_seen": sa.case((ex.last_seen > t.last_seen, ex.last_seen), else_=t.last_seen),
-    }))
+    })
+    _, refused = insert_rows(conn, stmt, list(rows.values()))
+    written.refused(refused, lambda r: f"model {r['dht_prefix']}")
 
 
-def _upsert_seen_peers(conn: Connection, servers: Sequence[ServerRow], at: float) -> dict[str, int]:
+def _upsert_seen_peers(conn: Connection, written: PollWritten, servers: Sequence[ServerRow],
+                       at: float) -> dict[str, int]:
+    """Mark the poll's peers seen (with their latest public name); returns their keys. A peer whose
+    row the database refuses keeps its stored row if it has one, else it has no key."""
     names: dict[str, Optional[str]] = {}
     for row in servers:
         if names.get(row.peer_id) is None:
@@ -174,19 +261,17 @@ def _upsert_seen_peers(conn: Connection, servers: Sequence[ServerRow], at: float
     })
     # executemany: one statement compiled once (SQLAlchemy batches the rows itself); a
     # multi-row .values([...]) was compiled anew for every poll
-    conn.execute(stmt, [{"peer_id": p, "first_seen": at, "last_seen": at, "public_name": n}
-                        for p, n in names.items()])
-    return peer_keys(conn, names)
+    _, refused = insert_rows(conn, stmt, [{"peer_id": p, "first_seen": at, "last_seen": at, "public_name": n}
+                                          for p, n in names.items()])
+    written.refused(refused, lambda r: f"peer {short_peer_id(r['peer_id'])}")
+    return _select_keys(conn, names)
 
 
 def peer_keys(conn: Connection, peer_ids: Iterable[str]) -> dict[str, int]:
     """Keys of these peers, adding the unknown ones (not marked seen: they were probed or chatted)."""
     table = Peer.__table__
     wanted = list(dict.fromkeys(peer_ids))
-    keys: dict[str, int] = {}
-    for chunk in _chunks(wanted):
-        keys.update({p: k for k, p in conn.execute(sa.select(table.c.id, table.c.peer_id)
-                                                   .where(table.c.peer_id.in_(chunk)))})
+    keys = _select_keys(conn, wanted)
     missing = [p for p in wanted if p not in keys]
     for chunk in _chunks(missing):
         stmt = insert(conn, table).values([{"peer_id": p} for p in chunk])
@@ -195,15 +280,28 @@ def peer_keys(conn: Connection, peer_ids: Iterable[str]) -> dict[str, int]:
     return keys
 
 
+def _select_keys(conn: Connection, peer_ids: Iterable[str]) -> dict[str, int]:
+    table = Peer.__table__
+    keys: dict[str, int] = {}
+    for chunk in _chunks(list(peer_ids)):
+        keys.update({p: k for k, p in conn.execute(sa.select(table.c.id, table.c.peer_id)
+                                                   .where(table.c.peer_id.in_(chunk)))})
+    return keys
+
+
 # ---- probes, chat outcomes, scores, policies -------------------------------------------------
 
 
 def record_probes(conn: Connection, batch: ProbeBatch) -> None:
+    """A probe round; a probe the database refuses costs that probe (logged), not the round."""
     at = batch.taken_at
     keys = peer_keys(conn, [r.peer_id for r in batch.results])
-    rows = [{"at": at, "peer": keys[r.peer_id], "kind": r.kind, "ok": r.ok, "rtt": r.rtt,
+    rows = [{"at": at, "peer": keys[r.peer_id], "kind": r.kind, "ok": r.ok, "rtt": finite(r.rtt),
              "error": r.error, "joining": r.joining, "address": r.address} for r in batch.results]
-    conn.execute(sa.insert(ProbeRow.__table__), rows)
+    rows, refused = insert_rows(conn, sa.insert(ProbeRow.__table__), rows)
+    if refused:
+        log.warning("probe round at %s: %d probes were not stored: %s", at, len(refused),
+                    "; ".join(r.error for r in refused[:MAX_NAMED_REFUSALS]))
     latest = LatestProbeRow.__table__
     stmt = insert(conn, latest)
     stmt = stmt.on_conflict_do_update(
@@ -211,7 +309,8 @@ def record_probes(conn: Connection, batch: ProbeBatch) -> None:
         set_={name: stmt.excluded[name] for name in ("at", "kind", "ok", "rtt", "error", "joining", "address")},
         where=latest.c.at <= stmt.excluded.at,  # a late batch does not replace a newer probe
     )
-    conn.execute(stmt, list({row["peer"]: row for row in rows}.values()))
+    if rows:
+        conn.execute(stmt, list({row["peer"]: row for row in rows}.values()))
 
 
 def record_chat_outcomes(conn: Connection, outcomes: Sequence[ChatOutcome]) -> None:

@@ -65,7 +65,7 @@ def create_app(
     to a DHT probe); without it ``/api/v1/is_reachable`` answers from the latest stored probe.
     ``demo_controls`` (servers/stop/start/throttle/unthrottle) adds the demo swarm panel.
     """
-    from monitor.web import api, assets, auth, demo, filters, limits, metrics, pages
+    from monitor.web import alerts, api, assets, auth, demo, filters, limits, metrics, pages, search
 
     app = Flask("monitor.web", template_folder=str(TEMPLATES), static_folder=str(STATIC), static_url_path="/static")
     app.config.update(
@@ -100,6 +100,8 @@ def create_app(
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(metrics.bp)
+    app.register_blueprint(alerts.bp)  # /alerts, /api/v1/alerts (#15)
+    app.register_blueprint(search.bp)  # /search, /api/v1/search, live checks (#13)
     if demo_controls is not None:
         app.register_blueprint(demo.bp)
     for blueprint in chat_blueprints:

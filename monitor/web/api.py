@@ -1,4 +1,5 @@
-"""JSON API: health.petals.dev's ``/api/v1/state`` and ``/api/v1/is_reachable``, plus history.
+"""JSON API: health.petals.dev's ``/api/v1/state`` and ``/api/v1/is_reachable``, plus history
+(within retention and at most ``history_max_points`` points a series: ``monitor.web.history``).
 
 Errors are JSON ``{"error": message, "status": code}`` with a 4xx/5xx status; the message names the
 bad value and what to send instead.
@@ -9,10 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
-from monitor.web import deps, queries, security, state_api, timerange
+from monitor.core.snapshot import ProbeResult
+from monitor.web import deps, history, peer_view, queries, security, state_api, timerange
 from monitor.web.limits import limiter
 
 log = logging.getLogger(__name__)
@@ -62,34 +66,55 @@ def _live_check(d, peer_id: str):
     return result
 
 
-@bp.get("/is_reachable/<peer_id>")
-@limiter.limit(lambda: deps().settings.reachability_rate_limit)
-def is_reachable(peer_id: str):
-    """``{success, message, your_ip}`` as health.petals.dev answers: a live probe through the DHT
-    when the service provides one (peers of the latest poll only, cached a minute, rate-limited per
-    client), else the latest stored probe of that peer."""
-    if not security.is_peer_id(peer_id):
-        return jsonify(success=False, message=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW...)",
-                       your_ip=request.remote_addr), 400
+@dataclass(frozen=True)
+class Reachability:
+    """A reachability answer: ``success`` and ``message`` as health.petals.dev words them, the probe
+    behind them (None: none) and whether it was a live check."""
+
+    success: bool
+    message: Optional[str]
+    probe: Optional[ProbeResult] = None
+    live: bool = False
+
+
+def reachability(peer_id: str) -> Reachability:
+    """A live probe through the DHT when the service provides one (peers of the latest poll only,
+    cached a minute), else the latest stored probe of that peer. Callers rate-limit per client
+    (``reachability_limit``); ``peer_id`` must be a peer id."""
     d, cur = _current()
     announced = cur.snapshot is not None and any(row.peer_id == peer_id for row in cur.snapshot.servers)
-    if d.reachability_check is not None and announced:
+    live = d.reachability_check is not None and announced
+    if live:
         try:
             result = _live_check(d, peer_id)
         except Exception:  # noqa: BLE001 - the answer is "could not check", not a crash
             log.exception("live reachability check of %s failed", peer_id)
-            return jsonify(success=False, message="the reachability check failed; try again later",
-                           your_ip=request.remote_addr)
+            return Reachability(False, "the reachability check failed; try again later")
     else:
         result = d.store.latest_probes().get(peer_id)
     if result is None:
-        message = (f"peer {peer_id} has not been probed yet" if announced else
-                   f"peer {peer_id} is not announced in the swarm's DHT in the latest poll")
-        return jsonify(success=False, message=message, your_ip=request.remote_addr)
+        return Reachability(False, f"peer {peer_id} has not been probed yet" if announced else
+                            f"peer {peer_id} is not announced in the swarm's DHT in the latest poll")
     message = None if result.ok else (result.error or "unreachable")
     if not result.ok and result.joining:
         message = f"the peer answers but is still loading its blocks (JOINING): {result.error or ''}".rstrip(": ")
-    return jsonify(success=bool(result.ok), message=message, your_ip=request.remote_addr)
+    return Reachability(bool(result.ok), message, result, live)
+
+
+# one budget per client for every endpoint that can make the monitor dial a peer (search.live_check too)
+REACHABILITY_SCOPE = "reachability"
+reachability_limit = limiter.shared_limit(lambda: deps().settings.reachability_rate_limit, scope=REACHABILITY_SCOPE)
+
+
+@bp.get("/is_reachable/<peer_id>")
+@reachability_limit
+def is_reachable(peer_id: str):
+    """``{success, message, your_ip}`` as health.petals.dev answers (see ``reachability``)."""
+    if not security.is_peer_id(peer_id):
+        return jsonify(success=False, message=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW...)",
+                       your_ip=request.remote_addr), 400
+    answer = reachability(peer_id)
+    return jsonify(success=answer.success, message=answer.message, your_ip=request.remote_addr)
 
 
 @bp.get("/models")
@@ -116,15 +141,25 @@ def model(dht_prefix: str):
                     "last_updated": cur.snapshot.taken_at})
 
 
+def _history_limits() -> history.HistoryLimits:
+    """The request's range within retention, and the answer's bounds (monitor.web.history)."""
+    window, settings = _range(), deps().settings
+    return history.history_limits(window.since, window.until, now=time.time(),
+                                  retention_days=settings.rollup_retention_days,
+                                  max_points=settings.history_max_points)
+
+
 @bp.get("/models/<dht_prefix>/history")
 def model_history(dht_prefix: str):
+    """A model's status, state changes, outages and block coverage in a range, bounded (see
+    monitor.web.history: clamped to retention, at most ``history_max_points`` points a series)."""
     security.require_dht_prefix(dht_prefix)
-    window = _range()
-    d = deps()
-    history = queries.model_history(d.store, dht_prefix, window.since, window.until)
-    if history is None:
+    limits = _history_limits()
+    raw = queries.model_history(deps().store, dht_prefix, limits.since, limits.until)
+    if raw is None:
         abort(404, description=f"model {dht_prefix!r} was never seen by this monitor")
-    return jsonify(model=dht_prefix, since=window.since, until=window.until, **history)
+    bounded = history.model_history(raw, limits)
+    return jsonify(model=dht_prefix, since=limits.since, until=limits.until, **bounded, limits=limits.to_dict())
 
 
 @bp.get("/peers/<peer_id>")
@@ -147,18 +182,27 @@ def peer(peer_id: str):
 
 @bp.get("/peers/<peer_id>/history")
 def peer_history(peer_id: str):
+    """A peer's observations, probes and chat outcomes in a range, bounded like a model's history.
+    The answer is kept until the store changes (``peer_view.cached``; at most a minute when the
+    range ends now): many clients asking for a month of one peer cost one read."""
     security.require_peer_id(peer_id)
-    window = _range()
-    d = deps()
-    history = d.store.peer_history(peer_id, window.since, window.until)
-    if not queries.known_peer(d.store, peer_id, history):
+    d, cur = _current()
+    asked = (request.args.get("since"), request.args.get("until"))
+    minute = int(time.time() // 60) if None in asked else None
+    body = peer_view.cached(cur, ("history-api", peer_id, *asked, minute), lambda: _peer_history_json(d, peer_id))
+    return current_app.response_class(body, mimetype="application/json")
+
+
+def _peer_history_json(d, peer_id: str) -> str:
+    limits = _history_limits()
+    found = d.store.peer_history(peer_id, limits.since, limits.until)
+    if not queries.known_peer(d.store, peer_id, found):
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
-    return jsonify(
-        peer_id=peer_id, since=window.since, until=window.until, first_seen=history.first_seen,
-        observations=[_record(o) for o in history.observations],
-        probes=[{**_record(p), "at": at} for at, p in history.probes],
-        chat_outcomes=[_record(o) for o in history.outcomes],
-    )
+    bounded = history.peer_history([_record(o) for o in found.observations],
+                                   [{**_record(p), "at": at} for at, p in found.probes],
+                                   [_record(o) for o in found.outcomes], limits)
+    return current_app.json.dumps(dict(peer_id=peer_id, since=limits.since, until=limits.until,
+                                       first_seen=found.first_seen, **bounded, limits=limits.to_dict())) + "\n"
 
 
 def _record(item) -> dict:

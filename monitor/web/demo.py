@@ -1,4 +1,4 @@
-"""The demo swarm panel: stop, start and throttle the embedded demo's servers from the overview.
+"""The demo swarm panel: stop, start, throttle and corrupt the embedded demo's servers from the overview.
 
 Only registered when the service runs the demo. Actions are for operators (``auth``): a logged-in
 browser (with its CSRF token) or a bearer token (``swarm-monitor chaos``).
@@ -15,7 +15,7 @@ from monitor.web import auth, deps
 log = logging.getLogger(__name__)
 bp = Blueprint("demo", __name__, url_prefix="/demo")
 
-ACTIONS = ("stop", "start", "throttle", "unthrottle")
+ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt")
 
 
 def _panel(error: str | None = None, status: int = 200):
@@ -44,4 +44,16 @@ def act(name: str, action: str):
     except Exception:  # noqa: BLE001 - show the failure in the panel, keep serving
         log.exception("demo action %s %s failed", action, name)
         return _panel(f"{action} {name} failed; the service's log says why", 500)
+    return _panel()
+
+
+@bp.post("/hostile")
+@auth.operator_required
+def hostile():
+    """A made-up peer announces hostile records into the demo swarm (``DemoControls.hostile``)."""
+    try:
+        deps().demo_controls.hostile()
+    except Exception:  # noqa: BLE001 - show the failure in the panel, keep serving
+        log.exception("announcing hostile records failed")
+        return _panel("announcing hostile records failed; the service's log says why", 500)
     return _panel()

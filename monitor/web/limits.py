@@ -9,7 +9,7 @@ past a limit the answer is 429 with ``Retry-After``. Limits are settings (``chat
 
 from __future__ import annotations
 
-from flask import Blueprint, Flask, request
+from flask import Blueprint, Flask, current_app, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 
@@ -28,6 +28,16 @@ def _not_a_generation() -> bool:
     return request.method in ("GET", "HEAD", "OPTIONS") and request.headers.get("Upgrade", "").lower() != "websocket"
 
 
+def _chat_rate_limit() -> str:
+    return current_app.extensions["swarm_monitor"].settings.chat_rate_limit
+
+
 def limit_chat(blueprint: Blueprint, settings) -> None:
-    """Apply ``chat_rate_limit`` to every generating request of a chat blueprint."""
-    limiter.limit(settings.chat_rate_limit, exempt_when=_not_a_generation)(blueprint)
+    """Apply the app's ``chat_rate_limit`` to every generating request of a chat blueprint, all
+    its routes counted together (one budget per client, not one per API).
+
+    Flask-Limiter keeps blueprint limits per blueprint *name* for the whole process, so a limit
+    string fixed here would also apply to every later app's "chat" blueprint (tests, several apps
+    in one process). The limit is therefore one and the same object (deduplicated) and reads the
+    serving app's setting per request."""
+    limiter.shared_limit(_chat_rate_limit, scope="chat", exempt_when=_not_a_generation)(blueprint)

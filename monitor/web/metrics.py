@@ -4,10 +4,17 @@ A custom collector builds every family from the latest stored poll, so any numbe
 answer the same numbers. Names follow health.petals.dev's where they mean the same thing
 (``update_duration``, ``servers_num_total``, ``n_blocks{model}``, ``blocks{model,state}``, ...);
 ours carry the ``swarm_monitor_`` prefix.
+
+Label values drawn from what peers announce (versions, model prefixes, peer ids) are bounded, so a
+hostile peer cannot blow up the scrape: at most ``MAX_LABEL_CHARS`` characters (a longer value is
+cut and ends with a hash of the whole, so distinct values stay distinct), the ``MAX_VERSION_LABELS``
+most common versions (the rest under ``other``), and scores of the ``MAX_PEER_SERIES`` peers of the
+latest poll that serve the most blocks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 import time
@@ -20,13 +27,37 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from monitor.core.common import is_stale
-from monitor.web import deps, queries, state_api
+from monitor.web import deps, measured, queries, state_api
 
 bp = Blueprint("metrics", __name__)
 
 PING_PERCENTILES = (25, 50, 75, 90, 95)
 RPS_KINDS = ("network", "inference", "forward")
 MODEL_STATES = ("healthy", "degraded", "broken")
+MAX_LABEL_CHARS = 64
+MAX_VERSION_LABELS = 50
+MAX_PEER_SERIES = 500
+OTHER = "other"
+
+
+def label(value: str) -> str:
+    """A label value from peer-announced text, at most ``MAX_LABEL_CHARS`` characters."""
+    if len(value) <= MAX_LABEL_CHARS:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()[:8]
+    return f"{value[:MAX_LABEL_CHARS - 9]}~{digest}"
+
+
+def top_labels(counts: Counter, limit: int) -> list[tuple[str, int]]:
+    """The ``limit`` most common values (ties by value) as labels, the rest summed under ``other``."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    kept: Counter = Counter()
+    for value, count in ranked[:limit]:
+        kept[label(value)] += count
+    rest = sum(count for _, count in ranked[limit:])
+    if rest:
+        kept[OTHER] += rest
+    return sorted(kept.items())
 
 
 def _percentile(sorted_values: list[float], pct: float) -> float:
@@ -57,8 +88,9 @@ def server_families(state: dict) -> Iterable:
         for pct in PING_PERCENTILES:
             ping.add_metric([str(pct)], _percentile(pings, pct))
     yield ping
-    version = GaugeMetricFamily("server_version", "Servers per petals version", labels=["version_number"])
-    for number, count in sorted(versions.items()):
+    version = GaugeMetricFamily("server_version", f"Servers per petals version (the {MAX_VERSION_LABELS} most "
+                                f"common; the rest as {OTHER})", labels=["version_number"])
+    for number, count in top_labels(versions, MAX_VERSION_LABELS):
         version.add_metric([number], count)
     yield version
 
@@ -88,7 +120,7 @@ def model_families(state: dict) -> Iterable:
                               "Estimated tokens/s of the best route for one client", labels=["model"])
 
     for report in state["model_reports"]:
-        model, num = report["dht_prefix"], report["num_blocks"]
+        model, num = label(report["dht_prefix"]), report["num_blocks"]
         rows = report["server_rows"]
         per_state = Counter()
         online_per_block = [0] * num
@@ -125,46 +157,99 @@ def model_families(state: dict) -> Iterable:
                 model_state, coverage, redundancy, online, speed)
 
 
+def scored_peers(state: dict) -> tuple[list[str], int]:
+    """Peers of the latest poll that have a score, the ``MAX_PEER_SERIES`` serving the most blocks
+    online first (ties by peer id); and how many were left out."""
+    blocks: Counter = Counter()
+    for report in state["model_reports"]:
+        for row in report["server_rows"]:
+            if row["peer_id"] in state["scores"]:
+                blocks[row["peer_id"]] += row["span"]["length"] if row["state"] == "online" else 0
+    ranked = sorted(blocks, key=lambda peer: (-blocks[peer], peer))
+    return ranked[:MAX_PEER_SERIES], max(len(ranked) - MAX_PEER_SERIES, 0)
+
+
 def peer_families(state: dict) -> Iterable:
-    score = GaugeMetricFamily("swarm_monitor_peer_health_score", "Peer health score, 0-100", labels=["peer_id"])
-    for peer, data in state["scores"].items():
-        score.add_metric([peer], data["score"])
+    score = GaugeMetricFamily("swarm_monitor_peer_health_score", f"Peer health score, 0-100 (peers of the latest "
+                              f"poll, at most {MAX_PEER_SERIES}: those serving the most blocks)", labels=["peer_id"])
+    peers, left_out = scored_peers(state)
+    for peer in peers:
+        score.add_metric([label(peer)], state["scores"][peer]["score"])
     yield score
+    yield GaugeMetricFamily("swarm_monitor_peer_health_score_left_out",
+                            f"Scored peers of the latest poll beyond the {MAX_PEER_SERIES} reported", value=left_out)
     boot = GaugeMetricFamily("swarm_monitor_bootstrap_peer_up", "1 if the bootstrap peer answered its latest probe",
                              labels=["peer_id"])
     for peer in state["bootstrap_peers"]:
         if peer["state"] != "unknown":
-            boot.add_metric([peer["peer_id"]], 1.0 if peer["state"] == "online" else 0.0)
+            boot.add_metric([label(peer["peer_id"])], 1.0 if peer["state"] == "online" else 0.0)
     yield boot
     yield GaugeMetricFamily("swarm_monitor_unreachable_peers", "Peers whose latest probe failed",
                             value=len(state["reachability_issues"]))
 
 
 def poll_families(cur: queries.Current, stats: queries.PollStats) -> Iterable:
-    snapshot = cur.snapshot
+    snapshot, last = cur.snapshot, stats.last_poll
     if snapshot is not None:
-        yield GaugeMetricFamily("update_duration", "Seconds the latest poll of the swarm took", value=snapshot.duration)
-        yield GaugeMetricFamily("swarm_monitor_last_poll_timestamp_seconds", "Unix time of the latest poll",
-                                value=snapshot.taken_at)
+        yield GaugeMetricFamily("update_duration", "Seconds the latest successful poll of the swarm took",
+                                value=snapshot.duration)
+        yield GaugeMetricFamily("swarm_monitor_last_successful_poll_timestamp_seconds",
+                                "Unix time of the latest poll that was scraped and stored", value=snapshot.taken_at)
         yield GaugeMetricFamily("swarm_monitor_last_poll_invalid_records",
-                                "DHT records the latest poll rejected as malformed", value=snapshot.invalid_records)
-    if stats.last_poll_ok is not None:
+                                "DHT records the latest successful poll rejected as malformed",
+                                value=snapshot.invalid_records)
+    if last is not None:
+        yield GaugeMetricFamily("swarm_monitor_last_poll_timestamp_seconds",
+                                "Unix time of the latest poll, successful or failed", value=last.at)
         yield GaugeMetricFamily("swarm_monitor_last_poll_ok",
-                                "1 if the latest poll scraped the swarm, 0 if it failed (see the dashboard for why)",
-                                value=1.0 if stats.last_poll_ok else 0.0)
+                                "1 if the latest poll was scraped and stored, 0 if it failed (the dashboard says why)",
+                                value=1.0 if last.ok else 0.0)
         yield GaugeMetricFamily("swarm_monitor_last_poll_errors", "Errors the latest poll reported",
-                                value=stats.last_poll_errors)
+                                value=len(last.errors))
+        yield GaugeMetricFamily("swarm_monitor_last_poll_clamped_values",
+                                "Announced values the latest poll bounded to what can be stored (out of range, "
+                                "not finite)", value=last.clamped_values)
+        yield GaugeMetricFamily("swarm_monitor_last_poll_dropped_rows",
+                                "Rows of the latest poll the database refused (named in the poll's errors)",
+                                value=last.dropped_rows)
     polls = GaugeMetricFamily("swarm_monitor_polls_24h", "Polls in the last 24 h, by result (failed: "
-                              "the scrape or the database write failed)", labels=["result"])
+                              "the scrape failed, or the poll could not be stored)", labels=["result"])
     for result in ("ok", "failed"):
         polls.add_metric([result], stats.last_day[result])
     yield polls
     yield GaugeMetricFamily("swarm_monitor_invalid_records_24h",
                             "Malformed DHT records the polls of the last 24 h dropped",
                             value=stats.last_day["invalid_records"])
+    yield GaugeMetricFamily("swarm_monitor_clamped_values_24h",
+                            "Announced values the polls of the last 24 h bounded to what can be stored",
+                            value=stats.last_day["clamped_values"])
+    yield GaugeMetricFamily("swarm_monitor_dropped_rows_24h",
+                            "Rows of the polls of the last 24 h the database refused",
+                            value=stats.last_day["dropped_rows"])
     if stats.database_size_bytes is not None:
         yield GaugeMetricFamily("swarm_monitor_database_size_bytes", "Size of the monitor's database",
                                 value=stats.database_size_bytes)
+
+
+def alert_families(store) -> Iterable:
+    """Alerts (#15): each pending or firing alert, and deliveries to webhooks per status (24 h)."""
+    alert = GaugeMetricFamily("swarm_monitor_alert", "1 per alert pending or firing (the rules in README: Alerts)",
+                              labels=["rule", "kind", "subject", "severity", "status"])
+    for item in store.alerts().values():
+        alert.add_metric([item.rule, item.kind, item.subject, item.severity, item.status], 1.0)
+    yield alert
+    deliveries = GaugeMetricFamily("swarm_monitor_alert_deliveries",
+                                   "Alert notices to webhooks in the last 24 h by status (pending: every one "
+                                   "waiting, failed: given up after every retry)", labels=["webhook", "status"])
+    for webhook, counts in sorted(store.alert_delivery_counts(time.time() - 86400).items()):
+        for status, n in counts.items():
+            deliveries.add_metric([webhook, status], n)
+    yield deliveries
+    evaluated = store.alerts_evaluated_at()
+    if evaluated is not None:
+        yield GaugeMetricFamily("swarm_monitor_alerts_evaluated_timestamp_seconds",
+                                "Unix time the poller last evaluated the alert rules (at least every minute)",
+                                value=evaluated)
 
 
 class StoreCollector:
@@ -180,6 +265,8 @@ class StoreCollector:
     def collect(self):
         cur = queries.current(self.store, self.settings)
         yield from poll_families(cur, queries.poll_stats(self.store))
+        yield from alert_families(self.store)
+        yield from measured.metric_families(self.store, self.settings)  # server probes (#14)
         if cur.snapshot is None:
             return
         state = queries.state_dict(cur, self.settings)

@@ -11,9 +11,9 @@ import time
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
 from monitor.core import scores as scores_module
-from monitor.core.common import DAY, HOUR, MINUTE, WEEK
+from monitor.core.common import DAY, MINUTE, WEEK
 from monitor.store import PEER_POLICIES
-from monitor.web import auth, charts, deps, queries, security, state_api, timerange
+from monitor.web import auth, charts, deps, measured, peer_view, queries, security, state_api, timerange
 
 bp = Blueprint("pages", __name__)
 
@@ -81,6 +81,7 @@ def model(dht_prefix: str):
             redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
             changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
+            measured=measured.model_servers(d.store, d.settings, cur.snapshot, dht_prefix, now),  # (#14)
         )))
     if target in (None, "model-heatmaps"):
         context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // MINUTE)), lambda: [
@@ -98,35 +99,33 @@ def _heatmap(store, dht_prefix: str, since: float, until: float):
 
 @bp.get("/peers/<peer_id>")
 def peer(peer_id: str):
+    """What a peer announces, "is my server OK?" (peer_view.report), its score and its history;
+    what comes from the store is built once per store change (peer_view.cached)."""
     d = deps()
     security.require_peer_id(peer_id)
     hours = timerange.window(request.args.get("hours"))  # a BadRange answers 400 (create_app)
     cur = queries.current(d.store, d.settings)
     now = time.time()
-    since = now - hours * HOUR
-    history = d.store.peer_history(peer_id, since, now)
     rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
-    if not rows and not queries.known_peer(d.store, peer_id, history):
+    target = _htmx_target()
+    view = peer_view.history(d.store, cur, peer_id, hours, now) if target != "my-server" else {}
+    if not rows and not view.get("known") and peer_id not in cur.probes and d.store.peer_record(peer_id) is None:
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
     models = {m.dht_prefix: m for m in cur.models}
     probe = cur.probes.get(peer_id)
     context = dict(
-        now=now, cur=cur, peer_id=peer_id, hours=hours, history=history, probe=probe,
+        now=now, cur=cur, peer_id=peer_id, hours=hours, probe=probe, **view,
         rows=[(row, models.get(row.model), state_api.row_state(row, probe)) for row in rows],
         public_name=next((row.public_name for row in rows if row.public_name), None),
         score=state_api.score_dict(cur.scores.get(peer_id)),
         formula=scores_module.FORMULA,
-        figures=dict(
-            states=charts.peer_state_timeline(history.observations, since=since, until=now),
-            throughput=charts.peer_throughput(history.observations, since=since, until=now),
-            probes=charts.peer_probes(history.probes, since=since, until=now),
-            chats=charts.peer_chat_outcomes(history.outcomes, since=since, until=now),
-        ),
-        outcomes=sorted(history.outcomes, key=lambda o: o.at, reverse=True)[:20],
+        report=peer_view.report(d.store, cur, peer_id, now),
         windows=timerange.WINDOWS,
-        policy=d.store.peer_policies().get(peer_id),
+        policy=d.store.peer_policies().get(peer_id) if target is None else None,
+        measured=measured.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now) if target != "my-server" else {},
     )
-    return _render("peer.html", {"peer-live": "partials/peer_live.html"}, **context)
+    return _render("peer.html", {"peer-live": "partials/peer_live.html", "my-server": "partials/my_server.html"},
+                   **context)
 
 
 @bp.post("/peers/<peer_id>/policy")

@@ -157,6 +157,10 @@ def poll_info(cur: Current, settings: Settings, now: float) -> dict:
         "invalid_records": snapshot.invalid_records if snapshot else 0,
         "error": "; ".join(last.errors) or "unknown error" if failed else None,
         "error_at": last.at if failed else None,
+        # the latest poll was stored, but without rows the database refused (its errors name them)
+        "dropped_rows": last.dropped_rows if last is not None and last.ok else 0,
+        "errors": list(last.errors) if last is not None and last.ok else [],
+        "clamped_values": last.clamped_values if last is not None and last.ok else 0,
         "unavailable": cur.unavailable,
     }
 
@@ -208,17 +212,14 @@ def model_history(store, dht_prefix: str, since: float, until: float) -> Optiona
 
 @dataclass(frozen=True)
 class PollStats:
-    last_poll_ok: Optional[bool]
-    last_poll_errors: int
+    last_poll: Optional[PollSummary]  # the latest poll, successful or failed
     database_size_bytes: Optional[int]
-    last_day: dict  # polls ok / failed and invalid records over the last 24 h
+    last_day: dict  # polls ok / failed, invalid records, clamped values, dropped rows over the last 24 h
 
 
 def poll_stats(store) -> PollStats:
-    last = store.last_poll()
     return PollStats(
-        last_poll_ok=None if last is None else last.ok,
-        last_poll_errors=0 if last is None else len(last.errors),
+        last_poll=store.last_poll(),
         database_size_bytes=store.database_size_bytes(),
         last_day=store.poll_counts(time.time() - DAY),
     )

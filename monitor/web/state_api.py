@@ -188,11 +188,13 @@ def top_contributors(snapshot: Snapshot, probes: Mapping[str, ProbeResult]) -> d
     return dict(counts.most_common())
 
 
-def reachability_issues(probes: Mapping[str, ProbeResult]) -> list[dict]:
+def reachability_issues(probes: Mapping[str, ProbeResult], peers: set[str]) -> list[dict]:
+    """Failed probes of ``peers`` only (the latest poll's servers and the bootstrap peers): a peer
+    that announced itself once and left is not an issue forever."""
     return [
         {"peer_id": peer, "err": probe.error or "unreachable", "kind": probe.kind}
         for peer, probe in sorted(probes.items())
-        if is_unreachable(probe)
+        if peer in peers and is_unreachable(probe)
     ]
 
 
@@ -215,7 +217,8 @@ def build_state(
         "bootstrap_states": [peer["state"] for peer in boot],
         "top_contributors": top_contributors(snapshot, probes),
         "model_reports": reports,
-        "reachability_issues": reachability_issues(probes),
+        "reachability_issues": reachability_issues(
+            probes, {row.peer_id for row in snapshot.servers} | {peer["peer_id"] for peer in boot}),
         "last_updated": snapshot.taken_at,
         "update_period": update_period,
         "update_duration": snapshot.duration,

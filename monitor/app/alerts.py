@@ -1,0 +1,275 @@
+"""The alert jobs: rules evaluated over what the store holds, notices delivered to webhooks.
+
+Two APScheduler jobs in the poller's scheduler (``schedule_alerts``, called by ``Poller.start``):
+
+- ``alerts`` evaluates every rule (``monitor/core/alerts.py``, pure) over the latest stored poll,
+  diagnoses, probes and scores, right after every scrape and probe round and at least every
+  ``alerts.check_period``; it stores what changed (alerts, notices, one pending delivery per notice
+  and webhook) in one transaction, so a restarted poller neither repeats nor loses a notice;
+- ``alert-delivery`` sends pending deliveries, oldest first and in order per webhook, retrying a
+  failed one with exponential backoff (``retry_backoff``, doubling up to an hour) until
+  ``max_attempts``, after which it is marked failed (shown on /alerts and /metrics).
+
+Only the poller runs these (one per store); web workers only read what they wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+from monitor.app import webhooks
+from monitor.app.alert_settings import WebhookConfig
+from monitor.core import alerts as core
+from monitor.core.common import DAY, HOUR, short_error
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ProbeResult, Snapshot
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF = HOUR
+DELIVERIES_PER_RUN = 100  # pending deliveries looked at per delivery run (the rest wait for the next)
+PRUNE_EVERY = HOUR
+HEARTBEAT = 60.0  # the store learns that the rules were evaluated at least this often (/alerts, /metrics)
+_STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
+
+
+# ---- the view: what the store holds, as the rules see it -------------------------------------
+
+
+def wrong_output_flags(store, settings, now: float) -> dict[str, str]:
+    """peer id -> why its outputs are wrong: each peer's newest correctness verdict (#14) no older
+    than the measurements' age limit, as the diagnosis reads them (a newer correct verdict clears it)."""
+    from monitor.core.measurements import MAX_AGE_PERIODS, wrong_outputs
+
+    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
+    return wrong_outputs(store.recent_server_probes(now - max_age), now=now, max_age=max_age)
+
+
+def _probe_ok(probe: Optional[ProbeResult]) -> Optional[bool]:
+    if probe is None or (not probe.ok and probe.joining):
+        return None
+    return probe.ok
+
+
+def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ProbeResult], scores: dict,
+                wrong: dict[str, str]) -> tuple[core.PeerView, ...]:
+    names: dict[str, Optional[str]] = {}
+    states: dict[str, str] = {}
+    for row in snapshot.servers if snapshot else ():
+        names[row.peer_id] = names.get(row.peer_id) or row.public_name
+        if _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(states.get(row.peer_id), 0):
+            states[row.peer_id] = row.state
+    peers = sorted(set(names) | {p for p, probe in probes.items() if probe.kind == "server"} | set(scores) | set(wrong))
+    return tuple(
+        core.PeerView(peer_id=peer, public_name=names.get(peer), state=states.get(peer),
+                      probe_ok=_probe_ok(probes.get(peer)),
+                      probe_error=probes[peer].error if peer in probes else None,
+                      score=scores[peer].score if peer in scores else None,
+                      wrong_outputs=wrong.get(peer))
+        for peer in peers if peer
+    )
+
+
+def read_view(store, settings, watching_since: float, now: float, needs_peers: bool = True,
+              needs_verdicts: bool = False) -> core.SwarmView:
+    """The latest successful poll, its diagnoses, the latest probes and scores, as a SwarmView."""
+    snapshot = store.latest_snapshot()
+    probes = store.latest_probes()
+    diagnoses = store.latest_diagnoses() if snapshot is not None else {}
+    models = tuple(
+        core.ModelView(dht_prefix=model.dht_prefix, name=model.name or model.dht_prefix,
+                       state=diagnoses[model.dht_prefix].state, reasons=tuple(diagnoses[model.dht_prefix].reasons))
+        for model in (snapshot.models if snapshot else ()) if model.dht_prefix in diagnoses
+    )
+    configured = set(settings.resolved_initial_peers)
+    bootstrap = tuple(
+        core.BootstrapView(peer_id=probe.peer_id or (probe.address or "?"), up=probe.ok, error=probe.error)
+        for probe in probes.values() if probe.kind == "bootstrap" and probe.address in configured
+    )
+    wrong = wrong_output_flags(store, settings, now) if needs_verdicts else {}
+    peers = _peer_views(snapshot, probes, store.latest_scores(), wrong) if needs_peers else ()
+    return core.SwarmView(at=now, scrape_period=settings.scrape_period,
+                          last_ok_poll_at=snapshot.taken_at if snapshot else None, watching_since=watching_since,
+                          models=models, peers=peers, bootstrap=bootstrap)
+
+
+# ---- the jobs --------------------------------------------------------------------------------
+
+
+def backoff(attempts: int, first: float) -> float:
+    """Seconds before the next attempt after ``attempts`` failed ones: first, 2×, 4× ... up to an hour."""
+    return min(MAX_BACKOFF, first * 2 ** max(0, attempts - 1))
+
+
+class Alerter:
+    """Evaluates the rules and delivers the notices for one store (the poller's)."""
+
+    def __init__(self, settings, store, *, stats=None, watching_since: Optional[float] = None):
+        self.settings = settings
+        self.store = store
+        self.stats = stats
+        self.config = settings.alerts
+        self.rules = self.config.rules_in_force(settings.scrape_period)
+        self.hooks: dict[str, WebhookConfig] = {hook.name: hook for hook in self.config.webhooks}
+        self.watching_since = time.time() if watching_since is None else watching_since
+        self.deliver_soon: Optional[Callable[[], None]] = None  # schedule_alerts: deliver() in the background
+        self.stopping: Callable[[], bool] = lambda: False  # schedule_alerts: the scheduler is shutting down
+        self._needs_peers = any(rule.kind in core.PEER_KINDS for rule in self.rules)
+        self._needs_verdicts = any(rule.kind == core.PEER_WRONG_OUTPUTS for rule in self.rules)
+        self._evaluating = threading.Lock()
+        self._delivering = threading.Lock()
+        self._pruned_at = 0.0
+        self._beat_at = float("-inf")  # when the store last heard that the rules were evaluated
+        self._more_to_send = threading.Event()  # a running delivery looks again before it ends
+
+    def _webhooks_for(self, notice: core.Notice) -> list[str]:
+        return [hook.name for hook in self.config.webhooks_for(notice.rule)]
+
+    def _count(self, job: str, error: Optional[BaseException] = None) -> None:
+        if self.stats is not None:
+            self.stats.failed(job, error) if error is not None else self.stats.ok(job)
+
+    def evaluate(self, now: Optional[float] = None) -> Optional[core.Evaluation]:
+        """One evaluation of every rule; stores what changed. None if the store failed (logged)."""
+        with self._evaluating:
+            if self.stopping():  # a poller shutting down judges nothing: its jobs no longer run
+                return None
+            now = time.time() if now is None else now
+            try:
+                view = read_view(self.store, self.settings, self.watching_since, now, self._needs_peers,
+                                 self._needs_verdicts)
+                result = core.evaluate(self.rules, view, self.store.alerts(), now)
+                if self.stopping():
+                    return None
+                if result.writes or now - self._beat_at >= HEARTBEAT:
+                    self.store.record_alert_evaluation(result, self._webhooks_for, now)
+                    self._beat_at = now
+                self._prune(now)
+            except Exception as e:  # noqa: BLE001 - the next run tries again; nothing was half-written
+                log.warning("alert evaluation failed: %s", short_error(e))
+                self._count("alerts", e)
+                return None
+            self._count("alerts")
+        for notice in result.notices:
+            log.info("alert %s: %s", notice.event, notice.summary)
+        if result.notices:
+            self._more_to_send.set()
+            if self.deliver_soon is not None:
+                self.deliver_soon()
+        return result
+
+    def _prune(self, now: float) -> None:
+        if now - self._pruned_at >= PRUNE_EVERY:
+            self.store.prune_alerts(now - self.config.history_days * DAY)
+            self._pruned_at = now
+
+    def deliver(self, now: Optional[float] = None) -> dict[str, int]:
+        """Send what is due, per webhook in order, stopping at its first failure or not-yet-due retry
+        (a later notice never overtakes an earlier one). Returns counts of this run."""
+        counts = {"delivered": 0, "retry": 0, "failed": 0}
+        if self.stopping():
+            return counts  # what is pending stays in the store: the next poller sends it
+        if not self._delivering.acquire(blocking=False):
+            self._more_to_send.set()
+            return counts  # a run is under way: it looks again before it ends
+        try:
+            while True:
+                self._more_to_send.clear()
+                self._deliver_due(now, counts)
+                if not self._more_to_send.is_set() or now is not None:
+                    break
+        except Exception as e:  # noqa: BLE001 - database away: the next run tries again
+            log.warning("alert delivery failed: %s", short_error(e))
+            self._count("alert-delivery", e)
+        finally:
+            self._delivering.release()
+        return counts
+
+    def _deliver_due(self, now: Optional[float], counts: dict[str, int]) -> None:
+        """One pass over the pending deliveries; ``now``: the clock (a test's), else the real one."""
+        blocked: set[str] = set()
+        for delivery in self.store.pending_alert_deliveries(limit=DELIVERIES_PER_RUN):
+            at = time.time() if now is None else now
+            if delivery.webhook in blocked or self.stopping():
+                continue
+            if delivery.next_attempt_at is not None and delivery.next_attempt_at > at:
+                blocked.add(delivery.webhook)
+                continue
+            outcome = self._attempt(delivery, at)
+            counts[outcome] += 1
+            if outcome != "delivered":
+                blocked.add(delivery.webhook)
+
+    def _attempt(self, delivery, at: float) -> str:
+        """One attempt at one delivery, recorded; "delivered", "retry" or "failed" (given up)."""
+        hook = self.hooks.get(delivery.webhook)
+        try:
+            if hook is None:
+                raise webhooks.DeliveryError(f"no webhook named {delivery.webhook!r} is configured any more")
+            body = webhooks.payload(delivery.notice, delivery.event_id, hook.resolved_format,
+                                    self.config.dashboard_url)
+            webhooks.send(hook.url, body, timeout=hook.timeout, headers=hook.headers)
+        except webhooks.DeliveryError as e:
+            attempts = delivery.attempts + 1
+            give_up = hook is None or attempts >= self.config.max_attempts
+            retry_at = None if give_up else at + backoff(attempts, self.config.retry_backoff)
+            log.warning("alert delivery to webhook %s failed (attempt %d of %d%s): %s", delivery.webhook, attempts,
+                        self.config.max_attempts, ", giving up" if give_up else "", e)
+            self.store.record_alert_delivery(delivery.id, ok=False, at=at, error=str(e), retry_at=retry_at)
+            return "failed" if give_up else "retry"
+        self.store.record_alert_delivery(delivery.id, ok=True, at=at)
+        return "delivered"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _QuietRuns(logging.Filter):
+    """APScheduler logs every run of every job at INFO; ours run every few seconds and after every
+    round, and would drown the log: their runs are left out (their warnings and errors are not)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or "Alerter." not in record.getMessage()
+
+
+_QUIET = _QuietRuns()
+
+
+def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
+    """Add the alert jobs to the poller's scheduler (before it starts): evaluation every
+    ``check_period`` and right after every scrape and probe round, delivery every ``check_period``
+    (retries) and as soon as an evaluation made a notice. None when alerts are disabled.
+
+    Nothing here calls the scheduler from its own threads (``modify_job`` from a listener deadlocks
+    with ``shutdown``, which holds the job stores' lock while it waits for those threads): the
+    evaluation after a round runs in the listener, in the thread that ran the round; a notice's
+    first delivery attempt in a thread of its own."""
+    from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_SCHEDULER_STARTED
+    from apscheduler.schedulers import base
+
+    settings = poller.settings
+    if not settings.alerts.enabled:
+        return None
+    alerter = Alerter(settings, poller.store, stats=poller.stats)
+    for name in ("apscheduler.executors.default", "apscheduler.scheduler"):
+        if _QUIET not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_QUIET)
+    period = settings.alerts.check_period
+    scheduler.add_job(alerter.evaluate, "interval", seconds=period, id="alerts", next_run_time=_now())
+    scheduler.add_job(alerter.deliver, "interval", seconds=period, id="alert-delivery", next_run_time=_now())
+
+    def after_round(event) -> None:
+        if event.job_id in ("scrape", "probe"):
+            alerter.evaluate()
+
+    started = threading.Event()  # (a scheduler not started yet is "stopped" too)
+    scheduler.add_listener(lambda event: started.set(), EVENT_SCHEDULER_STARTED)
+    alerter.stopping = lambda: started.is_set() and scheduler.state == base.STATE_STOPPED
+    alerter.deliver_soon = lambda: threading.Thread(target=alerter.deliver, name="alert-delivery",
+                                                    daemon=True).start()
+    scheduler.add_listener(after_round, EVENT_JOB_EXECUTED)
+    return alerter

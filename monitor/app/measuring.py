@@ -1,0 +1,278 @@
+"""The measuring job: speed and correctness probes of every ONLINE server, on their own schedule.
+
+On a thread of its own, whenever a server is due (and at least every tick, a second to ``TICK_MAX``
+seconds, for servers that just appeared) it probes the servers that are due: each
+(server, model) at most once per ``speed_probe_period``, and less often when its last probe took
+so long that one per period would exceed ``speed_probe_max_share`` of the server's time
+(``core.measurements.next_probe_delay``): a probe's cost to a server is the time its steps took,
+so the share it takes is bounded by ``speed_probe_max_share`` whatever the server's speed. At most
+``speed_probe_concurrency`` sessions run at once over all servers. Probes run on their own thread
+and event loop (``swarm.speed.ProbeLoop``), so a slow or silent server never delays a scrape or a
+page; the DHT process only answers one tiny call.
+
+Correctness: a model with a local ``path`` is checked against the monitor's own computation of
+its blocks (``swarm.correctness.ReferenceModel``; the whole span per probe); other models' servers
+are compared with one another segment by segment (``swarm.correctness.CrossCheck``). Each round's
+probes are stored (``Store.record_server_probes``) and the latest poll is diagnosed again with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from dataclasses import replace
+from typing import Callable, Optional
+
+from monitor.core.common import short_peer_id
+from monitor.core.measurements import (
+    BY_PEERS,
+    BY_REFERENCE,
+    MAX_AGE_PERIODS,
+    ServerProbe,
+    judge,
+    measured_speeds,
+    next_probe_delay,
+    recent_per_peer,
+    tolerance,
+    wrong_outputs,
+)
+from monitor.core.snapshot import ONLINE, ServerRow, Snapshot
+from monitor.swarm.correctness import CrossCheck, ReferenceModel, relative_error
+from monitor.swarm.speed import ProbeLoop, SpanResult, SpanTarget
+
+log = logging.getLogger(__name__)
+
+TICK_MAX = 15.0  # seconds between two looks for servers that are due
+
+
+def tick_seconds(period: float) -> float:
+    """How often the job looks for due servers: new servers are measured within this long."""
+    return min(TICK_MAX, max(1.0, period / 4))
+
+
+class ServerMeasurer:
+    """Probes servers that are due, judges their outputs, stores what it measured."""
+
+    def __init__(self, settings, store, dht, *, snapshot: Callable[[], Optional[Snapshot]],
+                 after_round: Optional[Callable[[Snapshot], None]] = None):
+        self.settings = settings
+        self.store = store
+        self.dht = dht
+        self.snapshot = snapshot
+        self.after_round = after_round
+        self.period = settings.speed_probe_period
+        self.max_age = MAX_AGE_PERIODS * self.period
+        self.cross = CrossCheck(max_age=self.max_age)
+        self.next_due: dict[tuple[str, str], float] = {}
+        self.rounds = self.probes = self.failures = 0
+        self._loop: Optional[ProbeLoop] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._paths = {m.dht_prefix: m.path for m in settings.models if m.path is not None}
+        self._references: dict[str, Optional[ReferenceModel]] = {}  # built on first use; None: unusable
+
+    # ---- one round ---------------------------------------------------------------------------
+    def run_once(self, now: Optional[float] = None) -> list[ServerProbe]:
+        """Probe every due server once; returns (and stores) the probes."""
+        snapshot = self.snapshot()
+        if snapshot is None:
+            return []
+        now = time.time() if now is None else now
+        rows = self._due_rows(snapshot, now)
+        if not rows:
+            return []
+        blocks = {model.dht_prefix: model.num_blocks for model in snapshot.models}
+        targets = [self._target(row, snapshot, blocks.get(row.model, 0)) for row in rows]
+        if self._loop is None:
+            self._loop = ProbeLoop(self.dht, concurrency=self.settings.speed_probe_concurrency)
+        try:
+            results = self._loop.probe(targets, timeout=self.settings.speed_probe_timeout)
+        except Exception:
+            self._loop.reset()  # the daemon may have gone: connect again next round
+            raise
+        probes = self._judge(rows, results, now)
+        for probe in probes:  # counted from the probe's own start (a round may take a while)
+            self.next_due[(probe.peer_id, probe.model)] = probe.at + next_probe_delay(
+                probe.duration, self.period, self.settings.speed_probe_max_share)
+        self.store.record_server_probes(probes)
+        self.rounds += 1
+        self.probes += len(probes)
+        self.failures += sum(1 for p in probes if not p.ok)
+        if self.after_round is not None:
+            self.after_round(snapshot)
+        return probes
+
+    def _due_rows(self, snapshot: Snapshot, now: float) -> list[ServerRow]:
+        """ONLINE rows not failing their reachability probe, one per (peer, model), that are due."""
+        reachability = self.store.latest_probes()
+        rows: dict[tuple[str, str], ServerRow] = {}
+        online: dict[tuple[str, str], float] = {}
+        for row in snapshot.servers:
+            probe = reachability.get(row.peer_id)
+            if row.state != ONLINE or row.end <= row.start:
+                continue
+            key = (row.peer_id, row.model)
+            online[key] = self.next_due.get(key, 0.0)
+            if probe is not None and not probe.ok:  # unreachable: look again in a tick
+                online[key] = max(online[key], now + tick_seconds(self.period))
+            elif now >= online[key] and key not in rows:
+                rows[key] = row
+        self.next_due = online  # (servers gone from the snapshot are forgotten)
+        return list(rows.values())
+
+    def _target(self, row: ServerRow, snapshot: Snapshot, num_blocks: int) -> SpanTarget:
+        reference = self._reference(row.model, num_blocks)
+        if reference is not None:
+            return SpanTarget(row.peer_id, row.model, row.start, row.end,
+                              inputs=reference.input_for(row.start), keep_outputs=True)
+        if not self.settings.correctness_checks:
+            return SpanTarget(row.peer_id, row.model, row.start, row.end)
+        spans = [(r.start, r.end) for r in snapshot.rows_for(row.model) if r.state == ONLINE and r.end > r.start]
+        start, end = self.cross.segment_for(row.peer_id, row.model, (row.start, row.end), spans)
+        return SpanTarget(row.peer_id, row.model, start, end, keep_outputs=True)
+
+    def _reference(self, model: str, num_blocks: int) -> Optional[ReferenceModel]:
+        """The model's reference, computed on first use; None without weights (or if they fail)."""
+        if not self.settings.correctness_checks or model not in self._paths or num_blocks < 1:
+            return None
+        if model not in self._references:
+            self._references[model] = ReferenceModel(self._paths[model], num_blocks)
+        reference = self._references[model]
+        if reference is None:
+            return None
+        try:
+            reference.states()
+            return reference
+        except Exception as e:  # noqa: BLE001 - a checkpoint we cannot use: compare servers instead
+            log.warning("the weights of %s cannot serve as a reference (%s); comparing its servers with one "
+                        "another instead", model, e)
+            self._references[model] = None
+            return None
+
+    # ---- verdicts ----------------------------------------------------------------------------
+    def _judge(self, rows: list[ServerRow], results: list[SpanResult], now: float) -> list[ServerProbe]:
+        probes: list[ServerProbe] = []
+        segments = set()
+        quant = {(row.peer_id, row.model): row.quant_type for row in rows}
+        for result in results:
+            probe = result.probe
+            if probe.ok and result.outputs is not None:
+                reference = self._references.get(probe.model) if self.settings.correctness_checks else None
+                if reference is not None and reference.ready:
+                    error = relative_error(result.outputs, reference.expected(probe.start, probe.end))
+                    allowed = tolerance(result.torch_dtype, quant.get((probe.peer_id, probe.model)), probe.blocks)
+                    probe = replace(probe, verdict=judge(error, allowed), error_ratio=error, tolerance=allowed,
+                                    checked_against=BY_REFERENCE)
+                else:
+                    self.cross.add(probe.peer_id, probe.model, probe.start, probe.end, result.outputs, at=probe.at,
+                                   torch_dtype=result.torch_dtype, quant_type=quant.get((probe.peer_id, probe.model)))
+                    segments.add((probe.model, probe.start, probe.end))
+            probes.append(probe)
+        return self._cross_verdicts(probes, segments, now)
+
+    def _cross_verdicts(self, probes: list[ServerProbe], segments: set, now: float) -> list[ServerProbe]:
+        verdicts = {}
+        for model, start, end in segments:
+            for peer, verdict in self.cross.verdicts(model, start, end, now).items():
+                verdicts[(peer, model, start, end)] = verdict
+        judged = []
+        for probe in probes:
+            found = verdicts.get((probe.peer_id, probe.model, probe.start, probe.end))
+            if probe.ok and probe.verdict is None and found is not None:
+                verdict, against, error, allowed = found
+                detail = f"disagrees with {', '.join(short_peer_id(p) for p in against)}" if against else None
+                probe = replace(probe, verdict=verdict, error_ratio=error, tolerance=allowed,
+                                checked_against=BY_PEERS, detail=detail)
+            judged.append(probe)
+        return judged
+
+    # ---- the job's thread ----------------------------------------------------------------------
+    def seconds_to_next_round(self) -> float:
+        """Until the first server is due (so each is probed on time), but at least half a second
+        and at most a tick (servers that appeared meanwhile are probed within a tick)."""
+        tick = tick_seconds(self.period)
+        if not self.next_due:
+            return tick
+        return min(tick, max(0.5, min(self.next_due.values()) - time.time()))
+
+    def start(self, *, stats=None, run_now: bool = True) -> "ServerMeasurer":
+        """Run a round every ``tick_seconds(period)`` on a thread of its own; ``stats``: the poller's
+        JobStats, where each round counts as job "measure" (failures with their error)."""
+        def loop():
+            if not run_now:
+                self._stop.wait(tick_seconds(self.period))
+            while not self._stop.is_set():
+                try:
+                    self.run_once()
+                    if stats is not None:
+                        stats.ok("measure")
+                except Exception as e:  # noqa: BLE001 - a failed round must not end the job
+                    log.exception("server probes failed")
+                    if stats is not None:
+                        stats.failed("measure", e)
+                self._stop.wait(self.seconds_to_next_round())
+
+        self._thread = threading.Thread(target=loop, name="measure", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.settings.speed_probe_timeout * 12 + 30)
+            self._thread = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+
+# ---- wiring into the poller ----------------------------------------------------------------------
+
+
+class MeasuredView:
+    """What the diagnosis takes from recent server probes, read once per diagnosis round."""
+
+    def __init__(self, probes: list[ServerProbe], now: float, max_age: float):
+        self._probes, self._now, self._max_age = probes, now, max_age
+
+    def speeds(self, model: str) -> dict[str, float]:
+        return measured_speeds(self._probes, now=self._now, max_age=self._max_age, model=model)
+
+    def wrong(self, model: str) -> dict[str, str]:
+        return wrong_outputs(self._probes, now=self._now, max_age=self._max_age, model=model)
+
+
+def measured_view(store, settings, now: Optional[float] = None) -> MeasuredView:
+    """The recent probes' measured speeds and wrong outputs (empty if the store cannot say)."""
+    now = time.time() if now is None else now
+    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
+    try:
+        probes = store.recent_server_probes(now - max_age)
+    except Exception as e:  # noqa: BLE001 - diagnose by announcements rather than not at all
+        log.warning("server probes not read, diagnosing by announced speeds: %s", e)
+        probes = []
+    return MeasuredView(probes, now, max_age)
+
+
+def scoring_inputs(store, settings, now: float) -> dict:
+    """What the peer scores take from the server probes (``scores.score_all``'s ``measured`` and
+    ``wrong``): per peer, the median of its newest probes' one-token steps per block, round trip
+    included (the chats' own measure, so both compare), and why its outputs are wrong, if they are."""
+    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
+    probes = store.recent_server_probes(now - max_age)
+    measured = {peer: statistics.median(p.round_trip_per_block for p in kept)
+                for peer, kept in recent_per_peer(probes, now=now, max_age=max_age).items()}
+    return {"measured": measured, "wrong": wrong_outputs(probes, now=now, max_age=max_age)}
+
+
+def start_measuring(poller, *, run_now: bool = True) -> ServerMeasurer:
+    """Start the measuring job for the poller: its own thread (never delays a scrape, and a long
+    round simply delays the next one), stopped by ``ServerMeasurer.close``."""
+    def latest_snapshot() -> Optional[Snapshot]:  # (a store failure fails the round, counted)
+        return poller._last_snapshot or poller.store.latest_snapshot()
+
+    measurer = ServerMeasurer(poller.settings, poller.store, poller.dht, snapshot=latest_snapshot,
+                              after_round=poller.rediagnose)
+    return measurer.start(stats=poller.stats, run_now=run_now)

@@ -1,0 +1,322 @@
+"""What the monitor measured of each server (speed and correctness probes), and the verdicts drawn
+from it: plain data and pure functions, no I/O.
+
+A *server probe* runs a few real tokens through one server's span of blocks in an inference
+session, as a petals client does (``monitor/swarm/speed.py``): the first step sends
+``PREFILL_TOKENS`` tokens, then ``DECODE_STEPS`` steps of one token each (what a chat waits per
+generated token), then ``EMPTY_STEPS`` steps of zero tokens, which the server answers without
+computing anything (the network and handler round trip). Steps are spaced by a random pause of up
+to ``STEP_GAP`` seconds, as a chat's steps are spaced by the other spans and its own work: a server
+that is slow only part of the time (a busy machine, a duty-cycled process) is sampled at random
+moments, not once and then in one burst. From those:
+
+- ``seconds_per_token``: the median one-token step, round trip included (what the chat measures
+  per span, ``chat.sequence.SpanRecorder``);
+- ``rtt``: the median empty step;
+- ``seconds_per_token_per_block``: (``seconds_per_token`` − ``rtt``) / blocks — the compute a
+  block costs per token, comparable with what the server announces (``1 / inference_rps``).
+
+A *correctness check* compares the span's outputs for a fixed input with a trusted computation of
+the same blocks (the monitor's own, where it has the model's weights) or with other servers' outputs
+for the same blocks and input. The comparison is the relative L2 error ``‖out − ref‖ / ‖ref‖``,
+judged against ``tolerance(dtype, quant_type, blocks)``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence
+
+PREFILL_TOKENS = 8
+DECODE_STEPS = 4
+EMPTY_STEPS = 2
+STEP_GAP = 0.2  # seconds, the longest random pause between two steps
+
+# Verdicts of a correctness check.
+CORRECT, WRONG, DISAGREES = "ok", "wrong", "disagrees"
+BY_REFERENCE, BY_PEERS = "reference", "peers"
+
+# A server measured this many times slower than it announces (or than the other servers' median) is
+# flagged "slow" (pages, diagnosis).
+SLOW_FACTOR = 3.0
+PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps, for servers that announce none
+# Measurements older than this many probe periods no longer count (the server may have changed).
+MAX_AGE_PERIODS = 4.0
+SPEED_SAMPLES = 3  # a server's measured speed is the median of its newest this many probes
+
+# Relative L2 error one block may add, by the precision it computes in (the reference is float32).
+# float32 against float32 differs only by summation order (~1e-6); half precisions round every
+# activation to 8 or 11 bits of mantissa; quantized weights differ from the checkpoint itself.
+_BLOCK_ERROR = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
+_QUANT_ERROR = {"int8": 5e-2, "nf4": 1.5e-1}
+_UNKNOWN_DTYPE_ERROR = 2e-2
+MAX_TOLERANCE = 0.5  # beyond this an output is wrong whatever the precision: half its size is off
+
+
+@dataclass(frozen=True)
+class ServerProbe:
+    """One speed (and maybe correctness) probe of one server's span [start, end) of one model."""
+
+    peer_id: str
+    model: str
+    start: int
+    end: int
+    at: float  # unix seconds, when the session started
+    ok: bool  # the session ran to the end
+    seconds_per_token: Optional[float] = None  # median 1-token step, round trip included
+    rtt: Optional[float] = None  # median empty step (no compute)
+    prefill_seconds: Optional[float] = None  # the first step, PREFILL_TOKENS tokens
+    duration: Optional[float] = None  # the steps' total time: the server's time this probe took (pauses not counted)
+    error: Optional[str] = None  # why it failed (short)
+    verdict: Optional[str] = None  # CORRECT | WRONG | DISAGREES; None: not checked
+    error_ratio: Optional[float] = None  # relative L2 error of the outputs
+    tolerance: Optional[float] = None  # what error_ratio was judged against
+    checked_against: Optional[str] = None  # BY_REFERENCE | BY_PEERS
+    detail: Optional[str] = None  # e.g. which peers it disagrees with
+
+    @property
+    def blocks(self) -> int:
+        return self.end - self.start
+
+    @property
+    def seconds_per_token_per_block(self) -> Optional[float]:
+        """Compute per block per token: the one-token step without the round trip, per block."""
+        if not self.ok or self.seconds_per_token is None or self.blocks <= 0:
+            return None
+        compute = self.seconds_per_token - (self.rtt or 0.0)
+        # never below a tenth of the step: an empty step that was slower than a real one is jitter
+        return max(compute, 0.1 * self.seconds_per_token) / self.blocks
+
+    @property
+    def round_trip_per_block(self) -> Optional[float]:
+        """The one-token step per block, round trip included (the chat's measure of a span)."""
+        if not self.ok or self.seconds_per_token is None or self.blocks <= 0:
+            return None
+        return self.seconds_per_token / self.blocks
+
+
+# ---- correctness ---------------------------------------------------------------------------------
+
+
+def tolerance(torch_dtype: Optional[str], quant_type: Optional[str], blocks: int) -> float:
+    """The relative L2 error a correct server of this precision may show over ``blocks`` blocks.
+
+    Per-block errors are independent roundings, so they add up like a random walk (√blocks);
+    quantization adds its own per-block error. Never above ``MAX_TOLERANCE``."""
+    dtype = (torch_dtype or "").replace("torch.", "").lower()
+    per_block = _BLOCK_ERROR.get(dtype, _UNKNOWN_DTYPE_ERROR)
+    quant = (quant_type or "none").lower()
+    per_block += _QUANT_ERROR.get(quant, 0.0 if quant in ("none", "") else _QUANT_ERROR["nf4"])
+    return min(MAX_TOLERANCE, per_block * math.sqrt(max(1, blocks)) * 4)
+
+
+def judge(error_ratio: Optional[float], allowed: float) -> str:
+    """CORRECT when the error is within tolerance, else WRONG (a NaN or missing error is WRONG)."""
+    if error_ratio is None or not math.isfinite(error_ratio):
+        return WRONG
+    return CORRECT if error_ratio <= allowed else WRONG
+
+
+def cross_check(errors: Mapping[tuple[str, str], float], allowed: Mapping[tuple[str, str], float]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Servers of the same blocks, given the same input, compared with one another.
+
+    ``errors``: (peer a, peer b) -> relative error between their outputs (each pair once);
+    ``allowed``: the same pairs -> tolerance. Returns peer -> (verdict, the peers it disagrees
+    with): WRONG for a peer that disagrees with a strict majority of the others while those agree
+    among themselves; DISAGREES for a peer in a disagreement nobody outvotes (e.g. two servers);
+    CORRECT for a peer that agrees with every other.
+    """
+    peers = sorted({p for pair in errors for p in pair})
+    disagree: dict[str, set[str]] = {p: set() for p in peers}
+    for (a, b), error in errors.items():
+        if judge(error, allowed.get((a, b), allowed.get((b, a), 0.0))) == WRONG:
+            disagree[a].add(b)
+            disagree[b].add(a)
+    def outvoted(peer: str) -> bool:
+        against = disagree[peer]
+        # at least two others, a strict majority, agreeing with one another
+        return (len(against) >= 2 and len(against) * 2 > len(peers) - 1
+                and all(not (disagree[x] - {peer}) for x in against))
+
+    wrong = {peer for peer in peers if disagree[peer] and outvoted(peer)}
+    result: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for peer in peers:
+        against = tuple(sorted(disagree[peer]))
+        if peer in wrong:
+            result[peer] = (WRONG, against)
+        elif not disagree[peer] - wrong:  # it disagrees with nobody, or only with outvoted servers
+            result[peer] = (CORRECT, ())
+        else:
+            result[peer] = (DISAGREES, against)
+    return result
+
+
+# ---- speed -----------------------------------------------------------------------------------------
+
+
+def latest_per_peer(probes: Iterable[ServerProbe], model: Optional[str] = None) -> dict[str, ServerProbe]:
+    """Each peer's newest probe (of ``model``, if given)."""
+    latest: dict[str, ServerProbe] = {}
+    for probe in probes:
+        if model is not None and probe.model != model:
+            continue
+        kept = latest.get(probe.peer_id)
+        if kept is None or probe.at >= kept.at:
+            latest[probe.peer_id] = probe
+    return latest
+
+
+def recent_per_peer(probes: Iterable[ServerProbe], *, now: float, max_age: float, model: Optional[str] = None,
+                    samples: int = SPEED_SAMPLES) -> dict[str, list[ServerProbe]]:
+    """peer -> its newest ``samples`` successful timed probes no older than ``max_age``, oldest first."""
+    found: dict[str, list[ServerProbe]] = {}
+    for probe in sorted(probes, key=lambda p: p.at):
+        if (probe.ok and probe.at >= now - max_age and probe.seconds_per_token is not None
+                and (model is None or probe.model == model)):
+            found.setdefault(probe.peer_id, []).append(probe)
+    return {peer: kept[-samples:] for peer, kept in found.items()}
+
+
+def measured_speeds(probes: Iterable[ServerProbe], *, now: float, max_age: float,
+                    model: Optional[str] = None) -> dict[str, float]:
+    """peer -> seconds per token per block (compute): the median of its newest ``SPEED_SAMPLES``
+    successful probes no older than ``max_age`` seconds (one noisy probe moves nothing, two slow
+    ones do). What ``coverage.diagnose`` takes as ``measured``."""
+    return {peer: statistics.median(p.seconds_per_token_per_block for p in kept)
+            for peer, kept in recent_per_peer(probes, now=now, max_age=max_age, model=model).items()}
+
+
+def wrong_outputs(probes: Iterable[ServerProbe], *, now: float, max_age: float,
+                  model: Optional[str] = None) -> dict[str, str]:
+    """peer -> why its outputs are wrong, from its newest correctness verdict no older than
+    ``max_age`` (a newer correct verdict clears an older wrong one)."""
+    checked = [p for p in probes if p.verdict is not None and p.at >= now - max_age]
+    return {peer: describe_verdict(probe) for peer, probe in latest_per_peer(checked, model).items()
+            if probe.verdict == WRONG}
+
+
+def describe_verdict(probe: ServerProbe) -> str:
+    """One phrase for pages and the diagnosis, e.g. "returns wrong outputs (error 0.93 > 0.0016 …)"."""
+    if probe.verdict is None:
+        return "not checked"
+    against = "the monitor's own computation" if probe.checked_against == BY_REFERENCE else "other servers"
+    numbers = ""
+    if probe.error_ratio is not None and probe.tolerance is not None:
+        numbers = f"relative error {probe.error_ratio:.3g} vs tolerance {probe.tolerance:.2g}, "
+    if probe.verdict == CORRECT:
+        return f"outputs match {against} ({numbers}blocks {probe.start}:{probe.end})"
+    detail = f"; {probe.detail}" if probe.detail else ""
+    if probe.verdict == DISAGREES:
+        return f"outputs disagree with {against} ({numbers}blocks {probe.start}:{probe.end}{detail})"
+    return f"returns wrong outputs ({numbers}against {against}, blocks {probe.start}:{probe.end}{detail})"
+
+
+def announced_seconds_per_block(announced_rps: Optional[float]) -> float:
+    """What petals' routing assumes a block costs on a server: ``1 / inference_rps``, or petals'
+    default when the server announces none."""
+    return 1.0 / announced_rps if announced_rps and announced_rps > 0 else PETALS_DEFAULT_SECONDS_PER_BLOCK
+
+
+@dataclass(frozen=True)
+class Slowness:
+    """How a server's measured speed compares: with what it announces (or petals assumes) and with
+    the other measured servers of its model (their median)."""
+
+    measured: float  # seconds per token per block
+    announced: float  # seconds per block petals' routing assumes for it
+    announces: bool  # False: it announces nothing, ``announced`` is petals' default
+    vs_announced: float
+    vs_others: Optional[float]  # None: no other server measured
+
+    @property
+    def slow(self) -> bool:
+        """SLOW_FACTOR times what it announces, or the others' median (petals' default assumption
+        is no announcement: a server that announces nothing is judged against the others only)."""
+        return ((self.announces and self.vs_announced >= SLOW_FACTOR)
+                or (self.vs_others is not None and self.vs_others >= SLOW_FACTOR))
+
+    def describe(self) -> str:
+        """e.g. "measured 16.6 ms per token per block: 5.0× what it announces (3.33 ms), 4.6× the
+        median of the other servers"."""
+        said = "what it announces" if self.announces else "what petals assumes (it announces no speed)"
+        text = (f"measured {self.measured * 1000:.3g} ms per token per block: {self.vs_announced:.1f}× {said} "
+                f"({self.announced * 1000:.3g} ms)")
+        if self.vs_others is not None:
+            text += f", {self.vs_others:.1f}× the median of the other servers"
+        return text
+
+
+def slowness(measured: Optional[float], announced_rps: Optional[float], others: Sequence[float]) -> Optional[Slowness]:
+    """None when the server was not measured; ``others``: the other servers' measured speeds."""
+    if not measured or measured <= 0:
+        return None
+    announced = announced_seconds_per_block(announced_rps)
+    reference = median_or_none(others)
+    return Slowness(measured=measured, announced=announced, announces=bool(announced_rps and announced_rps > 0),
+                    vs_announced=measured / announced, vs_others=measured / reference if reference else None)
+
+
+def median_or_none(values: Sequence[float]) -> Optional[float]:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(values) if values else None
+
+
+def probe_share(duration: float, period: float) -> float:
+    """The share of a server's time one probe per ``period`` takes (its session ``duration``)."""
+    return duration / period if period > 0 else math.inf
+
+
+def next_probe_delay(duration: Optional[float], period: float, max_share: float) -> float:
+    """Seconds until a server may be probed again: ``period``, or longer when its last probe took
+    so long that one per period would exceed ``max_share`` of its time (a slow server is probed
+    less often, never more than ``max_share`` of its time)."""
+    if not duration or duration <= 0:
+        return period
+    return max(period, duration / max_share)
+
+
+# ---- what the pages show per server -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeasuredServer:
+    """One server of one model as the pages show it: measured vs announced speed, latest verdict."""
+
+    peer_id: str
+    measured: Optional[float]  # seconds per token per block (median of the newest probes), None: not measured
+    slowness: Optional[Slowness]
+    verdict: Optional[ServerProbe]  # the newest probe that was checked for correctness
+    last: Optional[ServerProbe]  # the newest probe, ok or not
+    probes: int  # fresh probes counted
+
+    @property
+    def slow(self) -> bool:
+        return self.slowness is not None and self.slowness.slow
+
+    @property
+    def wrong(self) -> bool:
+        return self.verdict is not None and self.verdict.verdict == WRONG
+
+    @property
+    def verdict_text(self) -> str:
+        return describe_verdict(self.verdict) if self.verdict is not None else "not checked yet"
+
+
+def server_views(probes: Sequence[ServerProbe], announced_rps: Mapping[str, Optional[float]], *, now: float,
+                 max_age: float, model: str) -> dict[str, MeasuredServer]:
+    """peer -> what the monitor measured of it for ``model`` (``announced_rps``: peer -> the
+    inference_rps it announces, for every server of the model)."""
+    speeds = measured_speeds(probes, now=now, max_age=max_age, model=model)
+    fresh = [p for p in probes if p.model == model and p.at >= now - max_age]
+    newest = latest_per_peer(fresh)
+    checked = latest_per_peer([p for p in fresh if p.verdict is not None])
+    views = {}
+    for peer, rps in announced_rps.items():
+        others = [seconds for other, seconds in speeds.items() if other != peer]
+        views[peer] = MeasuredServer(
+            peer_id=peer, measured=speeds.get(peer), slowness=slowness(speeds.get(peer), rps, others),
+            verdict=checked.get(peer), last=newest.get(peer), probes=sum(1 for p in fresh if p.peer_id == peer),
+        )
+    return views

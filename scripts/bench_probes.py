@@ -1,0 +1,266 @@
+#!/usr/bin/env python
+"""Figures: measured, not announced (#14) — speed and correctness probes, side by side in one run.
+
+    .venv/bin/python scripts/bench_probes.py [--models tiny demo] [--period 10] [--honest-probes 180]
+
+Per model, the demo's swarm on 127.0.0.1 (3 servers: server-1 all blocks, server-2 the first
+half, server-3 the second half) and a `swarm-monitor serve` of its own (own process, own empty
+store, speed_probe_period ``--period`` s, at most 10 % of a server's time):
+
+1. **estimate**: the model's estimated tokens/s as the monitor states it (from the probes, nobody
+   having chatted) against what the chat then measures (median of ``--requests`` streamed greedy
+   completions through the OpenAI API); with the announced-only estimate of the same snapshot
+   (petals' routing-graph arithmetic over announcements, what the monitor said before #14);
+2. **throttle**: server-1 throttled as the demo's panel does (compute stopped 80 % of every
+   0.25 s); seconds until the monitor's diagnosis names it slow, with no chat traffic;
+3. **corrupt**: server-3 made to perturb its outputs; seconds until it is flagged "wrong outputs";
+4. **honest** (tiny model, its own run): ``--honest-probes`` probes of each honest server at a
+   short period (an hour of the demo's 20 s period is 180), counting verdicts that flagged one;
+5. **share**: the probes' share of each server's time (steps' time / wall time) in that run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import bench_common as bc
+from bench_chat import PROMPTS, model_setup, wait_chat_ready
+
+from monitor import compat  # noqa: F401  (must precede petals)
+
+ESTIMATE_TOLERANCE = 0.30
+THROTTLE_PERIODS = 2
+CORRUPT_PERIODS = 1
+
+
+def api(base: str, path: str) -> dict:
+    with urllib.request.urlopen(base + path, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def diagnosis(base: str, prefix: str) -> dict:
+    try:
+        return api(base, f"/api/v1/models/{prefix}").get("diagnosis") or {}
+    except OSError:
+        return {}
+
+
+def wait_for(condition, timeout: float, step: float = 1.0):
+    """Poll ``condition()`` until it returns something truthy; (seconds waited, value) or (None, None)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        value = condition()
+        if value:
+            return time.monotonic() - started, value
+        time.sleep(step)
+    return None, None
+
+
+def store_of(svc):
+    from monitor.store import Store
+
+    return Store(f"sqlite:///{svc['workdir'] / 'monitor.db'}")
+
+
+def announced_estimate(store, prefix: str) -> float:
+    """The diagnosis of the latest snapshot from announcements only (as the monitor made it before)."""
+    from monitor.core.coverage import diagnose
+
+    snapshot = store.latest_snapshot()
+    model = next(m for m in snapshot.models if m.dht_prefix == prefix)
+    return diagnose(model, snapshot.rows_for(prefix), store.latest_probes()).est_tokens_per_s
+
+
+def service_env(period: float) -> dict:
+    return {"SWARM_MONITOR_SPEED_PROBE_PERIOD": str(period), "SWARM_MONITOR_SPEED_PROBE_MAX_SHARE": "0.1",
+            "SWARM_MONITOR_SCRAPE_PERIOD": "5", "SWARM_MONITOR_PROBE_PERIOD": "5",
+            "SWARM_MONITOR_SCORE_PERIOD": "30"}
+
+
+def run_model(name: str, *, data_dir: Path, period: float, requests: int, tokens: int) -> dict:
+    from monitor.harness.demo_swarm import demo_layout
+    from monitor.harness.local_swarm import LocalSwarm
+
+    path, prefix, num_blocks = model_setup(name, data_dir)
+    result: dict = {"model": f"{name} ({num_blocks} blocks)"}
+    with LocalSwarm(path, prefix, update_period=10) as swarm:
+        swarm.start(demo_layout(num_blocks, 3))
+        names = {swarm.peer_id(n): n for n in swarm.servers}
+        with bc.service(swarm.initial_peers, models=[f"{prefix}:{num_blocks}:{path}"], env=service_env(period)) as svc:
+            base, store = svc["base"], store_of(svc)
+            try:
+                # 1. the estimate, from probes alone, then what the chat measures
+                waited, health = wait_for(lambda: (d := diagnosis(base, prefix)).get("speed_source") == "measured"
+                                          and d, timeout=10 * period + 120)
+                if health is None:
+                    raise RuntimeError(f"{prefix}: the estimate never rested on measurements")
+                result["measured_after"] = waited
+                result["first_estimate"] = health["est_tokens_per_s"]
+                result["announced"] = announced_estimate(store, prefix)
+                time.sleep(2 * period)  # each server's measured speed is the median of its 3 newest probes
+                wait_chat_ready(base, prefix, PROMPTS[0])
+                estimates, runs = [], []
+                for _ in range(requests):  # the estimate as it stands, then what a chat measures
+                    estimates.append(diagnosis(base, prefix).get("est_tokens_per_s"))
+                    runs.append(bc.stream_completion(base, prefix, PROMPTS[0], tokens))
+                    time.sleep(period / 2)
+                result["estimate"] = bc.median([e for e in estimates if e])
+                result["chat"] = bc.median([r["tokens_per_s"] for r in runs if r["ok"] and r["tokens_per_s"]])
+                result["chat_routes"] = sorted({"+".join(names.get(h.get("peer_id"), "?") for h in
+                                                         ((r.get("petals") or {}).get("route") or ())) for r in runs})
+
+                # 2. throttle server-1: named slow by the diagnosis, without chat traffic
+                label = swarm.specs["server-1"].public_name
+                swarm.throttle("server-1", duty=0.8, period=0.25)
+                try:
+                    result["throttle_s"], _ = wait_for(
+                        lambda: any(r.startswith(f"{label} (") and " is slow" in r
+                                    for r in diagnosis(base, prefix).get("reasons", ())),
+                        timeout=(THROTTLE_PERIODS + 3) * period + 60)
+                finally:
+                    swarm.unthrottle("server-1")
+
+                # 3. corrupt server-3: flagged "wrong outputs"
+                third = swarm.peer_id("server-3")
+                swarm.corrupt("server-3")
+                corrupted_at = time.time()
+                try:
+                    result["corrupt_s"], _ = wait_for(
+                        lambda: any(p.peer_id == third and p.verdict == "wrong"
+                                    for p in store.recent_server_probes(corrupted_at)),
+                        timeout=(CORRUPT_PERIODS + 3) * period + 60, step=0.5)
+                    result["corrupt_in_diagnosis_s"], _ = wait_for(
+                        lambda: third in (diagnosis(base, prefix).get("excluded_peers") or {}),
+                        timeout=(CORRUPT_PERIODS + 3) * period + 60, step=0.5)
+                    if result["corrupt_in_diagnosis_s"] is not None:
+                        result["corrupt_in_diagnosis_s"] += result["corrupt_s"] or 0
+                finally:
+                    swarm.uncorrupt("server-3")
+            finally:
+                store.close()
+    result["period"] = period
+    return result
+
+
+def run_honest(*, data_dir: Path, probes: int, period: float) -> dict:
+    """The tiny model's honest servers, probed ``probes`` times each: verdicts and time share."""
+    from monitor.harness.demo_swarm import demo_layout
+    from monitor.harness.local_swarm import LocalSwarm
+
+    path, prefix, num_blocks = model_setup("tiny", data_dir)
+    with LocalSwarm(path, prefix, update_period=10) as swarm:
+        swarm.start(demo_layout(num_blocks, 3))
+        peers = {swarm.peer_id(n) for n in swarm.servers}
+        with bc.service(swarm.initial_peers, models=[f"{prefix}:{num_blocks}:{path}"], env=service_env(period)) as svc:
+            store = store_of(svc)
+            started = time.time()
+            try:
+                def enough():
+                    found = store.recent_server_probes(started, model=prefix)
+                    counts = {peer: sum(p.peer_id == peer for p in found) for peer in peers}
+                    return found if min(counts.values()) >= probes else None
+
+                _, found = wait_for(enough, timeout=probes * period * 3 + 300, step=5)
+                elapsed = time.time() - started
+                found = found or store.recent_server_probes(started, model=prefix)
+            finally:
+                store.close()
+    checked = [p for p in found if p.verdict is not None]
+    shares = {}
+    for peer in peers:
+        mine = sorted((p for p in found if p.peer_id == peer), key=lambda p: p.at)
+        if len(mine) >= 2:
+            shares[peer] = sum(p.duration or 0 for p in mine[:-1]) / (mine[-1].at - mine[0].at)
+    return {
+        "probes": len(found), "per_server": min(sum(p.peer_id == peer for p in found) for peer in peers),
+        "checked": len(checked), "flagged": sum(p.verdict != "ok" for p in checked),
+        "failed": sum(not p.ok for p in found), "elapsed": elapsed, "period": period,
+        "share_max": max(shares.values()) if shares else float("nan"),
+        "share_median": bc.median(list(shares.values())),
+        "duration_median": bc.median([p.duration for p in found if p.ok and p.duration]),
+        "max_error": max((p.error_ratio for p in checked), default=float("nan")),
+        "tolerance": min((p.tolerance for p in checked), default=float("nan")),
+    }
+
+
+def fmt(value, unit: str = "", digits: int = 1) -> str:
+    return "—" if value is None or value != value else f"{value:.{digits}f}{unit}"
+
+
+def report(results: list[dict], honest: dict) -> str:
+    rows, checks = [], []
+    for r in results:
+        ratio = r["estimate"] / r["chat"] if r.get("chat") else float("nan")
+        within = abs(ratio - 1) <= ESTIMATE_TOLERANCE
+        rows.append([r["model"], fmt(r["announced"]), f"**{fmt(r['estimate'])}**", fmt(r["chat"]),
+                     f"**{ratio:.2f}×**", bc.verdict(within), ", ".join(r["chat_routes"]),
+                     f"{fmt(r['measured_after'], ' s', 0)} ({fmt(r['first_estimate'])})"])
+        throttle_ok = r["throttle_s"] is not None and r["throttle_s"] <= THROTTLE_PERIODS * r["period"]
+        corrupt_ok = r["corrupt_s"] is not None and r["corrupt_s"] <= CORRUPT_PERIODS * r["period"]
+        checks.append([r["model"], fmt(r["period"], " s", 0),
+                       f"**{fmt(r['throttle_s'], ' s')}**", f"≤ {THROTTLE_PERIODS} periods", bc.verdict(throttle_ok),
+                       f"**{fmt(r['corrupt_s'], ' s')}**", f"≤ {CORRUPT_PERIODS} period", bc.verdict(corrupt_ok),
+                       fmt(r.get("corrupt_in_diagnosis_s"), " s")])
+    estimate = bc.table(["model", "announced estimate, tokens/s", "measured estimate, tokens/s",
+                         "chat measures, tokens/s", "estimate / chat", f"target ±{ESTIMATE_TOLERANCE:.0%}",
+                         "chat routes", "measured after (first estimate)"], rows)
+    detection = bc.table(["model", "probe period", "throttled server named slow after", "target", "",
+                          "corrupting server flagged after", "target", "", "…and in the diagnosis after"], checks)
+    hour = 3600 / 20  # probes per server in an hour at the demo's 20 s period
+    honest_table = bc.table(
+        ["probes per server", "target", "", "verdicts", "honest servers flagged", "target", "",
+         "largest error / tolerance", "probe's server time (median)", "share of server time (max)", "bound"],
+        [[f"**{honest['per_server']}**", f"≥ {hour:.0f} (1 h at 20 s)", bc.verdict(honest["per_server"] >= hour),
+          honest["checked"], f"**{honest['flagged']}**", "0", bc.verdict(honest["flagged"] == 0),
+          f"{honest['max_error']:.2g} / {honest['tolerance']:.2g}", bc.ms(honest["duration_median"]),
+          f"**{honest['share_max']:.1%}**", "≤ 10 % (setting)"]])
+    return (
+        f"{estimate}\n\n{detection}\n\n{honest_table}\n\n"
+        "Swarm: the demo's layout (server-1 all blocks, server-2 the first half, server-3 the second half) on "
+        "127.0.0.1, with `swarm-monitor serve` in its own process (own empty store; speed_probe_period as "
+        "shown, speed_probe_max_share 0.1). *Announced estimate*: the same snapshot diagnosed from "
+        "announcements only (petals' routing graph, what the overview said before the probes). *Measured "
+        "estimate*: read from `/api/v1/models/<prefix>` before each chat request (median), starting two probe "
+        "periods after its speed source first became `measured` (nobody chatted before: the first estimate "
+        "and when it came are in the last column); *chat*: median decode tokens/s of the streamed greedy "
+        "completions, one after each reading. Throttle: as the demo's "
+        "panel (compute stopped 80 % of every 0.25 s); 'named slow': the diagnosis has the sentence "
+        "'<server> (…) is slow'. Corrupt: the harness's flag file (outputs + noise as large as the outputs); "
+        "'flagged': a stored probe with verdict wrong. Honest run: the tiny model at a "
+        f"{honest['period']:g} s probe period for {honest['elapsed'] / 60:.0f} min ({honest['probes']} probes, "
+        f"{honest['failed']} failed) — an hour of probing at the demo's 20 s period, scaled down in time, "
+        "not in count."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["tiny", "demo"], choices=["tiny", "demo"])
+    parser.add_argument("--period", type=float, default=20.0, help="speed_probe_period of the detection runs (the demo's)")
+    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--honest-probes", type=int, default=180)
+    parser.add_argument("--honest-period", type=float, default=2.0)
+    parser.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "petals-swarm-monitor-tests")
+    parser.add_argument("--no-write", action="store_true", help="print the figures, leave BENCHMARKS.md alone")
+    args = parser.parse_args()
+    print(bc.machine())
+    results = []
+    for name in args.models:
+        r = run_model(name, data_dir=args.data_dir, period=args.period, requests=args.requests, tokens=args.tokens)
+        print(r)
+        results.append(r)
+    honest = run_honest(data_dir=args.data_dir, probes=args.honest_probes, period=args.honest_period)
+    print(honest)
+    markdown = report(results, honest)
+    print(markdown)
+    if not args.no_write:
+        bc.write_section("probes", markdown)
+
+
+if __name__ == "__main__":
+    main()

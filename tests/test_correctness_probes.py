@@ -1,0 +1,209 @@
+"""Specs of the correctness probes (#14): a server that answers fast but wrong is found by comparing
+its outputs with the monitor's own computation of its blocks (the model's local weights), or,
+without weights, with other servers of the same blocks; it is flagged on the pages and in the
+diagnosis, and the chat routes around it. Honest float32 servers are never flagged.
+
+One small swarm for the module (tiny Llama: first-half 0:4, second-half 4:8, full 0:8; the harness
+makes a server corrupt its outputs), a real SQLite store, the real poller and measuring job run
+round by round, a real chat engine, and once the whole service with its scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from chat.engine import ChatEngine, Finished, GenerationParams
+from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
+from chat.policy import RoutingSettings
+from monitor.app.jobs import Poller
+from monitor.app.measuring import ServerMeasurer
+from monitor.app.service import Service
+from monitor.app.settings import ModelConfig, Settings
+from monitor.core.measurements import CORRECT, DISAGREES, WRONG, cross_check, judge, tolerance
+from monitor.harness.demo_swarm import DemoControls
+from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.store import Store
+
+HALF = TINY_NUM_BLOCKS // 2
+SPECS = (
+    ServerSpec("first-half", 0, HALF, throughput=50.0, public_name="first-half"),
+    ServerSpec("second-half", HALF, TINY_NUM_BLOCKS, throughput=50.0, public_name="second-half"),
+    ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0, public_name="full"),
+)
+PERIOD = 1.0
+
+
+# ---- pure ----------------------------------------------------------------------------------------
+
+
+def test_tolerance_follows_precision_and_quantization_and_grows_with_the_blocks():
+    assert tolerance("float32", None, 8) < tolerance("float16", None, 8) < tolerance("bfloat16", None, 8)
+    assert tolerance("bfloat16", None, 8) < tolerance("bfloat16", "nf4", 8)
+    assert tolerance("float32", None, 1) < tolerance("float32", None, 30)
+    assert tolerance("float16", "int8", 80) <= 0.5  # never so loose that half the output may be off
+    assert judge(1e-6, tolerance("float32", None, 8)) == CORRECT
+    assert judge(0.9, tolerance("bfloat16", "nf4", 80)) == WRONG
+    assert judge(float("nan"), 0.5) == WRONG
+
+
+def test_cross_check_outvotes_one_wrong_server_and_shows_a_disagreement_nobody_outvotes():
+    allowed = {pair: 0.01 for pair in [("a", "b"), ("a", "c"), ("b", "c")]}
+    one_off = {("a", "b"): 1e-6, ("a", "c"): 0.8, ("b", "c"): 0.8}
+    assert cross_check(one_off, allowed) == {"a": (CORRECT, ()), "b": (CORRECT, ()), "c": (WRONG, ("a", "b"))}
+    two = {("a", "b"): 0.8}
+    assert cross_check(two, {("a", "b"): 0.01}) == {"a": (DISAGREES, ("b",)), "b": (DISAGREES, ("a",))}
+
+
+# ---- on a real swarm -------------------------------------------------------------------------------
+
+
+def settings_for(swarm: LocalSwarm, data_dir, *, path=None, **overrides) -> Settings:
+    values = dict(data_dir=data_dir, initial_peers=swarm.initial_peers,
+                  models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS, path=path)],
+                  speed_probe_period=PERIOD, speed_probe_max_share=0.5, speed_probe_timeout=10)
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="module")
+def checked(tiny_model, tmp_path_factory):
+    """(swarm, poller, measurer, store) with the tiny model's weights as the reference."""
+    data_dir = tmp_path_factory.mktemp("correctness-probes")
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
+        swarm.start(SPECS)
+        settings = settings_for(swarm, data_dir, path=tiny_model)
+        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+        store.migrate()
+        poller = Poller(settings, store, swarm.dht)
+        assert poller.poll_once() is not None
+        measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
+                                  after_round=poller.rediagnose)
+        try:
+            yield swarm, poller, measurer, store
+        finally:
+            measurer.close()
+            store.close()
+
+
+def rounds_until(measurer: ServerMeasurer, done, timeout: float = 90.0) -> list:
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen.extend(measurer.run_once())
+        if done(seen):
+            return seen
+        time.sleep(0.3)
+    raise AssertionError(f"not done within {timeout:.0f} s; probes: {seen}")
+
+
+def test_honest_float32_servers_are_never_flagged(checked):
+    swarm, _, measurer, _ = checked
+    peers = {swarm.peer_id(spec.name) for spec in SPECS}
+    probes = rounds_until(measurer, lambda seen: all(sum(p.peer_id == peer for p in seen) >= 3 for peer in peers))
+    for p in probes:
+        assert p.ok and p.verdict == CORRECT and p.checked_against == "reference", p
+        assert p.error_ratio < p.tolerance / 100  # not a near miss: float32 agrees to rounding
+
+
+def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_it(checked, tiny_model):
+    swarm, poller, measurer, store = checked
+    second = swarm.peer_id("second-half")
+    swarm.corrupt("second-half")
+    corrupted_at = time.time()
+    try:
+        probes = rounds_until(measurer, lambda seen: any(p.peer_id == second and p.at > corrupted_at for p in seen))
+        verdicts = {p.peer_id: p.verdict for p in probes if p.at > corrupted_at}
+        assert verdicts[second] == WRONG  # its first probe since it corrupts
+        assert all(v == CORRECT for peer, v in verdicts.items() if peer != second)
+
+        health = store.latest_diagnoses()[TINY_DHT_PREFIX]
+        assert second in health.excluded_peers and "wrong outputs" in health.excluded_peers[second]
+        assert any(r.startswith("second-half returns wrong outputs") for r in health.reasons), health.reasons
+        assert all(second not in block.peers for block in health.blocks)
+        scored = poller.refresh_scores()  # the peer scores lose it too
+        assert scored[second].score == 0 and "wrong outputs" in scored[second].explanation[-1]
+        assert all(scored[swarm.peer_id(n)].score > 0 for n in ("first-half", "full"))
+
+        weights = StoreWeights(store, period=3600)
+        weights.refresh()
+        assert weights()[second].score == 0  # routing leaves it out wherever others cover its blocks
+        engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                            score_source=weights, outcome_sink=store_outcome_sink(store, weights),
+                            coverage_check=store_coverage_check(store), routing=RoutingSettings(mode="health"))
+        try:
+            ids = engine.encode(TINY_DHT_PREFIX, "Hello")
+            with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=3)) as answer:
+                finished = [e for e in answer if isinstance(e, Finished)]
+            route = [hop.peer_id for hop in finished[0].route]
+            assert route and second not in route  # the first request already avoids it
+        finally:
+            engine.close()
+            weights.close()
+    finally:
+        swarm.uncorrupt("second-half")
+    fixed_at = time.time()
+    probes = rounds_until(measurer, lambda seen: any(p.peer_id == second and p.at > fixed_at for p in seen))
+    assert [p.verdict for p in probes if p.peer_id == second and p.at > fixed_at][-1] == CORRECT
+    assert second not in store.latest_diagnoses()[TINY_DHT_PREFIX].excluded_peers  # a correct verdict clears it
+
+
+def test_without_weights_servers_of_the_same_blocks_are_compared_and_disagreements_shown(checked, tmp_path):
+    swarm, poller, _, store = checked
+    settings = settings_for(swarm, tmp_path)  # no path: nothing to compute a reference with
+    measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot)
+    second, full, first = (swarm.peer_id(name) for name in ("second-half", "full", "first-half"))
+    swarm.corrupt("second-half")
+    try:
+        # full serves both segments, 0:4 (with first-half) and 4:8 (with second-half), in turn
+        probes = rounds_until(measurer, lambda seen: any(p.peer_id == second and p.verdict for p in seen)
+                              and any(p.peer_id == full and (p.start, p.end) == (HALF, TINY_NUM_BLOCKS)
+                                      and p.verdict for p in seen)
+                              and any(p.peer_id == first and p.verdict for p in seen))
+    finally:
+        swarm.uncorrupt("second-half")
+        measurer.close()
+    assert all(p.checked_against == "peers" for p in probes if p.verdict)
+    on_second_segment = [p for p in probes if (p.start, p.end) == (HALF, TINY_NUM_BLOCKS) and p.verdict]
+    # two servers that disagree: nobody outvotes either, both are shown as disagreeing
+    assert {p.verdict for p in on_second_segment} == {DISAGREES}
+    assert {p.peer_id for p in on_second_segment} == {second, full}
+    assert all(p.verdict == CORRECT for p in probes if (p.start, p.end) == (0, HALF) and p.verdict)
+
+
+def test_the_dashboard_shows_a_corrupting_server_without_anyone_chatting(checked, tiny_model, tmp_path):
+    """The whole service, its scheduler included, the server corrupted from the demo panel: flagged on
+    the model and peer pages within a probe period (plus one tick and a scrape)."""
+    swarm = checked[0]
+    settings = settings_for(swarm, tmp_path, path=tiny_model, speed_probe_period=4.0, scrape_period=2,
+                            probe_period=2, score_period=30)
+    second = swarm.peer_id("second-half")
+    service = Service(settings, enable_chat=False, demo_controls=DemoControls(swarm)).start()
+    try:
+        client = service.app.test_client()
+        token = (tmp_path / "admin_token").read_text().strip()
+        answer = client.post("/demo/servers/second-half/corrupt", headers={"Authorization": f"Bearer {token}"})
+        assert answer.status_code == 200 and swarm.is_corrupted("second-half")
+        assert 'data-demo-server="second-half"' in answer.get_data(as_text=True)
+        deadline = time.monotonic() + 120
+        page = ""
+        while time.monotonic() < deadline:
+            page = client.get(f"/models/{TINY_DHT_PREFIX}").get_data(as_text=True)
+            row = page[page.find(f'data-peer-id="{second}"'):]
+            # its row in the servers table, and the model's diagnosis
+            if 'data-verdict="wrong"' in row[:row.find("</tr>")] and "second-half returns wrong outputs" in page:
+                break
+            time.sleep(1)
+        else:
+            reasons = service.store.latest_diagnoses()[TINY_DHT_PREFIX].reasons
+            raise AssertionError(f"the model page never flagged the corrupting server; diagnosis: {reasons}")
+        peer_page = client.get(f"/peers/{second}").get_data(as_text=True)
+        assert "wrong outputs" in peer_page[peer_page.find('id="measured-h"'):]
+        metrics = client.get("/metrics").get_data(as_text=True)
+        assert "swarm_monitor_servers_wrong_outputs 1.0" in metrics
+        assert 'swarm_monitor_correctness_checks_1h{verdict="wrong"}' in metrics
+    finally:
+        swarm.uncorrupt("second-half")
+        service.close()

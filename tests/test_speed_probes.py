@@ -1,0 +1,196 @@
+"""Specs of the speed probes (#14): every ONLINE server measured through its own span, a few real
+tokens at a time, on a real private swarm — and what the monitor and the chat make of it.
+
+One small swarm for the module (tiny Llama: first-half 0:4, second-half 4:8, full 0:8), a real
+SQLite store, the real poller and measuring job run round by round (no scheduler: rounds by hand).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from chat.feedback import StoreWeights, probe_speeds
+from monitor.app.jobs import Poller
+from monitor.app.measuring import ServerMeasurer, measured_view
+from monitor.app.settings import ModelConfig, Settings
+from monitor.core.measurements import (
+    SLOW_FACTOR,
+    ServerProbe,
+    measured_speeds,
+    next_probe_delay,
+    slowness,
+)
+from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.store import Store
+from monitor.swarm.speed import ProbeLoop, SpanTarget
+
+HALF = TINY_NUM_BLOCKS // 2
+SPECS = (
+    ServerSpec("first-half", 0, HALF, throughput=50.0, public_name="first-half"),
+    ServerSpec("second-half", HALF, TINY_NUM_BLOCKS, throughput=50.0, public_name="second-half"),
+    ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0, public_name="full"),
+)
+PERIOD = 2.0  # seconds between two probes of a server (the demo uses 20, the default is 300)
+MAX_SHARE = 0.5
+
+
+# ---- pure ----------------------------------------------------------------------------------------
+
+
+def probe(peer: str, at: float, seconds: float, *, start: int = 0, end: int = 4, rtt: float = 0.0) -> ServerProbe:
+    return ServerProbe(peer_id=peer, model="m", start=start, end=end, at=at, ok=True, seconds_per_token=seconds,
+                       rtt=rtt, duration=seconds)
+
+
+def test_a_measured_speed_is_the_median_of_the_newest_three_probes_so_one_outlier_moves_nothing():
+    now = 1000.0
+    calm = [probe("a", now - 30 + i, 0.04) for i in range(3)]
+    assert measured_speeds(calm, now=now, max_age=60) == {"a": pytest.approx(0.01)}  # 0.04 s / 4 blocks
+    one_spike = calm + [probe("a", now - 1, 0.4)]
+    assert measured_speeds(one_spike, now=now, max_age=60)["a"] == pytest.approx(0.01)
+    two_spikes = one_spike + [probe("a", now, 0.4)]
+    assert measured_speeds(two_spikes, now=now, max_age=60)["a"] == pytest.approx(0.1)
+    assert measured_speeds(calm, now=now + 100, max_age=60) == {}  # too old to count
+    # the empty step (network and handler, no compute) is not charged to the blocks
+    assert measured_speeds([probe("b", now, 0.05, rtt=0.01)], now=now, max_age=60)["b"] == pytest.approx(0.01)
+
+
+def test_a_server_is_probed_once_per_period_or_less_often_when_its_probes_are_long():
+    assert next_probe_delay(0.5, period=300, max_share=0.02) == 300  # 0.5 s of 300 s: well within 2 %
+    assert next_probe_delay(12.0, period=300, max_share=0.02) == pytest.approx(600)  # 12 s at most 2 %
+    assert next_probe_delay(None, period=20, max_share=0.1) == 20  # a failed probe: the period
+
+
+def test_slow_means_measured_many_times_what_it_announces_or_what_the_others_take():
+    announced = slowness(0.05, 100.0, [0.012, 0.011])  # announces 10 ms per block
+    assert announced.slow and announced.vs_announced == pytest.approx(5)
+    quiet = slowness(0.05, None, [0.01, 0.012])  # announces nothing: judged against the others
+    assert quiet.slow and not quiet.announces and quiet.vs_others == pytest.approx(0.05 / 0.011)
+    assert not slowness(0.012, None, [0.01, 0.012]).slow
+    assert slowness(None, 100.0, [0.01]) is None
+
+
+def test_the_router_takes_a_probe_only_where_it_is_newer_than_the_chats_own_measurement():
+    from monitor.core.snapshot import ChatOutcome
+
+    probes = [probe("a", 100.0, 0.08), probe("b", 100.0, 0.08)]
+    chat = [ChatOutcome(at=200.0, peer_id="a", model="m", start=0, end=4, ok=True, seconds_per_token=0.02)]
+    speeds = probe_speeds(probes, chat, now=210.0, window=3600)
+    assert speeds == {"b": pytest.approx(0.02)}  # a: the chat measured it after the probe
+
+
+# ---- on a real swarm -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured(tiny_model, tmp_path_factory):
+    """(swarm, poller, measurer, store): the poller has scraped once; rounds are run by the specs."""
+    data_dir = tmp_path_factory.mktemp("speed-probes")
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
+        swarm.start(SPECS)
+        settings = Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
+                            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS,
+                                                path=tiny_model)],
+                            speed_probe_period=PERIOD, speed_probe_max_share=MAX_SHARE, speed_probe_timeout=10)
+        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+        store.migrate()
+        poller = Poller(settings, store, swarm.dht)
+        assert poller.poll_once() is not None
+        measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
+                                  after_round=poller.rediagnose)
+        try:
+            yield swarm, poller, measurer, store
+        finally:
+            measurer.close()
+            store.close()
+
+
+def run_until(measurer: ServerMeasurer, done, timeout: float = 90.0) -> list[ServerProbe]:
+    """Run rounds as the job does (one per tick) until ``done(probes so far)``; returns them."""
+    seen: list[ServerProbe] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen.extend(measurer.run_once())
+        if done(seen):
+            return seen
+        time.sleep(0.5)
+    raise AssertionError(f"not done within {timeout:.0f} s; probes: {seen}")
+
+
+def test_every_online_server_is_measured_through_its_own_span(measured):
+    swarm, _, measurer, store = measured
+    probes = {p.peer_id: p for p in measurer.run_once()}
+    assert set(probes) == {swarm.peer_id(spec.name) for spec in SPECS}
+    for spec in SPECS:
+        p = probes[swarm.peer_id(spec.name)]
+        assert p.ok, p.error
+        assert (p.start, p.end) == (spec.start, spec.end)
+        assert 0 < p.rtt < p.seconds_per_token < 5  # an empty step is a round trip without compute
+        assert p.prefill_seconds > 0 and p.duration >= p.seconds_per_token
+        assert p.verdict == "ok"  # honest float32 servers match the monitor's own blocks
+    stored = {p.peer_id for p in store.recent_server_probes(time.time() - 60)}
+    assert stored == set(probes)
+
+
+def test_a_probe_of_a_peer_that_does_not_answer_fails_with_its_reason(measured):
+    swarm, _, _, _ = measured
+    loop = ProbeLoop(swarm.dht, concurrency=1)
+    try:
+        nobody = "QmNnooDu7bfjPFoTZYxMNLWUQJyrVwtbZg5gBMjTezGAJN"  # a valid id no peer of this swarm has
+        wrong_blocks = SpanTarget(swarm.peer_id("first-half"), TINY_DHT_PREFIX, HALF, TINY_NUM_BLOCKS)
+        results = loop.probe([SpanTarget(nobody, TINY_DHT_PREFIX, 0, 1), wrong_blocks], timeout=3)
+    finally:
+        loop.close()
+    assert [r.probe.ok for r in results] == [False, False]
+    assert all(r.probe.error for r in results)
+
+
+def test_a_throttled_server_is_ranked_slow_by_probes_alone(measured):
+    swarm, poller, measurer, store = measured
+    full = swarm.peer_id("full")
+    run_until(measurer, lambda seen: {p.peer_id for p in seen} >= {swarm.peer_id(s.name) for s in SPECS})
+    swarm.throttle("full", duty=0.9, period=0.25)
+    throttled_at = time.time()
+    try:
+        # no chat: two probes of the throttled server (its median of three turns) are enough
+        run_until(measurer, lambda seen: sum(p.peer_id == full and p.at > throttled_at for p in seen) >= 2,
+                  timeout=120)
+        view = measured_view(store, poller.settings)
+        speeds = view.speeds(TINY_DHT_PREFIX)
+        assert max(speeds, key=speeds.get) == full
+        others = [s for peer, s in speeds.items() if peer != full]
+        assert slowness(speeds[full], None, others).vs_others >= SLOW_FACTOR
+
+        health = store.latest_diagnoses()[TINY_DHT_PREFIX]  # re-diagnosed after the round
+        assert any(reason.startswith("full (0:8) is slow") for reason in health.reasons), health.reasons
+        assert full not in {peer for peer, _, _ in health.route}  # the estimate goes around it
+        assert health.speed_source == "measured"
+
+        scored = poller.refresh_scores()  # speed in the scores comes from the probes: no chat either
+        speed = {peer: scored[peer].components["chat_speed"][0] for peer in speeds}
+        assert min(speed, key=speed.get) == full and "speed probes measure" in scored[full].explanation[3]
+
+        weights = StoreWeights(store, period=3600).refresh()  # what the chat routes by: no chat needed
+        measured_weights = {p: w.seconds_per_token_per_block for p, w in weights.items()}
+        assert set(measured_weights) >= {swarm.peer_id(s.name) for s in SPECS}
+        assert max(measured_weights, key=measured_weights.get) == full
+    finally:
+        swarm.unthrottle("full")
+
+
+
+def test_no_server_was_probed_twice_within_a_period_nor_beyond_its_time_share(measured):
+    """Over every probe of this module (the throttled server's long ones included)."""
+    _, _, _, store = measured
+    by_peer: dict[str, list[ServerProbe]] = {}
+    for p in store.recent_server_probes(0):
+        by_peer.setdefault(p.peer_id, []).append(p)
+    assert len(by_peer) == len(SPECS) and all(len(probes) >= 2 for probes in by_peer.values())
+    for probes in by_peer.values():
+        for before, after in zip(probes, probes[1:]):
+            gap = after.at - before.at
+            assert gap >= PERIOD
+            assert before.duration / gap <= MAX_SHARE  # the share of the server's time probes took
