@@ -761,7 +761,8 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
     with WebhookReceiver() as hook:
         demo = subprocess.Popen([sys.executable, "-m", "monitor.app.cli", "demo", "--tiny", "--port", "0",
                                  "--webhook", hook.url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                env=env, start_new_session=True,  # its own group: a hung demo is killed whole
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         output: list[str] = []
         try:
             base = None
@@ -796,7 +797,8 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
             try:
                 demo.wait(timeout=180)
             except subprocess.TimeoutExpired:
-                demo.kill()
+                os.killpg(demo.pid, signal.SIGKILL)  # the demo, its DHT process and their p2pd
+                demo.wait(30)
                 output.append("\n(the demo did not stop within 180 s of Ctrl-C: killed)\n")
             time.sleep(0.5)
             (tmp_path / "demo.log").write_text("".join(output))

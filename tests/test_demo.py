@@ -75,8 +75,10 @@ def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_
         assert "Paris" in answer["choices"][0]["message"]["content"]
 
         # chaos from the CLI: with server-2 (0:15) stopped, blocks 0:15 have one server left
+        # (the CLI finds the running demo's operator token in the same data directory)
         chaos = subprocess.run([sys.executable, "-m", "monitor.app.cli", "chaos", "stop", "server-2", "--url", base],
-                               capture_output=True, text=True, timeout=120)
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(data_dir)})
         assert chaos.returncode == 0, chaos.stderr
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
