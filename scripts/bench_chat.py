@@ -191,6 +191,8 @@ if __name__ == "__main__":
     code = 0
     try:
         main()
+    except SystemExit as exit_:  # --help, argparse errors: their own message and code
+        code = exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:  # noqa: BLE001 - reported, then the exit below
         import traceback
 

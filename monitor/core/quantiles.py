@@ -68,17 +68,22 @@ def histogram(values: Iterable[float]) -> Histogram:
     return from_bins((bucket(v), 1, v) for v in values if v is not None and math.isfinite(v))
 
 
-def from_bins(rows: Iterable[tuple[int, int, float]]) -> Histogram:
-    """A histogram from (bucket, count, sum) rows, in any order and with repeats (merged). (The
-    score job merges a day of hourly histograms per peer here: kept to plain dict work.)"""
-    merged: dict[int, list] = {}
+def merge_bins(into: dict[int, list], rows: Iterable[tuple[int, int, float]]) -> None:
+    """Add (bucket, count, sum) rows into ``into`` (bucket -> [count, sum]). The score job merges a
+    day of hourly histograms per peer here: kept to plain dict work."""
     for index, count, total in rows:
-        slot = merged.get(index)
+        slot = into.get(index)
         if slot is None:
-            merged[index] = [count, total]
+            into[index] = [count, total]
         else:
             slot[0] += count
             slot[1] += total
+
+
+def from_bins(rows: Iterable[tuple[int, int, float]]) -> Histogram:
+    """A histogram from (bucket, count, sum) rows, in any order and with repeats (merged)."""
+    merged: dict[int, list] = {}
+    merge_bins(merged, rows)
     clamped: dict[int, list] = {}
     for index, (count, total) in merged.items():
         if count:

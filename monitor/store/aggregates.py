@@ -84,21 +84,10 @@ class _Peer:
     probe_error: tuple = (-math.inf, None)  # (when, error) of the latest failed probe
     chat_error: Optional[str] = None
     advertised: Optional[float] = None
+    announced: tuple = (-math.inf, None)  # (hour, model) of the latest rolled-up hour with an inference_rps
 
     def add(self, name: str, n) -> None:
         self.counts[name] = self.counts.get(name, 0) + int(n or 0)
-
-
-def _merge_bins(into: dict, triples: Iterable) -> None:
-    """Add (bucket, count, sum) triples into ``into`` (bucket -> [count, sum]): the score job merges
-    a day of hourly RTT histograms per peer here, so it is kept to plain dict work."""
-    for index, count, total in triples:
-        slot = into.get(index)
-        if slot is None:
-            into[index] = [count, total]
-        else:
-            slot[0] += count
-            slot[1] += total
 
 
 def _histogram(bins: dict) -> quantiles.Histogram:
@@ -121,14 +110,14 @@ def peer_aggregates(conn: Connection, now: float) -> list[PeerAggregates]:
     _probes(conn, _plan(now - PROBE_WINDOW, now, watermark), now, peers)
     _advertised(conn, week, polls, now, peers)
     names = _peer_names(conn, list(peers))
-    times = [at for _, at in polls]
+    counter = _Polls.of(polls, hourly_polls)
     result = []
     for key, found in peers.items():
         if key not in names:
             continue
         peer_id, first_seen = names[key]
-        uptime = tuple(Uptime(online=found.online[i], polls=found.extra_polls[i] + len(found.models) * _polls_since(
-            window, first_seen, times, hourly_polls, now)) for i, window in enumerate(windows))
+        uptime = tuple(Uptime(online=found.online[i], polls=found.extra_polls[i] + len(found.models) * counter.since(
+            window, first_seen, now)) for i, window in enumerate(windows))
         result.append(PeerAggregates(
             peer_id=peer_id, uptime=uptime, **found.counts,
             probe_rtt=_histogram(found.rtt_bins), last_probe_error=found.probe_error[1],
@@ -213,12 +202,15 @@ def _hourly_online(conn: Connection, windows: list[_Window], peers: dict[int, _P
         inside = sa.and_(h.hour >= window.hours_from, h.hour < window.hours_until)
         columns += [sa.func.sum(sa.case((inside, h.online), else_=0)),
                     sa.func.sum(sa.case((inside, h.polls - ok_polls), else_=0))]
-    query = (sa.select(h.peer, h.model, *columns)
+    announced = sa.and_(h.mean_inference_rps.is_not(None), h.mean_inference_rps != 0)
+    query = (sa.select(h.peer, h.model, sa.func.max(sa.case((announced, h.hour))), *columns)
              .select_from(HourlyObservationsRow.__table__.outerjoin(HourlyPollsRow.__table__, hp.hour == h.hour))
              .where(h.hour >= frm, h.hour < until).group_by(h.peer, h.model))
-    for peer, model, *sums in conn.execute(query):
+    for peer, model, announced_hour, *sums in conn.execute(query):
         found = peers.setdefault(peer, _Peer())
         found.models.add(model)
+        if announced_hour is not None and announced_hour > found.announced[0]:
+            found.announced = (announced_hour, model)
         for k in range(len(windows)):
             found.online[k] += int(sums[2 * k] or 0)
             found.extra_polls[k] += int(sums[2 * k + 1] or 0)
@@ -226,20 +218,35 @@ def _hourly_online(conn: Connection, windows: list[_Window], peers: dict[int, _P
         sa.select(hp.hour, hp.ok_polls).where(hp.hour >= frm, hp.hour < until).order_by(hp.hour))]
 
 
-def _polls_since(window: _Window, first_seen: Optional[float], times: list[float],
-                 hourly_polls: list[tuple[float, int]], now: float) -> int:
-    """Ok polls in the window that could have seen a peer first seen at ``first_seen`` (per model)."""
-    if first_seen is None:
-        return 0
-    count = 0
-    for start, end in window.raw:
-        lo = bisect.bisect_left(times, max(start, first_seen))
-        hi = bisect.bisect_right(times, end) if end >= now else bisect.bisect_left(times, end)
-        count += max(0, hi - lo)
-    for hour, n in hourly_polls:  # ≤ 168 rows
-        if window.in_hours(hour) and hour + HOUR > first_seen:
-            count += n
-    return count
+@dataclass(frozen=True)
+class _Polls:
+    """The ok polls a peer could have been seen by: raw ones by time, rolled-up hours with running
+    totals, so a peer's count per window is a few bisections."""
+
+    times: list[float]  # raw ok polls, sorted
+    hours: list[float]  # rolled-up hours, sorted
+    totals: list[int]  # totals[i]: ok polls in hours[:i]
+
+    @classmethod
+    def of(cls, polls: list[tuple[int, float]], hourly: list[tuple[float, int]]) -> "_Polls":
+        totals = [0]
+        for _, n in hourly:
+            totals.append(totals[-1] + (n or 0))
+        return cls([at for _, at in polls], [hour for hour, _ in hourly], totals)
+
+    def since(self, window: _Window, first_seen: Optional[float], now: float) -> int:
+        """Ok polls in the window at or after ``first_seen`` (a rolled-up hour counts whole if the
+        peer was first seen before its end, as the rollup and ``history.histories`` count it)."""
+        if first_seen is None:
+            return 0
+        count = 0
+        for start, end in window.raw:
+            lo = bisect.bisect_left(self.times, max(start, first_seen))
+            hi = bisect.bisect_right(self.times, end) if end >= now else bisect.bisect_left(self.times, end)
+            count += max(0, hi - lo)
+        lo = bisect.bisect_left(self.hours, max(window.hours_from, first_seen - HOUR + 1e-6))
+        hi = bisect.bisect_left(self.hours, window.hours_until)
+        return count + max(0, self.totals[hi] - self.totals[lo]) if hi > lo else count
 
 
 # ---- flaps -----------------------------------------------------------------------------------
@@ -249,15 +256,17 @@ def departures(conn: Connection, pairs: Sequence[tuple[int, float]]) -> dict[tup
     """Per (peer, model): of the ONLINE observations at the first poll of each pair (poll id, time
     of the next ok poll), how many there were (chances) and how many were not ONLINE at the next
     poll (flaps). Also what the hourly rollup stores for the pairs inside each hour."""
-    following = ServerObservationRow.__table__.alias("next_observation")
-    o, nxt = ServerObservationRow.__table__.c, following.c
+    observations = ServerObservationRow.__table__
+    following = observations.alias("next_observation")
+    o, nxt = observations.c, following.c
     found: dict[tuple[int, str], list[int]] = {}
     for chunk in _chunks(list(pairs)):
-        next_at = sa.case({poll: at for poll, at in chunk}, value=o.poll_id)
+        given = sa.union_all(*(sa.select(sa.literal(poll, sa.Integer).label("poll"),
+                                         sa.literal(at, sa.Float).label("next_at")) for poll, at in chunk)).subquery()
         query = (sa.select(o.peer, o.model, sa.func.count(), _count_if(nxt.peer.is_(None)))
-                 .select_from(ServerObservationRow.__table__.outerjoin(
-                     following, sa.and_(nxt.peer == o.peer, nxt.at == next_at, nxt.model == o.model, nxt.state == ONLINE)))
-                 .where(o.state == ONLINE, o.poll_id.in_([poll for poll, _ in chunk])).group_by(o.peer, o.model))
+                 .select_from(given.join(observations, o.poll_id == given.c.poll).outerjoin(following, sa.and_(
+                     nxt.peer == o.peer, nxt.at == given.c.next_at, nxt.model == o.model, nxt.state == ONLINE)))
+                 .where(o.state == ONLINE).group_by(o.peer, o.model))
         for peer, model, chances, flaps in conn.execute(query):
             slot = found.setdefault((peer, model), [0, 0])
             slot[0] += int(chances)
@@ -354,7 +363,7 @@ def _add_probes(found: _Peer, n: int, ok: int, joining: int, bins: Iterable, err
     found.add("probes_ok", ok)
     found.add("probes_joining", joining)
     found.add("probes_failed", max(0, n - ok - joining))  # (a JOINING answer is never ok)
-    _merge_bins(found.rtt_bins, bins)
+    quantiles.merge_bins(found.rtt_bins, bins)
     if error is not None and error[0] > found.probe_error[0]:
         found.probe_error = error
 
@@ -382,7 +391,7 @@ def _chats(conn: Connection, now: float, peers: dict[int, _Peer]) -> None:
         found.add("chats_ok", ok)
         found.add("chats_failed", failed)
         if index is not None and n_timed:
-            _merge_bins(found.speed_bins, [(int(index), int(n_timed), float(total or 0.0))])
+            quantiles.merge_bins(found.speed_bins, [(int(index), int(n_timed), float(total or 0.0))])
     for peer, _, error in _latest(conn, ChatOutcomeRow.__table__, (c.at, c.error), sa.and_(where, ~c.ok)):
         if peer in peers:
             peers[peer].chat_error = error
@@ -400,20 +409,23 @@ def _latest(conn: Connection, table, columns: Sequence, condition) -> list[tuple
 def _advertised(conn: Connection, week: _Window, polls: list[tuple[int, float]], now: float,
                 peers: dict[int, _Peer]) -> None:
     """Each peer's latest announced ``inference_rps``: from the raw rows not rolled up yet, else
-    the latest rolled-up hour's mean."""
-    o, h = ServerObservationRow.__table__.c, HourlyObservationsRow.__table__.c
+    the mean of the latest rolled-up hour that has one (found by ``_hourly_online``; read here by
+    primary key)."""
+    o = ServerObservationRow.__table__.c
     tail = [i for i, at in polls if _inside(at, week.raw[-1:], now)]
     found: dict[int, float] = {}
     for chunk in _chunks(tail):
         for peer, _, value in _latest(conn, ServerObservationRow.__table__, (o.at, o.inference_rps),
                                       sa.and_(o.poll_id.in_(chunk), o.inference_rps.is_not(None), o.inference_rps != 0)):
             found[peer] = value  # (chunks are in time order: the later one wins)
-    if week.hours_until > week.hours_from:
-        ranked = sa.select(h.peer, h.mean_inference_rps.label("value"), sa.func.row_number().over(
-            partition_by=h.peer, order_by=h.hour.desc()).label("n")).where(
-            h.hour >= week.hours_from, h.hour < week.hours_until, h.mean_inference_rps.is_not(None),
-            h.mean_inference_rps != 0).subquery()
-        for peer, value in conn.execute(sa.select(ranked.c.peer, ranked.c.value).where(ranked.c.n == 1)):
+    keys = [(peer, model, hour) for peer, p in peers.items() if peer not in found
+            for hour, model in (p.announced,) if model is not None]
+    for chunk in _chunks(keys, 200):  # an OR of primary keys (SQLite scans the table for a row-value IN),
+        # as text: SQLAlchemy would compile an expression of 600 parameters anew for every chunk
+        where = " OR ".join(f"(peer = :p{i} AND model = :m{i} AND hour = :h{i})" for i in range(len(chunk)))
+        values = {f"{name}{i}": value for i, key in enumerate(chunk) for name, value in zip("pmh", key)}
+        for peer, value in conn.execute(sa.text(
+                f"SELECT peer, mean_inference_rps FROM {HourlyObservationsRow.__tablename__} WHERE {where}"), values):
             found.setdefault(peer, value)
     for peer, value in found.items():
         if peer in peers and value is not None and math.isfinite(value):

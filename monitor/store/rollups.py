@@ -332,7 +332,7 @@ def _probe_rows(conn: Connection, hour: float, end: float) -> list[dict]:
         timed = sum(n for _, n, _ in found["bins"])
         rows.append({"peer": peer, "hour": hour, "n": found["n"], "ok": found["ok"], "joining": found["joining"],
                      "mean_rtt": sum(total for _, _, total in found["bins"]) / timed if timed else None,
-                     "rtt_bins": [x for b in found["bins"] for x in b],  # flat: bucket, count, sum, ...
+                     "rtt_bins": [x for index, n, total in found["bins"] for x in (index, n, round(total, 6))],  # flat
                      "last_error": found["error"][1] if found["error"] else None})
     return rows
 

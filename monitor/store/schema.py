@@ -341,6 +341,7 @@ class HourlyPollsRow(SQLModel, table=True):
 
 class HourlyObservationsRow(SQLModel, table=True):
     __tablename__ = "hourly_observations"
+    __table_args__ = (sa.Index(None, "hour"),)  # (revision 0008: the scores read the last week's hours)
     peer: int = Field(foreign_key="peers.id", primary_key=True)
     model: str = Field(primary_key=True)
     hour: float = Field(primary_key=True)
@@ -385,9 +386,10 @@ class HourlyBlockCoverageRow(SQLModel, table=True):
 
 
 class HourlyProbesRow(SQLModel, table=True):
-    """Read only by ``Store.probe_stats``, which no view shows yet (the peer page will)."""
+    """Read by ``Store.probe_stats`` and by the scores (``store/aggregates.py``)."""
 
     __tablename__ = "hourly_probes"
+    __table_args__ = (sa.Index(None, "hour"),)  # (revision 0008: the scores read the last day's hours)
     peer: int = Field(foreign_key="peers.id", primary_key=True)
     hour: float = Field(primary_key=True)
     n: int

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
+from markupsafe import Markup
 
 from monitor.core import scores as scores_module
 from monitor.core.common import DAY, MINUTE, WEEK
@@ -100,7 +101,8 @@ def _heatmap(store, dht_prefix: str, since: float, until: float):
 @bp.get("/peers/<peer_id>")
 def peer(peer_id: str):
     """What a peer announces, "is my server OK?" (peer_view.report), its score and its history;
-    what comes from the store is built once per store change (peer_view.cached)."""
+    what comes from the store is built once per store change and the live part rendered once per
+    few seconds (peer_view.cached), whoever asks."""
     d = deps()
     security.require_peer_id(peer_id)
     hours = timerange.window(request.args.get("hours"))  # a BadRange answers 400 (create_app)
@@ -122,10 +124,13 @@ def peer(peer_id: str):
         report=peer_view.report(d.store, cur, peer_id, now),
         windows=timerange.WINDOWS,
         policy=d.store.peer_policies().get(peer_id) if target is None else None,
-        measured=measured.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now) if target != "my-server" else {},
     )
-    return _render("peer.html", {"peer-live": "partials/peer_live.html", "my-server": "partials/my_server.html"},
-                   **context)
+    if target == "my-server":
+        return render_template("partials/my_server.html", **context)
+    live = peer_view.cached(cur, ("peer-live", peer_id, hours, int(now // peer_view.LIVE_SECONDS)), lambda: Markup(
+        render_template("partials/peer_live.html", **context,
+                        measured=measured.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now))))
+    return live if target == "peer-live" else render_template("peer.html", peer_live=live, **context)
 
 
 @bp.post("/peers/<peer_id>/policy")

@@ -4,7 +4,8 @@ A peer page read ~3,000 raw rows for 7 days and drew four charts with every poin
 (70 ms alone, p95 1.2–2.9 s under 16 clients). Now:
 
 - what a page derives from the store is kept in a small per-process cache keyed by the store's
-  change marks (``Store.change_marks``: a poll, a probe round, a score refresh) and the minute,
+  change marks (``Store.change_marks``: a poll, a probe round, a score refresh) and the minute
+  (the history) or ``LIVE_SECONDS`` (the report and the rendered live part, which say "… ago"),
   so a page is read once per change, however many people look at it; concurrent requests for
   the same page wait for one computation instead of all doing it (``cached``);
 - the history is read with runs merged (``merge_runs``: one row per unchanged run per clock hour,
@@ -29,6 +30,7 @@ from monitor.core.snapshot import ProbeResult
 from monitor.web import charts
 
 MAX_ENTRIES = 256  # pages kept per process (each a few tens of kB)
+LIVE_SECONDS = 10  # what is rendered "now" (ages, the report) is reused this long at most
 MAX_POINTS = 300  # per chart series: a week in 35-minute buckets
 
 
@@ -95,7 +97,7 @@ def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[ProbeR
 
 def report(store, cur, peer_id: str, now: float) -> ServerReport:
     """The report with the latest stored probe, once per store state and minute."""
-    return cached(cur, ("report", peer_id, int(now // MINUTE)),
+    return cached(cur, ("report", peer_id, int(now // LIVE_SECONDS)),
                   lambda: server_check.check(server_facts(store, cur, peer_id, now)))
 
 
