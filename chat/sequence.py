@@ -43,6 +43,7 @@ from chat.policy import (
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 5.0  # seconds to wait for a server to acknowledge the end of a session
+REFRESH_TIMEOUT = 30.0  # seconds to wait for a fresh view of the swarm (then the view at hand is used)
 
 
 def _announced(span) -> float:
@@ -85,6 +86,10 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
     def __init__(self, *args: Any, **kwargs: Any):
         self._policies: tuple[set, set] = (set(), set())  # PeerIDs pinned, blocked by the operator
         self._explorer = Explorer()
+        # refreshes of the swarm view started / finished (one thread runs them, one at a time):
+        # ``missing_blocks(refresh=True)`` waits for one that started after it was called
+        self._refreshes = threading.Condition()
+        self._refreshes_started = self._refreshes_finished = 0
         super().__init__(*args, **kwargs)
         self.ping_aggregator.ping = self._ping_with_first_servers(self.ping_aggregator.ping)
         if self.routing.pinned:
@@ -121,12 +126,19 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
 
     def _update(self):
         """Read the operator's pins and blocks once per refresh, then let petals refresh."""
-        weights = self.peer_weights()
-        self._policies = (
-            self._peer_ids_to_set([p for p, w in weights.items() if w.policy == "pinned"]) or set(),
-            self._peer_ids_to_set([p for p, w in weights.items() if w.policy == "blocked"]) or set(),
-        )
-        return super()._update()
+        with self._refreshes:
+            self._refreshes_started += 1
+        try:
+            weights = self.peer_weights()
+            self._policies = (
+                self._peer_ids_to_set([p for p, w in weights.items() if w.policy == "pinned"]) or set(),
+                self._peer_ids_to_set([p for p, w in weights.items() if w.policy == "blocked"]) or set(),
+            )
+            return super()._update()
+        finally:
+            with self._refreshes:
+                self._refreshes_finished += 1
+                self._refreshes.notify_all()
 
     def _ping_with_first_servers(self, petals_ping):
         """petals 2.2's ``_update`` means to ping up to ``max_pinged`` servers of the first block,
@@ -270,8 +282,14 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
         with self._thread_start_lock:
             if not self.is_alive():
                 self._thread.start()
-        if refresh or not self.ready.is_set():
-            self.update(wait=True)
+        with self._refreshes:
+            # petals' ``update(wait=True)`` returns when the refresh running at the call ends (a view
+            # read before the call), and never if that refresh fails: wait for the next one instead
+            wanted = self._refreshes_started + 1 if refresh else 0 if self.ready.is_set() else 1
+            if self._refreshes_finished < wanted:
+                self._thread.trigger.set()
+                self._refreshes.wait_for(lambda: self._refreshes_finished >= wanted,
+                                         timeout=REFRESH_TIMEOUT)
         with self.lock_changes:
             spans = self.state.sequence_info.spans_containing_block
             return [index for index, found in enumerate(spans) if not found]

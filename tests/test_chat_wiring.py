@@ -12,7 +12,7 @@ import pytest
 from chat.engine import Busy, ChatEngine, Finished, GenerationParams
 from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
 from chat.http import create_blueprint
-from chat.policy import RoutingSettings
+from chat.policy import EXPLORE_EVERY, RoutingSettings
 from monitor.app.settings import ModelConfig, Settings
 from monitor.core.coverage import diagnose
 from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
@@ -40,6 +40,92 @@ def wired(swarm, tiny_model, tmp_path_factory):
     engine.close()
     weights.close()
     store.close()
+
+
+def operator(app) -> dict:
+    """What a script sends as the operator: the token the app created in its data directory."""
+    settings = app.extensions["swarm_monitor"].settings
+    return {"Authorization": f"Bearer {(settings.data_dir / 'admin_token').read_text().strip()}"}
+
+
+def routes(swarm, manager, tries: int = 2 * EXPLORE_EVERY) -> set[tuple]:
+    """Every distinct route the chat's sequence manager chose over ``tries`` routes of each kind:
+    inference (min_latency: what a chat session asks for) and forward passes (max_throughput), by
+    server name. Health routing explores one route in EXPLORE_EVERY and picks forward routes at
+    random, so one route proves little: 2 × EXPLORE_EVERY of each cover an exploring one."""
+    names = {swarm.peer_id(n): n for n in ("first-half", "second-half", "full")}
+    chosen = set()
+    for mode in ("min_latency", "max_throughput"):
+        for _ in range(tries):
+            chosen.add(tuple((names[s.peer_id.to_base58()], s.start, s.end)
+                             for s in manager.make_sequence(0, TINY_NUM_BLOCKS, mode=mode)))
+    return chosen
+
+
+def routed_over(swarm, manager) -> set[str]:
+    """The servers the manager's view of the swarm keeps as candidates for any route."""
+    names = {swarm.peer_id(n): n for n in ("first-half", "second-half", "full")}
+    with manager.lock_changes:
+        return {names[span.peer_id.to_base58()] for span in manager.state.sequence_info.spans_by_priority}
+
+
+def test_pins_and_blocks_set_on_a_peers_page_reach_the_chats_routes_through_the_store(wired, swarm):
+    """The operator's form posts to /peers/<id>/policy; the store keeps the policy; the chat's
+    weights (StoreWeights, refreshed from the store) carry it; the sequence manager applies it at
+    its next refresh of the swarm. Refreshes are triggered here instead of waited for."""
+    app, store, weights, engine = wired
+    client = app.test_client()
+    full, first, second = (swarm.peer_id(n) for n in ("full", "first-half", "second-half"))
+    halves = (("first-half", 0, 4), ("second-half", 4, 8))
+    manager = engine.sequence_manager(TINY_DHT_PREFIX)
+
+    def set_policy(peer: str, policy: str) -> None:
+        response = client.post(f"/peers/{peer}/policy", data={"policy": policy}, headers=operator(app))
+        assert response.status_code == 303, response.get_data(as_text=True)
+
+    def chat_sees_the_store() -> None:  # as StoreWeights' thread and petals' update_period would
+        weights.refresh()
+        # a refresh of the swarm view that begins after this call reads the weights (one in flight
+        # may have begun before the policy changed: missing_blocks waits for the next)
+        assert manager.missing_blocks(refresh=True) == []
+
+    try:
+        chat_sees_the_store()
+        assert routed_over(swarm, manager) == {"first-half", "second-half", "full"}
+
+        # a visitor without the operator's token changes nothing
+        assert client.post(f"/peers/{full}/policy", data={"policy": "blocked"}).status_code in (401, 403)
+        assert store.peer_policies() == {}
+
+        set_policy(full, "blocked")
+        assert store.peer_policies() == {full: "blocked"}
+        chat_sees_the_store()
+        assert weights()[full].policy == "blocked"
+        assert routed_over(swarm, manager) == {"first-half", "second-half"}
+        assert routes(swarm, manager) == {halves}  # never through full, in either kind of route
+        assert engine.status(TINY_DHT_PREFIX).served  # the halves still serve every block
+
+        set_policy(full, "pinned")  # replaces the block: only full now
+        chat_sees_the_store()
+        assert store.peer_policies() == {full: "pinned"} and weights()[full].policy == "pinned"
+        assert routes(swarm, manager) == {(("full", 0, 8),)}
+
+        set_policy(full, "")
+        set_policy(first, "pinned")
+        set_policy(second, "pinned")
+        chat_sees_the_store()
+        assert store.peer_policies() == {first: "pinned", second: "pinned"}
+        assert routes(swarm, manager) == {halves}  # pinned beats petals' one-hop preference for full
+
+        set_policy(first, "")
+        set_policy(second, "")
+        chat_sees_the_store()
+        assert store.peer_policies() == {} and all(w.policy is None for w in weights().values())
+        assert routed_over(swarm, manager) == {"first-half", "second-half", "full"}
+    finally:  # the other specs of this module route over the whole swarm
+        for peer in (full, first, second):
+            store.set_peer_policy(peer, None)
+        chat_sees_the_store()
 
 
 def test_a_model_the_poller_stored_as_broken_is_refused_before_generation(wired, swarm):

@@ -21,7 +21,16 @@ from monitor.app.jobs import Poller
 from monitor.app.measuring import ServerMeasurer
 from monitor.app.service import Service
 from monitor.app.settings import ModelConfig, Settings
-from monitor.core.measurements import CORRECT, DISAGREES, WRONG, cross_check, judge, tolerance
+from monitor.core.measurements import (
+    CORRECT,
+    DISAGREES,
+    WRONG,
+    ServerProbe,
+    cross_check,
+    disagreeing_outputs,
+    judge,
+    tolerance,
+)
 from monitor.harness.demo_swarm import DemoControls
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -57,6 +66,34 @@ def test_cross_check_outvotes_one_wrong_server_and_shows_a_disagreement_nobody_o
     assert cross_check(two, {("a", "b"): 0.01}) == {"a": (DISAGREES, ("b",)), "b": (DISAGREES, ("a",))}
 
 
+def test_a_disagreement_nobody_outvotes_is_a_reason_in_the_diagnosis_and_both_servers_still_serve():
+    from monitor.core.coverage import diagnose
+    from monitor.core.diagnosis import DEGRADED
+    from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow
+
+    def checked(peer, at, start, end, verdict):
+        return ServerProbe(peer_id=peer, model="m", start=start, end=end, at=at, ok=True, seconds_per_token=0.01,
+                           verdict=verdict, error_ratio=0.9 if verdict == DISAGREES else 1e-6, tolerance=0.01,
+                           checked_against="peers", detail="disagrees with …x" if verdict == DISAGREES else None)
+
+    # "full" serves two segments, checked in turn: its agreement on 0:4 does not clear its disagreement on 4:8
+    probes = [checked("full", 10, 4, 8, DISAGREES), checked("second", 10, 4, 8, DISAGREES),
+              checked("full", 20, 0, 4, CORRECT), checked("first", 20, 0, 4, CORRECT)]
+    disagreeing = disagreeing_outputs(probes, now=30, max_age=60, model="m")
+    assert set(disagreeing) == {"full", "second"} and "blocks 4:8" in disagreeing["full"]
+    assert disagreeing_outputs(probes + [checked("second", 25, 4, 8, CORRECT)], now=30, max_age=60) == {
+        "full": disagreeing["full"]}  # a newer agreement on the same blocks clears it
+    assert disagreeing_outputs(probes, now=100, max_age=60) == {}  # too old to count
+
+    rows = [ServerRow(peer, "m", start, end, ONLINE, throughput=10.0, public_name=peer)
+            for peer, start, end in (("first", 0, 4), ("second", 4, 8), ("full", 0, 8))]
+    health = diagnose(ModelInfo("m", 8), rows, disagreeing=disagreeing)
+    assert health.state == DEGRADED and health.min_redundancy == 2 and not health.excluded_peers
+    for peer in ("full", "second"):
+        assert any(r.startswith(f"{peer} outputs disagree with other servers") and "cannot tell which" in r
+                   for r in health.reasons), health.reasons
+
+
 # ---- on a real swarm -------------------------------------------------------------------------------
 
 
@@ -80,7 +117,7 @@ def checked(tiny_model, tmp_path_factory):
         poller = Poller(settings, store, swarm.dht)
         assert poller.poll_once() is not None
         measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
-                                  after_round=poller.rediagnose)
+                                  after_round=poller.rediagnose_latest)
         try:
             yield swarm, poller, measurer, store
         finally:
@@ -171,6 +208,14 @@ def test_without_weights_servers_of_the_same_blocks_are_compared_and_disagreemen
     assert {p.verdict for p in on_second_segment} == {DISAGREES}
     assert {p.peer_id for p in on_second_segment} == {second, full}
     assert all(p.verdict == CORRECT for p in probes if (p.start, p.end) == (0, HALF) and p.verdict)
+
+    # ...and in the model's diagnosis, as reasons (not only on the pages); both still serve
+    assert poller.rediagnose_latest()
+    health = store.latest_diagnoses()[TINY_DHT_PREFIX]
+    for name in ("second-half", "full"):
+        assert any(r.startswith(f"{name} outputs disagree with other servers") for r in health.reasons), health.reasons
+    assert not any(r.startswith("first-half outputs disagree") for r in health.reasons)
+    assert health.state == "degraded" and second not in health.excluded_peers and full not in health.excluded_peers
 
 
 def test_the_dashboard_shows_a_corrupting_server_without_anyone_chatting(checked, tiny_model, tmp_path):

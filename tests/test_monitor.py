@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from dataclasses import replace
+from datetime import datetime, timezone
 
 import pytest
+import sqlalchemy as sa
+from apscheduler.events import EVENT_JOB_EXECUTED
 
 from monitor.app.jobs import Poller
 from monitor.harness.local_swarm import ServerSpec
 from monitor.app.settings import ModelConfig, Settings
+from monitor.core.common import DAY, HOUR
 from monitor.core.snapshot import ChatOutcome
 from monitor.store import Store
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -208,3 +213,76 @@ def test_poll_once_prints_a_report_per_model(swarm, tmp_path):
     for name in ("first-half", "second-half", "full"):
         assert name in out
     assert "--block_indices" in out
+
+
+# ---- the scheduled rollup job ----------------------------------------------------------------
+
+
+def _rolled_up_polls(store, hour: float):
+    """(polls, ok_polls) of the hour's rollup, or None while the hour is not rolled up."""
+    with store.engine.connect() as conn:
+        found = conn.execute(sa.text("SELECT polls, ok_polls FROM hourly_polls WHERE hour = :h"), {"h": hour}).first()
+    return tuple(found) if found else None
+
+
+def _raw_polls(store, hour: float) -> int:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text("SELECT COUNT(*) FROM polls WHERE at >= :a AND at < :b"),
+                            {"a": hour, "b": hour + HOUR}).scalar()
+
+
+def _wait_for(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlite_store, tmp_path):
+    """The poller's scheduler runs the rollup job every ``rollup_period`` seconds, nobody calling
+    it: completed hours of raw polls become hourly rollups, raw rows older than the raw retention
+    go (their history then reads from the rollups), and an hour written into after it was rolled
+    up is rolled up again at the next run. The other jobs wait for their own (default) periods."""
+    settings = make_settings(swarm, tmp_path, rollup_period=1, raw_retention_days=1)
+    poller = Poller(settings, sqlite_store, swarm.dht)
+    scraped = poller.poll_once()  # what the scrape job stores: the real swarm, now
+    assert scraped is not None, poller.stats.last_error
+    healths = poller.analyse(scraped, {})
+    this_hour = time.time() // HOUR * HOUR
+    old, recent = this_hour - 3 * DAY, this_hour - 2 * HOUR  # past the raw retention of a day / within it
+    for hour in (old, recent):  # six polls an hour, as if the poller had been running then
+        for i in range(6):
+            sqlite_store.record_poll(replace(scraped, taken_at=hour + 600 * i), healths)
+    assert _rolled_up_polls(sqlite_store, old) is None and _rolled_up_polls(sqlite_store, recent) is None
+
+    runs: list[datetime] = []  # when the scheduler meant to run the rollup job, each time it did
+    started = datetime.now(timezone.utc)
+    scheduler = poller.start(run_now=False)
+    scheduler.add_listener(lambda event: event.job_id == "rollup" and runs.append(event.scheduled_run_time),
+                           EVENT_JOB_EXECUTED)
+    try:
+        assert _wait_for(lambda: _rolled_up_polls(sqlite_store, recent) == (6, 6)), poller.stats.last_error
+        assert _rolled_up_polls(sqlite_store, old) == (6, 6)
+        assert _raw_polls(sqlite_store, old) == 0 and _raw_polls(sqlite_store, recent) == 6
+        model = TINY_DHT_PREFIX
+        [hourly] = sqlite_store.model_status_history(model, old, old + HOUR - 1)  # one row for the hour
+        state = next(h.state for h in healths if h.model == model)
+        assert (hourly["at"], hourly["samples"], hourly["states"]) == (old, 6, {state: 6})
+        full = sqlite_store.peer_history(swarm.peer_id("full"), old, old + HOUR - 1).observations
+        assert [(o.at, o.samples, o.seen) for o in full] == [(old, 6, True)]
+
+        # a poll of the recent hour that finished storing after the hour was rolled up
+        sqlite_store.record_poll(replace(scraped, taken_at=recent + 3000), healths)
+        assert _wait_for(lambda: _rolled_up_polls(sqlite_store, recent) == (7, 7)), poller.stats.last_error
+        assert _wait_for(lambda: len(runs) >= 2)
+    finally:
+        poller.shutdown()
+    assert poller.stats.runs["rollup"] >= 2 and "rollup" not in poller.stats.failures
+    # on its schedule: not at start, then once per period (a run missed under load is coalesced)
+    period = settings.rollup_period
+    assert (runs[0] - started).total_seconds() >= period - 0.01
+    for before, after in zip(runs, runs[1:]):
+        gap = (after - before).total_seconds()
+        assert gap >= period - 1e-6 and abs(gap / period - round(gap / period)) < 1e-6

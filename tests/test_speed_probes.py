@@ -16,11 +16,13 @@ from monitor.app.jobs import Poller
 from monitor.app.measuring import ServerMeasurer, measured_view
 from monitor.app.settings import ModelConfig, Settings
 from monitor.core.measurements import (
+    CONFIRM_AFTER,
     SLOW_FACTOR,
     ServerProbe,
     measured_speeds,
     next_probe_delay,
     slowness,
+    worth_confirming,
 )
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -62,6 +64,36 @@ def test_a_server_is_probed_once_per_period_or_less_often_when_its_probes_are_lo
     assert next_probe_delay(0.5, period=300, max_share=0.02) == 300  # 0.5 s of 300 s: well within 2 %
     assert next_probe_delay(12.0, period=300, max_share=0.02) == pytest.approx(600)  # 12 s at most 2 %
     assert next_probe_delay(None, period=20, max_share=0.1) == 20  # a failed probe: the period
+    # a probe worth confirming: half a period, unless the share bound says later
+    assert next_probe_delay(0.5, period=20, max_share=0.25, confirm=True) == pytest.approx(20 * CONFIRM_AFTER)
+    assert next_probe_delay(4.0, period=20, max_share=0.25, confirm=True) == pytest.approx(16)
+
+
+def test_a_probe_that_would_change_a_servers_verdict_is_confirmed_sooner():
+    others = [0.01, 0.012]
+    assert worth_confirming(0.05, 0.011, None, others)  # throttled: slow alone, not so far
+    assert worth_confirming(0.011, 0.05, None, others)  # back to its speed: not slow alone, slow so far
+    assert worth_confirming(0.004, 0.013, None, others)  # 3× faster than so far: also a change worth confirming
+    assert not worth_confirming(0.013, 0.011, None, others)  # the usual jitter
+    assert not worth_confirming(0.06, 0.05, None, others)  # slow, and already measured slow
+    assert worth_confirming(0.05, 0.011, 100.0, [])  # alone: 5× what it announces, nobody to compare with
+    assert worth_confirming(0.05, None, None, others) and not worth_confirming(0.011, None, None, others)
+    assert not worth_confirming(None, 0.011, None, others)  # a failed probe measured nothing
+
+
+def test_a_throttled_server_is_named_slow_within_two_periods_whenever_the_throttle_began():
+    """The worst case: throttled just after a probe. Its next probe (a period later) is the first slow
+    one; the confirmation comes half a period after it (its duration d within the share bound),
+    and the diagnosis names it slow once that one is stored: 1.5 periods + d, below 2 periods while
+    d / share ≤ half a period and d ≤ half a period. The demo's settings keep that for its throttle."""
+    from monitor.harness.demo_swarm import DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD
+
+    period, share, d = DEMO_SPEED_PROBE_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE, 4.2  # d: its probes' steps, throttled
+    first_slow = period  # throttled just after a probe: the next one is a period later
+    confirmed = first_slow + next_probe_delay(d, period, share, confirm=True) + d
+    assert confirmed <= 2 * period - 2  # (a round's pauses, schema call and re-diagnosis take about a second)
+    unconfirmed = first_slow + next_probe_delay(d, period, share) + d
+    assert unconfirmed > 2 * period  # probed at the period only, two periods would not do
 
 
 def test_slow_means_measured_many_times_what_it_announces_or_what_the_others_take():
@@ -100,7 +132,7 @@ def measured(tiny_model, tmp_path_factory):
         poller = Poller(settings, store, swarm.dht)
         assert poller.poll_once() is not None
         measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
-                                  after_round=poller.rediagnose)
+                                  after_round=poller.rediagnose_latest)
         try:
             yield swarm, poller, measurer, store
         finally:
@@ -182,8 +214,44 @@ def test_a_throttled_server_is_ranked_slow_by_probes_alone(measured):
 
 
 
-def test_no_server_was_probed_twice_within_a_period_nor_beyond_its_time_share(measured):
-    """Over every probe of this module (the throttled server's long ones included)."""
+def test_a_probe_round_rediagnoses_the_newest_poll_even_if_one_landed_during_the_round(measured, tmp_path):
+    """A poll stored while the round probes was diagnosed without the round's probes; the round then
+    diagnoses that newest poll again with them (not the poll it started from, which is no longer the
+    latest: that re-diagnosis would be dropped, and the round's findings wait for a later poll)."""
+    swarm, _, _, _ = measured
+    settings = Settings(data_dir=tmp_path, initial_peers=swarm.initial_peers,
+                        models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
+                        speed_probe_period=PERIOD, speed_probe_max_share=MAX_SHARE, speed_probe_timeout=10)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")  # no server probe stored yet
+    store.migrate()
+    poller = Poller(settings, store, swarm.dht)
+    started_from = poller.poll_once()
+    assert store.latest_diagnoses()[TINY_DHT_PREFIX].speed_source == "announced"
+
+    def snapshot_then_a_poll_lands():
+        snapshot = poller._last_snapshot
+        assert poller.poll_once() is not None  # meanwhile: a newer poll, diagnosed before the round's probes
+        return snapshot
+
+    rediagnosed: list[bool] = []
+    measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=snapshot_then_a_poll_lands,
+                              after_round=lambda: rediagnosed.append(poller.rediagnose_latest()))
+    try:
+        assert {p.peer_id for p in measurer.run_once() if p.ok} == {swarm.peer_id(s.name) for s in SPECS}
+    finally:
+        measurer.close()
+    try:
+        newest = store.latest_snapshot()
+        assert newest.taken_at > started_from.taken_at and rediagnosed == [True]
+        health = store.latest_diagnoses()[TINY_DHT_PREFIX]  # the newest poll's, with the round's probes
+        assert health.speed_source == "measured", health.reasons
+    finally:
+        store.close()
+
+
+def test_no_server_was_probed_sooner_than_its_schedule_nor_beyond_its_time_share(measured):
+    """Over every probe of this module (the throttled server's long ones included): a second probe
+    within a period only to confirm one that would change the verdict, and never beyond the share."""
     _, _, _, store = measured
     by_peer: dict[str, list[ServerProbe]] = {}
     for p in store.recent_server_probes(0):
@@ -192,5 +260,5 @@ def test_no_server_was_probed_twice_within_a_period_nor_beyond_its_time_share(me
     for probes in by_peer.values():
         for before, after in zip(probes, probes[1:]):
             gap = after.at - before.at
-            assert gap >= PERIOD
+            assert gap >= CONFIRM_AFTER * PERIOD
             assert before.duration / gap <= MAX_SHARE  # the share of the server's time probes took

@@ -184,6 +184,37 @@ def test_overview_lists_each_model_with_its_state_reasons_and_numbers(client):
     assert html.count('class="chart spark"') == 2
 
 
+def test_overview_says_whether_a_models_estimated_speed_is_measured_or_announced(populated):
+    from monitor.core.measurements import ServerProbe
+
+    app, store, settings, now = populated
+    client = app.test_client()
+
+    def speed_cell() -> str:
+        html = client.get("/").get_data(as_text=True)
+        row = html[html.index('data-model="tiny-llama"'):html.index('data-model="other-model"')]
+        return row[row.index('data-label="Est. tokens/s"'):row.index('data-label="Coverage, 24 h"')]
+
+    def tiny_report() -> dict:
+        return next(m for m in client.get("/api/v1/models").get_json()["models"] if m["dht_prefix"] == TINY.dht_prefix)
+
+    assert 'data-speed-source="announced"' in speed_cell() and "as announced, not measured" in speed_cell()
+    assert tiny_report()["speed_source"] == "announced"
+
+    # the speed probes measure every reachable server of the model; the poller diagnoses again
+    store.record_server_probes([
+        ServerProbe(PEERS[name], TINY.dht_prefix, start, end, at=time.time() - 10, ok=True, seconds_per_token=0.02,
+                    rtt=0.004, duration=0.2)
+        for name, start, end in (("first", 0, 4), ("second", 4, 8), ("full", 0, 8))])
+    assert Poller(settings, store, dht=None).rediagnose_latest()
+    cell = speed_cell()
+    assert 'data-speed-source="measured"' in cell and "measured" in text_of(cell) and "announced" not in cell
+    assert tiny_report()["speed_source"] == "measured" and tiny_report()["est_tokens_per_s"] > 0
+    other = client.get("/").get_data(as_text=True)
+    other = other[other.index('data-model="other-model"'):]
+    assert 'data-speed-source=""' in other  # broken: no route, no estimate to qualify
+
+
 def test_overview_shows_bootstrap_peers_top_contributors_and_reachability_issues(client):
     html = client.get("/").get_data(as_text=True)
     boot = html[html.index('id="boot-h"'):html.index('id="top-h"')]

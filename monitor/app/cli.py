@@ -185,7 +185,8 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
         _run_service(settings)
         return
 
-    from monitor.harness.demo_swarm import DemoControls, demo_layout, prepare_model
+    from monitor.harness.demo_swarm import (DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD, DemoControls,
+                                            demo_layout, prepare_model)
     from monitor.harness.local_swarm import LocalSwarm, SwarmError
 
     if not tiny:
@@ -216,9 +217,10 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
             "scrape_period": min(settings.scrape_period, 10.0),
             "probe_period": min(settings.probe_period, 10.0),
             "score_period": min(settings.score_period, 10.0),
-            # (#14) the demo's servers are ours: measure them often, up to a tenth of their time
-            "speed_probe_period": min(settings.speed_probe_period, 20.0),
-            "speed_probe_max_share": max(settings.speed_probe_max_share, 0.1),
+            # (#14) the demo's servers are ours: measure them often (a throttled one named slow within
+            # two periods, see demo_swarm), up to 40 % of their time
+            "speed_probe_period": min(settings.speed_probe_period, DEMO_SPEED_PROBE_PERIOD),
+            "speed_probe_max_share": max(settings.speed_probe_max_share, DEMO_SPEED_PROBE_MAX_SHARE),
         })
         _run_service(settings, demo_controls=DemoControls(swarm))
     click.echo("Stopped.")

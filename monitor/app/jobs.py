@@ -76,7 +76,10 @@ class Poller:
         self.stats = JobStats()
         self._scheduler: Optional[BackgroundScheduler] = None
         self._last_snapshot: Optional[Snapshot] = None
-        self._lock = threading.Lock()
+        # a poll's diagnosis and store, and a re-diagnosis after a probe round, one at a time: either
+        # the poll is stored first (and is what the re-diagnosis diagnoses), or it is diagnosed after
+        # (with the round's probes, stored before the re-diagnosis began)
+        self._lock = threading.RLock()
 
     # ---- jobs --------------------------------------------------------------------------------
     def poll_once(self) -> Optional[Snapshot]:
@@ -93,13 +96,14 @@ class Poller:
             self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), short_error(e, 1000)),
                                 job="scrape")
             return None
-        snapshot, healths = self.analyse_poll(snapshot)
-        stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, healths), job="scrape")
-        if not stored.ok:
-            self._record_unstored(snapshot, stored.error)
-            return snapshot
-        # without its diagnoses, the probe round re-reads the poll as stored (bounded) and diagnoses that
-        self._last_snapshot = snapshot if healths or not snapshot.models else None
+        with self._lock:
+            snapshot, healths = self.analyse_poll(snapshot)
+            stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, healths), job="scrape")
+            if not stored.ok:
+                self._record_unstored(snapshot, stored.error)
+                return snapshot
+            # without its diagnoses, the probe round re-reads the poll as stored (bounded) and diagnoses that
+            self._last_snapshot = snapshot if healths or not snapshot.models else None
         self.stats.ok("scrape")
         return snapshot
 
@@ -134,6 +138,7 @@ class Poller:
                 min_tokens_per_s=self.settings.min_tokens_per_s,
                 min_cache_tokens=self.settings.min_cache_tokens,
                 measured=measured.speeds(model.dht_prefix), wrong=measured.wrong(model.dht_prefix),
+                disagreeing=measured.disagreeing(model.dht_prefix),
             )
             for model in snapshot.models
         ]
@@ -169,15 +174,34 @@ class Poller:
             return None
         if self._with_db_retry(lambda: self.store.record_probes(batch), job="probe").ok:
             self.stats.ok("probe")
-            if snapshot is not None:  # unreachable peers change the diagnosis: redo it with these probes
-                self._with_db_retry(lambda: self.rediagnose(snapshot), job="probe")
+            # unreachable peers change the diagnosis: redo it with these probes
+            self._with_db_retry(self.rediagnose_latest, job="probe")
         return batch
 
     def rediagnose(self, snapshot: Snapshot) -> bool:
-        """Diagnose the latest poll's snapshot again with the latest probes, and store that against
-        the poll it diagnosed (dropped if a newer poll came in meanwhile: False)."""
+        """Diagnose ``snapshot`` again with the latest probes, and store that against its poll if
+        it is still the newest stored one (False if a newer poll came in: its diagnoses stay)."""
         return self.store.record_diagnoses(self.analyse(snapshot, self.store.latest_probes()),
                                            taken_at=snapshot.taken_at)
+
+    def rediagnose_latest(self) -> bool:
+        """After a probe round (reachability or server probes) stored its results: diagnose the
+        newest stored poll again with them — not the poll the round started from, whose
+        re-diagnosis a poll landing meanwhile would drop (the round's findings then waited for a
+        later round). Under the poll's lock, so a poll diagnosed before the round's results were
+        stored cannot land between this read and its write. False if there is no poll (or another
+        process keeps storing newer ones)."""
+        with self._lock:
+            snapshot = self._last_snapshot
+            for _ in range(3):
+                if snapshot is None:
+                    snapshot = self.store.latest_snapshot()
+                    if snapshot is None:
+                        return False
+                if self.rediagnose(snapshot):
+                    return True
+                snapshot = None  # a newer poll, stored by another process: read it
+            return False
 
     def rollup_once(self, now: Optional[float] = None):
         done = self._with_db_retry(lambda: self.store.rollup_and_prune(

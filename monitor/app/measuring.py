@@ -2,18 +2,21 @@
 
 On a thread of its own, whenever a server is due (and at least every tick, a second to ``TICK_MAX``
 seconds, for servers that just appeared) it probes the servers that are due: each
-(server, model) at most once per ``speed_probe_period``, and less often when its last probe took
-so long that one per period would exceed ``speed_probe_max_share`` of the server's time
-(``core.measurements.next_probe_delay``): a probe's cost to a server is the time its steps took,
-so the share it takes is bounded by ``speed_probe_max_share`` whatever the server's speed. At most
-``speed_probe_concurrency`` sessions run at once over all servers. Probes run on their own thread
+(server, model) once per ``speed_probe_period``, except that a probe which would change the
+server's verdict (slow or not, ``core.measurements.worth_confirming``) is confirmed after half a
+period, so a server throttled just after a probe is named slow within two periods; and less often
+when its last probe took so long that the next would exceed ``speed_probe_max_share`` of the
+server's time (``core.measurements.next_probe_delay``): a probe's cost to a server is the time its
+steps took, so the share it takes is bounded by ``speed_probe_max_share`` whatever the server's
+speed. At most ``speed_probe_concurrency`` sessions run at once over all servers. Probes run on their own thread
 and event loop (``swarm.speed.ProbeLoop``), so a slow or silent server never delays a scrape or a
 page; the DHT process only answers one tiny call.
 
 Correctness: a model with a local ``path`` is checked against the monitor's own computation of
 its blocks (``swarm.correctness.ReferenceModel``; the whole span per probe); other models' servers
 are compared with one another segment by segment (``swarm.correctness.CrossCheck``). Each round's
-probes are stored (``Store.record_server_probes``) and the latest poll is diagnosed again with them.
+probes are stored (``Store.record_server_probes``) and then the newest stored poll (not the one the
+round started from: a poll may land meanwhile) is diagnosed again with them (``after_round``).
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ from monitor.core.measurements import (
     BY_REFERENCE,
     MAX_AGE_PERIODS,
     ServerProbe,
+    disagreeing_outputs,
     judge,
     measured_speeds,
     next_probe_delay,
     recent_per_peer,
     tolerance,
+    worth_confirming,
     wrong_outputs,
 )
 from monitor.core.snapshot import ONLINE, ServerRow, Snapshot
@@ -56,7 +61,9 @@ class ServerMeasurer:
     """Probes servers that are due, judges their outputs, stores what it measured."""
 
     def __init__(self, settings, store, dht, *, snapshot: Callable[[], Optional[Snapshot]],
-                 after_round: Optional[Callable[[Snapshot], None]] = None):
+                 after_round: Optional[Callable[[], object]] = None):
+        """``snapshot``: the newest poll (whose ONLINE servers are probed); ``after_round``: called
+        once a round's probes are stored, to diagnose the newest poll again with them."""
         self.settings = settings
         self.store = store
         self.dht = dht
@@ -93,16 +100,39 @@ class ServerMeasurer:
             self._loop.reset()  # the daemon may have gone: connect again next round
             raise
         probes = self._judge(rows, results, now)
+        confirm = self._worth_confirming(probes, rows, now)
         for probe in probes:  # counted from the probe's own start (a round may take a while)
-            self.next_due[(probe.peer_id, probe.model)] = probe.at + next_probe_delay(
-                probe.duration, self.period, self.settings.speed_probe_max_share)
+            key = (probe.peer_id, probe.model)
+            self.next_due[key] = probe.at + next_probe_delay(
+                probe.duration, self.period, self.settings.speed_probe_max_share, confirm=key in confirm)
         self.store.record_server_probes(probes)
         self.rounds += 1
         self.probes += len(probes)
         self.failures += sum(1 for p in probes if not p.ok)
         if self.after_round is not None:
-            self.after_round(snapshot)
+            self.after_round()
         return probes
+
+    def _worth_confirming(self, probes: list[ServerProbe], rows: list[ServerRow], now: float) -> set:
+        """(peer, model) of the probes that would change their server's verdict against what the
+        stored probes measured so far (``worth_confirming``): probed again after half a period."""
+        try:
+            before = self.store.recent_server_probes(now - self.max_age)
+        except Exception as e:  # noqa: BLE001 - then the period, as without this
+            log.warning("server probes not read, no probe confirmed sooner: %s", e)
+            return set()
+        announced = {(row.peer_id, row.model): row.inference_rps for row in rows}
+        speeds: dict[str, dict[str, float]] = {}
+        found = set()
+        for probe in probes:
+            if probe.model not in speeds:
+                speeds[probe.model] = measured_speeds(before, now=now, max_age=self.max_age, model=probe.model)
+            known = speeds[probe.model]
+            others = [seconds for peer, seconds in known.items() if peer != probe.peer_id]
+            if worth_confirming(probe.seconds_per_token_per_block, known.get(probe.peer_id),
+                                announced.get((probe.peer_id, probe.model)), others):
+                found.add((probe.peer_id, probe.model))
+        return found
 
     def _due_rows(self, snapshot: Snapshot, now: float) -> list[ServerRow]:
         """ONLINE rows not failing their reachability probe, one per (peer, model), that are due."""
@@ -243,6 +273,9 @@ class MeasuredView:
     def wrong(self, model: str) -> dict[str, str]:
         return wrong_outputs(self._probes, now=self._now, max_age=self._max_age, model=model)
 
+    def disagreeing(self, model: str) -> dict[str, str]:
+        return disagreeing_outputs(self._probes, now=self._now, max_age=self._max_age, model=model)
+
 
 def measured_view(store, settings, now: Optional[float] = None) -> MeasuredView:
     """The recent probes' measured speeds and wrong outputs (empty if the store cannot say)."""
@@ -274,5 +307,5 @@ def start_measuring(poller, *, run_now: bool = True) -> ServerMeasurer:
         return poller._last_snapshot or poller.store.latest_snapshot()
 
     measurer = ServerMeasurer(poller.settings, poller.store, poller.dht, snapshot=latest_snapshot,
-                              after_round=poller.rediagnose)
+                              after_round=poller.rediagnose_latest)
     return measurer.start(stats=poller.stats, run_now=run_now)

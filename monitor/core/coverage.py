@@ -15,7 +15,9 @@ petals' own code on the same data instead of re-deriving it:
 What counts as *serving* a block: an ONLINE server whose latest probe is ok, JOINING (still
 loading), or missing (not probed yet). JOINING and OFFLINE servers do not serve; a server whose
 probe failed is unreachable and does not serve either, nor does one whose outputs the monitor found
-wrong (``wrong``: peer -> why, from the correctness probes, ``monitor.core.measurements``).
+wrong (``wrong``: peer -> why, from the correctness probes, ``monitor.core.measurements``). Servers
+compared with one another (no local weights) that disagree with nobody outvoting either
+(``disagreeing``) still serve, but each disagreement is a reason (degraded): some route computes wrong.
 
 Speeds: where the server probes measured a server (``measured``: peer -> seconds per token per
 block), the route search prices its blocks at what was measured instead of what it announces, and
@@ -29,9 +31,10 @@ degraded: petals' default routing still trusts its announcement), and so are blo
 measured server is ``SLOW_FACTOR`` times slower than the model's median block.
 
 State: **broken** when some block has no serving server; else **degraded** when some block has a
-single serving server, the best route is slower than ``min_tokens_per_s``, or some block's
-serving servers together have fewer than ``min_cache_tokens`` cache tokens left (servers that do
-not announce their cache are assumed to have room); else **healthy**.
+single serving server, the best route is slower than ``min_tokens_per_s``, a server is measured
+slow or returns wrong or disagreeing outputs, or some block's serving servers together have fewer
+than ``min_cache_tokens`` cache tokens left (servers that do not announce their cache are assumed
+to have room); else **healthy**.
 
 Bottlenecks: served blocks whose total throughput (the sum over serving servers, as petals'
 block selection sums it) is below ``BOTTLENECK_FRACTION`` of the median over served blocks —
@@ -363,12 +366,15 @@ def diagnose(
     recommend_blocks: Optional[int] = None,
     measured: Mapping[str, float] = {},
     wrong: Mapping[str, str] = {},
+    disagreeing: Mapping[str, str] = {},
 ) -> ModelHealth:
     """The model's state with its reasons, from a snapshot's rows and the latest probe per peer.
 
     Rows of other models are ignored, so a whole ``Snapshot.servers`` may be passed. ``measured``:
     peer -> seconds per token per block the server probes measured (preferred to announcements);
-    ``wrong``: peer -> why its outputs are wrong (such a server does not count as serving).
+    ``wrong``: peer -> why its outputs are wrong (such a server does not count as serving);
+    ``disagreeing``: peer -> its disagreement with other servers of the same blocks that nobody
+    outvotes (checked without the model's weights): a reason, each of them still serving.
     """
     if model.num_blocks < 1:
         raise ValueError(f"model {model.dht_prefix!r} has num_blocks={model.num_blocks}; it needs at least 1 block")
@@ -428,6 +434,10 @@ def diagnose(
         for peer, why in sorted(wrong.items()):
             if peer in labels and peer in excluded:
                 reasons.append(f"{labels[peer]} {why} — not counted as serving; the chat routes around it")
+        for peer, why in sorted(disagreeing.items()):
+            if peer in labels and peer not in excluded:
+                reasons.append(f"{labels[peer]} {why} — one of them computes wrong; without the model's weights "
+                               "the monitor cannot tell which, so both still count as serving")
         reasons.extend(_slow_peers(serving, measured, labels))
         if slow_blocks:
             reasons.append(f"slow {_blocks_phrase(slow_blocks)}: even the fastest measured server there is at least "

@@ -45,6 +45,7 @@ PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps, for
 # Measurements older than this many probe periods no longer count (the server may have changed).
 MAX_AGE_PERIODS = 4.0
 SPEED_SAMPLES = 3  # a server's measured speed is the median of its newest this many probes
+CONFIRM_AFTER = 0.5  # of a period: a probe that would change a server's verdict is confirmed this soon
 
 # Relative L2 error one block may add, by the precision it computes in (the reference is float32).
 # float32 against float32 differs only by summation order (~1e-6); half precisions round every
@@ -197,6 +198,25 @@ def wrong_outputs(probes: Iterable[ServerProbe], *, now: float, max_age: float,
             if probe.verdict == WRONG}
 
 
+def disagreeing_outputs(probes: Iterable[ServerProbe], *, now: float, max_age: float,
+                        model: Optional[str] = None) -> dict[str, str]:
+    """peer -> its disagreement with other servers of the same blocks (servers compared with one
+    another, nobody outvoting either: one of them computes wrong, the monitor cannot tell which),
+    where its newest verdict no older than ``max_age`` on some segment is DISAGREES. Per segment: a
+    server cross-checked on two segments in turn agrees on one and disagrees on the other, and its
+    agreement on one does not clear its disagreement on the other."""
+    checked = [p for p in probes if p.verdict is not None and p.at >= now - max_age
+               and (model is None or p.model == model)]
+    newest: dict[tuple[str, str, int, int], ServerProbe] = {}
+    for probe in sorted(checked, key=lambda p: p.at):
+        newest[(probe.peer_id, probe.model, probe.start, probe.end)] = probe
+    found: dict[str, str] = {}
+    for (peer, _, _, _), probe in sorted(newest.items(), key=lambda item: item[0]):
+        if probe.verdict == DISAGREES and peer not in found:
+            found[peer] = describe_verdict(probe)
+    return found
+
+
 def describe_verdict(probe: ServerProbe) -> str:
     """One phrase for pages and the diagnosis, e.g. "returns wrong outputs (error 0.93 > 0.0016 …)"."""
     if probe.verdict is None:
@@ -268,13 +288,37 @@ def probe_share(duration: float, period: float) -> float:
     return duration / period if period > 0 else math.inf
 
 
-def next_probe_delay(duration: Optional[float], period: float, max_share: float) -> float:
-    """Seconds until a server may be probed again: ``period``, or longer when its last probe took
-    so long that one per period would exceed ``max_share`` of its time (a slow server is probed
-    less often, never more than ``max_share`` of its time)."""
+def next_probe_delay(duration: Optional[float], period: float, max_share: float, *, confirm: bool = False) -> float:
+    """Seconds until a server may be probed again: ``period`` (``CONFIRM_AFTER`` of it when the last
+    probe is worth confirming, ``worth_confirming``), or longer when its last probe took so long that
+    a probe that soon would exceed ``max_share`` of its time: a probe whose steps took ``d`` seconds is
+    never followed by another before ``d / max_share`` (a slow server is probed less often, and
+    probes never take more than ``max_share`` of its time)."""
+    wait = CONFIRM_AFTER * period if confirm else period
     if not duration or duration <= 0:
-        return period
-    return max(period, duration / max_share)
+        return wait
+    return max(wait, duration / max_share)
+
+
+def worth_confirming(speed: Optional[float], before: Optional[float], announced_rps: Optional[float],
+                     others: Sequence[float]) -> bool:
+    """Whether a probe that measured ``speed`` (seconds per token per block) should be confirmed
+    sooner than a period: alone, it would change whether the server is slow (``slowness``: against
+    what it announces and the ``others``' median) from what its measured speed so far (``before``;
+    None: never measured) says, or it departs from that speed ``SLOW_FACTOR``-fold either way.
+
+    A server's measured speed is the median of its newest ``SPEED_SAMPLES`` probes, so one such
+    probe changes nothing and the second decides: probed at the period, a server throttled just
+    after a probe would be named slow only after two periods *plus* the second probe's own time;
+    confirmed within half a period, within two periods."""
+    if speed is None or speed <= 0:
+        return False
+    alone = slowness(speed, announced_rps, others)
+    if before is None or before <= 0:
+        return alone.slow
+    if alone.slow != slowness(before, announced_rps, others).slow:
+        return True
+    return max(speed / before, before / speed) >= SLOW_FACTOR
 
 
 # ---- what the pages show per server -----------------------------------------------------------------

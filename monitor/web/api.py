@@ -124,7 +124,8 @@ def models():
         return _no_poll_yet()
     reports = queries.state_dict(cur, d.settings)["model_reports"]
     keep = ("dht_prefix", "name", "num_blocks", "repository", "official", "state", "monitor_state", "degraded",
-            "reasons", "coverage_pct", "servers_online", "min_redundancy", "est_tokens_per_s", "recommendation")
+            "reasons", "coverage_pct", "servers_online", "min_redundancy", "est_tokens_per_s", "speed_source",
+            "recommendation")
     return jsonify(models=[{key: report[key] for key in keep} for report in reports],
                    last_updated=cur.snapshot.taken_at)
 

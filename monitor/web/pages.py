@@ -125,12 +125,16 @@ def peer(peer_id: str):
         windows=timerange.WINDOWS,
         policy=d.store.peer_policies().get(peer_id) if target is None else None,
     )
+    moment = int(now // peer_view.LIVE_SECONDS)
+    my_server = peer_view.cached(cur, ("my-server", peer_id, moment), lambda: Markup(
+        render_template("partials/my_server.html", **context)))
     if target == "my-server":
-        return render_template("partials/my_server.html", **context)
-    live = peer_view.cached(cur, ("peer-live", peer_id, hours, int(now // peer_view.LIVE_SECONDS)), lambda: Markup(
+        return my_server
+    live = peer_view.cached(cur, ("peer-live", peer_id, hours, moment), lambda: Markup(
         render_template("partials/peer_live.html", **context,
                         measured=measured.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now))))
-    return live if target == "peer-live" else render_template("peer.html", peer_live=live, **context)
+    return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,
+                                                              **context)
 
 
 @bp.post("/peers/<peer_id>/policy")

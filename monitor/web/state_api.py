@@ -4,7 +4,8 @@ health.petals.dev's consumers read ``bootstrap_states``, ``top_contributors``, `
 (each with ``server_rows[]`` carrying ``span`` = {peer_id, start, end, server_info}),
 ``reachability_issues``, ``last_updated``, ``update_period`` and ``update_duration``; those keep
 their names and meanings here. Our additions ride alongside: per model ``degraded``, ``reasons``,
-``monitor_state`` (healthy / degraded / broken), coverage figures and a ``recommendation``; per
+``monitor_state`` (healthy / degraded / broken), coverage figures, ``speed_source`` (whether
+``est_tokens_per_s`` is measured by the speed probes or as announced) and a ``recommendation``; per
 server row ``score``; top level ``scores``, ``recommendations``, ``bootstrap_peers`` and ``poll``.
 
 The dashboard's pages render from this same dict, so the page and the API never disagree.
@@ -118,7 +119,8 @@ def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
     which cannot be diagnosed and so counts as broken)."""
     if health is None:
         return {"monitor_state": BROKEN, "degraded": False, "reasons": [], "coverage_pct": None,
-                "servers_online": None, "min_redundancy": None, "est_tokens_per_s": None, "recommendation": None}
+                "servers_online": None, "min_redundancy": None, "est_tokens_per_s": None, "speed_source": None,
+                "recommendation": None}
     rec = health.recommendation
     return {
         "monitor_state": health.state,
@@ -128,6 +130,8 @@ def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
         "servers_online": health.servers_online,
         "min_redundancy": health.min_redundancy,
         "est_tokens_per_s": finite(health.est_tokens_per_s),
+        # what the estimate rests on: "measured" (speed probes), "partly measured", "announced"; None: no route
+        "speed_source": health.speed_source if health.est_tokens_per_s is not None else None,
         "recommendation": {"start": rec.start, "end": rec.end, "num_blocks": rec.num_blocks,
                            "block_indices": f"{rec.start}:{rec.end}", "argument": rec.argument, "reason": rec.reason},
     }
