@@ -284,8 +284,12 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
                 self._thread.start()
         with self._refreshes:
             # petals' ``update(wait=True)`` returns when the refresh running at the call ends (a view
-            # read before the call), and never if that refresh fails: wait for the next one instead
-            wanted = self._refreshes_started + 1 if refresh else 0 if self.ready.is_set() else 1
+            # read before the call), and never if that refresh fails: wait for the next one instead.
+            # Not ready (none done yet, or petals dropped the view after a failure): the next to end
+            if refresh:
+                wanted = self._refreshes_started + 1
+            else:
+                wanted = 0 if self.ready.is_set() else self._refreshes_finished + 1
             if self._refreshes_finished < wanted:
                 self._thread.trigger.set()
                 self._refreshes.wait_for(lambda: self._refreshes_finished >= wanted,

@@ -72,13 +72,24 @@ class RawClient:
             def end(self):
                 pass
 
+        import gc
+
+        # petals' _ServerInferenceSession.__del__ closes the session with a blocking call into
+        # hivemind's event loop: if the garbage collector runs it on that loop's own thread (any
+        # allocation there can trigger a collection) the loop waits for itself and the client hangs
+        # for good. So no automatic collection while generating; the sessions are collected here,
+        # on this thread, after it.
+        gc.disable()
         started = time.perf_counter()
         try:
             output = self.model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
                                          streamer=Streamer())
+            end = time.perf_counter()
         except Exception as e:  # noqa: BLE001 - a failed request is a result
             return {"ok": False, "error": repr(e)[:300], "ttft": None, "tokens": 0, "tokens_per_s": None}
-        end = time.perf_counter()
+        finally:
+            gc.enable()
+            gc.collect()  # (not timed: the API's sessions are closed after its last token too)
         tokens = output.shape[1] - input_ids.shape[1]
         first = times[0] if times else end
         return {"ok": True, "error": None, "ttft": first - started, "tokens": tokens, "elapsed": end - started,

@@ -94,6 +94,21 @@ def test_a_disagreement_nobody_outvotes_is_a_reason_in_the_diagnosis_and_both_se
                    for r in health.reasons), health.reasons
 
 
+def test_a_thousand_disagreeing_servers_make_a_diagnosis_of_a_few_lines():
+    """Anyone can announce servers: 1,000 of them disagreeing (or wrong) name a few and count the
+    rest, so a diagnosis (stored with every poll, shown on every page) stays small."""
+    from monitor.core.coverage import MAX_NAMED, diagnose
+    from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow
+    from monitor.core.diagnosis import DEGRADED
+
+    rows = [ServerRow(f"s{i:04d}", "m", 0, 8, ONLINE, throughput=10.0, public_name=f"s{i:04d}") for i in range(1000)]
+    disagreeing = {row.peer_id: "outputs disagree with other servers on blocks 0:8" for row in rows}
+    health = diagnose(ModelInfo("m", 8), rows, disagreeing=disagreeing)
+    named = [r for r in health.reasons if "cannot tell which" in r]
+    assert len(named) == MAX_NAMED and f"and {1000 - MAX_NAMED} more servers that disagree with others" in health.reasons
+    assert health.state == DEGRADED and len(health.reasons) <= 2 * MAX_NAMED
+
+
 # ---- on a real swarm -------------------------------------------------------------------------------
 
 

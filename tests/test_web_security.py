@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import stat
+import time
 
 import pytest
 
@@ -137,3 +138,27 @@ def test_errors_say_nothing_of_the_internals(service, tmp_path):
         assert str(tmp_path) not in body and "sqlite" not in body.lower() and "Traceback" not in body, path
     v1 = client.get("/v1/no-such-thing")
     assert v1.status_code == 404 and set(v1.get_json()["error"]) >= {"message", "type", "code"}
+
+
+def test_one_clients_forwarded_prefix_never_shapes_another_clients_links(tmp_path):
+    """Behind a proxy (``proxy_hops``) the app believes X-Forwarded-Prefix. The parts of a peer
+    page every visitor sees alike are rendered once for all (``peer_view.rendered``): a prefix a
+    client sent must shape only its own answer, never the cached HTML the next visitor gets."""
+    from test_web_app import PEERS, populate, web_settings
+
+    settings = web_settings(data_dir=tmp_path, proxy_hops=1)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    try:
+        populate(store, settings, time.time())
+        client = create_app(settings, store).test_client()
+        page = f"/peers/{PEERS['first']}"
+        hostile = client.get(page, headers={"X-Forwarded-Prefix": "//evil.example"}).get_data(as_text=True)
+        assert "//evil.example/peers/" in hostile  # (its own links: the proxy is believed)
+        for target in (None, "my-server", "peer-live"):
+            headers = {"HX-Request": "true", "HX-Target": target} if target else {}
+            answer = client.get(page, headers=headers)
+            assert answer.status_code == 200
+            assert "evil.example" not in answer.get_data(as_text=True), target
+    finally:
+        store.close()

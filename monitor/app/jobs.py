@@ -175,7 +175,7 @@ class Poller:
         if self._with_db_retry(lambda: self.store.record_probes(batch), job="probe").ok:
             self.stats.ok("probe")
             # unreachable peers change the diagnosis: redo it with these probes
-            self._with_db_retry(self.rediagnose_latest, job="probe")
+            self.after_probe_round()
         return batch
 
     def rediagnose(self, snapshot: Snapshot) -> bool:
@@ -183,6 +183,12 @@ class Poller:
         it is still the newest stored one (False if a newer poll came in: its diagnoses stay)."""
         return self.store.record_diagnoses(self.analyse(snapshot, self.store.latest_probes()),
                                            taken_at=snapshot.taken_at)
+
+    def after_probe_round(self) -> None:
+        """A probe round (reachability or server probes) stored its results: the newest poll is
+        diagnosed again with them, retried while the database is away (a failure is counted as
+        the probe job's, not the round's: its probes are stored)."""
+        self._with_db_retry(self.rediagnose_latest, job="probe")
 
     def rediagnose_latest(self) -> bool:
         """After a probe round (reachability or server probes) stored its results: diagnose the

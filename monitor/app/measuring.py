@@ -307,5 +307,5 @@ def start_measuring(poller, *, run_now: bool = True) -> ServerMeasurer:
         return poller._last_snapshot or poller.store.latest_snapshot()
 
     measurer = ServerMeasurer(poller.settings, poller.store, poller.dht, snapshot=latest_snapshot,
-                              after_round=poller.rediagnose_latest)
+                              after_round=poller.after_probe_round)
     return measurer.start(stats=poller.stats, run_now=run_now)

@@ -92,7 +92,7 @@ class Settings(BaseModel):
     chat_max_visitors: int = Field(default=500, ge=1, le=1_000_000)  # the least recently active idle one goes
 
     # Measured speed and correctness (#14, README: Measured speed and correctness): server probes
-    speed_probe_period: float = Field(default=300, gt=0)  # each server probed at most once per period
+    speed_probe_period: float = Field(default=300, gt=0)  # each server probed once per period (a verdict-changing probe confirmed after half)
     speed_probe_timeout: float = Field(default=10, gt=0, le=600)  # seconds per step of a probe session
     speed_probe_concurrency: int = Field(default=2, gt=0, le=64)  # probe sessions at once, all servers
     speed_probe_max_share: float = Field(default=0.02, gt=0, le=0.5)  # of a server's time, at most

@@ -77,6 +77,7 @@ from petals.data_structures import RemoteModuleInfo, ServerInfo, ServerState
 from petals.server.block_selection import choose_best_blocks
 
 BOTTLENECK_FRACTION = 0.5
+MAX_NAMED = 5  # servers named per kind of reason (wrong, disagreeing, slow); the rest counted
 
 
 def _blocks_phrase(spans: Sequence[Range]) -> str:
@@ -287,6 +288,14 @@ def _speed_source(route: Sequence[RouteHop], measured: Mapping[str, float]) -> s
     return "partly measured" if hops & set(measured) else "announced"
 
 
+def _named(sentences: list[str], what: str) -> list[str]:
+    """At most ``MAX_NAMED`` sentences of one kind, then how many more: a swarm of hostile or
+    broken servers makes a diagnosis a few lines long, not a thousand."""
+    if len(sentences) <= MAX_NAMED:
+        return sentences
+    return sentences[:MAX_NAMED] + [f"and {len(sentences) - MAX_NAMED} more {what}"]
+
+
 def _slow_peers(serving: Sequence[ServerRow], measured: Mapping[str, float],
                 labels: Mapping[str, str]) -> list[str]:
     """Sentences for servers measured SLOW_FACTOR times slower than they announce, or than the
@@ -431,14 +440,14 @@ def diagnose(
                 f"the best route runs at an estimated {estimate}, below {min_tokens_per_s:g} "
                 f"tokens/s ({_route_phrase(route, labels)})"
             )
-        for peer, why in sorted(wrong.items()):
-            if peer in labels and peer in excluded:
-                reasons.append(f"{labels[peer]} {why} — not counted as serving; the chat routes around it")
-        for peer, why in sorted(disagreeing.items()):
-            if peer in labels and peer not in excluded:
-                reasons.append(f"{labels[peer]} {why} — one of them computes wrong; without the model's weights "
-                               "the monitor cannot tell which, so both still count as serving")
-        reasons.extend(_slow_peers(serving, measured, labels))
+        reasons += _named([f"{labels[peer]} {why} — not counted as serving; the chat routes around it"
+                           for peer, why in sorted(wrong.items()) if peer in labels and peer in excluded],
+                          "servers with wrong outputs")
+        reasons += _named([f"{labels[peer]} {why} — one of them computes wrong; without the model's weights the "
+                           "monitor cannot tell which, so both still count as serving"
+                           for peer, why in sorted(disagreeing.items()) if peer in labels and peer not in excluded],
+                          "servers that disagree with others")
+        reasons += _named(_slow_peers(serving, measured, labels), "slow servers")
         if slow_blocks:
             reasons.append(f"slow {_blocks_phrase(slow_blocks)}: even the fastest measured server there is at least "
                            f"{SLOW_FACTOR:g}× slower than the model's median block")

@@ -341,7 +341,7 @@ class HourlyPollsRow(SQLModel, table=True):
 
 class HourlyObservationsRow(SQLModel, table=True):
     __tablename__ = "hourly_observations"
-    __table_args__ = (sa.Index(None, "hour"),)  # (revision 0008: the scores read the last week's hours)
+    __table_args__ = (sa.Index(None, "hour"),)  # (revision 0009: the scores read the last week's hours)
     peer: int = Field(foreign_key="peers.id", primary_key=True)
     model: str = Field(primary_key=True)
     hour: float = Field(primary_key=True)
@@ -389,7 +389,7 @@ class HourlyProbesRow(SQLModel, table=True):
     """Read by ``Store.probe_stats`` and by the scores (``store/aggregates.py``)."""
 
     __tablename__ = "hourly_probes"
-    __table_args__ = (sa.Index(None, "hour"),)  # (revision 0008: the scores read the last day's hours)
+    __table_args__ = (sa.Index(None, "hour"),)  # (revision 0009: the scores read the last day's hours)
     peer: int = Field(foreign_key="peers.id", primary_key=True)
     hour: float = Field(primary_key=True)
     n: int

@@ -101,8 +101,8 @@ def _heatmap(store, dht_prefix: str, since: float, until: float):
 @bp.get("/peers/<peer_id>")
 def peer(peer_id: str):
     """What a peer announces, "is my server OK?" (peer_view.report), its score and its history;
-    what comes from the store is built once per store change and the live part rendered once per
-    few seconds (peer_view.cached), whoever asks."""
+    what comes from the store is built once per store change (peer_view.cached) and the parts
+    every visitor sees alike rendered once per few seconds (peer_view.rendered), whoever asks."""
     d = deps()
     security.require_peer_id(peer_id)
     hours = timerange.window(request.args.get("hours"))  # a BadRange answers 400 (create_app)
@@ -125,12 +125,11 @@ def peer(peer_id: str):
         windows=timerange.WINDOWS,
         policy=d.store.peer_policies().get(peer_id) if target is None else None,
     )
-    moment = int(now // peer_view.LIVE_SECONDS)
-    my_server = peer_view.cached(cur, ("my-server", peer_id, moment), lambda: Markup(
+    my_server = peer_view.rendered(cur, ("my-server", peer_id), now, lambda: Markup(
         render_template("partials/my_server.html", **context)))
     if target == "my-server":
         return my_server
-    live = peer_view.cached(cur, ("peer-live", peer_id, hours, moment), lambda: Markup(
+    live = peer_view.rendered(cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
                         measured=measured.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,

@@ -5,9 +5,11 @@ A peer page read ~3,000 raw rows for 7 days and drew four charts with every poin
 
 - what a page derives from the store is kept in a small per-process cache keyed by the store's
   change marks (``Store.change_marks``: a poll, a probe round, a score refresh) and the minute
-  (the history) or ``LIVE_SECONDS`` (the report and the rendered live part, which say "… ago"),
-  so a page is read once per change, however many people look at it; concurrent requests for
-  the same page wait for one computation instead of all doing it (``cached``);
+  (the history) or ``LIVE_SECONDS`` (the report, which says "… ago"), so a page is read once per
+  change, however many people look at it; concurrent requests for the same page wait for one
+  computation instead of all doing it (``cached``); the parts every visitor sees alike (the
+  report, the live figures) are rendered once per ``LIVE_SECONDS`` into a cache of their own
+  (``rendered``), so they never push the histories out;
 - the history is read with runs merged (``merge_runs``: one row per unchanged run per clock hour,
   exact for states) and the probe chart is downsampled to at most ``MAX_POINTS`` points (median
   RTT per time bucket, failures counted per bucket), so a week is a few hundred points.
@@ -22,6 +24,8 @@ import threading
 from collections import Counter, OrderedDict
 from dataclasses import replace
 from typing import Any, Callable, Optional
+
+from flask import request
 
 from monitor.core import server_check
 from monitor.core.common import MINUTE
@@ -68,11 +72,21 @@ class _Cache:
 
 
 _cache = _Cache(MAX_ENTRIES)
+_rendered = _Cache(MAX_ENTRIES)  # rendered parts apart: cheap ones made every few seconds must not
+# push out the histories, whose reads the cache is for
 
 
 def cached(cur, key: tuple, compute: Callable[[], Any]):
     """``compute()`` once per store state (``cur.marks``) and ``key``; callers must not mutate it."""
     return _cache.get((cur.marks, key), compute)
+
+
+def rendered(cur, key: tuple, now: float, render: Callable[[], Any]):
+    """HTML shared by every visitor, once per store state, ``key`` and ``LIVE_SECONDS``: nothing
+    of one visitor may be in it (operator controls, CSRF tokens). Its links start with the
+    request's script root (a proxy's ``X-Forwarded-Prefix``), so that is part of the key: one
+    visitor's forwarded prefix never reaches another's page."""
+    return _rendered.get((cur.marks, request.script_root, int(now // LIVE_SECONDS), key), render)
 
 
 # ---- "my server" ------------------------------------------------------------------------------
@@ -96,7 +110,7 @@ def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[ProbeR
 
 
 def report(store, cur, peer_id: str, now: float) -> ServerReport:
-    """The report with the latest stored probe, once per store state and minute."""
+    """The report with the latest stored probe, once per store state and ``LIVE_SECONDS``."""
     return cached(cur, ("report", peer_id, int(now // LIVE_SECONDS)),
                   lambda: server_check.check(server_facts(store, cur, peer_id, now)))
 

@@ -6,8 +6,7 @@ the pairs of consecutive polls that could show it leave ONLINE and the ones that
 (``hourly_observations.flap_chances`` / ``flaps``), and per peer and hour the RTT histogram of ok
 probes and the latest failure (``hourly_probes.rtt_bins`` / ``last_error``). Hours rolled up
 before this revision keep NULL there; the scores count those hours from raw rows while they last.
-Finding a server by its public name needs an index on ``peers.public_name``; reading the last
-day or week of rollups (and pruning old ones), an index on their ``hour``.
+Finding a server by its public name needs an index on ``peers.public_name``.
 
 Revision ID: 0008
 Revises: 0007
@@ -28,15 +27,11 @@ def upgrade() -> None:
     op.add_column("hourly_observations", sa.Column("flaps", sa.Integer(), nullable=True))
     op.add_column("hourly_probes", sa.Column("rtt_bins", sa.JSON(), nullable=True))
     op.add_column("hourly_probes", sa.Column("last_error", sa.String(), nullable=True))
-    op.create_index(op.f("ix_hourly_observations_hour"), "hourly_observations", ["hour"], unique=False)
-    op.create_index(op.f("ix_hourly_probes_hour"), "hourly_probes", ["hour"], unique=False)
     op.create_index(op.f("ix_peers_public_name"), "peers", ["public_name"], unique=False)
 
 
 def downgrade() -> None:
     op.drop_index(op.f("ix_peers_public_name"), table_name="peers")
-    op.drop_index(op.f("ix_hourly_probes_hour"), table_name="hourly_probes")
-    op.drop_index(op.f("ix_hourly_observations_hour"), table_name="hourly_observations")
     with op.batch_alter_table("hourly_probes") as batch_op:
         batch_op.drop_column("last_error")
         batch_op.drop_column("rtt_bins")
