@@ -55,7 +55,7 @@ from monitor.store.schema import (
 )
 
 Interval = tuple[float, float]  # [start, end), closed at `now` for the interval that ends there
-_CHUNK = 400  # ids per IN list / CASE arms per statement
+_CHUNK = 400  # ids per IN list, or SELECTs per UNION ALL in departures(): below SQLite's 500 compound terms
 
 
 @dataclass
