@@ -33,6 +33,7 @@ from monitor.core.snapshot import ModelInfo, ProbeBatch, ProbeResult, ServerRow,
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
+from test_demo import dashboard_url, start_demo
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0
@@ -759,21 +760,10 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
         return reports[0]["monitor_state"] if reports else None
 
     with WebhookReceiver() as hook:
-        demo = subprocess.Popen([sys.executable, "-m", "monitor.app.cli", "demo", "--tiny", "--port", "0",
-                                 "--webhook", hook.url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, start_new_session=True,  # its own group: a hung demo is killed whole
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        demo = start_demo(["--tiny", "--port", "0", "--webhook", hook.url], env=env)
         output: list[str] = []
         try:
-            base = None
-            deadline = time.monotonic() + 300
-            while base is None and time.monotonic() < deadline:
-                line = demo.stdout.readline()
-                assert line, "demo exited early:\n" + "".join(output)
-                output.append(line)
-                match = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/", line)
-                base = match.group(1) if match else None
-            assert base, "".join(output)
+            base = dashboard_url(demo, output)
             while not output[-1].startswith("Alerts:"):
                 output.append(demo.stdout.readline())
             assert "(1 webhook notified)" in output[-1]

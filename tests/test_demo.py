@@ -30,27 +30,34 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def start_demo(args: list[str], env: dict) -> subprocess.Popen:
+    """``swarm-monitor demo`` in its own process group (a hung demo is killed whole), its output
+    on a pipe. A runner started in the background of a non-interactive shell (or under nohup)
+    ignores SIGINT, and children inherit that: the demo gets the disposition a terminal would."""
+    return subprocess.Popen([sys.executable, "-m", "monitor.app.cli", "demo", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                            preexec_fn=_sigint_default)
+
+
+def dashboard_url(demo: subprocess.Popen, output: list[str], timeout: float = 300) -> str:
+    """Read the demo's output (kept in ``output``) until it prints its dashboard's address."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = demo.stdout.readline()
+        assert line, "demo exited early:\n" + "".join(output)
+        output.append(line)
+        match = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/", line)
+        if match:
+            return match.group(1)
+    raise AssertionError("no dashboard address within the time:\n" + "".join(output))
+
+
 def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_ctrl_c(data_dir):
     started = time.time()
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "monitor.app.cli", "demo", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(data_dir)},
-        # A runner started in the background of a non-interactive shell (or under nohup) ignores
-        # SIGINT, and children inherit that: give the demo the disposition a terminal would.
-        preexec_fn=_sigint_default,
-    )
+    demo = start_demo(["--port", "0"], env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(data_dir)})
     output = []
     try:
-        base = None
-        deadline = time.monotonic() + 300
-        while base is None and time.monotonic() < deadline:
-            line = demo.stdout.readline()
-            assert line, "demo exited early:\n" + "".join(output)
-            output.append(line)
-            match = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/", line)
-            base = match.group(1) if match else None
-        assert base, "".join(output)
+        base = dashboard_url(demo, output)
 
         state = None
         deadline = time.monotonic() + 120
