@@ -24,17 +24,15 @@ from monitor.core.measurements import (
     slowness,
     worth_confirming,
 )
-from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store
 from monitor.swarm.speed import ProbeLoop, SpanTarget
 
+from conftest import SESSION_SPECS
+
 HALF = TINY_NUM_BLOCKS // 2
-SPECS = (
-    ServerSpec("first-half", 0, HALF, throughput=50.0, public_name="first-half"),
-    ServerSpec("second-half", HALF, TINY_NUM_BLOCKS, throughput=50.0, public_name="second-half"),
-    ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0, public_name="full"),
-)
+SPECS = SESSION_SPECS  # the session swarm's layout, in a swarm of this module's own (it is throttled/corrupted)
 PERIOD = 2.0  # seconds between two probes of a server (the demo uses 20, the default is 300)
 MAX_SHARE = 0.5
 

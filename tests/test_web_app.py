@@ -284,6 +284,8 @@ def test_a_peer_gone_from_the_latest_poll_still_has_a_page_and_unknown_ones_404(
     assert client.get("/peers/not-a-peer-id!").status_code in (400, 404)
     assert client.get("/models/no-such-model").status_code == 404
     assert client.get(f"/peers/{PEERS['full']}?hours=5").status_code == 400
+    for hostile in ("nan", "inf", "-24", "1e999", "24" * 5000):  # only the offered windows: nothing else is cached
+        assert client.get(f"/peers/{PEERS['full']}", query_string={"hours": hostile}).status_code == 400
 
 
 # ---- security --------------------------------------------------------------------------------

@@ -134,7 +134,6 @@ def history(store, cur, peer_id: str, hours: float, now: float) -> dict:
                 chats=charts.peer_chat_outcomes(found.outcomes, since=since, until=now),
             ),
             outcomes=sorted(found.outcomes, key=lambda o: o.at, reverse=True)[:20],
-            known=bool(found.observations or found.probes or found.outcomes or found.first_seen),
         )
 
     return cached(cur, ("history", peer_id, hours, int(now // MINUTE)), build)
