@@ -123,12 +123,11 @@ def peer(peer_id: str):
         public_name=next((row.public_name for row in rows if row.public_name), None),
         score=state_api.score_dict(cur.scores.get(peer_id)),
         formula=scores_module.FORMULA,
-        report=peer_view.report(d.store, cur, peer_id, now),
         windows=timerange.WINDOWS,
         policy=d.store.peer_policies().get(peer_id) if target is None else None,
     )
-    my_server = peer_view.rendered(cur, ("my-server", peer_id), now, lambda: Markup(
-        render_template("partials/my_server.html", **context)))
+    my_server = peer_view.rendered(cur, ("my-server", peer_id), now, lambda: Markup(render_template(
+        "partials/my_server.html", report=peer_view.report(d.store, cur, peer_id, now), **context)))
     if target == "my-server":
         return my_server
     live = peer_view.rendered(cur, ("peer-live", peer_id, hours), now, lambda: Markup(

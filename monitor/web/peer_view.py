@@ -8,8 +8,8 @@ A peer page read ~3,000 raw rows for 7 days and drew four charts with every poin
   (the history) or ``LIVE_SECONDS`` (the report, which says "… ago"), so a page is read once per
   change, however many people look at it; concurrent requests for the same page wait for one
   computation instead of all doing it (``cached``); the parts every visitor sees alike (the
-  report, the live figures) are rendered once per ``LIVE_SECONDS`` into a cache of their own
-  (``rendered``), so they never push the histories out;
+  report, the live figures) are made once per ``LIVE_SECONDS`` in a cache of their own
+  (``report``, ``rendered``), so they never push the histories out;
 - the history is read with runs merged (``merge_runs``: one row per unchanged run per clock hour,
   exact for states) and the probe chart is downsampled to at most ``MAX_POINTS`` points (median
   RTT per time bucket, failures counted per bucket), so a week is a few hundred points.
@@ -72,8 +72,8 @@ class _Cache:
 
 
 _cache = _Cache(MAX_ENTRIES)
-_rendered = _Cache(MAX_ENTRIES)  # rendered parts apart: cheap ones made every few seconds must not
-# push out the histories, whose reads the cache is for
+_live = _Cache(MAX_ENTRIES)  # what is made anew every LIVE_SECONDS (reports, rendered parts) apart:
+# it must not push out the histories, whose reads the other cache is for
 
 
 def cached(cur, key: tuple, compute: Callable[[], Any]):
@@ -86,7 +86,7 @@ def rendered(cur, key: tuple, now: float, render: Callable[[], Any]):
     of one visitor may be in it (operator controls, CSRF tokens). Its links start with the
     request's script root (a proxy's ``X-Forwarded-Prefix``), so that is part of the key: one
     visitor's forwarded prefix never reaches another's page."""
-    return _rendered.get((cur.marks, request.script_root, int(now // LIVE_SECONDS), key), render)
+    return _live.get((cur.marks, request.script_root, int(now // LIVE_SECONDS), key), render)
 
 
 # ---- "my server" ------------------------------------------------------------------------------
@@ -111,8 +111,8 @@ def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[ProbeR
 
 def report(store, cur, peer_id: str, now: float) -> ServerReport:
     """The report with the latest stored probe, once per store state and ``LIVE_SECONDS``."""
-    return cached(cur, ("report", peer_id, int(now // LIVE_SECONDS)),
-                  lambda: server_check.check(server_facts(store, cur, peer_id, now)))
+    return _live.get((cur.marks, int(now // LIVE_SECONDS), ("report", peer_id)),
+                     lambda: server_check.check(server_facts(store, cur, peer_id, now)))
 
 
 # ---- history charts --------------------------------------------------------------------------
