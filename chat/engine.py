@@ -127,7 +127,7 @@ def _defaults(path: Path, context: int) -> dict:
 class ChatEngine:
     """Chat with the swarm's models. Thread-safe; one per process.
 
-    ``models``: monitor.app.settings.ModelConfig-like objects (dht_prefix, path, name,
+    ``models``: monitor.settings.ModelConfig-like objects (dht_prefix, path, name,
     repository). ``score_source`` and ``outcome_sink`` link routing to the monitor (see
     chat.feedback); ``coverage_check`` refuses a model the monitor saw broken before loading it.
     """

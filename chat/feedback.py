@@ -3,7 +3,7 @@
 Routing asks for peer weights every time it builds a route, inside petals' routing lock, so the
 weights are served from memory and refreshed from the store by a background thread: the latest
 scores (from the monitor's score job) and the measured seconds per token of recent chat requests
-and of the monitor's server probes (``monitor/app/measuring.py``: every ONLINE server is probed, so
+and of the monitor's server probes (``monitor/app/probing.py``: every ONLINE server is probed, so
 every server has a measured weight before the first chat request). A server whose outputs the
 probes found wrong gets score 0, so routing leaves it out wherever others cover its blocks.
 The thread refreshes every few seconds, and at once after each recorded outcome, so the next
@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from monitor.core.common import HOUR
-from monitor.core.measurements import ServerProbe, recent_per_peer, wrong_outputs
+from monitor.core.probes import ServerProbe, recent_per_peer, wrong_outputs
 from monitor.core.snapshot import ChatOutcome
 
 from chat.policy import OutcomeSink, PeerWeight, weights_from_outcomes

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from monitor.core.common import HOUR
-from monitor.core.measurements import PETALS_DEFAULT_SECONDS_PER_BLOCK
+from monitor.core.probes import PETALS_DEFAULT_SECONDS_PER_BLOCK
 from monitor.core.snapshot import ChatOutcome
 
 NEUTRAL_SCORE = 50.0  # what monitor.core.scores gives a peer it knows nothing about
@@ -73,7 +73,7 @@ class RoutingSettings:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "RoutingSettings":
-        """From monitor.app.settings.Settings (routing, min_peer_score, pinned_peers, blocked_peers)."""
+        """From monitor.settings.Settings (routing, min_peer_score, pinned_peers, blocked_peers)."""
         return cls(
             mode=settings.routing,
             min_score=settings.min_peer_score,

@@ -56,7 +56,7 @@ def wait(predicate, timeout: float, step: float = 0.2):
 
 def run_settings(name: str, runs: int, model_path: Path) -> dict:
     from monitor.app.jobs import Poller
-    from monitor.app.settings import ModelConfig, Settings
+    from monitor.settings import ModelConfig, Settings
     from monitor.harness.demo_swarm import demo_layout
     from monitor.harness.local_swarm import LocalSwarm
     from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -70,7 +70,7 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
         swarm.start(demo_layout(TINY_NUM_BLOCKS, 3))
         settings = Settings(data_dir=Path(tmp), initial_peers=swarm.initial_peers,
                             models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
-                            scrape_period=scrape, probe_period=probe,
+                            scrape_period=scrape, reachability_period=probe,
                             alerts={"webhooks": [{"name": "bench", "url": hook.url}]})
         store = Store(settings.resolved_database_url)
         store.migrate()
@@ -171,7 +171,7 @@ What an operator can tune, and what it costs (N = servers online):
 
 | setting | detection it buys | cost |
 |---|---|---|
-| `probe_period` (60 s) | a dead server is seen within one probe period (+ `probe_timeout` if it hangs instead of refusing) | one `rpc_info` call per online server per period: 500 servers = 500 calls/min at 60 s, 3000/min at 10 s; each round takes ~5 s at 500 servers with 10 % unreachable (BENCHMARKS: scrape), so keep it above that |
+| `reachability_period` (60 s) | a dead server is seen within one probe period (+ `reachability_timeout` if it hangs instead of refusing) | one `rpc_info` call per online server per period: 500 servers = 500 calls/min at 60 s, 3000/min at 10 s; each round takes ~5 s at 500 servers with 10 % unreachable (BENCHMARKS: scrape), so keep it above that |
 | `scrape_period` (60 s) | a server that announced OFFLINE (a clean stop) or whose records expired is seen within one period | one DHT read of every block (batches of 256 blocks) per period: ~0.6 s of the poller's time at 500 servers |
 | a rule's `for` (2 scrape periods) | notices come `for` after the dashboard changes | shorter: a single bad probe round or a server's restart (a minute or two) pages someone; `for` below one probe period turns every probe hiccup into a notice |
 | `alerts.check_period` (10 s) | evaluation (and retries) at least this often besides after every round | a few small reads per run; notices are sent right after the evaluation that makes them |

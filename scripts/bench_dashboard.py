@@ -72,7 +72,7 @@ def backfill_diagnoses(store) -> None:
     """A history made before the poller stored diagnoses gets one for its latest poll, as the
     poller's next probe round would write it (else the web would diagnose it itself)."""
     from monitor.app.jobs import Poller
-    from monitor.app.settings import Settings
+    from monitor.settings import Settings
 
     snapshot = store.latest_snapshot()
     if snapshot is not None and not store.latest_diagnoses():
@@ -109,7 +109,7 @@ def serve(db_url: str, ready_file: str) -> None:
     serve` serves it; like a web worker, it imports no petals."""
     from werkzeug.serving import make_server
 
-    from monitor.app.settings import Settings
+    from monitor.settings import Settings
     from monitor.store import Store
     from monitor.web import create_app
 

@@ -77,7 +77,7 @@ def announced_estimate(store, prefix: str) -> float:
 
     snapshot = store.latest_snapshot()
     model = next(m for m in snapshot.models if m.dht_prefix == prefix)
-    return diagnose(model, snapshot.rows_for(prefix), store.latest_probes()).est_tokens_per_s
+    return diagnose(model, snapshot.rows_for(prefix), store.latest_reachability()).est_tokens_per_s
 
 
 def max_share() -> float:
@@ -236,7 +236,7 @@ def run_honest(*, data_dir: Path, probes: int, period: float) -> dict:
 def false_slow_flags(probes: list, samples: int, period: float) -> tuple[int, int]:
     """Replays the honest run: after every probe, would the diagnosis have named a server slow if
     a server's speed were the median of its newest ``samples`` probes? -> (flags, judgements)."""
-    from monitor.core.measurements import MAX_AGE_PERIODS, recent_per_peer, slowness
+    from monitor.core.probes import MAX_AGE_PERIODS, recent_per_peer, slowness
 
     ordered = sorted(probes, key=lambda p: p.at)
     flags = judged = 0

@@ -6,7 +6,7 @@
 For each size: a bootstrap peer and scripts/simulate_swarm.py (its own process) announcing the
 virtual servers into a real DHT on loopback, refreshed as real servers do; then the monitor's own
 DHT client runs ``monitor.swarm.scrape`` (cold once, then ``--runs`` times) and
-``monitor.swarm.probe_servers`` over the ONLINE peers, sorted as the poller sorts them.
+``monitor.swarm.check_servers`` over the ONLINE peers, sorted as the poller sorts them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ TARGET_SCRAPE_SECONDS = 1.0  # at 500 servers with 10 % unreachable
 
 def measure(size: int, *, runs: int, probe_runs: int, responders: int, hung_cap: int, timeout: float,
             concurrency: int) -> dict:
-    from monitor.swarm import probe_servers, scrape, start_dht
+    from monitor.swarm import check_servers, scrape, start_dht
 
     with bc.bootstrap_peer() as initial_peers:
         hung = min(hung_cap, round(0.1 * size))
@@ -40,7 +40,7 @@ def measure(size: int, *, runs: int, probe_runs: int, responders: int, hung_cap:
                 online = sorted({r.peer_id for r in snapshot.servers if r.state == "ONLINE"})
                 probe_times, outcome = [], Counter()
                 for _ in range(probe_runs):
-                    batch = probe_servers(dht, online, timeout=timeout, concurrency=concurrency)
+                    batch = check_servers(dht, online, timeout=timeout, concurrency=concurrency)
                     probe_times.append(batch.duration)
                     outcome = Counter("ok" if r.ok else "timeout" if "within" in (r.error or "") else "failed"
                                       for r in batch.results)
@@ -98,11 +98,11 @@ def main(argv=None) -> None:
     )
     markdown += (
         f"\n\nScrape: median of {args.runs} warm scrapes (`monitor.swarm.scrape`, discover on, batches of 256 "
-        f"blocks) after one cold scrape. Probes: median of {args.probe_runs} runs of `probe_servers` over the "
+        f"blocks) after one cold scrape. Probes: median of {args.probe_runs} runs of `check_servers` over the "
         f"ONLINE peers in the poller's order (sorted), timeout {args.probe_timeout:g} s, concurrency "
         f"{args.probe_concurrency}; {args.responders} peers answer, up to {args.hung_cap} unreachable peers hang "
         f"(frozen p2pd), the rest have no process and fail at the routing lookup. 'Ideal probe time' is "
-        f"ceil(hung / concurrency) × timeout, what `probe_servers`' docstring promises."
+        f"ceil(hung / concurrency) × timeout, what `check_servers`' docstring promises."
     )
     print("\n" + markdown)
     if not args.no_write:

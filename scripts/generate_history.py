@@ -7,7 +7,7 @@ write path, as the poller would have written them.
 Every poll (every ``--poll-period`` s of fabricated time) is a Snapshot recorded with
 ``Store.record_poll`` together with each model's diagnosis as the poller computes it
 (``Poller.analyse``, i.e. ``coverage.diagnose``); every poll has its
-probe batch (``Store.record_probes``); chat outcomes are recorded hourly
+probe batch (``Store.record_reachability``); chat outcomes are recorded hourly
 (``Store.record_chat_outcomes``); ``Store.rollup_and_prune`` runs every simulated hour as the
 scheduler runs it, with the default retention (raw 2 days, rollups 90 days); the peer scores are
 computed and recorded once at the end by the poller's score job (``Poller.refresh_scores``).
@@ -85,7 +85,7 @@ class HistoryGenerator:
         from simulate_swarm import plan_swarm, sim_models
 
         from monitor.app.jobs import Poller
-        from monitor.app.settings import Settings
+        from monitor.settings import Settings
         from monitor.core.snapshot import ModelInfo
 
         self.store = store
@@ -159,18 +159,18 @@ class HistoryGenerator:
         return rows
 
     def _probes(self, at: float, rows):
-        from monitor.core.snapshot import ProbeBatch, ProbeResult
+        from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
 
         unreachable = {slot.server.peer_id for slot in self.slots if slot.unreachable}
         results = []
         for peer in sorted({r.peer_id for r in rows if r.state == "ONLINE"}):
             if peer in unreachable or self.rng.random() < 0.005:
-                results.append(ProbeResult(peer_id=peer, kind="server", ok=False,
+                results.append(ReachabilityResult(peer_id=peer, kind="server", ok=False,
                                            error="no answer to rpc_info within 5 s"))
             else:
-                results.append(ProbeResult(peer_id=peer, kind="server", ok=True,
+                results.append(ReachabilityResult(peer_id=peer, kind="server", ok=True,
                                            rtt=round(self.rng.lognormvariate(math.log(0.06), 0.5), 4)))
-        return ProbeBatch(taken_at=at + 2.0, duration=5.0 if len(results) > len(unreachable) else 0.5,
+        return ReachabilityBatch(taken_at=at + 2.0, duration=5.0 if len(results) > len(unreachable) else 0.5,
                           results=tuple(results))
 
     def _chats(self, hour_start: float, rows):
@@ -219,7 +219,7 @@ class HistoryGenerator:
             probes = self._probes(at, rows)
             healths = [] if self.fast and at < pings_from else self._timed("analyse", self._analyse, snapshot, probes)
             self._timed("record_poll", self.store.record_poll, snapshot, healths)
-            self._timed("record_probes", self.store.record_probes, probes)
+            self._timed("record_reachability", self.store.record_reachability, probes)
             if at >= next_rollup:
                 self._timed("record_chat_outcomes", self.store.record_chat_outcomes,
                             self._chats(next_rollup - HOUR, rows))

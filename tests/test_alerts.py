@@ -20,16 +20,16 @@ from dataclasses import replace
 import pytest
 import sqlalchemy as sa
 
-from monitor.app.alert_settings import AlertSettings, Kind
-from monitor.app.alerts import Alerter, backoff
-from monitor.app.settings import Settings, SettingsError, load_settings
+from monitor.alert_settings import AlertSettings, Kind
+from monitor.app.alerter import Alerter, backoff
+from monitor.settings import Settings, SettingsError, load_settings
 from monitor.app import webhooks
-from monitor.core import alerts as core
-from monitor.core.alerts import (
+from monitor.core import alert_rules as core
+from monitor.core.alert_rules import (
     CHANGED, FIRED, FIRING, PENDING, REPEATED, RESOLVED, BootstrapView, ModelView, PeerView, Rule, SwarmView,
 )
 from monitor.core.diagnosis import ModelHealth, Recommendation
-from monitor.core.snapshot import ModelInfo, ProbeBatch, ProbeResult, ServerRow, Snapshot
+from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
@@ -507,7 +507,7 @@ def test_nothing_is_lost_or_repeated_across_a_restart_of_the_poller(store_url, r
 
 
 def test_a_peer_the_correctness_probes_judge_wrong_fires_its_rule_until_a_correct_verdict(store, receiver, tmp_path):
-    from monitor.core.measurements import CORRECT, WRONG as WRONG_VERDICT, ServerProbe
+    from monitor.core.probes import CORRECT, WRONG as WRONG_VERDICT, ServerProbe
 
     settings = alert_settings(tmp_path, receiver.url, default_rules=False,
                               rules=[{"name": "a-wrong", "kind": "peer_wrong_outputs", "peers": ["a"], "for": 0}])
@@ -557,7 +557,7 @@ def test_a_scheduler_running_the_alert_jobs_shuts_down_while_rounds_end(store, t
 
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from monitor.app.alerts import schedule_alerts
+    from monitor.app.alerter import schedule_alerts
     from monitor.app.jobs import JobStats
 
     poller = SimpleNamespace(settings=alert_settings(tmp_path), store=store, stats=JobStats())
@@ -624,7 +624,7 @@ def promtool() -> str:
 
 
 def test_the_prometheus_rules_pass_promtool_check_and_their_unit_tests():
-    from monitor.alerting import rules_path, rules_test_path
+    from monitor.prometheus import rules_path, rules_test_path
 
     check = subprocess.run([promtool(), "check", "rules", str(rules_path())], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -636,7 +636,7 @@ def test_the_prometheus_rules_pass_promtool_check_and_their_unit_tests():
 def test_the_prometheus_rules_use_only_metrics_the_monitor_exposes(store, tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from monitor.alerting import rules_path
+    from monitor.prometheus import rules_path
     from monitor.web import create_app
 
     settings = alert_settings(tmp_path, "http://127.0.0.1:9/unused")
@@ -644,7 +644,7 @@ def test_the_prometheus_rules_use_only_metrics_the_monitor_exposes(store, tmp_pa
     fire(store, settings, now)
     Alerter(settings, store).deliver(now)
     boot = "/ip4/127.0.0.1/tcp/1/p2p/QmBootstrapPeer000000000000000000000000000001"
-    store.record_probes(ProbeBatch(now, 0.1, (ProbeResult(boot.rsplit("/", 1)[1], "bootstrap", False, address=boot),)))
+    store.record_reachability(ReachabilityBatch(now, 0.1, (ReachabilityResult(boot.rsplit("/", 1)[1], "bootstrap", False, address=boot),)))
     client = create_app(settings.model_copy(update={"initial_peers": [boot]}), store).test_client()
     exposed = {f.name for f in text_string_to_metric_families(client.get("/metrics").get_data(as_text=True))}
     used = set(re.findall(r"\b(swarm_monitor_[a-z0-9_]+)", rules_path().read_text()))
@@ -676,7 +676,7 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
     model is degraded repeats nothing, the server's return is one recovery. Another rule waits
     10 minutes: that same outage, shorter than its ``for``, reaches nobody."""
     from monitor.app.jobs import Poller
-    from monitor.app.settings import ModelConfig
+    from monitor.settings import ModelConfig
     from monitor.harness.demo_swarm import demo_layout
 
     swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # 0:8, 0:4, 4:8
@@ -684,7 +684,7 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
         settings = Settings(
             data_dir=tmp_path, initial_peers=swarm.initial_peers,
             models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
-            scrape_period=2, probe_period=2, probe_timeout=2, score_period=600,
+            scrape_period=2, reachability_period=2, reachability_timeout=2, score_period=600,
             alerts={"check_period": 1, "retry_backoff": 1,
                     "webhooks": [{"name": "ops", "url": ops.url}, {"name": "patient", "url": patient.url}],
                     "rules": [{"name": "model-health", "kind": "model_degraded", "for": 8, "webhooks": ["ops"]},

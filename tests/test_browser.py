@@ -16,7 +16,7 @@ import pytest
 from monitor.harness.demo_swarm import DemoControls
 from monitor.harness.local_swarm import ServerSpec
 from monitor.app.service import Service
-from monitor.app.settings import Settings
+from monitor.settings import Settings
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -51,7 +51,7 @@ def service(make_swarm, tmp_path):
     settings = Settings(
         data_dir=tmp_path, initial_peers=swarm.initial_peers, discover_models=False,
         models=[{"dht_prefix": TINY_DHT_PREFIX, "num_blocks": TINY_NUM_BLOCKS, "name": "Tiny Llama"}],
-        scrape_period=2, probe_period=2, probe_timeout=2, refresh_seconds=1,
+        scrape_period=2, reachability_period=2, reachability_timeout=2, refresh_seconds=1,
     )
     svc = Service(settings, enable_chat=False, demo_controls=DemoControls(swarm)).start()
     try:

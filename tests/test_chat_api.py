@@ -25,7 +25,7 @@ from werkzeug.serving import make_server
 from chat.http import create_blueprint
 from chat.engine import ChatEngine
 from monitor.core.coverage import BROKEN, diagnose
-from monitor.app.settings import ModelConfig
+from monitor.settings import ModelConfig
 from monitor.core.snapshot import ModelInfo
 from monitor.swarm import scrape
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -346,7 +346,7 @@ def test_a_full_engine_answers_429_with_retry_after(base_url, engine):
 @pytest.fixture(scope="module")
 def page_url(engine, tmp_path_factory):
     """The chat blueprint inside the real dashboard app (base layout, static files, headers)."""
-    from monitor.app.settings import Settings
+    from monitor.settings import Settings
     from monitor.store import Store
     from monitor.web import create_app
 

@@ -12,8 +12,8 @@ from chat.engine import ChatEngine, Delta, Finished, GenerationParams
 from chat.policy import PeerWeight, RoutingSettings, weights_from_outcomes
 from monitor.harness.local_swarm import ServerSpec
 from monitor.core.scores import score_swarm
-from monitor.app.settings import ModelConfig
-from monitor.core.snapshot import Observation, PeerHistory, ProbeResult
+from monitor.settings import ModelConfig
+from monitor.core.snapshot import Observation, PeerHistory, ReachabilityResult
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 PROMPT = "Petals runs large language models"
@@ -85,7 +85,7 @@ def weights_from_scores(outcomes, peers, started):
         PeerHistory(
             peer,
             observations=tuple(Observation(at=t, model=TINY_DHT_PREFIX, state="ONLINE") for t in polls),
-            probes=tuple((t, ProbeResult(peer, "server", True, rtt=0.002)) for t in polls),
+            probes=tuple((t, ReachabilityResult(peer, "server", True, rtt=0.002)) for t in polls),
             outcomes=tuple(o for o in outcomes if o.peer_id == peer),
             first_seen=started,
         )

@@ -25,7 +25,7 @@ from simple_websocket import Client as WsClient, ConnectionClosed
 from chat.engine import ChatEngine
 from chat.http import create_blueprint
 from chat.http.limits import ChatLimits
-from monitor.app.settings import ModelConfig, Settings
+from monitor.settings import ModelConfig, Settings
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.store import Store
 from monitor.web import create_app

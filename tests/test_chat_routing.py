@@ -21,7 +21,7 @@ from chat.policy import (
     peers_to_leave_out,
     weights_from_outcomes,
 )
-from monitor.app.settings import ModelConfig
+from monitor.settings import ModelConfig
 from monitor.core.snapshot import ChatOutcome
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from petals.client.routing.sequence_manager import RemoteSequenceManager

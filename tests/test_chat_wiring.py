@@ -13,7 +13,7 @@ from chat.engine import Busy, ChatEngine, Finished, GenerationParams
 from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
 from chat.http import create_blueprint
 from chat.policy import EXPLORE_EVERY, RoutingSettings
-from monitor.app.settings import ModelConfig, Settings
+from monitor.settings import ModelConfig, Settings
 from monitor.core.coverage import diagnose
 from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS

@@ -18,10 +18,10 @@ from chat.engine import ChatEngine, Finished, GenerationParams
 from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
 from chat.policy import RoutingSettings
 from monitor.app.jobs import Poller
-from monitor.app.measuring import ServerMeasurer
+from monitor.app.probing import ServerProber
 from monitor.app.service import Service
-from monitor.app.settings import ModelConfig, Settings
-from monitor.core.measurements import (
+from monitor.settings import ModelConfig, Settings
+from monitor.core.probes import (
     CORRECT,
     DISAGREES,
     WRONG,
@@ -120,7 +120,7 @@ def settings_for(swarm: LocalSwarm, data_dir, *, path=None, **overrides) -> Sett
 
 @pytest.fixture(scope="module")
 def checked(tiny_model, tmp_path_factory):
-    """(swarm, poller, measurer, store) with the tiny model's weights as the reference."""
+    """(swarm, poller, prober, store) with the tiny model's weights as the reference."""
     data_dir = tmp_path_factory.mktemp("correctness-probes")
     with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
         swarm.start(SPECS)
@@ -129,20 +129,20 @@ def checked(tiny_model, tmp_path_factory):
         store.migrate()
         poller = Poller(settings, store, swarm.dht)
         assert poller.poll_once() is not None
-        measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
+        prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
                                   after_round=poller.rediagnose_latest)
         try:
-            yield swarm, poller, measurer, store
+            yield swarm, poller, prober, store
         finally:
-            measurer.close()
+            prober.close()
             store.close()
 
 
-def rounds_until(measurer: ServerMeasurer, done, timeout: float = 90.0) -> list:
+def rounds_until(prober: ServerProber, done, timeout: float = 90.0) -> list:
     seen = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        seen.extend(measurer.run_once())
+        seen.extend(prober.run_once())
         if done(seen):
             return seen
         time.sleep(0.3)
@@ -150,21 +150,21 @@ def rounds_until(measurer: ServerMeasurer, done, timeout: float = 90.0) -> list:
 
 
 def test_honest_float32_servers_are_never_flagged(checked):
-    swarm, _, measurer, _ = checked
+    swarm, _, prober, _ = checked
     peers = {swarm.peer_id(spec.name) for spec in SPECS}
-    probes = rounds_until(measurer, lambda seen: all(sum(p.peer_id == peer for p in seen) >= 3 for peer in peers))
+    probes = rounds_until(prober, lambda seen: all(sum(p.peer_id == peer for p in seen) >= 3 for peer in peers))
     for p in probes:
         assert p.ok and p.verdict == CORRECT and p.checked_against == "reference", p
         assert p.error_ratio < p.tolerance / 100  # not a near miss: float32 agrees to rounding
 
 
 def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_it(checked, tiny_model):
-    swarm, poller, measurer, store = checked
+    swarm, poller, prober, store = checked
     second = swarm.peer_id("second-half")
     swarm.corrupt("second-half")
     corrupted_at = time.time()
     try:
-        probes = rounds_until(measurer, lambda seen: any(p.peer_id == second and p.at > corrupted_at for p in seen))
+        probes = rounds_until(prober, lambda seen: any(p.peer_id == second and p.at > corrupted_at for p in seen))
         verdicts = {p.peer_id: p.verdict for p in probes if p.at > corrupted_at}
         assert verdicts[second] == WRONG  # its first probe since it corrupts
         assert all(v == CORRECT for peer, v in verdicts.items() if peer != second)
@@ -195,7 +195,7 @@ def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_
     finally:
         swarm.uncorrupt("second-half")
     fixed_at = time.time()
-    probes = rounds_until(measurer, lambda seen: any(p.peer_id == second and p.at > fixed_at for p in seen))
+    probes = rounds_until(prober, lambda seen: any(p.peer_id == second and p.at > fixed_at for p in seen))
     assert [p.verdict for p in probes if p.peer_id == second and p.at > fixed_at][-1] == CORRECT
     assert second not in store.latest_diagnoses()[TINY_DHT_PREFIX].excluded_peers  # a correct verdict clears it
 
@@ -203,18 +203,18 @@ def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_
 def test_without_weights_servers_of_the_same_blocks_are_compared_and_disagreements_shown(checked, tmp_path):
     swarm, poller, _, store = checked
     settings = settings_for(swarm, tmp_path)  # no path: nothing to compute a reference with
-    measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot)
+    prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot)
     second, full, first = (swarm.peer_id(name) for name in ("second-half", "full", "first-half"))
     swarm.corrupt("second-half")
     try:
         # full serves both segments, 0:4 (with first-half) and 4:8 (with second-half), in turn
-        probes = rounds_until(measurer, lambda seen: any(p.peer_id == second and p.verdict for p in seen)
+        probes = rounds_until(prober, lambda seen: any(p.peer_id == second and p.verdict for p in seen)
                               and any(p.peer_id == full and (p.start, p.end) == (HALF, TINY_NUM_BLOCKS)
                                       and p.verdict for p in seen)
                               and any(p.peer_id == first and p.verdict for p in seen))
     finally:
         swarm.uncorrupt("second-half")
-        measurer.close()
+        prober.close()
     assert all(p.checked_against == "peers" for p in probes if p.verdict)
     on_second_segment = [p for p in probes if (p.start, p.end) == (HALF, TINY_NUM_BLOCKS) and p.verdict]
     # two servers that disagree: nobody outvotes either, both are shown as disagreeing
@@ -236,7 +236,7 @@ def test_the_dashboard_shows_a_corrupting_server_without_anyone_chatting(checked
     the model and peer pages within a probe period (plus one tick and a scrape)."""
     swarm = checked[0]
     settings = settings_for(swarm, tmp_path, path=tiny_model, speed_probe_period=4.0, scrape_period=2,
-                            probe_period=2, score_period=30)
+                            reachability_period=2, score_period=30)
     second = swarm.peer_id("second-half")
     service = Service(settings, enable_chat=False, demo_controls=DemoControls(swarm)).start()
     try:

@@ -17,7 +17,7 @@ from monitor.core.coverage import (
     format_ranges,
     ranges,
 )
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 MODEL = ModelInfo("demo-model", 8)
@@ -33,8 +33,8 @@ def row(peer: str, start: int, end: int, state: str = ONLINE, **fields) -> Serve
     return ServerRow(peer_id=peer, model=MODEL.dht_prefix, start=start, end=end, state=state, **fields)
 
 
-def failed(peer: str, error: str = "timed out") -> ProbeResult:
-    return ProbeResult(peer_id=peer, kind="server", ok=False, error=error)
+def failed(peer: str, error: str = "timed out") -> ReachabilityResult:
+    return ReachabilityResult(peer_id=peer, kind="server", ok=False, error=error)
 
 
 # ---- ranges ----------------------------------------------------------------------------------
@@ -105,8 +105,8 @@ def test_a_server_whose_probe_failed_does_not_count_as_serving():
 
 def test_a_probe_that_answers_joining_or_no_probe_yet_still_counts_as_reachable():
     rows = [row("peerA", 0, 8), row("peerB", 0, 8)]
-    still_loading = ProbeResult(peer_id="peerA", kind="server", ok=False, joining=True, error="protocol not supported")
-    ok = ProbeResult(peer_id="peerB", kind="server", ok=True, rtt=0.01)
+    still_loading = ReachabilityResult(peer_id="peerA", kind="server", ok=False, joining=True, error="protocol not supported")
+    ok = ReachabilityResult(peer_id="peerB", kind="server", ok=True, rtt=0.01)
     assert diagnose(MODEL, rows, {"peerA": still_loading, "peerB": ok}).state == HEALTHY
     assert diagnose(MODEL, rows, {"peerB": ok}).servers_online == 2
 
@@ -164,8 +164,8 @@ def test_best_route_speed_equals_the_hand_computation_for_two_servers():
     assert diagnose(MODEL, rows).est_tokens_per_s == pytest.approx(1 / by_hand, rel=1e-12)
 
     # the client's RTTs come from our probes
-    probes = {"peerA": ProbeResult("peerA", "server", ok=True, rtt=0.010),
-              "peerB": ProbeResult("peerB", "server", ok=True, rtt=0.030)}
+    probes = {"peerA": ReachabilityResult("peerA", "server", ok=True, rtt=0.010),
+              "peerB": ReachabilityResult("peerB", "server", ok=True, rtt=0.030)}
     faster = by_hand - 2 * DEFAULT_DELAY + 0.010 / 2 + 0.030 / 2
     assert diagnose(MODEL, rows, probes).est_tokens_per_s == pytest.approx(1 / faster, rel=1e-12)
 

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.app.jobs import Poller
-from monitor.app.settings import ModelConfig, Settings
+from monitor.settings import ModelConfig, Settings
 from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
 from monitor.harness.hostile import LARGEST_FLOAT, LARGEST_UINT, announce_hostile
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
@@ -59,7 +59,7 @@ def store(request, tmp_path):
 
 
 def settings_for(swarm: LocalSwarm, tmp_path) -> Settings:
-    return Settings(data_dir=tmp_path, initial_peers=swarm.initial_peers, probe_timeout=2,
+    return Settings(data_dir=tmp_path, initial_peers=swarm.initial_peers, reachability_timeout=2,
                     models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)])
 
 
@@ -93,7 +93,7 @@ def expected_bounds(records) -> tuple[int, int]:
 
 
 def poll_round(poller: Poller) -> None:
-    poller.probe_once()
+    poller.check_reachability_once()
     assert poller.poll_once() is not None
 
 
@@ -364,7 +364,7 @@ def test_metric_labels_from_announced_text_are_bounded_in_count_and_length(tmp_p
 def test_the_overview_names_refused_rows_and_lists_reachability_issues_of_the_latest_poll_only(tmp_path):
     import time
 
-    from monitor.core.snapshot import ProbeBatch, ProbeResult
+    from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
 
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()
@@ -376,13 +376,13 @@ def test_the_overview_names_refused_rows_and_lists_reachability_issues_of_the_la
 
         def poll(at, rows):
             snapshot = Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=tuple(rows))
-            store.record_poll(snapshot, poller.analyse(snapshot, store.latest_probes()))
+            store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
 
         def server(peer, **extra):
             return ServerRow(peer, TINY_DHT_PREFIX, 0, N, ONLINE, throughput=5.0, **extra)
 
-        store.record_probes(ProbeBatch(now - 130, 1.0, (ProbeResult(honest, "server", True, rtt=0.01),
-                                                        ProbeResult(left, "server", False, error="timeout"))))
+        store.record_reachability(ReachabilityBatch(now - 130, 1.0, (ReachabilityResult(honest, "server", True, rtt=0.01),
+                                                        ReachabilityResult(left, "server", False, error="timeout"))))
         poll(now - 120, [server(honest), server(left)])
         poll(now - 60, [server(honest), server(huge, cache_tokens_left=LARGEST_UINT)])  # past the edge: a bug there
 

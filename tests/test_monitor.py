@@ -13,7 +13,7 @@ from apscheduler.events import EVENT_JOB_EXECUTED
 
 from monitor.app.jobs import Poller
 from monitor.harness.local_swarm import ServerSpec
-from monitor.app.settings import ModelConfig, Settings
+from monitor.settings import ModelConfig, Settings
 from monitor.core.common import DAY, HOUR
 from monitor.core.snapshot import ChatOutcome
 from monitor.store import Store
@@ -27,7 +27,7 @@ def make_settings(swarm, tmp_path, **extra) -> Settings:
         data_dir=tmp_path,
         initial_peers=swarm.initial_peers,
         models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)],
-        probe_timeout=3,
+        reachability_timeout=3,
         **extra,
     )
 
@@ -42,7 +42,7 @@ def sqlite_store(tmp_path):
 
 def poll(poller: Poller):
     """One scheduler round, as the jobs run it: probes, then the scrape and its diagnosis."""
-    poller.probe_once()
+    poller.check_reachability_once()
     snapshot = poller.poll_once()
     assert snapshot is not None, poller.stats.last_error
     return poller.store.latest_model_status()[TINY_DHT_PREFIX]
@@ -103,7 +103,7 @@ def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_
     assert sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX].min_redundancy == 2
 
     s.kill("b")  # its record stays in the DHT until it expires; its probe fails at once
-    poller.probe_once()
+    poller.check_reachability_once()
     diagnosis = sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX]
     assert diagnosis.min_redundancy == 1
     assert "unreachable" in diagnosis.excluded_peers[s.peer_id("b")]
@@ -187,7 +187,7 @@ def test_a_stopped_postgres_skips_polls_without_crashing_and_writing_resumes(swa
         postgres.stop()
         try:
             poller.poll_once()
-            poller.probe_once()
+            poller.check_reachability_once()
             assert poller.stats.failures.get("scrape", 0) >= 1
         finally:
             postgres.start()

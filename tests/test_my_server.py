@@ -16,11 +16,11 @@ from html import unescape
 import pytest
 
 from monitor.app.jobs import Poller
-from monitor.app.settings import ModelConfig, Settings
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeBatch, ProbeResult, ServerRow, Snapshot
+from monitor.settings import ModelConfig, Settings
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store
-from monitor.swarm import probe_servers
+from monitor.swarm import check_servers
 from monitor.web import create_app
 from test_browser import browser  # noqa: F401  (fixture: headless Chromium)
 from test_web_app import peer, text_of
@@ -46,22 +46,22 @@ def report_of(client, peer_id: str) -> str:
 @pytest.fixture(scope="module")
 def live(swarm, tmp_path_factory):
     """The session swarm polled, probed and scored into a SQLite store; ``dials`` counts the live
-    checks that reached the DHT (the service's own check: ``probe_servers`` through its DHT)."""
+    checks that reached the DHT (the service's own check: ``check_servers`` through its DHT)."""
     path = tmp_path_factory.mktemp("my-server")
-    settings = Settings(data_dir=path, initial_peers=swarm.initial_peers, probe_timeout=5,
+    settings = Settings(data_dir=path, initial_peers=swarm.initial_peers, reachability_timeout=5,
                         models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)],
                         reachability_rate_limit="3 per minute")
     store = Store(f"sqlite:///{path / 'monitor.db'}")
     store.migrate()
     poller = Poller(settings, store, swarm.dht)
     assert poller.poll_once() is not None, poller.stats.last_error
-    assert poller.probe_once() is not None, poller.stats.last_error
+    assert poller.check_reachability_once() is not None, poller.stats.last_error
     assert poller.refresh_scores(), poller.stats.last_error
     dials = []
 
     def check(peer_id: str):
         dials.append(peer_id)
-        batch = probe_servers(swarm.dht, [peer_id], timeout=settings.probe_timeout, concurrency=1)
+        batch = check_servers(swarm.dht, [peer_id], timeout=settings.reachability_timeout, concurrency=1)
         return batch.results[0] if batch.results else None
 
     yield settings, store, check, dials
@@ -148,12 +148,12 @@ def week(tmp_path):
             rows.append(row("mover", 0, 4, model=RETIRED))
             models = (WEEK_MODEL, RETIRED)
         snapshot = Snapshot(taken_at=at, duration=1.0, models=models, servers=tuple(rows))
-        probes = ProbeBatch(at + 5, 1.0, tuple(
-            ProbeResult(r.peer_id, "server", r.public_name != "walled", rtt=0.02 if r.public_name != "walled" else None,
+        probes = ReachabilityBatch(at + 5, 1.0, tuple(
+            ReachabilityResult(r.peer_id, "server", r.public_name != "walled", rtt=0.02 if r.public_name != "walled" else None,
                         error="Failed to connect in 5 sec" if r.public_name == "walled" else None)
             for r in rows if r.state == ONLINE))
-        store.record_probes(probes)
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_probes()))
+        store.record_reachability(probes)
+        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
         at += 600
     store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=30)
     poller.refresh_scores(now)

@@ -16,7 +16,7 @@ from hivemind.p2p import PeerID
 
 from monitor.harness.local_swarm import ServerSpec
 from monitor.core.snapshot import ModelInfo
-from monitor.swarm import probe_bootstrap, probe_servers, scrape
+from monitor.swarm import check_bootstrap, check_servers, scrape
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 TINY = ModelInfo(TINY_DHT_PREFIX, TINY_NUM_BLOCKS, official=True)
@@ -30,7 +30,7 @@ def random_peer_id() -> str:
 
 def test_every_server_of_the_session_swarm_answers_its_rpc_info(swarm):
     peers = [swarm.peer_id(name) for name in SERVERS]
-    batch = probe_servers(swarm.dht, peers, timeout=5, concurrency=8)
+    batch = check_servers(swarm.dht, peers, timeout=5, concurrency=8)
 
     assert [r.peer_id for r in batch.results] == peers
     for result in batch.results:
@@ -43,7 +43,7 @@ def test_a_peer_up_without_the_petals_handler_counts_as_joining_not_unreachable(
     # The bootstrap peer runs a DHT but no TransformerConnectionHandler, like a server still
     # loading its blocks: libp2p answers "protocol not supported".
     bootstrap_peer = swarm.bootstrap.info["peer_id"]
-    [result] = probe_servers(swarm.dht, [bootstrap_peer], timeout=5, concurrency=1).results
+    [result] = check_servers(swarm.dht, [bootstrap_peer], timeout=5, concurrency=1).results
     assert result.joining and not result.ok and result.error
 
 
@@ -51,7 +51,7 @@ def test_peer_ids_without_a_live_process_fail_together_within_the_timeout(swarm)
     nobody = [random_peer_id() for _ in range(40)]
     alive = swarm.peer_id("full")
 
-    batch = probe_servers(swarm.dht, [*nobody, alive, "not a peer id"], timeout=2, concurrency=16)
+    batch = check_servers(swarm.dht, [*nobody, alive, "not a peer id"], timeout=2, concurrency=16)
 
     results = {r.peer_id: r for r in batch.results}
     assert results[alive].ok
@@ -61,7 +61,7 @@ def test_peer_ids_without_a_live_process_fail_together_within_the_timeout(swarm)
 
 
 def test_the_bootstrap_peer_answers_a_connect_check(swarm):
-    [result] = probe_bootstrap(swarm.dht, swarm.initial_peers, timeout=5)
+    [result] = check_bootstrap(swarm.dht, swarm.initial_peers, timeout=5)
     assert (result.kind, result.ok, result.address) == ("bootstrap", True, swarm.initial_peers[0])
     assert result.peer_id == swarm.bootstrap.info["peer_id"] and 0 < result.rtt < 5
 
@@ -77,7 +77,7 @@ def test_silent_bootstrap_addresses_cost_one_timeout_together(swarm):
         addresses = [*silent, "/ip4/127.0.0.1/tcp/1", *swarm.initial_peers]
 
         started = time.perf_counter()
-        results = probe_bootstrap(swarm.dht, addresses, timeout=2)
+        results = check_bootstrap(swarm.dht, addresses, timeout=2)
         elapsed = time.perf_counter() - started
 
     assert [r.address for r in results] == addresses
@@ -91,10 +91,10 @@ def test_killed_and_hung_servers_fail_their_probe_within_the_timeout_while_the_s
     s = make_swarm([ServerSpec("killed", 0, TINY_NUM_BLOCKS), ServerSpec("hung", 0, TINY_NUM_BLOCKS),
                     ServerSpec("alive", 0, TINY_NUM_BLOCKS)])
     killed, hung, alive = (s.peer_id(name) for name in ("killed", "hung", "alive"))
-    assert all(r.ok for r in probe_servers(s.dht, [killed, hung, alive], timeout=5, concurrency=4).results)
+    assert all(r.ok for r in check_servers(s.dht, [killed, hung, alive], timeout=5, concurrency=4).results)
 
     s.kill("killed")
-    batch = probe_servers(s.dht, [killed, alive], timeout=3, concurrency=4)
+    batch = check_servers(s.dht, [killed, alive], timeout=3, concurrency=4)
     results = {r.peer_id: r for r in batch.results}
     assert results[alive].ok
     assert not results[killed].ok and results[killed].error
@@ -106,7 +106,7 @@ def test_killed_and_hung_servers_fail_their_probe_within_the_timeout_while_the_s
 
     os.killpg(s.pid("hung"), signal.SIGSTOP)  # the server, its handlers and its p2pd stop answering
     try:
-        batch = probe_servers(s.dht, [killed, hung, alive], timeout=3, concurrency=4)
+        batch = check_servers(s.dht, [killed, hung, alive], timeout=3, concurrency=4)
         results = {r.peer_id: r for r in batch.results}
         assert results[alive].ok
         assert not results[killed].ok and results[killed].error

@@ -8,7 +8,7 @@ import pytest
 
 import monitor.core.scores as scores
 from monitor.core.scores import FORMULA, WEIGHTS, score_peer, score_swarm, swarm_reference
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory, ProbeResult
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory, ReachabilityResult
 
 NOW = 1_700_000_000.0
 HOUR, DAY = 3600.0, 86400.0
@@ -29,9 +29,9 @@ def polls(*, days: float = 7, up=lambda at: True, model: str = "m") -> tuple[Obs
 
 
 def probes(ok: int = 10, failed: int = 0, rtt: float = 0.012, joining: int = 0) -> tuple:
-    results = [ProbeResult("p", "server", ok=True, rtt=rtt) for _ in range(ok)]
-    results += [ProbeResult("p", "server", ok=False, error="timed out") for _ in range(failed)]
-    results += [ProbeResult("p", "server", ok=False, joining=True) for _ in range(joining)]
+    results = [ReachabilityResult("p", "server", ok=True, rtt=rtt) for _ in range(ok)]
+    results += [ReachabilityResult("p", "server", ok=False, error="timed out") for _ in range(failed)]
+    results += [ReachabilityResult("p", "server", ok=False, joining=True) for _ in range(joining)]
     return tuple((NOW - (i + 1) * 600, result) for i, result in enumerate(results))
 
 

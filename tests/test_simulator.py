@@ -8,7 +8,7 @@ from pathlib import Path
 
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.harness.local_swarm import LocalSwarm
-from monitor.swarm import probe_servers, scrape, start_dht
+from monitor.swarm import check_servers, scrape, start_dht
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from simulate_swarm import SimulatedSwarm  # noqa: E402
@@ -22,7 +22,7 @@ def test_simulated_swarm_is_scraped_as_valid_servers(tmp_path):
             try:
                 snapshot = scrape(dht, [], discover=True)
                 answering = sim.peer_ids("answering")
-                probes = probe_servers(dht, answering + sim.peer_ids("unreachable")[:1], timeout=5)
+                probes = check_servers(dht, answering + sim.peer_ids("unreachable")[:1], timeout=5)
             finally:
                 dht.shutdown()
 

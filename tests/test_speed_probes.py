@@ -13,9 +13,9 @@ import pytest
 
 from chat.feedback import StoreWeights, probe_speeds
 from monitor.app.jobs import Poller
-from monitor.app.measuring import ServerMeasurer, measured_view
-from monitor.app.settings import ModelConfig, Settings
-from monitor.core.measurements import (
+from monitor.app.probing import ServerProber, measured_view
+from monitor.settings import ModelConfig, Settings
+from monitor.core.probes import (
     CONFIRM_AFTER,
     SLOW_FACTOR,
     ServerProbe,
@@ -117,7 +117,7 @@ def test_the_router_takes_a_probe_only_where_it_is_newer_than_the_chats_own_meas
 
 @pytest.fixture(scope="module")
 def measured(tiny_model, tmp_path_factory):
-    """(swarm, poller, measurer, store): the poller has scraped once; rounds are run by the specs."""
+    """(swarm, poller, prober, store): the poller has scraped once; rounds are run by the specs."""
     data_dir = tmp_path_factory.mktemp("speed-probes")
     with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
         swarm.start(SPECS)
@@ -129,21 +129,21 @@ def measured(tiny_model, tmp_path_factory):
         store.migrate()
         poller = Poller(settings, store, swarm.dht)
         assert poller.poll_once() is not None
-        measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
+        prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
                                   after_round=poller.rediagnose_latest)
         try:
-            yield swarm, poller, measurer, store
+            yield swarm, poller, prober, store
         finally:
-            measurer.close()
+            prober.close()
             store.close()
 
 
-def run_until(measurer: ServerMeasurer, done, timeout: float = 90.0) -> list[ServerProbe]:
+def run_until(prober: ServerProber, done, timeout: float = 90.0) -> list[ServerProbe]:
     """Run rounds as the job does (one per tick) until ``done(probes so far)``; returns them."""
     seen: list[ServerProbe] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        seen.extend(measurer.run_once())
+        seen.extend(prober.run_once())
         if done(seen):
             return seen
         time.sleep(0.5)
@@ -151,8 +151,8 @@ def run_until(measurer: ServerMeasurer, done, timeout: float = 90.0) -> list[Ser
 
 
 def test_every_online_server_is_measured_through_its_own_span(measured):
-    swarm, _, measurer, store = measured
-    probes = {p.peer_id: p for p in measurer.run_once()}
+    swarm, _, prober, store = measured
+    probes = {p.peer_id: p for p in prober.run_once()}
     assert set(probes) == {swarm.peer_id(spec.name) for spec in SPECS}
     for spec in SPECS:
         p = probes[swarm.peer_id(spec.name)]
@@ -179,14 +179,14 @@ def test_a_probe_of_a_peer_that_does_not_answer_fails_with_its_reason(measured):
 
 
 def test_a_throttled_server_is_ranked_slow_by_probes_alone(measured):
-    swarm, poller, measurer, store = measured
+    swarm, poller, prober, store = measured
     full = swarm.peer_id("full")
-    run_until(measurer, lambda seen: {p.peer_id for p in seen} >= {swarm.peer_id(s.name) for s in SPECS})
+    run_until(prober, lambda seen: {p.peer_id for p in seen} >= {swarm.peer_id(s.name) for s in SPECS})
     swarm.throttle("full", duty=0.9, period=0.25)
     throttled_at = time.time()
     try:
         # no chat: two probes of the throttled server (its median of three turns) are enough
-        run_until(measurer, lambda seen: sum(p.peer_id == full and p.at > throttled_at for p in seen) >= 2,
+        run_until(prober, lambda seen: sum(p.peer_id == full and p.at > throttled_at for p in seen) >= 2,
                   timeout=120)
         view = measured_view(store, poller.settings)
         speeds = view.speeds(TINY_DHT_PREFIX)
@@ -232,12 +232,12 @@ def test_a_probe_round_rediagnoses_the_newest_poll_even_if_one_landed_during_the
         return snapshot
 
     rediagnosed: list[bool] = []
-    measurer = ServerMeasurer(settings, store, swarm.dht, snapshot=snapshot_then_a_poll_lands,
+    prober = ServerProber(settings, store, swarm.dht, snapshot=snapshot_then_a_poll_lands,
                               after_round=lambda: rediagnosed.append(poller.rediagnose_latest()))
     try:
-        assert {p.peer_id for p in measurer.run_once() if p.ok} == {swarm.peer_id(s.name) for s in SPECS}
+        assert {p.peer_id for p in prober.run_once() if p.ok} == {swarm.peer_id(s.name) for s in SPECS}
     finally:
-        measurer.close()
+        prober.close()
     try:
         newest = store.latest_snapshot()
         assert newest.taken_at > started_from.taken_at and rediagnosed == [True]

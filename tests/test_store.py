@@ -25,8 +25,8 @@ from monitor.core.snapshot import (
     ONLINE,
     ChatOutcome,
     ModelInfo,
-    ProbeBatch,
-    ProbeResult,
+    ReachabilityBatch,
+    ReachabilityResult,
     ServerRow,
     Snapshot,
 )
@@ -211,18 +211,18 @@ def test_next_pings_are_kept_for_an_hour_only(store):
 
 
 def test_latest_probes_are_the_newest_per_peer(store):
-    store.record_probes(ProbeBatch(T0, 1.0, (ProbeResult(peer("a"), "server", True, rtt=0.02),
-                                             ProbeResult(peer("b"), "server", False, error="timeout"))))
-    store.record_probes(ProbeBatch(T0 + 60, 1.0, (
-        ProbeResult(peer("a"), "server", False, joining=True, error="protocol not supported"),
-        ProbeResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"))))
-    store.record_probes(ProbeBatch(T0 - 60, 1.0, (ProbeResult(peer("a"), "server", True, rtt=9.0),)))  # late
+    store.record_reachability(ReachabilityBatch(T0, 1.0, (ReachabilityResult(peer("a"), "server", True, rtt=0.02),
+                                             ReachabilityResult(peer("b"), "server", False, error="timeout"))))
+    store.record_reachability(ReachabilityBatch(T0 + 60, 1.0, (
+        ReachabilityResult(peer("a"), "server", False, joining=True, error="protocol not supported"),
+        ReachabilityResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"))))
+    store.record_reachability(ReachabilityBatch(T0 - 60, 1.0, (ReachabilityResult(peer("a"), "server", True, rtt=9.0),)))  # late
 
-    latest = store.latest_probes()
+    latest = store.latest_reachability()
     assert latest == {
-        peer("a"): ProbeResult(peer("a"), "server", False, joining=True, error="protocol not supported"),
-        peer("b"): ProbeResult(peer("b"), "server", False, error="timeout"),
-        peer("boot"): ProbeResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"),
+        peer("a"): ReachabilityResult(peer("a"), "server", False, joining=True, error="protocol not supported"),
+        peer("b"): ReachabilityResult(peer("b"), "server", False, error="timeout"),
+        peer("boot"): ReachabilityResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"),
     }
     assert store.peer_ids() == []  # probed peers are not servers until a poll sees them
 
@@ -286,7 +286,7 @@ def test_peer_history_counts_the_polls_that_did_not_see_the_peer(store):
             rows += [row("b", throughput=10.0 + i), row("b", MIXTRAL, state=JOINING if i == 1 else ONLINE)]
         store.record_poll(snapshot(T0 + 60 * i, rows, models=(LLAMA, MIXTRAL)))
     store.record_failed_poll(T0 + 300, "scrape failed")  # a failed poll is no evidence either way
-    store.record_probes(ProbeBatch(T0 + 30, 0.5, (ProbeResult(peer("b"), "server", True, rtt=0.05),)))
+    store.record_reachability(ReachabilityBatch(T0 + 30, 0.5, (ReachabilityResult(peer("b"), "server", True, rtt=0.05),)))
     store.record_chat_outcome(ChatOutcome(T0 + 90, peer("b"), LLAMA.dht_prefix, 0, 8, ok=True, seconds_per_token=0.4))
 
     history = store.peer_history(peer("b"), T0, T0 + 400)
@@ -300,7 +300,7 @@ def test_peer_history_counts_the_polls_that_did_not_see_the_peer(store):
     ])
     assert [o.at for o in history.observations] == sorted(o.at for o in history.observations)
     assert history.observations[0].throughput == 11.0
-    assert history.probes == ((T0 + 30, ProbeResult(peer("b"), "server", True, rtt=0.05)),)
+    assert history.probes == ((T0 + 30, ReachabilityResult(peer("b"), "server", True, rtt=0.05)),)
     assert history.outcomes == (ChatOutcome(T0 + 90, peer("b"), LLAMA.dht_prefix, 0, 8, ok=True, seconds_per_token=0.4),)
 
     everyone = {h.peer_id: h for h in store.peer_histories(T0, T0 + 400)}
@@ -328,9 +328,9 @@ def _four_days(store) -> float:
         if broken:
             blocks[2] = (0, 0.0)
         store.record_poll(snapshot(t, rows), [health(LLAMA, "broken" if broken else "healthy", blocks=blocks)])
-        store.record_probes(ProbeBatch(t + 5, 1.0, (
-            ProbeResult(peer("steady"), "server", True, rtt=0.02 + rng.random() / 100),
-            ProbeResult(peer("flaky"), "server", not gone, rtt=None if gone else 0.03,
+        store.record_reachability(ReachabilityBatch(t + 5, 1.0, (
+            ReachabilityResult(peer("steady"), "server", True, rtt=0.02 + rng.random() / 100),
+            ReachabilityResult(peer("flaky"), "server", not gone, rtt=None if gone else 0.03,
                         error="timeout" if gone else None))))
         t += 600
     return t
@@ -396,7 +396,7 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     _, throughput = store.block_coverage_series(model, T0, T0 + 2 * HOUR, value="throughput")
     assert throughput[0][0] == 150.0
 
-    probes = store.probe_stats(peer("flaky"), T0, now)
+    probes = store.reachability_stats(peer("flaky"), T0, now)
     assert [p["n"] for p in probes[:48]] == [6] * 48 and probes[4]["ok"] == 0 and probes[2]["ok"] == 6
     assert sum(p["n"] for p in probes) == 4 * 144
     assert all(at >= cutoff for at, _ in store.peer_history(peer("flaky"), T0, now).probes)
@@ -436,11 +436,11 @@ def test_a_poll_stored_after_its_hour_was_rolled_up_is_rolled_up_too(store):
 
     # a poll taken in hour 0 that finished storing after the rollup ran, and a late probe round
     store.record_poll(snapshot(T0 + 3599, [row("a"), row("late")]))
-    store.record_probes(ProbeBatch(T0 + 3000, 1.0, (ProbeResult(peer("late"), "server", True, rtt=0.01),)))
+    store.record_reachability(ReachabilityBatch(T0 + 3000, 1.0, (ReachabilityResult(peer("late"), "server", True, rtt=0.01),)))
     counts = store.rollup_and_prune(T0 + 2 * HOUR + 60, raw_retention_days=10, rollup_retention_days=30)
     assert counts["hours_rolled_up"] == 2  # hour 0 again, and hour 1
     assert tuple(_hourly_polls(store, T0)) == (7, 7)
-    assert [p["n"] for p in store.probe_stats(peer("late"), T0, T0 + HOUR)] == [1]
+    assert [p["n"] for p in store.reachability_stats(peer("late"), T0, T0 + HOUR)] == [1]
 
 
 def test_raw_rows_are_never_pruned_before_they_are_rolled_up(store):
@@ -466,18 +466,18 @@ def test_raw_rows_are_never_pruned_before_they_are_rolled_up(store):
 def test_the_now_tables_keep_only_what_was_seen_within_retention(store):
     seen_once, later = T0, T0 + 100 * DAY
     store.record_poll(snapshot(seen_once, [row("gone"), row("stays"), row("gone", MIXTRAL)], models=(LLAMA, MIXTRAL)))
-    store.record_probes(ProbeBatch(seen_once, 1.0, (ProbeResult(peer("gone"), "server", False, error="timeout"),)))
+    store.record_reachability(ReachabilityBatch(seen_once, 1.0, (ReachabilityResult(peer("gone"), "server", False, error="timeout"),)))
     store.record_scores([PeerScore(peer("gone"), 40.0, {}, (), at=seen_once)])
     store.set_peer_policy(peer("gone"), "blocked", at=seen_once)
     store.set_peer_policy(peer("stays"), "pinned", at=seen_once)
     store.record_poll(snapshot(later, [row("stays")]))
-    store.record_probes(ProbeBatch(later, 1.0, (ProbeResult(peer("stays"), "server", True, rtt=0.01),)))
+    store.record_reachability(ReachabilityBatch(later, 1.0, (ReachabilityResult(peer("stays"), "server", True, rtt=0.01),)))
     store.record_scores([PeerScore(peer("stays"), 90.0, {}, (), at=later)])
 
     counts = store.rollup_and_prune(later + 60, raw_retention_days=2, rollup_retention_days=30)
     assert (counts["latest_probes"], counts["peer_scores"], counts["models"], counts["peers"],
             counts["peer_policies"]) == (1, 1, 1, 1, 1)
-    assert set(store.latest_probes()) == {peer("stays")} and set(store.latest_scores()) == {peer("stays")}
+    assert set(store.latest_reachability()) == {peer("stays")} and set(store.latest_scores()) == {peer("stays")}
     assert store.peer_ids() == [peer("stays")]
     assert store.peer_policies() == {peer("stays"): "pinned"}  # its peer is still seen
     assert store.latest_snapshot().models == (LLAMA,)
@@ -516,7 +516,7 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
     with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no latest_diagnoses
         old.record_poll(snap, [health(LLAMA, "healthy")])
     poll_id = _insert_as_revision_1(old.engine, snap)
-    old.record_probes(ProbeBatch(T0, 1.0, (ProbeResult(peer("a"), "server", True, rtt=0.01),)))
+    old.record_reachability(ReachabilityBatch(T0, 1.0, (ReachabilityResult(peer("a"), "server", True, rtt=0.01),)))
     with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no chat_outcomes.error
         old.record_chat_outcome(ChatOutcome(T0, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
     with old.engine.begin() as conn:  # a status and an outcome as revision 1 wrote them
@@ -535,7 +535,7 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
         assert new.latest_snapshot() == snap
         last = new.last_poll()  # revision 5's columns: nothing was bounded or refused in older polls
         assert (last.id, last.clamped_values, last.dropped_rows) == (poll_id, 0, 0)
-        assert new.latest_probes()[peer("a")].rtt == 0.01
+        assert new.latest_reachability()[peer("a")].rtt == 0.01
         assert new.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"
         new.record_chat_outcome(ChatOutcome(T0 + 1, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
         outcomes = new.peer_history(peer("a"), T0 - 1, T0 + 2).outcomes
@@ -583,7 +583,7 @@ def test_an_unmigrated_database_says_to_migrate(store_url):
 
 
 def test_the_default_store_is_a_sqlite_file_in_wal_mode_in_the_data_dir(tmp_path):
-    from monitor.app.settings import Settings
+    from monitor.settings import Settings
 
     store = Store.from_settings(Settings(data_dir=tmp_path / "not" / "yet"))
     store.migrate()
@@ -722,7 +722,7 @@ def test_thirty_days_of_500_servers_fit_in_a_gigabyte(tmp_path):
     for minute in range(polls):
         at = T0 + 60 * minute
         store.record_poll(_big_snapshot(at), healths)
-        store.record_probes(ProbeBatch(at, 2.0, tuple(ProbeResult(p, "server", True, rtt=0.0123 + minute / 1e4)
+        store.record_reachability(ReachabilityBatch(at, 2.0, tuple(ReachabilityResult(p, "server", True, rtt=0.0123 + minute / 1e4)
                                                       for p in ids)))
     store.rollup_and_prune(T0 + 2 * HOUR, raw_retention_days=10, rollup_retention_days=30)  # one hour rolled up
     with store.engine.connect() as conn:
@@ -798,8 +798,8 @@ def test_rollups_keep_what_the_scores_count_flaps_and_rtt_histograms(store):
     ups = [True, False, True, False, True, True]
     for i, up in enumerate(ups):
         store.record_poll(snapshot(T0 + 600 * i, [row("a")] + ([row("b")] if up else [])))
-        store.record_probes(ProbeBatch(T0 + 600 * i + 5, 1.0, (
-            ProbeResult(peer("b"), "server", up, rtt=0.01 * (i + 1) if up else None, error=None if up else "timeout"),)))
+        store.record_reachability(ReachabilityBatch(T0 + 600 * i + 5, 1.0, (
+            ReachabilityResult(peer("b"), "server", up, rtt=0.01 * (i + 1) if up else None, error=None if up else "timeout"),)))
     store.record_poll(snapshot(T0 + HOUR, [row("a")]))  # the next hour: "b" is gone
     store.rollup_and_prune(T0 + 2 * HOUR, raw_retention_days=2, rollup_retention_days=30)
     with store.engine.connect() as conn:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from monitor.core.snapshot import ProbeResult
+from monitor.core.snapshot import ReachabilityResult
 from monitor.web import create_app
 from test_web_app import BOOTSTRAP_ADDR, MALICIOUS_NAME, PEERS, client, peer, populated  # noqa: F401  (fixtures)
 
@@ -107,7 +107,7 @@ def test_is_reachable_uses_the_injected_live_check(populated):
 
     def check(peer_id):
         asked.append(peer_id)
-        return ProbeResult(peer_id, "server", False, error="connection refused")
+        return ReachabilityResult(peer_id, "server", False, error="connection refused")
 
     client = create_app(settings, store, reachability_check=check).test_client()
     answer = client.get(f"/api/v1/is_reachable/{PEERS['full']}").get_json()
@@ -214,7 +214,7 @@ def long_history(tmp_path):
     """(app, now): 45 polls a minute apart (one of them broken: only the first half is served),
     each with a probe of the first server (every 10th failing), and history_max_points = 10."""
     from monitor.app.jobs import Poller
-    from monitor.core.snapshot import ProbeBatch, Snapshot
+    from monitor.core.snapshot import ReachabilityBatch, Snapshot
     from monitor.store import Store
     from test_web_app import TINY, _rows, web_settings
 
@@ -225,11 +225,11 @@ def long_history(tmp_path):
     now = time.time()
     for i in range(45):
         at = now - (45 - i) * 60
-        store.record_probes(ProbeBatch(taken_at=at - 1, duration=0.1, results=(
-            ProbeResult(PEERS["first"], "server", i % 10 != 3, rtt=0.004 if i % 10 != 3 else None,
+        store.record_reachability(ReachabilityBatch(taken_at=at - 1, duration=0.1, results=(
+            ReachabilityResult(PEERS["first"], "server", i % 10 != 3, rtt=0.004 if i % 10 != 3 else None,
                         error=None if i % 10 != 3 else "Failed to connect in 5 sec"),)))
         snapshot = Snapshot(taken_at=at, duration=1.0, models=(TINY,), servers=tuple(_rows(0 if i == 17 else 1)))
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_probes()))
+        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
     yield create_app(settings, store), now
     store.close()
 

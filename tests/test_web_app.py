@@ -17,15 +17,15 @@ import base58
 import pytest
 
 from monitor.app.jobs import Poller
-from monitor.app.settings import Settings
+from monitor.settings import Settings
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import (
     JOINING,
     ONLINE,
     ChatOutcome,
     ModelInfo,
-    ProbeBatch,
-    ProbeResult,
+    ReachabilityBatch,
+    ReachabilityResult,
     ServerRow,
     Snapshot,
 )
@@ -89,19 +89,19 @@ def populate(store: Store, settings: Settings, now: float, *, infinite_ping: boo
     poller = Poller(settings, store, dht=None)  # analysis and scoring only: no DHT needed
     times = [now - 7200, now - 3600, now - 60]
     for stage, at in enumerate(times):
-        probes = ProbeBatch(taken_at=at - 5, duration=0.2, results=tuple(
-            [ProbeResult(PEERS["first"], "server", True, rtt=0.004)]
-            + ([ProbeResult(PEERS["second"], "server", True, rtt=0.006),
-                ProbeResult(PEERS["full"], "server", True, rtt=0.003)] if stage >= 1 else [])
-            + ([ProbeResult(PEERS["joining"], "server", False, error="protocol not supported", joining=True),
-                ProbeResult(PEERS["unreachable"], "server", False, error="Failed to connect in 5 sec"),
-                ProbeResult(PEERS["other"], "server", True, rtt=0.002)] if stage >= 2 else [])
-            + [ProbeResult(PEERS["bootstrap"], "bootstrap", True, rtt=0.001, address=BOOTSTRAP_ADDR)]
+        probes = ReachabilityBatch(taken_at=at - 5, duration=0.2, results=tuple(
+            [ReachabilityResult(PEERS["first"], "server", True, rtt=0.004)]
+            + ([ReachabilityResult(PEERS["second"], "server", True, rtt=0.006),
+                ReachabilityResult(PEERS["full"], "server", True, rtt=0.003)] if stage >= 1 else [])
+            + ([ReachabilityResult(PEERS["joining"], "server", False, error="protocol not supported", joining=True),
+                ReachabilityResult(PEERS["unreachable"], "server", False, error="Failed to connect in 5 sec"),
+                ReachabilityResult(PEERS["other"], "server", True, rtt=0.002)] if stage >= 2 else [])
+            + [ReachabilityResult(PEERS["bootstrap"], "bootstrap", True, rtt=0.001, address=BOOTSTRAP_ADDR)]
         ))
-        store.record_probes(probes)
+        store.record_reachability(probes)
         snapshot = Snapshot(taken_at=at, duration=1.25 + stage, models=(TINY, OTHER) if stage >= 2 else (TINY,),
                             servers=tuple(_rows(stage, infinite_ping)), invalid_records=stage)
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_probes()))
+        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
     store.record_chat_outcome(ChatOutcome(now - 120, PEERS["full"], TINY.dht_prefix, 0, 8, True, seconds_per_token=0.4))
     store.record_chat_outcome(ChatOutcome(now - 110, PEERS["first"], TINY.dht_prefix, 0, 4, False,
                                           error="timeout after 30 s"))
@@ -185,7 +185,7 @@ def test_overview_lists_each_model_with_its_state_reasons_and_numbers(client):
 
 
 def test_overview_says_whether_a_models_estimated_speed_is_measured_or_announced(populated):
-    from monitor.core.measurements import ServerProbe
+    from monitor.core.probes import ServerProbe
 
     app, store, settings, now = populated
     client = app.test_client()
@@ -450,13 +450,13 @@ def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refres
     assert before["state"] == "online" and before["span"]["server_info"]["throughput"] == 50.0
     assert first_row() == before  # nothing changed: the same state
 
-    store.record_probes(ProbeBatch(taken_at=now, duration=0.1, results=(
-        ProbeResult(PEERS["first"], "server", False, error="Failed to connect in 5 sec"),)))
+    store.record_reachability(ReachabilityBatch(taken_at=now, duration=0.1, results=(
+        ReachabilityResult(PEERS["first"], "server", False, error="Failed to connect in 5 sec"),)))
     assert first_row()["state"] == "unreachable"
 
     rows = [replace(row, throughput=77.0) if row.peer_id == PEERS["first"] else row for row in _rows(2)]
     snapshot = Snapshot(taken_at=now + 1, duration=1.0, models=(TINY, OTHER), servers=tuple(rows))
-    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_probes()))
+    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
     assert first_row()["span"]["server_info"]["throughput"] == 77.0
 
     store.record_scores([PeerScore(PEERS["first"], 12.5, {}, ("a test",), at=now + 2)])
@@ -465,7 +465,7 @@ def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refres
 
 WEB_WORKER = """
 import json, sys
-from monitor.app.settings import Settings
+from monitor.settings import Settings
 from monitor.store import Store
 from monitor.web import create_app
 client = create_app(Settings(**json.loads(sys.argv[2])), Store(sys.argv[1])).test_client()
@@ -475,8 +475,10 @@ print(json.dumps({"statuses": statuses, "imported": heavy}))
 """
 
 
-def test_a_web_worker_serves_every_page_without_importing_petals_or_torch(populated, tmp_path):
-    """The poller stores each diagnosis, so a web worker stays a small process (no torch)."""
+@pytest.mark.parametrize("initial_peers", [[BOOTSTRAP_ADDR], ["public"]], ids=["multiaddr", "public"])
+def test_a_web_worker_serves_every_page_without_importing_petals_or_torch(populated, tmp_path, initial_peers):
+    """The poller stores each diagnosis, so a web worker stays a small process (no torch) — also
+    when it watches the public swarm, whose bootstrap peers petals' constants name."""
     import json
     import subprocess
     import sys
@@ -484,7 +486,7 @@ def test_a_web_worker_serves_every_page_without_importing_petals_or_torch(popula
 
     urls = ["/", f"/models/{TINY.dht_prefix}", f"/peers/{PEERS['full']}", "/api/v1/state", "/metrics",
             f"/api/v1/models/{TINY.dht_prefix}", f"/api/v1/peers/{PEERS['full']}/history"]
-    settings = {"initial_peers": [BOOTSTRAP_ADDR], "models": [{"dht_prefix": TINY.dht_prefix, "num_blocks": 8}]}
+    settings = {"initial_peers": initial_peers, "models": [{"dht_prefix": TINY.dht_prefix, "num_blocks": 8}]}
     done = subprocess.run([sys.executable, "-c", WEB_WORKER, f"sqlite:///{tmp_path / 'monitor.db'}",
                            json.dumps(settings), *urls],
                           cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120)

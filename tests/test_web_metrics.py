@@ -78,7 +78,7 @@ def test_metrics_are_read_from_the_store_at_scrape_time_so_workers_agree(populat
     # a new poll in which only the first half is served: every worker reports it at once
     rows = (ServerRow(PEERS["first"], TINY.dht_prefix, 0, 4, "ONLINE", throughput=50.0),)
     snapshot = Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=rows)
-    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_probes()))
+    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
     for client in (app.test_client(), other_worker):
         f = scrape(client)
         assert value(f, "update_duration") == 0.5

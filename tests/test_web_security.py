@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from monitor.app.settings import Settings
+from monitor.settings import Settings
 from monitor.store import Store
 from monitor.web import create_app
 

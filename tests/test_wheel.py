@@ -35,7 +35,7 @@ MIGRATE = textwrap.dedent("""
 SERVE_EVERYTHING = textwrap.dedent("""
     import json, sys
     import monitor, chat
-    from monitor.app.settings import Settings
+    from monitor.settings import Settings
     from monitor.store import Store
     from monitor.web import create_app
 

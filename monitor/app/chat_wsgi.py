@@ -10,7 +10,7 @@ are per process; threads serve the streams and WebSockets (each holds one while 
 does not work). ``--timeout`` covers the start-up (torch, petals and the DHT: seconds to a minute).
 
 Settings come from ``SWARM_MONITOR_*`` environment variables and the TOML file named by
-``SWARM_MONITOR_CONFIG`` (monitor/app/settings.py), the same as the poller's and the web workers':
+``SWARM_MONITOR_CONFIG`` (monitor/settings.py), the same as the poller's and the web workers':
 the chat reads peer scores and model coverage from the database the poller writes and records its
 requests' outcomes there. No poller runs here (``swarm-monitor poll`` is its own process). A
 reverse proxy sends the chat's routes here and everything else to ``monitor.web.wsgi`` (README:
@@ -23,7 +23,7 @@ import atexit
 import logging
 
 from monitor.app.service import Service
-from monitor.app.settings import load_settings
+from monitor.settings import load_settings
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Optional
 import click
 
 from monitor import compat  # noqa: F401  (must precede petals)
-from monitor.app.settings import ModelConfig, Settings, SettingsError, load_settings
+from monitor.settings import ModelConfig, Settings, SettingsError, load_settings
 
 config_option = click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
                              help="TOML settings file (also SWARM_MONITOR_CONFIG).")
@@ -103,11 +103,11 @@ def poll(config_file, once, initial_peers, models) -> None:
 def _poll_once_report(poller) -> str:
     from monitor.core.report import poll_report
 
-    poller.probe_once()  # probes first, so reachability counts in the diagnosis
+    poller.check_reachability_once()  # probes first, so reachability counts in the diagnosis
     snapshot = poller.poll_once()
     if snapshot is None:
         raise click.ClickException(f"the scrape failed: {poller.stats.last_error.get('scrape')}")
-    poller.probe_once()  # (re-diagnoses the poll with these probes)
+    poller.check_reachability_once()  # (re-diagnoses the poll with these probes)
     poller.refresh_scores()
     return poll_report(snapshot, poller.store.latest_diagnoses(), poller.store.latest_scores())
 
@@ -215,7 +215,7 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
             "initial_peers": swarm.initial_peers,
             "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name)],
             "scrape_period": min(settings.scrape_period, 10.0),
-            "probe_period": min(settings.probe_period, 10.0),
+            "reachability_period": min(settings.reachability_period, 10.0),
             "score_period": min(settings.score_period, 10.0),
             # (#14) the demo's servers are ours: measure them often (a throttled one named slow within
             # two periods, see demo_swarm), up to 40 % of their time

@@ -23,8 +23,8 @@ from monitor.core import coverage, scores
 from monitor.core.common import short_error
 from monitor.core.diagnosis import ModelHealth
 from monitor import swarm
-from monitor.app.settings import Settings
-from monitor.core.snapshot import ModelInfo, ProbeBatch, ProbeResult, Snapshot
+from monitor.settings import Settings
+from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
 from monitor.store.engine import data_error_text
 
@@ -112,7 +112,7 @@ class Poller:
         DHT edge should have bounded), the poll is still stored, without diagnoses and with the
         failure in its errors; the web then diagnoses the stored (bounded) rows itself."""
         try:
-            return snapshot, self.analyse(snapshot, self._latest_probes())
+            return snapshot, self.analyse(snapshot, self._latest_reachability())
         except Exception as e:  # noqa: BLE001 - the analysis must not cost the poll
             log.exception("diagnosing the poll failed; storing it without diagnoses")
             self.stats.failed("diagnose", e)
@@ -126,10 +126,10 @@ class Poller:
         except StoreError as e:
             log.warning("scrape: the failed poll could not be recorded either: %s", e)
 
-    def analyse(self, snapshot: Snapshot, probes: Mapping[str, ProbeResult]) -> list[ModelHealth]:
+    def analyse(self, snapshot: Snapshot, probes: Mapping[str, ReachabilityResult]) -> list[ModelHealth]:
         """Each polled model's diagnosis, as ``record_poll`` and ``record_diagnoses`` take it
         (speeds as measured by the server probes where there are some, #14)."""
-        from monitor.app.measuring import measured_view
+        from monitor.app.probing import measured_view
 
         measured = measured_view(self.store, self.settings)
         return [
@@ -147,7 +147,7 @@ class Poller:
         """Score every peer from a week of history, counted by the database (``Store.peer_aggregates``)."""
         now = now or time.time()
         try:
-            from monitor.app.measuring import scoring_inputs  # (#14) speed and correctness probes
+            from monitor.app.probing import scoring_inputs  # (#14) speed and correctness probes
 
             result = scores.score_all(self.store.peer_aggregates(now), now, **scoring_inputs(self.store, self.settings, now))
             self.store.record_scores(result.values())
@@ -158,21 +158,21 @@ class Poller:
         self.stats.ok("scores")
         return result
 
-    def probe_once(self) -> Optional[ProbeBatch]:
+    def check_reachability_once(self) -> Optional[ReachabilityBatch]:
         snapshot = self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="probe").value
         online = sorted({row.peer_id for row in (snapshot.servers if snapshot else ()) if row.state == "ONLINE"})
         try:
-            batch = swarm.probe_servers(self.dht, online, timeout=self.settings.probe_timeout,
-                                        concurrency=self.settings.probe_concurrency)
-            boot = swarm.probe_bootstrap(self.dht, self.settings.resolved_initial_peers,
-                                         timeout=self.settings.probe_timeout)
-            batch = ProbeBatch(taken_at=batch.taken_at, duration=batch.duration,
+            batch = swarm.check_servers(self.dht, online, timeout=self.settings.reachability_timeout,
+                                        concurrency=self.settings.reachability_concurrency)
+            boot = swarm.check_bootstrap(self.dht, self.settings.resolved_initial_peers,
+                                         timeout=self.settings.reachability_timeout)
+            batch = ReachabilityBatch(taken_at=batch.taken_at, duration=batch.duration,
                                results=tuple(batch.results) + tuple(boot))
         except Exception as e:  # noqa: BLE001
             log.exception("probe failed")
             self.stats.failed("probe", e)
             return None
-        if self._with_db_retry(lambda: self.store.record_probes(batch), job="probe").ok:
+        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="probe").ok:
             self.stats.ok("probe")
             # unreachable peers change the diagnosis: redo it with these probes
             self.after_probe_round()
@@ -181,7 +181,7 @@ class Poller:
     def rediagnose(self, snapshot: Snapshot) -> bool:
         """Diagnose ``snapshot`` again with the latest probes, and store that against its poll if
         it is still the newest stored one (False if a newer poll came in: its diagnoses stay)."""
-        return self.store.record_diagnoses(self.analyse(snapshot, self.store.latest_probes()),
+        return self.store.record_diagnoses(self.analyse(snapshot, self.store.latest_reachability()),
                                            taken_at=snapshot.taken_at)
 
     def after_probe_round(self) -> None:
@@ -220,7 +220,7 @@ class Poller:
         return done.value
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _latest_probes(self) -> dict:
+    def _latest_reachability(self) -> dict:
         return self._with_db_retry(self.store.latest_probes, job="probe-read").value or {}
 
     def _with_db_retry(self, call: Callable[[], Any], job: str = "db") -> StoreCall:
@@ -258,15 +258,15 @@ class Poller:
         )
         first = {"next_run_time": _now_datetime()} if run_now else {}
         scheduler.add_job(self.poll_once, "interval", seconds=s.scrape_period, id="scrape", **first)
-        scheduler.add_job(self.probe_once, "interval", seconds=s.probe_period, id="probe", **first)
+        scheduler.add_job(self.check_reachability_once, "interval", seconds=s.reachability_period, id="probe", **first)
         scheduler.add_job(self.refresh_scores, "interval", seconds=s.score_period, id="scores", **first)
         scheduler.add_job(self.rollup_once, "interval", seconds=s.rollup_period, id="rollup")
-        from monitor.app.alerts import schedule_alerts  # Alerts (#15): rules after every round, webhooks
+        from monitor.app.alerter import schedule_alerts  # Alerts (#15): rules after every round, webhooks
 
         self.alerter = schedule_alerts(scheduler, self)
-        from monitor.app.measuring import start_measuring  # Measured speed and correctness (#14)
+        from monitor.app.probing import start_probing  # Measured speed and correctness (#14)
 
-        self.measurer = start_measuring(self, run_now=run_now)
+        self.prober = start_probing(self, run_now=run_now)
         scheduler.start()
         self._scheduler = scheduler
         return scheduler
@@ -275,9 +275,9 @@ class Poller:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
-        if getattr(self, "measurer", None) is not None:  # (#14) its probe loop and P2P replica
-            self.measurer.close()
-            self.measurer = None
+        if getattr(self, "prober", None) is not None:  # (#14) its probe loop and P2P replica
+            self.prober.close()
+            self.prober = None
 
 
 def unstored_cause(error: Optional[BaseException]) -> str:

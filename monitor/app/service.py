@@ -14,7 +14,7 @@ import threading
 from typing import Optional
 
 from monitor import compat  # noqa: F401  (must precede petals)
-from monitor.app.settings import Settings
+from monitor.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,9 @@ class Service:
         return app
 
     def reachability_check(self, peer_id: str):
-        from monitor.swarm import probe_servers
+        from monitor.swarm import check_servers
 
-        batch = probe_servers(self.dht, [peer_id], timeout=self.settings.probe_timeout, concurrency=1)
+        batch = check_servers(self.dht, [peer_id], timeout=self.settings.reachability_timeout, concurrency=1)
         return batch.results[0] if batch.results else None
 
     def serve_in_thread(self, host: Optional[str] = None, port: Optional[int] = None) -> int:

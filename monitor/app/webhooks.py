@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 from urllib.parse import urlsplit
 
-from monitor.core.alerts import (
+from monitor.core.alert_rules import (
     CHANGED, DETAIL_CHARS, FIRED, MAX_DETAILS, REPEATED, RESOLVED, SUMMARY_CHARS, Notice,
 )
 from monitor.core.common import short_error

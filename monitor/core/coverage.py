@@ -15,7 +15,7 @@ petals' own code on the same data instead of re-deriving it:
 What counts as *serving* a block: an ONLINE server whose latest probe is ok, JOINING (still
 loading), or missing (not probed yet). JOINING and OFFLINE servers do not serve; a server whose
 probe failed is unreachable and does not serve either, nor does one whose outputs the monitor found
-wrong (``wrong``: peer -> why, from the correctness probes, ``monitor.core.measurements``). Servers
+wrong (``wrong``: peer -> why, from the correctness probes, ``monitor.core.probes``). Servers
 compared with one another (no local weights) that disagree with nobody outvoting either
 (``disagreeing``) still serve, but each disagreement is a reason (degraded): some route computes wrong.
 
@@ -66,8 +66,8 @@ from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-export
     ranges,
 )
 from monitor.core.common import short_peer_id
-from monitor.core.measurements import SLOW_FACTOR, slowness
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
+from monitor.core.probes import SLOW_FACTOR, slowness
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
 
 import dijkstar
 from hivemind import PeerID
@@ -110,12 +110,12 @@ def _distinct(model: ModelInfo, rows: Iterable[ServerRow]) -> list[ServerRow]:
     return sorted(best.values(), key=lambda r: r.peer_id)
 
 
-def _unreachable(row: ServerRow, probes: Mapping[str, ProbeResult]) -> bool:
+def _unreachable(row: ServerRow, probes: Mapping[str, ReachabilityResult]) -> bool:
     probe = probes.get(row.peer_id)
     return probe is not None and not probe.ok and not probe.joining
 
 
-def _why_not_serving(row: ServerRow, probes: Mapping[str, ProbeResult],
+def _why_not_serving(row: ServerRow, probes: Mapping[str, ReachabilityResult],
                      wrong: Mapping[str, str] = {}) -> Optional[str]:
     if row.state != ONLINE:
         return f"{row.state}" + (" (still loading)" if row.state == JOINING else "")
@@ -127,13 +127,13 @@ def _why_not_serving(row: ServerRow, probes: Mapping[str, ProbeResult],
     return None
 
 
-def _serving(rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult],
+def _serving(rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult],
              wrong: Mapping[str, str] = {}) -> list[ServerRow]:
     return [row for row in rows if _why_not_serving(row, probes, wrong) is None]
 
 
 def block_redundancy(
-    num_blocks: int, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult] = {}
+    num_blocks: int, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult] = {}
 ) -> list[tuple[int, float]]:
     """Per block: (serving servers, their total throughput). Rows must be of one model."""
     counts = [0] * num_blocks
@@ -151,7 +151,7 @@ def block_redundancy(
 
 
 def block_coverage(
-    model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult] = {},
+    model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult] = {},
     wrong: Mapping[str, str] = {},
 ) -> tuple[BlockCoverage, ...]:
     """Per block: the peers serving it, their throughput and cache: ``diagnose``'s ``blocks``
@@ -368,7 +368,7 @@ def _route_phrase(route: Sequence[RouteHop], labels: Mapping[str, str]) -> str:
 def diagnose(
     model: ModelInfo,
     rows: Sequence[ServerRow],
-    probes: Mapping[str, ProbeResult] = {},
+    probes: Mapping[str, ReachabilityResult] = {},
     *,
     min_tokens_per_s: float = 1.0,
     min_cache_tokens: int = 1024,

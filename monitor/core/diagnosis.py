@@ -13,6 +13,7 @@ from typing import Iterable, Mapping, Optional
 from monitor.core.common import jsonable
 
 HEALTHY, DEGRADED, BROKEN = "healthy", "degraded", "broken"
+STATE_SEVERITY = {HEALTHY: 0, DEGRADED: 1, BROKEN: 2}  # worst first when states are merged (an hour, a day)
 
 Range = tuple[int, int]  # blocks [start, end), as petals' --block_indices
 RouteHop = tuple[str, int, int]  # (peer id, start, end)

@@ -44,7 +44,7 @@ PROBE_WINDOW, FLAP_WINDOW, CHAT_WINDOW = DAY, DAY, WEEK
 SCORE_WINDOW = max(w for w, _, _ in UPTIME_WINDOWS)  # the oldest evidence any component looks at
 _FLAP_UPTIME = [w for w, _, _ in UPTIME_WINDOWS].index(FLAP_WINDOW)  # the uptime window that counts its polls
 RTT_REFERENCE = 0.100  # seconds: a 100 ms median RTT scores 0.5
-PROBE_SPEED_SAMPLES = 3  # (#14) the probes a measured speed rests on (monitor.core.measurements.SPEED_SAMPLES)
+PROBE_SPEED_SAMPLES = 3  # (#14) the probes a measured speed rests on (monitor.core.probes.SPEED_SAMPLES)
 FLAP_SCALE = 3.0  # flaps: 3 flaps in 24 h score e^-1 ≈ 0.37
 
 FORMULA = f"""\

@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Sequence
 from monitor.core.common import short_peer_id
 from monitor.core.diagnosis import ModelHealth, format_ranges, ranges
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
 
 OK, WARN, BAD, INFO = "ok", "warn", "bad", "info"
 LOW_SCORE = 30  # below it a score is a warning (the chat's default min_peer_score)
@@ -59,7 +59,7 @@ class ServerFacts:
     first_seen: Optional[float] = None  # first/last poll that saw it announce; None: never
     last_seen: Optional[float] = None
     last: tuple[LastAnnouncement, ...] = ()  # when it is not in the latest poll
-    probe: Optional[ProbeResult] = None  # the latest probe (stored, or a live check)
+    probe: Optional[ReachabilityResult] = None  # the latest probe (stored, or a live check)
     probe_is_live: bool = False
     healths: Mapping[str, ModelHealth] = field(default_factory=dict)
     score: Optional[PeerScore] = None

@@ -69,7 +69,7 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class ProbeResult:
+class ReachabilityResult:
     """One reachability check of one peer (a server's rpc_info, or a bootstrap peer's connect)."""
 
     peer_id: str
@@ -82,10 +82,10 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
-class ProbeBatch:
+class ReachabilityBatch:
     taken_at: float
     duration: float
-    results: tuple[ProbeResult, ...]
+    results: tuple[ReachabilityResult, ...]
 
 
 # ---- history, as the store hands it to the scores (plain rows, oldest first) -----------------
@@ -132,6 +132,6 @@ class PeerHistory:
 
     peer_id: str
     observations: tuple[Observation, ...] = ()
-    probes: tuple[tuple[float, ProbeResult], ...] = ()  # (at, result)
+    probes: tuple[tuple[float, ReachabilityResult], ...] = ()  # (at, result)
     outcomes: tuple[ChatOutcome, ...] = ()
     first_seen: Optional[float] = None

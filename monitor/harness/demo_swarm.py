@@ -10,7 +10,7 @@ from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 # compute 80 % of the time) is named slow after two slow probes (a server's measured speed is the
 # median of its newest three); throttled just after a probe, its first slow probe comes a period
 # later, so the second must come within about half a period for it to be named slow within two
-# (the confirmation, ``core.measurements.worth_confirming``). The share bound lets it come d / share
+# (the confirmation, ``core.probes.worth_confirming``). The share bound lets it come d / share
 # after the first, where d is the time its steps took: 4–5 s on all 30 blocks, throttled, on the
 # 2-core benchmark machine (BENCHMARKS.md, probes) -> 4 s / 0.4 = 10 s = half of 20 s (a loaded
 # machine's longer probes push the confirmation later, and with it the verdict). The bound still

@@ -29,11 +29,11 @@ import time
 from typing import Iterable, Optional, Sequence
 
 from monitor.core.diagnosis import ModelHealth
-from monitor.core.measurements import ServerProbe
+from monitor.core.probes import ServerProbe
 from monitor.core.scores import PeerAggregates, PeerScore
 from monitor.core.server_check import LastAnnouncement
-from monitor.core.snapshot import ChatOutcome, PeerHistory, ProbeBatch, ProbeResult, Snapshot
-from monitor.store import aggregates, alerts, history, latest, peers, probes_measured, rollups, writes
+from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
+from monitor.store import aggregates, alert_log, history, latest, peers, rollups, server_probes, writes
 from monitor.store.engine import Database, StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
 from monitor.store.history import StateChange
 from monitor.store.latest import PollSummary
@@ -99,18 +99,18 @@ class Store:
         with self.db.write("recording a failed poll") as conn:
             return writes.record_failed_poll(conn, at, error, duration)
 
-    def record_probes(self, batch: ProbeBatch) -> None:
+    def record_reachability(self, batch: ReachabilityBatch) -> None:
         if batch.results:
             with self.db.write("recording probes") as conn:
-                writes.record_probes(conn, batch)
+                writes.record_reachability(conn, batch)
                 rollups.follow_writes(conn, batch.taken_at)
 
     def record_server_probes(self, probes: Iterable[ServerProbe]) -> None:
-        """Speed (and correctness) probes of servers' spans (``monitor/app/measuring.py``)."""
+        """Speed (and correctness) probes of servers' spans (``monitor/app/probing.py``)."""
         probes = list(probes)
         if probes:
             with self.db.write("recording server probes") as conn:
-                probes_measured.record(conn, probes)
+                server_probes.record(conn, probes)
 
     def record_chat_outcome(self, outcome: ChatOutcome) -> None:
         self.record_chat_outcomes([outcome])
@@ -151,10 +151,10 @@ class Store:
         with self.db.read("reading the latest snapshot") as conn:
             return latest.latest_snapshot(conn)
 
-    def latest_probes(self) -> dict[str, ProbeResult]:
+    def latest_reachability(self) -> dict[str, ReachabilityResult]:
         """Each peer's latest probe."""
         with self.db.read("reading the latest probes") as conn:
-            return latest.latest_probes(conn)
+            return latest.latest_reachability(conn)
 
     def latest_model_status(self) -> dict[str, dict]:
         """model -> the status recorded with the latest successful poll (plus its ``at``): ``state,
@@ -183,7 +183,7 @@ class Store:
         """Server probes since ``since`` (newest ``limit``, oldest first), of one model and/or peer
         if given: measured speeds and correctness verdicts (``core.measurements`` reads them)."""
         with self.db.read("reading server probes") as conn:
-            return probes_measured.recent(conn, since, until=until, model=model, peer_id=peer_id, limit=limit)
+            return server_probes.recent(conn, since, until=until, model=model, peer_id=peer_id, limit=limit)
 
     def peer_policies(self) -> dict[str, str]:
         """peer id -> "pinned" or "blocked", as operators set them from the dashboard."""
@@ -239,7 +239,7 @@ class Store:
         ``merge_runs``: also merge consecutive polls with the same state and span within each clock
         hour (``samples`` = polls), which keeps uptime and flaps exact at a fraction of the rows;
         consumers must then weigh by ``samples``. Probes are raw only (within raw retention);
-        hourly probe counts are in ``probe_stats``."""
+        hourly probe counts are in ``reachability_stats``."""
         with self.db.read("reading peer history") as conn:
             key = latest.peer_key(conn, peer_id)
             found = None if key is None else history.histories(conn, since, until, [key], merge_runs).get(key)
@@ -278,62 +278,62 @@ class Store:
         with self.db.read("reading a peer's last announcements") as conn:
             return peers.last_announcements(conn, peer_id)
 
-    def probe_stats(self, peer_id: str, since: float, until: float) -> list[dict]:
+    def reachability_stats(self, peer_id: str, since: float, until: float) -> list[dict]:
         """Oldest first: ``{at, n, ok, joining, mean_rtt}`` per hour before raw retention and per
         probe after, for charts of probe success over days. No view uses it yet: the peer page will
         (it is what the ``hourly_probes`` rollup is kept for)."""
         with self.db.read("reading probe stats") as conn:
             key = latest.peer_key(conn, peer_id)
-            return [] if key is None else history.probe_stats(conn, key, since, until)
+            return [] if key is None else history.reachability_stats(conn, key, since, until)
 
     # ---- alerts (#15: store/alerts.py) -------------------------------------------------------
 
     def alerts(self) -> dict:
         """(rule, subject) -> every pending or firing ``core.alerts.Alert``."""
         with self.db.read("reading alerts") as conn:
-            return alerts.load_alerts(conn)
+            return alert_log.load_alerts(conn)
 
     def alerts_evaluated_at(self) -> Optional[float]:
         """When the poller's alert job last evaluated the rules (a heartbeat, a minute apart at most)."""
         with self.db.read("reading the alert job's heartbeat") as conn:
-            return alerts.evaluated_at(conn)
+            return alert_log.evaluated_at(conn)
 
     def record_alert_evaluation(self, evaluation, webhooks_for, now: float) -> list[int]:
         """An evaluation's changed alerts, its notices and their deliveries (``webhooks_for(notice)``
         names the webhooks), and when it ran, in one transaction; returns the notices' ids."""
         with self.db.write("recording alerts") as conn:
-            return alerts.record_evaluation(conn, evaluation, webhooks_for, now)
+            return alert_log.record_evaluation(conn, evaluation, webhooks_for, now)
 
     def pending_alert_deliveries(self, *, limit: int = 100) -> list:
         """Pending deliveries (due now or waiting for a retry), with their notices, oldest first."""
         with self.db.read("reading pending alert deliveries") as conn:
-            return alerts.pending_deliveries(conn, limit)
+            return alert_log.pending_deliveries(conn, limit)
 
     def record_alert_delivery(self, delivery_id: int, *, ok: bool, at: float, error: Optional[str] = None,
                               retry_at: Optional[float] = None) -> None:
         """One delivery attempt: delivered, to be retried at ``retry_at``, or (None) given up."""
         with self.db.write("recording an alert delivery") as conn:
-            alerts.record_attempt(conn, delivery_id, ok=ok, at=at, error=error, retry_at=retry_at)
+            alert_log.record_attempt(conn, delivery_id, ok=ok, at=at, error=error, retry_at=retry_at)
 
     def alert_events(self, since: float, until: float, *, limit: int = 200) -> list:
         """Notices in [since, until], newest first, each with its deliveries (``StoredNotice``)."""
         with self.db.read("reading alert history") as conn:
-            return alerts.events(conn, since, until, limit)
+            return alert_log.events(conn, since, until, limit)
 
     def alert_deliveries(self, *, status: Optional[str] = None, limit: int = 50) -> list:
         """The latest deliveries (of one status: pending, delivered, failed), newest first."""
         with self.db.read("reading alert deliveries") as conn:
-            return alerts.recent_deliveries(conn, status, limit)
+            return alert_log.recent_deliveries(conn, status, limit)
 
     def alert_delivery_counts(self, since: float) -> dict[str, dict[str, int]]:
         """webhook -> status -> deliveries since ``since`` (and every pending one)."""
         with self.db.read("counting alert deliveries") as conn:
-            return alerts.delivery_counts(conn, since)
+            return alert_log.delivery_counts(conn, since)
 
     def prune_alerts(self, before: float) -> dict[str, int]:
         """Delete notices (and their deliveries) older than ``before``, except undelivered ones."""
         with self.db.write("pruning alert history") as conn:
-            return alerts.prune(conn, before)
+            return alert_log.prune(conn, before)
 
     # ---- rollups and retention -------------------------------------------------------------
 

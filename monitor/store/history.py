@@ -120,7 +120,7 @@ def block_coverage_series(conn: Connection, model: str, since: float, until: flo
 # ---- peers -----------------------------------------------------------------------------------
 
 
-def probe_stats(conn: Connection, key: int, since: float, until: float) -> list[dict]:
+def reachability_stats(conn: Connection, key: int, since: float, until: float) -> list[dict]:
     """Oldest first: ``{at, n, ok, joining, mean_rtt}`` per hour before raw retention and per probe
     after. Not shown by any view yet (the peer page will chart probe success over days)."""
     h, p = HourlyProbesRow.__table__.c, ProbeRow.__table__.c

@@ -2,7 +2,7 @@
 each model's latest status and diagnosis, and the marks that say whether any of it changed.
 
 What the pages, the API, /metrics and the chat's router read on every request, so each is one or
-a few indexed queries (``latest_probes``, ``peer_scores`` and ``latest_diagnoses`` hold one row per
+a few indexed queries (``latest_reachability``, ``peer_scores`` and ``latest_diagnoses`` hold one row per
 peer or model for that reason). Every function takes a connection inside a read transaction.
 """
 
@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from monitor.core.diagnosis import ModelHealth
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import ChatOutcome, ModelInfo, ProbeResult, ServerRow, Snapshot
+from monitor.core.snapshot import ChatOutcome, ModelInfo, ReachabilityResult, ServerRow, Snapshot
 from monitor.store.schema import (
     ChatOutcomeRow,
     LatestDiagnosisRow,
@@ -122,7 +122,7 @@ def latest_snapshot(conn: Connection) -> Optional[Snapshot]:
     )
 
 
-def latest_probes(conn: Connection) -> dict[str, ProbeResult]:
+def latest_reachability(conn: Connection) -> dict[str, ReachabilityResult]:
     """Each peer's latest probe."""
     t, peers = LatestProbeRow.__table__.c, Peer.__table__
     query = sa.select(peers.c.peer_id, t.kind, t.ok, t.rtt, t.error, t.joining, t.address).join(
@@ -217,8 +217,8 @@ def status_dict(r: Mapping[str, Any]) -> dict:
             "est_tokens_per_s": r["est_tokens_per_s"]}
 
 
-def probe(peer_id, kind, ok, rtt, error, joining, address) -> ProbeResult:
-    return ProbeResult(peer_id=peer_id, kind=kind, ok=bool(ok), rtt=rtt, error=error, joining=bool(joining),
+def probe(peer_id, kind, ok, rtt, error, joining, address) -> ReachabilityResult:
+    return ReachabilityResult(peer_id=peer_id, kind=kind, ok=bool(ok), rtt=rtt, error=error, joining=bool(joining),
                        address=address)
 
 

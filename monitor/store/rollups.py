@@ -29,9 +29,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from monitor.core.common import DAY, HOUR
-from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY
+from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY, STATE_SEVERITY
 from monitor.core.snapshot import JOINING, ONLINE
-from monitor.store import aggregates, probes_measured
+from monitor.store import aggregates, server_probes
 from monitor.store.engine import Database, insert
 from monitor.store.schema import (
     BlockCoverageRow,
@@ -56,7 +56,6 @@ from monitor.store.schema import (
 )
 
 # Model states worst last; a rollup hour shows the worst state it saw.
-STATE_SEVERITY = {HEALTHY: 0, DEGRADED: 1, BROKEN: 2}
 HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow)
 WATERMARK = "rolled_up_until"  # hours before it are rolled up
 PRUNED = "raw_pruned_until"  # raw rows before it are gone
@@ -154,7 +153,7 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     counts["polls"] = conn.execute(sa.delete(polls).where(polls.c.at < cutoff)).rowcount
     probes = ProbeRow.__table__
     counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
-    counts["server_probes"] = probes_measured.prune(conn, cutoff)  # (#14: raw only, no rollup)
+    counts["server_probes"] = server_probes.prune(conn, cutoff)  # (#14: raw only, no rollup)
     counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (#13: kept as long as raw rows)
     return counts
 

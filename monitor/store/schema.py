@@ -167,7 +167,7 @@ class ProbeRow(SQLModel, table=True):
 
 
 class LatestProbeRow(SQLModel, table=True):
-    """Each peer's latest probe, so ``latest_probes`` reads a few hundred rows, not the history."""
+    """Each peer's latest probe, so ``latest_reachability`` reads a few hundred rows, not the history."""
 
     __tablename__ = "latest_probes"
     peer: int = Field(foreign_key="peers.id", primary_key=True)
@@ -304,7 +304,7 @@ class AlertDeliveryRow(SQLModel, table=True):
 
 
 class ServerProbeRow(SQLModel, table=True):
-    """One speed probe of one server's span (``core/measurements.py``'s ``ServerProbe``), with its
+    """One speed probe of one server's span (``core/probes.py``'s ``ServerProbe``), with its
     correctness verdict when it was checked; kept ``raw_retention_days`` like the other raw rows."""
 
     __tablename__ = "server_probes"
@@ -386,7 +386,7 @@ class HourlyBlockCoverageRow(SQLModel, table=True):
 
 
 class HourlyProbesRow(SQLModel, table=True):
-    """Read by ``Store.probe_stats`` and by the scores (``store/aggregates.py``)."""
+    """Read by ``Store.reachability_stats`` and by the scores (``store/aggregates.py``)."""
 
     __tablename__ = "hourly_probes"
     __table_args__ = (sa.Index(None, "hour"),)  # (revision 0009: the scores read the last day's hours)

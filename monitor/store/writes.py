@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from monitor.core.common import HOUR, finite, jsonable, short_error, short_peer_id
 from monitor.core.diagnosis import ModelHealth
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import ChatOutcome, ModelInfo, ProbeBatch, ServerRow, Snapshot
+from monitor.core.snapshot import ChatOutcome, ModelInfo, ReachabilityBatch, ServerRow, Snapshot
 from monitor.store.engine import Refused, insert, insert_rows
 from monitor.store.schema import (
     PEER_POLICIES,
@@ -292,7 +292,7 @@ def _select_keys(conn: Connection, peer_ids: Iterable[str]) -> dict[str, int]:
 # ---- probes, chat outcomes, scores, policies -------------------------------------------------
 
 
-def record_probes(conn: Connection, batch: ProbeBatch) -> None:
+def record_reachability(conn: Connection, batch: ReachabilityBatch) -> None:
     """A probe round; a probe the database refuses costs that probe (logged), not the round."""
     at = batch.taken_at
     keys = peer_keys(conn, [r.peer_id for r in batch.results])

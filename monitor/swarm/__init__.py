@@ -5,7 +5,7 @@ Importing this package imports petals (and so torch): the web layer never does.
 """
 
 from monitor.swarm.client import start_dht
-from monitor.swarm.probes import probe_bootstrap, probe_servers
+from monitor.swarm.reachability import check_bootstrap, check_servers
 from monitor.swarm.scrape import scrape
 
-__all__ = ["start_dht", "scrape", "probe_servers", "probe_bootstrap"]
+__all__ = ["start_dht", "scrape", "check_servers", "check_bootstrap"]

@@ -13,7 +13,7 @@ for the demo model).
 Without weights, ``CrossCheck`` compares servers of the same blocks with one another: each probe
 covers one *segment* (blocks between two consecutive span boundaries of the model's servers), all
 servers of a segment get the same seeded input, and their outputs are compared pairwise
-(``monitor.core.measurements.cross_check``): a server outvoted by agreeing others is wrong; a
+(``monitor.core.probes.cross_check``): a server outvoted by agreeing others is wrong; a
 disagreement nobody outvotes is shown as one.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
-from monitor.core.measurements import DECODE_STEPS, PREFILL_TOKENS, cross_check, tolerance
+from monitor.core.probes import DECODE_STEPS, PREFILL_TOKENS, cross_check, tolerance
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ client runs them (``petals.client.inference_session._ServerInferenceSession``).
 
 What a server *announces* about its speed is untrusted and often stale; what chat traffic measured
 exists only for the servers chats happened to use. A probe opens an inference session on a span,
-sends a prefill, a few one-token steps and a few empty steps (see ``monitor.core.measurements``),
+sends a prefill, a few one-token steps and a few empty steps (see ``monitor.core.probes``),
 and times each. The input's shape and dtype come from the server's own ``rpc_info`` for the span's
 first block (its ``inference_schema``), so no model config is needed; a caller that has a trusted
 input for the span (``monitor.swarm.correctness``) passes it instead, and gets the outputs back.
@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
-from monitor.core.measurements import DECODE_STEPS, EMPTY_STEPS, PREFILL_TOKENS, STEP_GAP, ServerProbe
+from monitor.core.probes import DECODE_STEPS, EMPTY_STEPS, PREFILL_TOKENS, STEP_GAP, ServerProbe
 from monitor.swarm.announce import MAX_RAW_TEXT_CHARS, clean_text
 from monitor.swarm.client import submit
 

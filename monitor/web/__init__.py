@@ -17,7 +17,7 @@ from flask_htmx import HTMX
 from werkzeug.exceptions import BadRequest, HTTPException, SecurityError
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from monitor.app.settings import Settings
+from monitor.settings import Settings
 from monitor.web import security, timerange
 
 
@@ -61,7 +61,7 @@ def create_app(
 ) -> Flask:
     """The web app over ``store``.
 
-    ``reachability_check(peer_id) -> ProbeResult | None`` checks a peer live (the service wires it
+    ``reachability_check(peer_id) -> ReachabilityResult | None`` checks a peer live (the service wires it
     to a DHT probe); without it ``/api/v1/is_reachable`` answers from the latest stored probe.
     ``demo_controls`` (servers/stop/start/throttle/unthrottle) adds the demo swarm panel.
     """

@@ -1,7 +1,7 @@
 """Alerts on the web: the /alerts page (active alerts, history, deliveries), ``/api/v1/alerts``, and
 the overview's small "active alerts" panel.
 
-Thin: the poller's alert jobs (``monitor/app/alerts.py``) evaluate and deliver; these views only
+Thin: the poller's alert jobs (``monitor/app/alerter.py``) evaluate and deliver; these views only
 read what they stored. Webhook URLs never appear (they often carry a secret): only webhook names,
 and the error of a failed delivery only to operators (it may name the host).
 """
@@ -15,8 +15,8 @@ from typing import Optional
 
 from flask import Blueprint, jsonify, request
 
-from monitor.app.alerts import HEARTBEAT
-from monitor.core.alerts import FIRING, PENDING, Alert, Notice
+from monitor.core.alert_rules import HEARTBEAT
+from monitor.core.alert_rules import FIRING, PENDING, Alert, Notice
 from monitor.core.common import DAY, HOUR
 from monitor.store import StoreError
 from monitor.web import auth, deps, pages, timerange

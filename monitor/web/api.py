@@ -15,7 +15,7 @@ from typing import Optional
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
-from monitor.core.snapshot import ProbeResult
+from monitor.core.snapshot import ReachabilityResult
 from monitor.web import deps, history, peer_view, queries, security, state_api, timerange
 from monitor.web.limits import limiter
 
@@ -53,7 +53,7 @@ _reachability_lock = threading.Lock()
 def _live_check(d, peer_id: str):
     """A live probe of a peer of the latest poll, reused for REACHABILITY_CACHE_SECONDS: visitors
     cannot make the monitor dial arbitrary peers, nor dial one peer over and over."""
-    cache: dict = current_app.extensions.setdefault("reachability_cache", {})  # peer -> (at, ProbeResult)
+    cache: dict = current_app.extensions.setdefault("reachability_cache", {})  # peer -> (at, ReachabilityResult)
     now = time.monotonic()
     with _reachability_lock:
         for stale in [p for p, (at, _) in cache.items() if now - at > REACHABILITY_CACHE_SECONDS]:
@@ -73,7 +73,7 @@ class Reachability:
 
     success: bool
     message: Optional[str]
-    probe: Optional[ProbeResult] = None
+    probe: Optional[ReachabilityResult] = None
     live: bool = False
 
 
@@ -91,7 +91,7 @@ def reachability(peer_id: str) -> Reachability:
             log.exception("live reachability check of %s failed", peer_id)
             return Reachability(False, "the reachability check failed; try again later")
     else:
-        result = d.store.latest_probes().get(peer_id)
+        result = d.store.latest_reachability().get(peer_id)
     if result is None:
         return Reachability(False, f"peer {peer_id} has not been probed yet" if announced else
                             f"peer {peer_id} is not announced in the swarm's DHT in the latest poll")
@@ -207,6 +207,6 @@ def _peer_history_json(d, peer_id: str) -> str:
 
 
 def _record(item) -> dict:
-    """A flat snapshot record (Observation, ProbeResult, ChatOutcome: scalars only) as a dict;
+    """A flat snapshot record (Observation, ReachabilityResult, ChatOutcome: scalars only) as a dict;
     ``dataclasses.asdict`` deep-copies every field, which cost most of a 30-day history call."""
     return dict(vars(item))

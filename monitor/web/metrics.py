@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from monitor.core.common import is_stale
-from monitor.web import deps, measured, queries, state_api
+from monitor.web import deps, probe_views, queries, state_api
 
 bp = Blueprint("metrics", __name__)
 
@@ -266,7 +266,7 @@ class StoreCollector:
         cur = queries.current(self.store, self.settings)
         yield from poll_families(cur, queries.poll_stats(self.store))
         yield from alert_families(self.store)
-        yield from measured.metric_families(self.store, self.settings)  # server probes (#14)
+        yield from probe_views.metric_families(self.store, self.settings)  # server probes (#14)
         if cur.snapshot is None:
             return
         state = queries.state_dict(cur, self.settings)

@@ -14,7 +14,7 @@ from markupsafe import Markup
 from monitor.core import scores as scores_module
 from monitor.core.common import DAY, MINUTE, WEEK
 from monitor.store import PEER_POLICIES
-from monitor.web import auth, charts, deps, measured, peer_view, queries, security, state_api, timerange
+from monitor.web import auth, charts, deps, peer_view, probe_views, queries, security, state_api, timerange
 
 bp = Blueprint("pages", __name__)
 
@@ -82,7 +82,7 @@ def model(dht_prefix: str):
             redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
             changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
-            measured=measured.model_servers(d.store, d.settings, cur.snapshot, dht_prefix, now),  # (#14)
+            measured=probe_views.model_servers(d.store, d.settings, cur.snapshot, dht_prefix, now),  # (#14)
         )))
     if target in (None, "model-heatmaps"):
         context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // MINUTE)), lambda: [
@@ -132,7 +132,7 @@ def peer(peer_id: str):
         return my_server
     live = peer_view.rendered(cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
-                        measured=measured.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now))))
+                        measured=probe_views.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,
                                                               **context)
 

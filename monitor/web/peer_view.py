@@ -30,7 +30,7 @@ from flask import request
 from monitor.core import server_check
 from monitor.core.common import MINUTE
 from monitor.core.server_check import ServerFacts, ServerReport
-from monitor.core.snapshot import ProbeResult
+from monitor.core.snapshot import ReachabilityResult
 from monitor.web import charts
 
 MAX_ENTRIES = 256  # pages kept per process (each a few tens of kB)
@@ -92,7 +92,7 @@ def rendered(cur, key: tuple, now: float, render: Callable[[], Any]):
 # ---- "my server" ------------------------------------------------------------------------------
 
 
-def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[ProbeResult] = None,
+def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[ReachabilityResult] = None,
                  live: bool = False) -> ServerFacts:
     """What the report on ``peer_id`` is made of: the latest poll (``cur``) and a few indexed reads."""
     snapshot = cur.snapshot

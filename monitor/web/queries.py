@@ -19,11 +19,11 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
-from monitor.app.settings import Settings
+from monitor.settings import Settings
 from monitor.core.common import DAY, is_stale
 from monitor.core.diagnosis import ModelHealth
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import ONLINE, ModelInfo, PeerHistory, ProbeResult, Snapshot
+from monitor.core.snapshot import ONLINE, ModelInfo, PeerHistory, ReachabilityResult, Snapshot
 from monitor.store import PollSummary, StoreError
 from monitor.web import state_api
 
@@ -36,7 +36,7 @@ class Current:
     """The latest poll, its probes and scores, and each model's diagnosis."""
 
     snapshot: Optional[Snapshot]
-    probes: dict[str, ProbeResult] = field(default_factory=dict)
+    probes: dict[str, ReachabilityResult] = field(default_factory=dict)
     scores: dict[str, PeerScore] = field(default_factory=dict)
     healths: dict[str, ModelHealth] = field(default_factory=dict)
     last_poll: Optional[PollSummary] = None
@@ -110,7 +110,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
     last_poll = store.last_poll()
     if snapshot is None:
         return Current(snapshot=None, last_poll=last_poll, marks=marks)
-    probes = store.latest_probes()
+    probes = store.latest_reachability()
     return Current(
         snapshot=snapshot,
         probes=probes,
@@ -192,7 +192,7 @@ def known_peer(store, peer_id: str, history: Optional[PeerHistory] = None) -> bo
     """Seen as a server, probed, or chatted through — ever (or in ``history``, when given)."""
     if history is not None and (history.observations or history.probes or history.outcomes or history.first_seen):
         return True
-    return peer_id in set(store.peer_ids()) or peer_id in store.latest_probes()
+    return peer_id in set(store.peer_ids()) or peer_id in store.latest_reachability()
 
 
 def model_history(store, dht_prefix: str, since: float, until: float) -> Optional[dict]:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from monitor.core.common import finite
 from monitor.core.diagnosis import BROKEN, DEGRADED, ModelHealth
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ProbeResult, ServerRow, Snapshot
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, Snapshot
 
 ROW_STATES = ("online", "joining", "offline", "unreachable")
 
@@ -46,12 +46,12 @@ def model_name(model: ModelInfo) -> str:
     return model.dht_prefix
 
 
-def is_unreachable(probe: Optional[ProbeResult]) -> bool:
+def is_unreachable(probe: Optional[ReachabilityResult]) -> bool:
     """A failed probe means unreachable, unless the peer answered that it is still loading."""
     return probe is not None and not probe.ok and not probe.joining
 
 
-def row_state(row: ServerRow, probe: Optional[ProbeResult]) -> str:
+def row_state(row: ServerRow, probe: Optional[ReachabilityResult]) -> str:
     """online / joining / offline / unreachable, as health.petals.dev names a server row's state."""
     if row.state == ONLINE and is_unreachable(probe):
         return "unreachable"
@@ -84,7 +84,7 @@ def score_dict(score: Optional[PeerScore]) -> Optional[dict]:
     return None if score is None else score.to_dict()
 
 
-def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ProbeResult],
+def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult],
                 scores: Mapping[str, PeerScore]) -> list[dict]:
     """One dict per server of this model, as health.petals.dev's ``server_rows[]``, sorted by peer id."""
     result = []
@@ -138,7 +138,7 @@ def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
 
 
 def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[ModelHealth],
-                 probes: Mapping[str, ProbeResult], scores: Mapping[str, PeerScore]) -> dict:
+                 probes: Mapping[str, ReachabilityResult], scores: Mapping[str, PeerScore]) -> dict:
     """One ``model_reports[]`` entry. ``health``: the model's diagnosis for the latest poll and
     probe round, as the poller stored it."""
     ours = _diagnosis_fields(health)
@@ -161,7 +161,7 @@ def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[M
     }
 
 
-def bootstrap_peers(initial_peers: Sequence[str], probes: Mapping[str, ProbeResult]) -> list[dict]:
+def bootstrap_peers(initial_peers: Sequence[str], probes: Mapping[str, ReachabilityResult]) -> list[dict]:
     """Each bootstrap peer (configured first, then any other probed as one) with its state."""
     order: list[str] = []
     addresses: dict[str, str] = {}
@@ -183,7 +183,7 @@ def bootstrap_peers(initial_peers: Sequence[str], probes: Mapping[str, ProbeResu
     return result
 
 
-def top_contributors(snapshot: Snapshot, probes: Mapping[str, ProbeResult]) -> dict[str, int]:
+def top_contributors(snapshot: Snapshot, probes: Mapping[str, ReachabilityResult]) -> dict[str, int]:
     """public_name -> blocks it serves online (reachable), most first."""
     counts: Counter = Counter()
     for row in snapshot.servers:
@@ -192,7 +192,7 @@ def top_contributors(snapshot: Snapshot, probes: Mapping[str, ProbeResult]) -> d
     return dict(counts.most_common())
 
 
-def reachability_issues(probes: Mapping[str, ProbeResult], peers: set[str]) -> list[dict]:
+def reachability_issues(probes: Mapping[str, ReachabilityResult], peers: set[str]) -> list[dict]:
     """Failed probes of ``peers`` only (the latest poll's servers and the bootstrap peers): a peer
     that announced itself once and left is not an issue forever."""
     return [
@@ -206,7 +206,7 @@ def build_state(
     snapshot: Snapshot,
     *,
     healths: Mapping[str, ModelHealth],
-    probes: Mapping[str, ProbeResult],
+    probes: Mapping[str, ReachabilityResult],
     scores: Mapping[str, PeerScore],
     initial_peers: Sequence[str],
     update_period: float,

@@ -10,7 +10,7 @@ so any number of workers can serve it side by side.
 
 from __future__ import annotations
 
-from monitor.app.settings import load_settings
+from monitor.settings import load_settings
 from monitor.store import Store
 from monitor.web import create_app
 

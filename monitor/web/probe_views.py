@@ -1,6 +1,6 @@
 """What the pages and /metrics show of the server probes (#14): per server of a model, measured vs
 announced speed and the latest correctness verdict; per peer, its latest probes; probe counts. Reads the store only (no
-petals, no torch); the figures come from ``monitor.core.measurements``."""
+petals, no torch); the figures come from ``monitor.core.probes``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from typing import Iterable, Optional
 
 from monitor.core.common import HOUR
-from monitor.core.measurements import (
+from monitor.core.probes import (
     CORRECT,
     DISAGREES,
     MAX_AGE_PERIODS,

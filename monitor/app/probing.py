@@ -3,10 +3,10 @@
 On a thread of its own, whenever a server is due (and at least every tick, a second to ``TICK_MAX``
 seconds, for servers that just appeared) it probes the servers that are due: each
 (server, model) once per ``speed_probe_period``, except that a probe which would change the
-server's verdict (slow or not, ``core.measurements.worth_confirming``) is confirmed after half a
+server's verdict (slow or not, ``core.probes.worth_confirming``) is confirmed after half a
 period, so a server throttled just after a probe is named slow within two periods; and less often
 when its last probe took so long that the next would exceed ``speed_probe_max_share`` of the
-server's time (``core.measurements.next_probe_delay``): a probe's cost to a server is the time its
+server's time (``core.probes.next_probe_delay``): a probe's cost to a server is the time its
 steps took, so the share it takes is bounded by ``speed_probe_max_share`` whatever the server's
 speed. At most ``speed_probe_concurrency`` sessions run at once over all servers. Probes run on their own thread
 and event loop (``swarm.speed.ProbeLoop``), so a slow or silent server never delays a scrape or a
@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from monitor.core.common import short_peer_id
-from monitor.core.measurements import (
+from monitor.core.probes import (
     BY_PEERS,
     BY_REFERENCE,
     MAX_AGE_PERIODS,
@@ -57,7 +57,7 @@ def tick_seconds(period: float) -> float:
     return min(TICK_MAX, max(1.0, period / 4))
 
 
-class ServerMeasurer:
+class ServerProber:
     """Probes servers that are due, judges their outputs, stores what it measured."""
 
     def __init__(self, settings, store, dht, *, snapshot: Callable[[], Optional[Snapshot]],
@@ -136,7 +136,7 @@ class ServerMeasurer:
 
     def _due_rows(self, snapshot: Snapshot, now: float) -> list[ServerRow]:
         """ONLINE rows not failing their reachability probe, one per (peer, model), that are due."""
-        reachability = self.store.latest_probes()
+        reachability = self.store.latest_reachability()
         rows: dict[tuple[str, str], ServerRow] = {}
         online: dict[tuple[str, str], float] = {}
         for row in snapshot.servers:
@@ -227,7 +227,7 @@ class ServerMeasurer:
             return tick
         return min(tick, max(0.5, min(self.next_due.values()) - time.time()))
 
-    def start(self, *, stats=None, run_now: bool = True) -> "ServerMeasurer":
+    def start(self, *, stats=None, run_now: bool = True) -> "ServerProber":
         """Run a round every ``tick_seconds(period)`` on a thread of its own; ``stats``: the poller's
         JobStats, where each round counts as job "measure" (failures with their error)."""
         def loop():
@@ -300,12 +300,12 @@ def scoring_inputs(store, settings, now: float) -> dict:
     return {"measured": measured, "wrong": wrong_outputs(probes, now=now, max_age=max_age)}
 
 
-def start_measuring(poller, *, run_now: bool = True) -> ServerMeasurer:
+def start_probing(poller, *, run_now: bool = True) -> ServerProber:
     """Start the measuring job for the poller: its own thread (never delays a scrape, and a long
-    round simply delays the next one), stopped by ``ServerMeasurer.close``."""
+    round simply delays the next one), stopped by ``ServerProber.close``."""
     def latest_snapshot() -> Optional[Snapshot]:  # (a store failure fails the round, counted)
         return poller._last_snapshot or poller.store.latest_snapshot()
 
-    measurer = ServerMeasurer(poller.settings, poller.store, poller.dht, snapshot=latest_snapshot,
+    prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=latest_snapshot,
                               after_round=poller.after_probe_round)
-    return measurer.start(stats=poller.stats, run_now=run_now)
+    return prober.start(stats=poller.stats, run_now=run_now)

@@ -2,7 +2,7 @@
 
 Two APScheduler jobs in the poller's scheduler (``schedule_alerts``, called by ``Poller.start``):
 
-- ``alerts`` evaluates every rule (``monitor/core/alerts.py``, pure) over the latest stored poll,
+- ``alerts`` evaluates every rule (``monitor/core/alert_rules.py``, pure) over the latest stored poll,
   diagnoses, probes and scores, right after every scrape and probe round and at least every
   ``alerts.check_period``; it stores what changed (alerts, notices, one pending delivery per notice
   and webhook) in one transaction, so a restarted poller neither repeats nor loses a notice;
@@ -22,17 +22,16 @@ from datetime import datetime, timezone
 from typing import Callable, Optional
 
 from monitor.app import webhooks
-from monitor.app.alert_settings import WebhookConfig
-from monitor.core import alerts as core
+from monitor.alert_settings import WebhookConfig
+from monitor.core import alert_rules as core
 from monitor.core.common import DAY, HOUR, short_error
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ProbeResult, Snapshot
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ReachabilityResult, Snapshot
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF = HOUR
 DELIVERIES_PER_RUN = 100  # pending deliveries looked at per delivery run (the rest wait for the next)
 PRUNE_EVERY = HOUR
-HEARTBEAT = 60.0  # the store learns that the rules were evaluated at least this often (/alerts, /metrics)
 _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 
 
@@ -42,19 +41,19 @@ _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 def wrong_output_flags(store, settings, now: float) -> dict[str, str]:
     """peer id -> why its outputs are wrong: each peer's newest correctness verdict (#14) no older
     than the measurements' age limit, as the diagnosis reads them (a newer correct verdict clears it)."""
-    from monitor.core.measurements import MAX_AGE_PERIODS, wrong_outputs
+    from monitor.core.probes import MAX_AGE_PERIODS, wrong_outputs
 
     max_age = MAX_AGE_PERIODS * settings.speed_probe_period
     return wrong_outputs(store.recent_server_probes(now - max_age), now=now, max_age=max_age)
 
 
-def _probe_ok(probe: Optional[ProbeResult]) -> Optional[bool]:
+def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
     if probe is None or (not probe.ok and probe.joining):
         return None
     return probe.ok
 
 
-def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ProbeResult], scores: dict,
+def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResult], scores: dict,
                 wrong: dict[str, str]) -> tuple[core.PeerView, ...]:
     names: dict[str, Optional[str]] = {}
     states: dict[str, str] = {}
@@ -77,7 +76,7 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
               needs_verdicts: bool = False) -> core.SwarmView:
     """The latest successful poll, its diagnoses, the latest probes and scores, as a SwarmView."""
     snapshot = store.latest_snapshot()
-    probes = store.latest_probes()
+    probes = store.latest_reachability()
     diagnoses = store.latest_diagnoses() if snapshot is not None else {}
     models = tuple(
         core.ModelView(dht_prefix=model.dht_prefix, name=model.name or model.dht_prefix,
@@ -144,7 +143,7 @@ class Alerter:
                 result = core.evaluate(self.rules, view, self.store.alerts(), now)
                 if self.stopping():
                     return None
-                if result.writes or now - self._beat_at >= HEARTBEAT:
+                if result.writes or now - self._beat_at >= core.HEARTBEAT:
                     self.store.record_alert_evaluation(result, self._webhooks_for, now)
                     self._beat_at = now
                 self._prune(now)

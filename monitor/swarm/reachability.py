@@ -16,17 +16,17 @@ from functools import partial
 from typing import Sequence
 
 from monitor.core.common import short_error
-from monitor.core.snapshot import ProbeBatch, ProbeResult
+from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
 from monitor.swarm.announce import MAX_RAW_TEXT_CHARS, MAX_TEXT_CHARS, InvalidRecord, clean_text, parse_peer_id
 from monitor.swarm.client import submit
 
-PROBE_BATCH_PEERS = 48  # peers per DHT call: its pickle stays under PIPE_BUF (4 KB), an atomic write
+REACHABILITY_BATCH_PEERS = 48  # peers per DHT call: its pickle stays under PIPE_BUF (4 KB), an atomic write
 
 # p2pd's answer when the peer is up but has no rpc_info handler (yet): "protocol not supported",
 # or in newer daemons "failed to negotiate protocol: protocols not supported: [...]"
 _NOT_SERVED = re.compile(r"protocols? not supported")
 
-_PROBE_SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
+_REACHABILITY_SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
 def _error_text(error: BaseException) -> str:
@@ -34,22 +34,22 @@ def _error_text(error: BaseException) -> str:
     return clean_text(short_error(str(error)[:MAX_RAW_TEXT_CHARS] or repr(error))) or "error"
 
 
-def _probe_semaphore(concurrency: int) -> asyncio.Semaphore:
+def _reachability_semaphore(concurrency: int) -> asyncio.Semaphore:
     """One semaphore per DHT event loop, shared by all the batches of probes in flight, so that
     at most ``concurrency`` probes run at once whatever the batching (lives in the DHT process)."""
     key = (id(asyncio.get_running_loop()), concurrency)
-    if key not in _PROBE_SEMAPHORES:
-        _PROBE_SEMAPHORES[key] = asyncio.Semaphore(concurrency)
-    return _PROBE_SEMAPHORES[key]
+    if key not in _REACHABILITY_SEMAPHORES:
+        _REACHABILITY_SEMAPHORES[key] = asyncio.Semaphore(concurrency)
+    return _REACHABILITY_SEMAPHORES[key]
 
 
-async def _probe_servers(dht, node, peer_ids: list[str], timeout: float, concurrency: int) -> list[tuple]:
+async def _check_servers(dht, node, peer_ids: list[str], timeout: float, concurrency: int) -> list[tuple]:
     """rpc_info on each peer, at most `concurrency` at once -> [(peer, ok, rtt, error, joining)]."""
     from hivemind.p2p import PeerID
     from hivemind.proto import runtime_pb2
     from petals.server.handler import TransformerConnectionHandler
 
-    semaphore = _probe_semaphore(concurrency)
+    semaphore = _reachability_semaphore(concurrency)
 
     async def probe(peer: str) -> tuple:
         async with semaphore:
@@ -69,7 +69,7 @@ async def _probe_servers(dht, node, peer_ids: list[str], timeout: float, concurr
     return list(await asyncio.gather(*(probe(peer) for peer in peer_ids)))
 
 
-async def _probe_bootstrap(dht, node, targets: list[tuple[str, str]], timeout: float) -> list[tuple]:
+async def _check_bootstrap(dht, node, targets: list[tuple[str, str]], timeout: float) -> list[tuple]:
     """Connect to each (peer id, multiaddr) and ping its DHT -> [(peer, ok, rtt, error)]."""
     from hivemind.p2p import PeerID
     from hivemind.proto import dht_pb2
@@ -93,7 +93,7 @@ async def _probe_bootstrap(dht, node, targets: list[tuple[str, str]], timeout: f
     return list(await asyncio.gather(*(probe(peer, address) for peer, address in targets)))
 
 
-def probe_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurrency: int = 32) -> ProbeBatch:
+def check_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurrency: int = 32) -> ReachabilityBatch:
     """Ask each server for its rpc_info, concurrently: ok and RTT, or why not.
 
     N silent peers cost about ``ceil(N / concurrency) * timeout`` seconds, never N * timeout.
@@ -102,54 +102,54 @@ def probe_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurr
     if timeout <= 0 or concurrency < 1:
         raise ValueError(f"probe timeout must be > 0 and concurrency >= 1, got {timeout} and {concurrency}")
     taken_at, started = time.time(), time.perf_counter()
-    results: dict[str, ProbeResult] = {}
+    results: dict[str, ReachabilityResult] = {}
     valid = []
     for peer in dict.fromkeys(peer_ids):
         try:
             valid.append(parse_peer_id(peer))
         except InvalidRecord as e:
-            results[peer] = ProbeResult(peer_id=str(peer)[:MAX_TEXT_CHARS], kind="server", ok=False, error=str(e))
+            results[peer] = ReachabilityResult(peer_id=str(peer)[:MAX_TEXT_CHARS], kind="server", ok=False, error=str(e))
 
     # All batches go at once; a semaphore shared inside the DHT process bounds the concurrency.
     # Each call stays under PIPE_BUF (4 KB pickled), so concurrent writes to hivemind's command
     # pipe are atomic and a slow peer holds up only its own probe, not a whole batch.
-    batches = [valid[i : i + PROBE_BATCH_PEERS] for i in range(0, len(valid), PROBE_BATCH_PEERS)]
+    batches = [valid[i : i + REACHABILITY_BATCH_PEERS] for i in range(0, len(valid), REACHABILITY_BATCH_PEERS)]
     pending = [
-        (batch, submit(dht, partial(_probe_servers, peer_ids=batch, timeout=timeout, concurrency=concurrency)))
+        (batch, submit(dht, partial(_check_servers, peer_ids=batch, timeout=timeout, concurrency=concurrency)))
         for batch in batches
     ]
     waits = math.ceil(len(valid) / concurrency) * timeout + 30
     for batch, future in pending:
         try:
             for peer, ok, rtt, error, joining in future.result(waits):
-                results[peer] = ProbeResult(peer_id=peer, kind="server", ok=ok, rtt=rtt, error=error,
+                results[peer] = ReachabilityResult(peer_id=peer, kind="server", ok=ok, rtt=rtt, error=error,
                                             joining=joining)
         except Exception as e:  # noqa: BLE001 - the DHT process failed this batch
             future.cancel()
             for peer in batch:
-                results[peer] = ProbeResult(peer_id=peer, kind="server", ok=False,
+                results[peer] = ReachabilityResult(peer_id=peer, kind="server", ok=False,
                                             error=f"probe batch failed in the DHT process: {short_error(e)}")
     ordered = tuple(results[peer] for peer in dict.fromkeys(peer_ids))
-    return ProbeBatch(taken_at=taken_at, duration=time.perf_counter() - started, results=ordered)
+    return ReachabilityBatch(taken_at=taken_at, duration=time.perf_counter() - started, results=ordered)
 
 
-def probe_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0) -> list[ProbeResult]:
+def check_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0) -> list[ReachabilityResult]:
     """Connect to each bootstrap multiaddr and ping its DHT, all at once."""
     from hivemind.utils.multiaddr import Multiaddr
 
-    results: dict[str, ProbeResult] = {}
+    results: dict[str, ReachabilityResult] = {}
     targets = []
     for address in dict.fromkeys(initial_peers):
         try:
             peer = parse_peer_id(Multiaddr(address).value_for_protocol("p2p"))
             targets.append((peer, address))
         except Exception as e:  # noqa: BLE001 - a bad configured address is a failed probe, named
-            results[address] = ProbeResult(
+            results[address] = ReachabilityResult(
                 peer_id="", kind="bootstrap", ok=False, address=clean_text(address[:MAX_RAW_TEXT_CHARS]),
                 error=f"not a multiaddr ending in /p2p/<peer id>: {short_error(e)}",
             )
     if targets:
-        future = submit(dht, partial(_probe_bootstrap, targets=targets, timeout=timeout))
+        future = submit(dht, partial(_check_bootstrap, targets=targets, timeout=timeout))
         try:
             answers = future.result(timeout + 30)
         except Exception as e:  # noqa: BLE001
@@ -157,6 +157,6 @@ def probe_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0) -> 
             answers = [(peer, False, None, f"probe failed in the DHT process: {short_error(e)}")
                        for peer, _ in targets]
         for (peer, ok, rtt, error), (_, address) in zip(answers, targets):
-            results[address] = ProbeResult(peer_id=peer, kind="bootstrap", ok=ok, rtt=rtt, error=error,
+            results[address] = ReachabilityResult(peer_id=peer, kind="bootstrap", ok=ok, rtt=rtt, error=error,
                                            address=address)
     return [results[address] for address in dict.fromkeys(initial_peers)]

@@ -3,7 +3,7 @@
 A monitor that has to be watched is half a monitor: operators want to hear when a model they care
 about breaks, a bootstrap peer or one of their servers goes down, or the monitor itself stops
 polling, and when that is over. This module decides *what to say and when*; the poller's alert job
-(``monitor/app/alerts.py``) reads the view from the store, keeps the memory (``Alert``) in the
+(``monitor/app/alerter.py``) reads the view from the store, keeps the memory (``Alert``) in the
 store, and delivers the notices to webhooks.
 
 Lifecycle of one alert (one rule, one subject: a model, a peer, a bootstrap peer, the poller):
@@ -413,6 +413,9 @@ def evaluate(rules: Iterable[Rule], view: SwarmView, memory: Mapping[tuple[str, 
 
 DEFAULT_FOR_PERIODS = 2  # a rule's default ``for``: two scrape periods (one bad poll pages nobody)
 DEFAULT_REPEAT = 4 * 3600.0  # remind every 4 h while an alert fires (Alertmanager's default)
+
+
+HEARTBEAT = 60.0  # the store learns that the rules were evaluated at least this often (/alerts, /metrics)
 
 
 def default_for(kind: str, scrape_period: float) -> float:

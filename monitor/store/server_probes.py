@@ -1,6 +1,6 @@
 """Server probes in SQL: every speed probe of a server's span, with its correctness verdict.
 
-Written by the poller's measuring job (``monitor/app/measuring.py``) after each probe round; read by
+Written by the poller's measuring job (``monitor/app/probing.py``) after each probe round; read by
 the poller (the diagnosis takes measured speeds and wrong outputs), the chat's router (a measured
 weight for every server) and the pages (announced vs measured, verdicts). Readers ask for a recent
 window: with one probe per server per ``speed_probe_period`` that is a few rows per server.
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from monitor.core.common import finite
-from monitor.core.measurements import ServerProbe
+from monitor.core.probes import ServerProbe
 from monitor.store.schema import Peer, ServerProbeRow
 from monitor.store.writes import peer_keys
 

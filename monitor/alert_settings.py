@@ -16,7 +16,7 @@ In the TOML settings file::
     url = "https://hooks.slack.com/services/..."   # format: auto (from the URL), generic, slack, discord
 
 A bad rule stops start-up with a message that names it and says what is wrong. The rule kinds and
-what they mean are in ``monitor/core/alerts.py`` and README's "Alerts".
+what they mean are in ``monitor/core/alert_rules.py`` and README's "Alerts".
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from monitor.core import alerts as core
+from monitor.core import alert_rules as core
 from monitor.core.common import DAY, STALE_PERIODS
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY}

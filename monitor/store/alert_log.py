@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from monitor.core.alerts import Alert, Evaluation, Notice
+from monitor.core.alert_rules import Alert, Evaluation, Notice
 from monitor.core.common import jsonable
 from monitor.store.engine import insert
 from monitor.store.schema import AlertDeliveryRow, AlertEventRow, AlertRow, StoreMetaRow

@@ -3,6 +3,9 @@
 Every setting can come from the TOML file (``--config`` or ``SWARM_MONITOR_CONFIG``) or from an
 environment variable ``SWARM_MONITOR_<NAME>`` (lists comma-separated). Settings are validated at
 start: an invalid one stops the service with a message naming it.
+
+It sits at the top of the package, beside ``compat``, because every layer reads it (the web, the
+poller, the chat, the harness) and none of them may import another's modules for it.
 """
 
 from __future__ import annotations
@@ -13,11 +16,31 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from monitor.app.alert_settings import AlertSettings
+from monitor.alert_settings import AlertSettings
 
 ENV_PREFIX = "SWARM_MONITOR_"
+
+# petals' PUBLIC_INITIAL_PEERS (petals/constants.py, 2.2.0.post1), what ``initial_peers = ["public"]``
+# stands for. Kept here so that no layer imports petals (and torch) to read a setting: a web worker
+# watching the public swarm stays a small process. tests/test_settings.py checks it equal to petals'.
+PUBLIC_INITIAL_PEERS = (
+    "/dns/bootstrap1.petals.dev/tcp/31337/p2p/QmedTaZXmULqwspJXz44SsPZyTNKxhnnFvYRajfH7MGhCY",
+    "/dns/bootstrap2.petals.dev/tcp/31338/p2p/QmQGTqmM7NKjV6ggU1ZCap8zWiyKR89RViDXiqehSiCpY5",
+    "/dns6/bootstrap1.petals.dev/tcp/31337/p2p/QmedTaZXmULqwspJXz44SsPZyTNKxhnnFvYRajfH7MGhCY",
+    "/dns6/bootstrap2.petals.dev/tcp/31338/p2p/QmQGTqmM7NKjV6ggU1ZCap8zWiyKR89RViDXiqehSiCpY5",
+    "/ip4/159.89.214.152/tcp/31337/p2p/QmedTaZXmULqwspJXz44SsPZyTNKxhnnFvYRajfH7MGhCY",
+    "/ip4/159.203.156.48/tcp/31338/p2p/QmQGTqmM7NKjV6ggU1ZCap8zWiyKR89RViDXiqehSiCpY5",
+)
+
+# Settings renamed so that one word means one thing (README: Glossary): the old names still load,
+# with a warning in the log, so an existing monitor.toml keeps working.
+RENAMED = {
+    "probe_period": "reachability_period",
+    "probe_timeout": "reachability_timeout",
+    "probe_concurrency": "reachability_concurrency",
+}
 
 
 class SettingsError(ValueError):
@@ -48,9 +71,9 @@ class Settings(BaseModel):
     discover_models: bool = True  # also watch every model announced under `_petals.models`
 
     scrape_period: float = Field(default=60, gt=0)
-    probe_period: float = Field(default=60, gt=0)
-    probe_timeout: float = Field(default=5, gt=0)
-    probe_concurrency: int = Field(default=32, gt=0, le=1024)
+    reachability_period: float = Field(default=60, gt=0)
+    reachability_timeout: float = Field(default=5, gt=0)
+    reachability_concurrency: int = Field(default=32, gt=0, le=1024)
     scrape_batch_blocks: int = Field(default=256, gt=0)  # blocks per DHT call (keeps pickles small)
     score_period: float = Field(default=300, gt=0)  # peer scores read a week of history
     rollup_period: float = Field(default=3600, gt=0)
@@ -109,6 +132,19 @@ class Settings(BaseModel):
     max_chat_sessions: int = Field(default=4, gt=0)
     chat_queue_size: int = Field(default=8, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, values: Any) -> Any:
+        if isinstance(values, dict) and any(old in values for old in RENAMED):
+            import logging
+
+            values = dict(values)
+            for old, new in RENAMED.items():
+                if old in values:
+                    logging.getLogger(__name__).warning("setting %r is now called %r", old, new)
+                    values.setdefault(new, values.pop(old))
+        return values
+
     @field_validator("initial_peers")
     @classmethod
     def _check_peers(cls, peers: list[str]) -> list[str]:
@@ -122,9 +158,6 @@ class Settings(BaseModel):
     @property
     def resolved_initial_peers(self) -> list[str]:
         if self.initial_peers == ["public"]:
-            from monitor import compat  # noqa: F401
-            from petals.constants import PUBLIC_INITIAL_PEERS
-
             return list(PUBLIC_INITIAL_PEERS)
         return list(self.initial_peers)
 
@@ -148,7 +181,7 @@ _LIST_FIELDS = {"initial_peers", "pinned_peers", "blocked_peers", "trusted_hosts
 
 def _from_env(environ) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for name in Settings.model_fields:
+    for name in [*Settings.model_fields, *RENAMED]:
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is None:
             continue

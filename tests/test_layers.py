@@ -1,0 +1,114 @@
+"""The house's layering, read from the source: who may import whom, and no import cycle.
+
+Data flows one way (README: Development): ``core`` is pure; ``swarm`` (the DHT edge) and ``store``
+(the SQL edge) build on it; ``app`` wires them; ``web`` only reads the store; ``chat`` sits beside
+the web. Every ``import`` statement counts, also those inside functions (a lazy import is still a
+dependency). ``settings``/``alert_settings``/``compat`` sit at the top of the package, readable by
+every layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("monitor", "chat")
+
+# layer -> layers it must never import
+FORBIDDEN = {
+    "monitor.core": ("monitor.swarm", "monitor.store", "monitor.app", "monitor.web", "monitor.harness", "chat"),
+    "monitor.swarm": ("monitor.store", "monitor.app", "monitor.web", "monitor.harness", "chat"),
+    "monitor.store": ("monitor.swarm", "monitor.app", "monitor.web", "monitor.harness", "chat"),
+    "monitor.web": ("monitor.app", "monitor.swarm", "monitor.harness", "chat", "monitor.compat"),
+    "monitor.settings": ("monitor.app", "monitor.web", "monitor.store", "monitor.swarm", "chat"),
+    "chat": ("monitor.app", "monitor.web", "monitor.harness"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names; ``from a import b`` counts as ``a.b`` when
+    ``a.b`` is a module of ours, else as ``a``)."""
+    me = module_name(path)
+    return parse_imports(path.read_text(), me, package=me if path.name == "__init__.py" else me.rpartition(".")[0])
+
+
+def parse_imports(source: str, me: str, *, package: str) -> set[str]:
+    tree = ast.parse(source, me)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def our_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" not in path.parts:
+                modules[module_name(path)] = path
+    return modules
+
+
+def graph() -> dict[str, set[str]]:
+    modules = our_modules()
+    return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def within(module: str, layer: str) -> bool:
+    return module == layer or module.startswith(layer + ".")
+
+
+def test_no_layer_imports_one_it_must_not():
+    wrong = []
+    for module, deps in graph().items():
+        for layer, banned in FORBIDDEN.items():
+            if within(module, layer):
+                wrong += [f"{module} imports {dep}" for dep in deps for b in banned if within(dep, b)]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_import_graph_has_no_cycle():
+    edges = graph()
+    # a package's __init__ re-exporting its own modules is not a cycle of logic: drop edges from a
+    # package to its own children
+    edges = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in edges.items()}
+    cycles, state, stack = [], {}, []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_lazy_imports_inside_functions_count():
+    """The rules above read imports made inside functions too (the ones that hid petals)."""
+    source = "def f():\n    from monitor.app import cli\n    from . import store\n"
+    assert parse_imports(source, "monitor.web.pages", package="monitor.web") >= {"monitor.app.cli", "monitor.web.store"}
