@@ -14,12 +14,16 @@ import json
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from flask import Blueprint, Response, jsonify, stream_with_context
 from werkzeug.exceptions import HTTPException
 
+from monitor.http_errors import openai_error_body
+
 from chat.engine import (
+    Answer,
     ChatEngine,
     ChatError,
     Delta,
@@ -32,11 +36,10 @@ from chat.http.limits import ChatLimits, check_token_ids
 from chat.http.params import Params, request_params
 from chat.http.responses import (
     INTERNAL_ERROR,
-    error_status,
     last_finished,
     openai_chat_error,
+    openai_chat_error_body,
     openai_error,
-    openai_error_body,
     sse,
 )
 
@@ -154,9 +157,36 @@ def _model_card(status: ModelStatus) -> dict:
             "petals": {"title": status.title, "served": status.served, "reason": status.reason or None}}
 
 
-def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
-    """A chat completion (``chat``) or a text completion, whole or streamed."""
-    params = request_params()
+@dataclass(frozen=True)
+class _Prompt:
+    """What a request asks to continue: its token ids, how to generate, the parameter that holds
+    it (named in errors) and the text to echo before the answer (text completions' ``echo``)."""
+
+    input_ids: list[int]
+    generation: GenerationParams
+    param: str
+    echo: str = ""
+
+
+def _chat_prompt(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Prompt:
+    messages = _messages(params, limits)
+    input_ids, extra_stops = engine.encode_chat(model, messages)
+    generation = _generation_params(engine, model, params, len(input_ids), default_max=0, extra_stops=extra_stops)
+    return _Prompt(input_ids, generation, "messages")
+
+
+def _text_prompt(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Prompt:
+    if params.raw("suffix"):
+        raise InvalidRequest("suffix", "suffix is not supported here")
+    input_ids, prompt_text = _completion_prompt(engine, model, params, limits)
+    echo = prompt_text if params.boolean("echo") else ""
+    generation = _generation_params(engine, model, params, len(input_ids), default_max=16)
+    return _Prompt(input_ids, generation, "prompt", echo)
+
+
+def _requested_model(engine: ChatEngine, params: Params) -> tuple[str, str]:
+    """(the model's name as asked, the engine's name for it), after the checks every completion
+    shares: a JSON body, one choice."""
     if params.form:
         raise InvalidRequest(None, "send the request as JSON (Content-Type: application/json)")
     name = params.string("model", required=True, max_chars=500)
@@ -165,73 +195,86 @@ def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
         raise InvalidRequest("n", "only n = 1 is supported here")
     if params.integer("best_of", default=1, lo=1) != 1:
         raise InvalidRequest("best_of", "only best_of = 1 is supported here")
-    echo = ""
-    if chat:
-        messages = _messages(params, limits)
-        input_ids, extra_stops = engine.encode_chat(model, messages)
-        generation = _generation_params(engine, model, params, len(input_ids), default_max=0, extra_stops=extra_stops)
-        prompt_param = "messages"
-    else:
-        if params.raw("suffix"):
-            raise InvalidRequest("suffix", "suffix is not supported here")
-        input_ids, prompt_text = _completion_prompt(engine, model, params, limits)
-        if params.boolean("echo"):
-            echo = prompt_text
-        generation = _generation_params(engine, model, params, len(input_ids), default_max=16)
-        prompt_param = "prompt"
-    stream = params.boolean("stream")
-    include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
-    answer = engine.answer(model, input_ids, generation, prompt_param=prompt_param)
-    ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-    created = int(time.time())
-    obj = "chat.completion" if chat else "text_completion"
+    return name, model
 
-    if not stream:
-        with answer:
-            finished = last_finished(answer)
+
+@dataclass(frozen=True)
+class _Reply:
+    """The objects of one completion in OpenAI's shape, whole or as stream chunks."""
+
+    chat: bool
+    model: str  # as the client named it
+    ident: str
+    created: int
+
+    @classmethod
+    def new(cls, chat: bool, model: str) -> "_Reply":
+        return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), int(time.time()))
+
+    def whole(self, finished: Finished, echo: str) -> dict:
         text = echo + finished.text
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish_reason(finished)}
-                  if chat else
-                  {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish_reason(finished)})
-        return jsonify(id=ident, object=obj, created=created, model=name, choices=[choice], usage=_usage(finished),
-                       petals=_petals_extension(finished))
+        reason = _finish_reason(finished)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        return {"id": self.ident, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": _usage(finished),
+                "petals": _petals_extension(finished)}
 
-    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False, **extra) -> str:
-        if chat:
+    def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False, **extra) -> str:
+        if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
             choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
         else:
             choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
-        return sse(json.dumps({"id": ident, "object": chunk_obj, "created": created, "model": name,
-                               "choices": choices, **extra}))
+        return self._event(choices=choices, **extra)
 
-    def events() -> Iterator[str]:
+    def usage_chunk(self, finished: Finished) -> str:
+        return self._event(choices=[], usage=_usage(finished))
+
+    def _event(self, **fields) -> str:
+        return sse(json.dumps({"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                               "created": self.created, "model": self.model, **fields}))
+
+
+def _stream_events(answer: Answer, reply: _Reply, echo: str, include_usage: bool) -> Iterator[str]:
+    """The answer as server-sent events, ending with ``[DONE]``; an error after the status line
+    goes into the stream, in OpenAI's shape."""
+    with answer:
+        try:
+            if reply.chat:
+                yield reply.chunk(None, role=True)
+            if echo:
+                yield reply.chunk(echo)
+            for event in answer:
+                if isinstance(event, Delta) and event.text:
+                    yield reply.chunk(event.text)
+                elif isinstance(event, Finished):
+                    yield reply.chunk(None, _finish_reason(event), petals=_petals_extension(event))
+                    if include_usage:
+                        yield reply.usage_chunk(event)
+        except ChatError as e:
+            yield sse(json.dumps(openai_chat_error_body(e)))
+        except Exception:  # noqa: BLE001 - never an exception's text to the user
+            logger.warning("streamed completion failed", exc_info=True)
+            yield sse(json.dumps(openai_error_body(500, INTERNAL_ERROR)))
+        yield "data: [DONE]\n\n"
+
+
+def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
+    """A chat completion (``chat``) or a text completion, whole or streamed."""
+    params = request_params()
+    name, model = _requested_model(engine, params)
+    prompt = (_chat_prompt if chat else _text_prompt)(engine, model, params, limits)
+    stream = params.boolean("stream")
+    include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
+    answer = engine.answer(model, prompt.input_ids, prompt.generation, prompt_param=prompt.param)
+    reply = _Reply.new(chat, name)
+    if not stream:
         with answer:
-            try:
-                if chat:
-                    yield chunk(None, role=True)
-                if echo:
-                    yield chunk(echo)
-                for event in answer:
-                    if isinstance(event, Delta) and event.text:
-                        yield chunk(event.text)
-                    elif isinstance(event, Finished):
-                        yield chunk(None, _finish_reason(event), petals=_petals_extension(event))
-                        if include_usage:
-                            yield sse(json.dumps({"id": ident, "object": chunk_obj, "created": created, "model": name,
-                                                  "choices": [], "usage": _usage(event)}))
-            except ChatError as e:  # the status line is sent: the error goes into the stream
-                status, _ = error_status(e)
-                yield sse(json.dumps(openai_error_body(status, str(e), param=getattr(e, "param", None))))
-            except Exception:  # noqa: BLE001 - never an exception's text to the user
-                logger.warning("streamed completion failed", exc_info=True)
-                yield sse(json.dumps(openai_error_body(500, INTERNAL_ERROR)))
-            yield "data: [DONE]\n\n"
-
-    return Response(stream_with_context(events()), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            finished = last_finished(answer)
+        return jsonify(reply.whole(finished, prompt.echo))
+    return Response(stream_with_context(_stream_events(answer, reply, prompt.echo, include_usage)),
+                    mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:

@@ -7,14 +7,13 @@ from typing import Iterable, Mapping, Optional
 
 from flask import Response, jsonify
 
+from monitor.http_errors import openai_error_body
+
 from chat.decoding import Finished
 from chat.errors import Busy, ChatError, UnknownModel
 
 # what a client is told when something unexpected broke; the details go to the operator's log
 INTERNAL_ERROR = "internal error in the chat; try again later (the operator's log has the details)"
-
-_OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-                 413: "invalid_request_error", 429: "rate_limit_exceeded", 503: "service_unavailable"}
 
 
 def sse(data: str, event: Optional[str] = None) -> str:
@@ -30,30 +29,31 @@ def error_status(error: ChatError) -> tuple[int, dict[str, str]]:
     return error.status, headers
 
 
-def openai_error_body(status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None) -> dict:
-    kind = _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 def openai_error(status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None,
                  headers: Optional[Mapping[str, str]] = None) -> Response:
-    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    response = jsonify(openai_error_body(status, message, param=param, code=code))
-    response.status_code = status
-    response.headers.update(headers or {})
-    return response
+    """An error in OpenAI's shape (``monitor.http_errors``, the web app's /v1 errors' too)."""
+    return _json(openai_error_body(status, message, param=param, code=code), status, headers)
+
+
+def openai_chat_error_body(error: ChatError) -> dict:
+    """A chat error's body in OpenAI's shape, alike as a response and inside a stream."""
+    return openai_error_body(error.status, str(error), param=getattr(error, "param", None),
+                             code="model_not_found" if isinstance(error, UnknownModel) else None)
 
 
 def openai_chat_error(error: ChatError) -> Response:
     status, headers = error_status(error)
-    return openai_error(status, str(error), param=getattr(error, "param", None),
-                        code="model_not_found" if isinstance(error, UnknownModel) else None, headers=headers)
+    return _json(openai_chat_error_body(error), status, headers)
 
 
 def petals_error(status: int, message: str, *, param: Optional[str] = None,
                  headers: Optional[Mapping[str, str]] = None) -> Response:
     """An error in chat.petals.dev's shape: ``{"ok": false, "traceback": <a message for people>}``."""
-    response = jsonify(ok=False, traceback=message, param=param)
+    return _json({"ok": False, "traceback": message, "param": param}, status, headers)
+
+
+def _json(body: dict, status: int, headers: Optional[Mapping[str, str]]) -> Response:
+    response = jsonify(body)
     response.status_code = status
     response.headers.update(headers or {})
     return response

@@ -17,6 +17,7 @@ from flask_htmx import HTMX
 from werkzeug.exceptions import BadRequest, HTTPException, SecurityError
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+from monitor.http_errors import openai_error_body
 from monitor.settings import Settings
 from monitor.web import security, timerange
 
@@ -154,8 +155,7 @@ def create_app(
 def _error_response(code: int, title: str, message: str):
     """Errors for people: what failed and what to do, never internals. OpenAI's shape on /v1."""
     if request.path.startswith("/v1/"):
-        kind = "invalid_request_error" if code < 500 else "server_error"
-        return jsonify(error={"message": message, "type": kind, "param": None, "code": code}), code
+        return jsonify(openai_error_body(code, message)), code
     if _wants_json():
         return jsonify(error=message, status=code), code
     return render_template("error.html", code=code, title=title, message=message), code
