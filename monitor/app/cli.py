@@ -228,16 +228,18 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
 
 @main.command()
 @click.argument("action", type=click.Choice(["stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt",
-                                             "hostile"]))
+                                             "fail", "unfail", "hostile"]))
 @click.argument("server", required=False)
 @click.option("--url", default="http://127.0.0.1:5000", show_default=True, help="The running demo's dashboard.")
 @config_option
 @click.option("--token", envvar="SWARM_MONITOR_ADMIN_TOKEN", default=None,
               help="The operator token (default: the running service's, from its data directory).")
 def chaos(action, server, url, config_file, token) -> None:
-    """Stop, start, throttle or corrupt a server of a running demo (e.g. `chaos stop server-2`;
-    `chaos corrupt server-3` makes it answer with wrong outputs). `chaos hostile` (no server) makes a
-    made-up peer announce hostile records on every block for 10 minutes."""
+    """Stop, start, throttle, corrupt or fail a server of a running demo (e.g. `chaos stop server-2`;
+    `chaos corrupt server-3` makes it answer with wrong outputs; `chaos fail server-2` keeps it ONLINE
+    and reachable while every inference step through it fails with its own error, until `chaos unfail
+    server-2`). `chaos hostile` (no server) makes a made-up peer announce hostile records on every
+    block for 10 minutes."""
     import urllib.error
     import urllib.request
 

@@ -1,5 +1,6 @@
 """Small helpers every layer uses, so each exists once: time constants, the short peer id,
-JSON-safe values, short error text, and the "poller is stale" rule.
+JSON-safe values, short error text (and a remote peer's own error out of hivemind's wrapping),
+"5 min ago", and the "poller is stale" rule.
 
 Pure: no I/O, no petals.
 """
@@ -7,6 +8,7 @@ Pure: no I/O, no petals.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping, Optional
 
 MINUTE = 60.0
@@ -65,3 +67,31 @@ def short_error(error: Any, limit: int = ERROR_CHARS) -> str:
 def is_stale(last_poll_at: Optional[float], now: float, scrape_period: float) -> bool:
     """True when no poll was stored for ``STALE_PERIODS`` scrape periods (or ever)."""
     return last_poll_at is None or now - last_poll_at > STALE_PERIODS * scrape_period
+
+
+_REMOTE_ERROR = re.compile(r"Failed to call handler `[^`]*` at \S+?: ")
+
+
+def remote_error(error: Any) -> Optional[str]:
+    """What a remote peer's handler said when it raised, out of hivemind's wrapping ("Failed to
+    call handler `X` at PEER: <the peer's own message>"), stripped to one short line; None when
+    ``error`` is not such an error (a timeout, a refused connection, our own failure)."""
+    text = str(error) if error is not None else ""
+    found = _REMOTE_ERROR.search(text)
+    if found is None:
+        return None
+    return short_error(text[found.end():]) if text[found.end():].strip() else "the peer answered with an error"
+
+
+def ago(at: Optional[float], now: float) -> str:
+    """``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``; ``never`` for None."""
+    if at is None:
+        return "never"
+    delta = max(0.0, now - at)
+    if delta < 90:
+        return f"{delta:.0f} s ago"
+    if delta < 90 * 60:
+        return f"{delta / 60:.0f} min ago"
+    if delta < 36 * 3600:
+        return f"{delta / 3600:.0f} h ago"
+    return f"{delta / 86400:.0f} d ago"

@@ -56,9 +56,9 @@ def demo_layout(num_blocks: int, servers: int, throughput: float = 100.0) -> lis
 
 
 class DemoControls:
-    """What the dashboard's demo panel may do to the demo swarm: stop, start, throttle, corrupt."""
+    """What the dashboard's demo panel may do to the demo swarm: stop, start, throttle, corrupt, fail."""
 
-    ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt")
+    ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt", "fail", "unfail")
 
     def __init__(self, swarm: LocalSwarm):
         self.swarm = swarm
@@ -95,6 +95,16 @@ class DemoControls:
     def uncorrupt(self, name: str) -> None:
         self._known(name)
         self.swarm.uncorrupt(name)
+
+    def fail(self, name: str) -> None:
+        """The server stays ONLINE and reachable, and every inference step through it fails with
+        its own error (until ``unfail``)."""
+        self._known(name)
+        self.swarm.fail(name)
+
+    def unfail(self, name: str) -> None:
+        self._known(name)
+        self.swarm.unfail(name)
 
     def hostile(self) -> int:
         """A made-up peer announces hostile records on every block (numbers at the edge of the DHT's

@@ -1,7 +1,7 @@
 """The one swarm launcher: a real private Petals swarm on loopback (tests, demo, benchmarks).
 
 It starts a bootstrap DHT peer and petals servers as separate processes (``monitor.harness.server_process``),
-waits until each server is ONLINE in the DHT, can stop, kill, throttle, corrupt and restart any server,
+waits until each server is ONLINE in the DHT, can stop, kill, throttle, corrupt, fail and restart any server,
 and reaps every process it started, whatever happens. Each child runs in its own session, so its
 whole process group (handler processes, DHT process, p2pd daemon) is ended together.
 """
@@ -105,8 +105,8 @@ class LocalSwarm:
         self._throttles: dict[str, threading.Event] = {}
         self._dht = None
         self._lock = threading.Lock()
-        for stale in self.workdir.glob("*.corrupt"):  # a workdir reused from an earlier run starts honest
-            stale.unlink(missing_ok=True)
+        for stale in [*self.workdir.glob("*.corrupt"), *self.workdir.glob("*.fail")]:
+            stale.unlink(missing_ok=True)  # a workdir reused from an earlier run starts honest and working
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "LocalSwarm":
@@ -154,6 +154,7 @@ class LocalSwarm:
             "--identity-path", str(self.workdir / f"{spec.name}.id"),
             "--update-period", str(self.update_period),
             "--corrupt-flag", str(self._corrupt_flag(spec.name)),
+            "--fail-flag", str(self._fail_flag(spec.name)),
         ]
         if spec.public_name:
             args += ["--public-name", spec.public_name]
@@ -309,6 +310,23 @@ class LocalSwarm:
     def is_corrupted(self, name: str) -> bool:
         return self._corrupt_flag(name).exists()
 
+    def _fail_flag(self, name: str) -> Path:
+        return self.workdir / f"{name}.fail"
+
+    def fail(self, name: str) -> None:
+        """Make every inference and forward step of the server raise (as a CUDA out-of-memory error
+        or a broken driver would) while it stays ONLINE, announced and reachable: its process raises
+        from every block's step while a flag file exists (``server_process.FAIL_MESSAGE``)."""
+        if name not in self.specs:
+            raise KeyError(name)
+        self._fail_flag(name).touch()
+
+    def unfail(self, name: str) -> None:
+        self._fail_flag(name).unlink(missing_ok=True)
+
+    def is_failing(self, name: str) -> bool:
+        return self._fail_flag(name).exists()
+
     # ---- teardown --------------------------------------------------------------------------
     def _reap(self, proc: Optional[_Proc], *, graceful: bool, grace: float = 15.0) -> None:
         if proc is None or proc.popen is None:
@@ -359,6 +377,7 @@ class LocalSwarm:
                 "running": proc.alive(),
                 "throttled": self.is_throttled(name),
                 "corrupted": self.is_corrupted(name),
+                "failing": self.is_failing(name),
             }
             for name, proc in self.servers.items()
         ]

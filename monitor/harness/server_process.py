@@ -94,11 +94,36 @@ def _corrupt_outputs_when_flagged(flag: str) -> None:
     TransformerBackend.forward = lambda self, *a, **k: perturbed(forward(self, *a, **k))
 
 
+FAIL_MESSAGE = "CUDA error: out of memory (simulated: chaos fail)"
+
+
+def _fail_steps_when_flagged(flag: str) -> None:
+    """Chaos: while the file ``flag`` exists, every block's inference and forward step raises, as a
+    CUDA out-of-memory error or a broken driver would: the server stays ONLINE, announced and
+    reachable (``rpc_info`` answers), and every client step through it fails with the server's own
+    error text (petals' handler sends it back). Patched on petals' TransformerBackend in this
+    process, where the compute runtime runs; the runtime survives each failure and goes on."""
+    from petals.server.backend import TransformerBackend
+
+    def failing(method):
+        def step(self, *args, **kwargs):
+            if os.path.exists(flag):
+                raise RuntimeError(FAIL_MESSAGE)
+            return method(self, *args, **kwargs)
+
+        return step
+
+    TransformerBackend.inference_step = failing(TransformerBackend.inference_step)
+    TransformerBackend.forward = failing(TransformerBackend.forward)
+
+
 def run_server(args) -> None:
     from petals.server.server import Server
 
     if args.corrupt_flag:
         _corrupt_outputs_when_flagged(args.corrupt_flag)
+    if args.fail_flag:
+        _fail_steps_when_flagged(args.fail_flag)
     options = dict(NO_NAT_TRAVERSAL)
     server = Server(
         initial_peers=args.initial_peers,
@@ -154,6 +179,8 @@ def main(argv=None) -> None:
     srv.add_argument("--inference-max-length", type=int, default=2048)
     srv.add_argument("--attn-cache-tokens", type=int, default=None)
     srv.add_argument("--corrupt-flag", default=None, help="chaos: outputs are perturbed while this file exists")
+    srv.add_argument("--fail-flag", default=None, help="chaos: every inference and forward step raises while "
+                                                         "this file exists")
 
     args = parser.parse_args(argv)
     _die_with_parent()

@@ -13,6 +13,11 @@ The sessions run in this process, on the monitor's DHT daemon through a P2P *rep
 command pipe, and the DHT process only answers one tiny call (its daemon's address). Everything a
 server sends back is untrusted and checked (schema sizes bounded, outputs of the input's shape,
 finite).
+
+A probe that fails says why (``ServerProbe.error_kind``): ``SERVER_ERROR`` when the server answered
+with an error of its own (its handler raised, its cache is full, it refused the session, or it sent
+something unusable; ``error`` is then the server's own message), ``TIMEOUT`` when it did not answer
+in time, ``CLIENT_ERROR`` when the probe could not run (no connection, our own failure).
 """
 
 from __future__ import annotations
@@ -28,8 +33,17 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
-from monitor.core.common import short_error
-from monitor.core.probes import DECODE_STEPS, EMPTY_STEPS, PREFILL_TOKENS, STEP_GAP, ServerProbe
+from monitor.core.common import remote_error, short_error
+from monitor.core.probes import (
+    CLIENT_ERROR,
+    DECODE_STEPS,
+    EMPTY_STEPS,
+    PREFILL_TOKENS,
+    SERVER_ERROR,
+    STEP_GAP,
+    TIMEOUT,
+    ServerProbe,
+)
 from monitor.swarm.announce import MAX_RAW_TEXT_CHARS, clean_text
 from monitor.swarm.client import submit
 
@@ -67,7 +81,24 @@ class SpanResult:
 
 
 class ProbeError(RuntimeError):
-    """The span could not be probed; the message says what failed (short, safe to show)."""
+    """The span could not be probed; the message says what failed (short, safe to show). Raised
+    for what the server answered (an unusable schema or output): ``kind`` is the server's fault."""
+
+    kind = SERVER_ERROR
+
+
+def failure_kind(error: BaseException) -> tuple[str, str]:
+    """(``error_kind``, text) of a failed probe: the server's own message when its handler raised
+    (hivemind's ``P2PHandlerError``), a timeout, an unusable answer, or our own failure."""
+    from hivemind.p2p import P2PHandlerError
+
+    if isinstance(error, asyncio.TimeoutError):
+        return TIMEOUT, short_error(error)
+    if isinstance(error, ProbeError):
+        return error.kind, str(error)
+    if isinstance(error, P2PHandlerError):  # a stream's error names the handler, a unary call's is a repr
+        return SERVER_ERROR, remote_error(error) or short_error(str(error))
+    return CLIENT_ERROR, short_error(error)
 
 
 def default_input(hidden_size: int, tokens: int = PREFILL_TOKENS + DECODE_STEPS, seed: int = INPUT_SEED):
@@ -136,7 +167,8 @@ class ProbeLoop:
                 results.append(future.result(max(0.0, deadline - time.monotonic())))
             except Exception as e:  # noqa: BLE001 - a timeout, or the loop failed this one
                 future.cancel()
-                results.append(_failed(target, time.time(), None, f"probe did not finish: {short_error(e)}"))
+                results.append(_failed(target, time.time(), None, f"probe did not finish: {short_error(e)}",
+                                       TIMEOUT))
         return results
 
     def close(self) -> None:
@@ -171,10 +203,10 @@ async def _make_semaphore(concurrency: int) -> asyncio.Semaphore:
     return asyncio.Semaphore(concurrency)
 
 
-def _failed(target: SpanTarget, at: float, duration: Optional[float], error: str) -> SpanResult:
+def _failed(target: SpanTarget, at: float, duration: Optional[float], error: str, kind: str) -> SpanResult:
     text = clean_text(error[:MAX_RAW_TEXT_CHARS]) or "probe failed"
     return SpanResult(ServerProbe(peer_id=target.peer_id, model=target.model, start=target.start, end=target.end,
-                                  at=at, ok=False, duration=duration, error=text))
+                                  at=at, ok=False, duration=duration, error=text, error_kind=kind))
 
 
 async def _probe_one(p2p, semaphore: asyncio.Semaphore, target: SpanTarget, timeout: float) -> SpanResult:
@@ -183,11 +215,10 @@ async def _probe_one(p2p, semaphore: asyncio.Semaphore, target: SpanTarget, time
         try:
             return await _session(p2p, target, timeout, at, started)
         except asyncio.TimeoutError:
-            return _failed(target, at, time.perf_counter() - started, f"no answer within {timeout:g} s")
-        except ProbeError as e:
-            return _failed(target, at, time.perf_counter() - started, str(e))
+            return _failed(target, at, time.perf_counter() - started, f"no answer within {timeout:g} s", TIMEOUT)
         except Exception as e:  # noqa: BLE001 - whatever the server did, it is this probe's result
-            return _failed(target, at, time.perf_counter() - started, short_error(e))
+            kind, text = failure_kind(e)
+            return _failed(target, at, time.perf_counter() - started, text, kind)
 
 
 async def _schema(stub, uid: str, timeout: float) -> tuple[int, object, object]:

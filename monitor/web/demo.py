@@ -1,4 +1,4 @@
-"""The demo swarm panel: stop, start, throttle and corrupt the embedded demo's servers from the overview.
+"""The demo swarm panel: stop, start, throttle, corrupt and fail the embedded demo's servers from the overview.
 
 Only registered when the service runs the demo. Actions are for operators (``auth``): a logged-in
 browser (with its CSRF token) or a bearer token (``swarm-monitor chaos``).
@@ -15,7 +15,7 @@ from monitor.web import auth, deps
 log = logging.getLogger(__name__)
 bp = Blueprint("demo", __name__, url_prefix="/demo")
 
-ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt")
+ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt", "fail", "unfail")
 
 
 def _panel(error: str | None = None, status: int = 200):
