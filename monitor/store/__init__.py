@@ -9,8 +9,10 @@
 - ``writes``: polls (with each model's ``ModelHealth``), probes, chat outcomes, scores, policies;
 - ``latest``: the latest snapshot, probes, statuses, diagnoses, scores and change marks;
 - ``history``: statuses, state changes, outages, block coverage and peer histories over a range;
-- ``rollups``: hourly rollups and retention (and why 30 days of 500 servers fit in ~1 GB).
-- ``alerts``: alerts pending or firing, every notice, and the outbox of deliveries to webhooks.
+- ``rollups``: hourly rollups and retention (and why 30 days of 500 servers fit in ~1 GB);
+- ``hours``: the hour arithmetic and the rollup watermarks that rollups, history and aggregates share;
+- ``aggregates``: what the peer scores need, counted by SQL;
+- ``alert_log``: alerts pending or firing, every notice, and the outbox of deliveries to webhooks.
 
 Who writes: the poller (polls, diagnoses, probes, scores, rollups), the chat (its requests'
 outcomes) and the web (operators' peer policies); readers are the web, the chat's router and the
@@ -33,7 +35,7 @@ from monitor.core.probes import ServerProbe
 from monitor.core.scores import PeerAggregates, PeerScore
 from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
-from monitor.store import aggregates, alert_log, history, latest, peers, rollups, server_probes, writes
+from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
 from monitor.store.engine import Database, StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
 from monitor.store.history import StateChange
 from monitor.store.latest import PollSummary
@@ -80,7 +82,7 @@ class Store:
         logged). ``StoreDataError`` only if the poll itself cannot be stored."""
         with self.db.write("recording a poll") as conn:
             written = writes.record_poll(conn, snapshot, healths)
-            rollups.follow_writes(conn, snapshot.taken_at)
+            hours.follow_writes(conn, snapshot.taken_at)
         if written.dropped:
             log.warning("poll %s: %d rows were not stored: %s", written.poll_id, written.dropped,
                         "; ".join(written.error_lines()))
@@ -103,7 +105,7 @@ class Store:
         if batch.results:
             with self.db.write("recording probes") as conn:
                 writes.record_reachability(conn, batch)
-                rollups.follow_writes(conn, batch.taken_at)
+                hours.follow_writes(conn, batch.taken_at)
 
     def record_server_probes(self, probes: Iterable[ServerProbe]) -> None:
         """Speed (and correctness) probes of servers' spans (``monitor/app/probing.py``)."""
@@ -286,10 +288,10 @@ class Store:
             key = latest.peer_key(conn, peer_id)
             return [] if key is None else history.reachability_stats(conn, key, since, until)
 
-    # ---- alerts (#15: store/alerts.py) -------------------------------------------------------
+    # ---- alerts (store/alert_log.py) ----------------------------------------------------------
 
     def alerts(self) -> dict:
-        """(rule, subject) -> every pending or firing ``core.alerts.Alert``."""
+        """(rule, subject) -> every pending or firing ``core.alert_rules.Alert``."""
         with self.db.read("reading alerts") as conn:
             return alert_log.load_alerts(conn)
 

@@ -42,7 +42,8 @@ from monitor.core import quantiles
 from monitor.core.common import HOUR
 from monitor.core.scores import CHAT_WINDOW, FLAP_WINDOW, PROBE_WINDOW, UPTIME_WINDOWS, PeerAggregates, Uptime
 from monitor.core.snapshot import ONLINE
-from monitor.store import rollups
+from monitor.store.engine import count_if
+from monitor.store.hours import floor_hour, raw_pruned_until, rolled_up_until
 from monitor.store.schema import (
     ChatOutcomeRow,
     HourlyObservationsRow,
@@ -96,7 +97,7 @@ def _histogram(bins: dict) -> quantiles.Histogram:
 
 def peer_aggregates(conn: Connection, now: float) -> list[PeerAggregates]:
     """The aggregates of every peer observed or chatted with in the last week, by peer id."""
-    watermark = rollups.rolled_up_until(conn)
+    watermark = rolled_up_until(conn)
     windows = [_plan(now - span, now, watermark) for span, _, _ in UPTIME_WINDOWS]
     week = windows[-1]
     polls = _ok_polls(conn, week.start, now)  # (id, at) of the raw ok polls, by time
@@ -132,8 +133,8 @@ def peer_aggregates(conn: Connection, now: float) -> list[PeerAggregates]:
 
 def _plan(start: float, now: float, watermark: Optional[float]) -> _Window:
     """Whole hours inside [start, now] that are rolled up come from the rollups, the rest from raw rows."""
-    first_hour = rollups.floor_hour(start) + (HOUR if rollups.floor_hour(start) < start else 0.0)
-    until = min(rollups.floor_hour(now), watermark) if watermark is not None else first_hour
+    first_hour = floor_hour(start) + (HOUR if floor_hour(start) < start else 0.0)
+    until = min(floor_hour(now), watermark) if watermark is not None else first_hour
     if until <= first_hour:
         return _Window(start, first_hour, first_hour, [(start, now)])
     return _Window(start, first_hour, until, ([(start, first_hour)] if start < first_hour else []) + [(until, now)])
@@ -147,10 +148,6 @@ def _in(column, intervals: Sequence[Interval], now: float):
 
 def _inside(at: float, intervals: Sequence[Interval], now: float) -> bool:
     return any(start <= at and (at <= end if end >= now else at < end) for start, end in intervals)
-
-
-def _count_if(condition):
-    return sa.func.sum(sa.case((condition, 1), else_=0))
 
 
 def _chunks(items: Sequence, size: int = _CHUNK) -> Iterable[Sequence]:
@@ -178,7 +175,7 @@ def _raw_online(conn: Connection, windows: list[_Window], polls: list[tuple[int,
     for chunk in _chunks(wanted):
         per_window = [[i for i in chunk if member[i][k]] for k in range(len(windows))]
         query = sa.select(o.peer, o.model, *(
-            _count_if(sa.and_(o.state == ONLINE, o.poll_id.in_(ids))) if ids else sa.literal(0)
+            count_if(sa.and_(o.state == ONLINE, o.poll_id.in_(ids))) if ids else sa.literal(0)
             for ids in per_window
         )).where(o.poll_id.in_(chunk)).group_by(o.peer, o.model)
         for peer, model, *online in conn.execute(query):
@@ -263,7 +260,7 @@ def departures(conn: Connection, pairs: Sequence[tuple[int, float]]) -> dict[tup
     for chunk in _chunks(list(pairs)):
         given = sa.union_all(*(sa.select(sa.literal(poll, sa.Integer).label("poll"),
                                          sa.literal(at, sa.Float).label("next_at")) for poll, at in chunk)).subquery()
-        query = (sa.select(o.peer, o.model, sa.func.count(), _count_if(nxt.peer.is_(None)))
+        query = (sa.select(o.peer, o.model, sa.func.count(), count_if(nxt.peer.is_(None)))
                  .select_from(given.join(observations, o.poll_id == given.c.poll).outerjoin(following, sa.and_(
                      nxt.peer == o.peer, nxt.at == given.c.next_at, nxt.model == o.model, nxt.state == ONLINE)))
                  .where(o.state == ONLINE).group_by(o.peer, o.model))
@@ -289,8 +286,8 @@ def _flaps(conn: Connection, window: _Window, polls: list[tuple[int, float]], pe
                 peers[peer].add("flaps", flaps)
     pairs = [(before, after_at) for (before, before_at), (_, after_at) in zip(polls, polls[1:])
              if after_at >= window.start
-             and not (rollups.floor_hour(before_at) == rollups.floor_hour(after_at)
-                      and rollups.floor_hour(after_at) in counted)]
+             and not (floor_hour(before_at) == floor_hour(after_at)
+                      and floor_hour(after_at) in counted)]
     for (peer, _), (chances, flaps) in departures(conn, pairs).items():
         if peer in peers:
             peers[peer].add("flap_chances", chances)
@@ -316,8 +313,8 @@ def probe_bins(conn: Connection, intervals: Sequence[Interval], now: float, *, b
     where = _in(q.at, intervals, now)
     found: dict[int, dict] = {}
     for peer, index, n, ok, joining, n_timed, total in conn.execute(sa.select(
-            q.peer, sa.case((timed, _bucket(q.rtt))), sa.func.count(), _count_if(q.ok), _count_if(q.joining),
-            _count_if(timed), sa.func.sum(sa.case((timed, q.rtt), else_=0.0)),
+            q.peer, sa.case((timed, _bucket(q.rtt))), sa.func.count(), count_if(q.ok), count_if(q.joining),
+            count_if(timed), sa.func.sum(sa.case((timed, q.rtt), else_=0.0)),
     ).where(where).group_by(q.peer, sa.text("2"))):
         slot = found.setdefault(peer, {"n": 0, "ok": 0, "joining": 0, "bins": [], "error": None})
         slot["n"] += int(n)
@@ -335,7 +332,7 @@ def _probes(conn: Connection, window: _Window, now: float, peers: dict[int, _Pee
     raw = list(window.raw)
     if window.hours_until > window.hours_from:
         hp = HourlyProbesRow.__table__.c
-        pruned = rollups.raw_pruned_until(conn)
+        pruned = raw_pruned_until(conn)
         for peer, hour, n, ok, joining, bins, error, mean_rtt in conn.execute(sa.select(
                 hp.peer, hp.hour, hp.n, hp.ok, hp.joining, hp.rtt_bins, hp.last_error, hp.mean_rtt).where(
                 hp.hour >= window.hours_from, hp.hour < window.hours_until)):
@@ -384,8 +381,8 @@ def _chats(conn: Connection, now: float, peers: dict[int, _Peer]) -> None:
     timed = sa.and_(c.ok, c.seconds_per_token.is_not(None), c.end > c.start)
     where = sa.and_(c.at >= now - CHAT_WINDOW, c.at <= now)
     for peer, index, ok, failed, n_timed, total in conn.execute(sa.select(
-            c.peer, sa.case((timed, _bucket(speed))), _count_if(c.ok), _count_if(~c.ok),
-            _count_if(timed), sa.func.sum(sa.case((timed, speed), else_=0.0)),
+            c.peer, sa.case((timed, _bucket(speed))), count_if(c.ok), count_if(~c.ok),
+            count_if(timed), sa.func.sum(sa.case((timed, speed), else_=0.0)),
     ).where(where).group_by(c.peer, sa.text("2"))):
         found = peers.setdefault(peer, _Peer())
         found.add("chats_ok", ok)

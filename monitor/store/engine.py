@@ -222,6 +222,11 @@ def insert(conn: Connection, table: sa.Table):
     return dialect_insert(table)
 
 
+def count_if(condition):
+    """SQL: how many rows of the group meet ``condition`` (NULL for an empty group)."""
+    return sa.func.sum(sa.case((condition, 1), else_=0))
+
+
 # ---- set-up ----------------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 peer's observations, probes and chat outcomes (``PeerHistory``, what the scores take).
 
 Where raw rows are kept every poll is one row; before that every rolled-up hour is one
-(``rollups.rollup_window``), so a range of any length costs at most one row per poll of the last
+(``hours.rollup_window``), so a range of any length costs at most one row per poll of the last
 ``raw_retention_days`` plus one per hour before. Every function takes a connection inside a read
 transaction.
 """
@@ -18,7 +18,7 @@ from monitor.core.common import HOUR
 from monitor.core.diagnosis import BROKEN
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory
 from monitor.store.latest import probe, status_dict
-from monitor.store.rollups import floor_hour, mean, raw_start, rollup_window
+from monitor.store.hours import floor_hour, mean, raw_start, rollup_window
 from monitor.store.schema import (
     BlockCoverageRow,
     ChatOutcomeRow,

@@ -4,11 +4,11 @@ Every completed hour is aggregated into the ``hourly_*`` tables (``rolled_up_unt
 ``store_meta`` is the watermark); then raw rows older than the raw retention (whole, rolled-up
 hours only: never past the watermark) and rollups, chat outcomes and state changes older than the
 rollup retention go. The watermark follows the writes: a poll or probe round stored into an hour
-already rolled up (it finished after the rollup ran) moves it back (``follow_writes``), so the
+already rolled up (it finished after the rollup ran) moves it back (``hours.follow_writes``), so the
 next rollup redoes that hour with every row. The "now" tables are pruned too: latest probes,
 scores and watched models not refreshed within the raw retention, and peers (and their routing
 policies) not seen within the rollup retention that no row refers to any more.
-The history readers use a rollup hour only where no raw rows are left (``rollup_window``), so a
+The history readers use a rollup hour only where no raw rows are left (``hours.rollup_window``), so a
 query over any range sees each poll exactly once.
 
 Why it fits in ~1 GB for 30 days × 60 s polls × 500 servers: peers are interned, per-block
@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Iterable, Optional
+from typing import Optional
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from monitor.core.common import DAY, HOUR
-from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY, STATE_SEVERITY
+from monitor.core.diagnosis import STATE_SEVERITY
 from monitor.core.snapshot import JOINING, ONLINE
 from monitor.store import aggregates, server_probes
-from monitor.store.engine import Database, insert
+from monitor.store.engine import Database, count_if
+from monitor.store.hours import PRUNED, WATERMARK, floor_hour, mean, raw_pruned_until, rolled_up_until, set_meta
 from monitor.store.schema import (
     BlockCoverageRow,
     ChatOutcomeRow,
@@ -51,14 +52,10 @@ from monitor.store.schema import (
     ProbeRow,
     ServerObservationRow,
     ServerPingsRow,
-    StoreMetaRow,
     WatchedModel,
 )
 
-# Model states worst last; a rollup hour shows the worst state it saw.
 HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow)
-WATERMARK = "rolled_up_until"  # hours before it are rolled up
-PRUNED = "raw_pruned_until"  # raw rows before it are gone
 
 
 def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
@@ -86,64 +83,31 @@ def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
     return counts
 
 
-def follow_writes(conn: Connection, at: float) -> None:
-    """Called in the transaction that stores rows at time ``at``: if their hour is already rolled
-    up, move the watermark back to it so that the next rollup redoes the hour with them. Rows older
-    than the raw rows already pruned are not rolled up (their hour's raw rows are gone)."""
-    done = _meta_float(conn, WATERMARK, lock=True)
-    hour = floor_hour(at)
-    if done is None or hour >= done:
-        return
-    pruned = _meta_float(conn, PRUNED)
-    if pruned is not None and hour < pruned:
-        return
-    _set_meta(conn, WATERMARK, repr(hour))
-
-
-def rolled_up_until(conn: Connection) -> Optional[float]:
-    """The watermark: hours before it are rolled up (None: nothing rolled up yet)."""
-    return _meta_float(conn, WATERMARK)
-
-
-def raw_pruned_until(conn: Connection) -> Optional[float]:
-    """Raw rows before it are gone (None: none pruned yet)."""
-    return _meta_float(conn, PRUNED)
-
-
-def _meta_float(conn: Connection, key: str, *, lock: bool = False) -> Optional[float]:
-    """A number kept in ``store_meta``; ``lock``: hold its row until the transaction ends (PostgreSQL;
-    SQLite's writers are serialised anyway), so that a rollup and a late write see each other."""
-    t = StoreMetaRow.__table__.c
-    query = sa.select(t.value).where(t.key == key)
-    value = conn.execute(query.with_for_update() if lock else query).scalar()
-    return float(value) if value is not None else None
-
-
 def _rollup_next_hour(conn: Connection, current_hour: float) -> bool:
     """Roll up the first hour with data at or after the watermark if it is complete (before
     ``current_hour``) and move the watermark past it; returns False when nothing is left to roll
     up (the watermark then moves to ``current_hour``). The watermark row is locked first, so a late
     write either lands before this reads the hour's rows or sees the new watermark after it."""
-    after = _meta_float(conn, WATERMARK, lock=True)
+    after = rolled_up_until(conn, lock=True)
     hour = _next_hour_with_data(conn, after)
     if hour is None or hour >= current_hour:
-        _set_meta(conn, WATERMARK, repr(max(after or current_hour, current_hour)))
+        set_meta(conn, WATERMARK, repr(max(after or current_hour, current_hour)))
         return False
     _rollup_hour(conn, hour)
-    _set_meta(conn, WATERMARK, repr(hour + HOUR))
+    set_meta(conn, WATERMARK, repr(hour + HOUR))
     return True
 
 
 def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     """Delete polls (with everything recorded per poll) and probes older than ``cutoff``, but never
     past the watermark: raw rows go only once they are rolled up."""
-    done = _meta_float(conn, WATERMARK, lock=True)
+    done = rolled_up_until(conn, lock=True)
     if done is None:
         return {}
     cutoff = min(cutoff, done)
-    pruned = _meta_float(conn, PRUNED)
+    pruned = raw_pruned_until(conn)
     if pruned is None or cutoff > pruned:
-        _set_meta(conn, PRUNED, repr(cutoff))
+        set_meta(conn, PRUNED, repr(cutoff))
     polls = Poll.__table__
     old_polls = sa.select(polls.c.id).where(polls.c.at < cutoff).scalar_subquery()
     counts = {}
@@ -153,8 +117,8 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     counts["polls"] = conn.execute(sa.delete(polls).where(polls.c.at < cutoff)).rowcount
     probes = ProbeRow.__table__
     counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
-    counts["server_probes"] = server_probes.prune(conn, cutoff)  # (#14: raw only, no rollup)
-    counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (#13: kept as long as raw rows)
+    counts["server_probes"] = server_probes.prune(conn, cutoff)  # (raw only, no rollup)
+    counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (kept as long as raw rows)
     return counts
 
 
@@ -201,31 +165,6 @@ def _columns_referring_to(key: sa.Column) -> list[sa.Column]:
             if fk.column is key]
 
 
-# ---- what the history readers share ----------------------------------------------------------
-
-
-def floor_hour(t: float) -> float:
-    return math.floor(t / HOUR) * HOUR
-
-
-def mean(values: Iterable[Optional[float]]) -> Optional[float]:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
-
-
-def raw_start(conn: Connection, column=None) -> Optional[float]:
-    """The oldest raw row still kept: rollups are used only for hours that end before it."""
-    return conn.execute(sa.select(sa.func.min(column if column is not None else Poll.__table__.c.at))).scalar()
-
-
-def rollup_window(hour_column, since: float, until: float, raw_from: Optional[float]) -> list:
-    """Conditions on a rollup table: hours overlapping [since, until] that end before the raw rows."""
-    conditions = [hour_column + HOUR > since, hour_column <= until]
-    if raw_from is not None:
-        conditions.append(hour_column + HOUR <= raw_from)
-    return conditions
-
-
 # ---- one hour --------------------------------------------------------------------------------
 
 
@@ -263,7 +202,7 @@ def _observation_rows(conn: Connection, hour: float, in_hour, ok_times: list[flo
     o, peers = ServerObservationRow.__table__.c, Peer.__table__
     groups = conn.execute(
         sa.select(o.peer, o.model, sa.func.max(peers.c.first_seen), sa.func.count(),
-                  _count_if(o.state == ONLINE), _count_if(o.state == JOINING),
+                  count_if(o.state == ONLINE), count_if(o.state == JOINING),
                   sa.func.avg(o.throughput), sa.func.avg(o.inference_rps), sa.func.min(o.start),
                   sa.func.max(o.end))
         .join(peers, peers.c.id == o.peer).where(o.poll_id.in_(in_hour)).group_by(o.peer, o.model)
@@ -347,15 +286,6 @@ def _next_hour_with_data(conn: Connection, after: Optional[float]) -> Optional[f
         if value is not None:
             candidates.append(value)
     return floor_hour(min(candidates)) if candidates else None
-
-
-def _set_meta(conn: Connection, key: str, value: str) -> None:
-    stmt = insert(conn, StoreMetaRow.__table__).values(key=key, value=value)
-    conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": stmt.excluded.value}))
-
-
-def _count_if(condition):
-    return sa.func.sum(sa.case((condition, 1), else_=0))
 
 
 def _columns(arrays: list[list]) -> list[list]:
