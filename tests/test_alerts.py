@@ -565,7 +565,7 @@ def test_a_scheduler_running_the_alert_jobs_shuts_down_while_rounds_end(store, t
     for _ in range(10):
         scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True})
         scheduler.add_job(lambda: time.sleep(0.01), "interval", seconds=0.02, id="scrape")
-        scheduler.add_job(lambda: time.sleep(0.01), "interval", seconds=0.02, id="probe")
+        scheduler.add_job(lambda: time.sleep(0.01), "interval", seconds=0.02, id="reachability")
         alerter = schedule_alerts(scheduler, poller)
         scheduler.start()
         time.sleep(0.3)

@@ -39,12 +39,11 @@ _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 
 
 def wrong_output_flags(store, settings, now: float) -> dict[str, str]:
-    """peer id -> why its outputs are wrong: each peer's newest correctness verdict (#14) no older
-    than the measurements' age limit, as the diagnosis reads them (a newer correct verdict clears it)."""
-    from monitor.core.probes import MAX_AGE_PERIODS, wrong_outputs
+    """peer id -> why its outputs are wrong: each peer's newest correctness verdict within the
+    recent window, as the diagnosis reads them (a newer correct verdict clears it)."""
+    from monitor.app.probing import measured_view
 
-    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
-    return wrong_outputs(store.recent_server_probes(now - max_age), now=now, max_age=max_age)
+    return measured_view(store, settings, now).wrong()
 
 
 def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
@@ -262,7 +261,7 @@ def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
     scheduler.add_job(alerter.deliver, "interval", seconds=period, id="alert-delivery", next_run_time=_now())
 
     def after_round(event) -> None:
-        if event.job_id in ("scrape", "probe"):
+        if event.job_id in ("scrape", "reachability"):
             alerter.evaluate()
 
     started = threading.Event()  # (a scheduler not started yet is "stopped" too)

@@ -108,15 +108,18 @@ class Poller:
         return snapshot
 
     def analyse_poll(self, snapshot: Snapshot) -> tuple[Snapshot, list[ModelHealth]]:
-        """The poll's diagnoses with the latest probes. If diagnosing fails (a bug, or a value the
-        DHT edge should have bounded), the poll is still stored, without diagnoses and with the
-        failure in its errors; the web then diagnoses the stored (bounded) rows itself."""
+        """The poll's diagnoses with the latest reachability checks. If diagnosing fails (a bug, or
+        a value the DHT edge should have bounded), the poll is still stored, with the failure in
+        its errors and, for each model, a diagnosis that says so (``ModelHealth.not_diagnosed``):
+        every reader shows "not diagnosed: …", none diagnoses by itself."""
         try:
             return snapshot, self.analyse(snapshot, self._latest_reachability())
         except Exception as e:  # noqa: BLE001 - the analysis must not cost the poll
-            log.exception("diagnosing the poll failed; storing it without diagnoses")
+            log.exception("diagnosing the poll failed; storing it as not diagnosed")
             self.stats.failed("diagnose", e)
-            return replace(snapshot, errors=snapshot.errors + (f"diagnosing the poll failed: {short_error(e)}",)), []
+            error = f"diagnosing the poll failed: {short_error(e)}"
+            return replace(snapshot, errors=snapshot.errors + (error,)), [
+                ModelHealth.not_diagnosed(m.dht_prefix, m.num_blocks, short_error(e)) for m in snapshot.models]
 
     def _record_unstored(self, snapshot: Snapshot, error: Optional[BaseException]) -> None:
         """The poll was scraped but not stored: record it as failed, with the cause (if the database
@@ -131,14 +134,14 @@ class Poller:
         (speeds as measured by the server probes where there are some, #14)."""
         from monitor.app.probing import measured_view
 
-        measured = measured_view(self.store, self.settings)
+        recent = measured_view(self.store, self.settings)
         return [
             coverage.diagnose(
                 model, snapshot.rows_for(model.dht_prefix), probes,
                 min_tokens_per_s=self.settings.min_tokens_per_s,
                 min_cache_tokens=self.settings.min_cache_tokens,
-                measured=measured.speeds(model.dht_prefix), wrong=measured.wrong(model.dht_prefix),
-                disagreeing=measured.disagreeing(model.dht_prefix),
+                measured=recent.speeds(model.dht_prefix), wrong=recent.wrong(model.dht_prefix),
+                disagreeing=recent.disagreeing(model.dht_prefix), failing=recent.failing(model.dht_prefix),
             )
             for model in snapshot.models
         ]
@@ -159,7 +162,7 @@ class Poller:
         return result
 
     def check_reachability_once(self) -> Optional[ReachabilityBatch]:
-        snapshot = self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="probe").value
+        snapshot = self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="reachability").value
         online = sorted({row.peer_id for row in (snapshot.servers if snapshot else ()) if row.state == "ONLINE"})
         try:
             batch = swarm.check_servers(self.dht, online, timeout=self.settings.reachability_timeout,
@@ -169,11 +172,11 @@ class Poller:
             batch = ReachabilityBatch(taken_at=batch.taken_at, duration=batch.duration,
                                results=tuple(batch.results) + tuple(boot))
         except Exception as e:  # noqa: BLE001
-            log.exception("probe failed")
-            self.stats.failed("probe", e)
+            log.exception("reachability check failed")
+            self.stats.failed("reachability", e)
             return None
-        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="probe").ok:
-            self.stats.ok("probe")
+        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
+            self.stats.ok("reachability")
             # unreachable peers change the diagnosis: redo it with these probes
             self.after_probe_round()
         return batch
@@ -188,7 +191,7 @@ class Poller:
         """A probe round (reachability or server probes) stored its results: the newest poll is
         diagnosed again with them, retried while the database is away (a failure is counted as
         the probe job's, not the round's: its probes are stored)."""
-        self._with_db_retry(self.rediagnose_latest, job="probe")
+        self._with_db_retry(self.rediagnose_latest, job="diagnose")
 
     def rediagnose_latest(self) -> bool:
         """After a probe round (reachability or server probes) stored its results: diagnose the
@@ -221,7 +224,7 @@ class Poller:
 
     # ---- helpers -----------------------------------------------------------------------------
     def _latest_reachability(self) -> dict:
-        return self._with_db_retry(self.store.latest_probes, job="probe-read").value or {}
+        return self._with_db_retry(self.store.latest_reachability, job="reachability-read").value or {}
 
     def _with_db_retry(self, call: Callable[[], Any], job: str = "db") -> StoreCall:
         """Run a store call; if the database is unavailable, retry once after a pause, then give
@@ -258,7 +261,7 @@ class Poller:
         )
         first = {"next_run_time": _now_datetime()} if run_now else {}
         scheduler.add_job(self.poll_once, "interval", seconds=s.scrape_period, id="scrape", **first)
-        scheduler.add_job(self.check_reachability_once, "interval", seconds=s.reachability_period, id="probe", **first)
+        scheduler.add_job(self.check_reachability_once, "interval", seconds=s.reachability_period, id="reachability", **first)
         scheduler.add_job(self.refresh_scores, "interval", seconds=s.score_period, id="scores", **first)
         scheduler.add_job(self.rollup_once, "interval", seconds=s.rollup_period, id="rollup")
         from monitor.app.alerter import schedule_alerts  # Alerts (#15): rules after every round, webhooks

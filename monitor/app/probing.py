@@ -22,7 +22,6 @@ round started from: a poll may land meanwhile) is diagnosed again with them (``a
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from dataclasses import replace
@@ -32,16 +31,16 @@ from monitor.core.common import short_peer_id
 from monitor.core.probes import (
     BY_PEERS,
     BY_REFERENCE,
-    MAX_AGE_PERIODS,
+    RecentProbes,
     ServerProbe,
-    disagreeing_outputs,
+    first_server_error,
     judge,
+    latest_per_peer,
     measured_speeds,
     next_probe_delay,
-    recent_per_peer,
+    recent_window,
     tolerance,
     worth_confirming,
-    wrong_outputs,
 )
 from monitor.core.snapshot import ONLINE, ServerRow, Snapshot
 from monitor.swarm.correctness import CrossCheck, ReferenceModel, relative_error
@@ -70,7 +69,7 @@ class ServerProber:
         self.snapshot = snapshot
         self.after_round = after_round
         self.period = settings.speed_probe_period
-        self.max_age = MAX_AGE_PERIODS * self.period
+        self.max_age = recent_window(self.period)
         self.cross = CrossCheck(max_age=self.max_age)
         self.next_due: dict[tuple[str, str], float] = {}
         self.rounds = self.probes = self.failures = 0
@@ -115,7 +114,8 @@ class ServerProber:
 
     def _worth_confirming(self, probes: list[ServerProbe], rows: list[ServerRow], now: float) -> set:
         """(peer, model) of the probes that would change their server's verdict against what the
-        stored probes measured so far (``worth_confirming``): probed again after half a period."""
+        stored probes measured so far (``worth_confirming``; a first error of the server's own,
+        ``first_server_error``): probed again after half a period."""
         try:
             before = self.store.recent_server_probes(now - self.max_age)
         except Exception as e:  # noqa: BLE001 - then the period, as without this
@@ -125,6 +125,10 @@ class ServerProber:
         speeds: dict[str, dict[str, float]] = {}
         found = set()
         for probe in probes:
+            previous = latest_per_peer((p for p in before if p.peer_id == probe.peer_id), probe.model).get(probe.peer_id)
+            if first_server_error(probe, previous):
+                found.add((probe.peer_id, probe.model))
+                continue
             if probe.model not in speeds:
                 speeds[probe.model] = measured_speeds(before, now=now, max_age=self.max_age, model=probe.model)
             known = speeds[probe.model]
@@ -261,43 +265,27 @@ class ServerProber:
 # ---- wiring into the poller ----------------------------------------------------------------------
 
 
-class MeasuredView:
-    """What the diagnosis takes from recent server probes, read once per diagnosis round."""
-
-    def __init__(self, probes: list[ServerProbe], now: float, max_age: float):
-        self._probes, self._now, self._max_age = probes, now, max_age
-
-    def speeds(self, model: str) -> dict[str, float]:
-        return measured_speeds(self._probes, now=self._now, max_age=self._max_age, model=model)
-
-    def wrong(self, model: str) -> dict[str, str]:
-        return wrong_outputs(self._probes, now=self._now, max_age=self._max_age, model=model)
-
-    def disagreeing(self, model: str) -> dict[str, str]:
-        return disagreeing_outputs(self._probes, now=self._now, max_age=self._max_age, model=model)
-
-
-def measured_view(store, settings, now: Optional[float] = None) -> MeasuredView:
-    """The recent probes' measured speeds and wrong outputs (empty if the store cannot say)."""
+def measured_view(store, settings, now: Optional[float] = None) -> RecentProbes:
+    """The recent probes (``recent_window``) and every verdict drawn from them (empty if the store
+    cannot say: the diagnosis then goes by announcements rather than not at all)."""
     now = time.time() if now is None else now
-    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
+    max_age = recent_window(settings.speed_probe_period)
     try:
         probes = store.recent_server_probes(now - max_age)
-    except Exception as e:  # noqa: BLE001 - diagnose by announcements rather than not at all
+    except Exception as e:  # noqa: BLE001
         log.warning("server probes not read, diagnosing by announced speeds: %s", e)
         probes = []
-    return MeasuredView(probes, now, max_age)
+    return RecentProbes(probes, now, max_age)
 
 
 def scoring_inputs(store, settings, now: float) -> dict:
-    """What the peer scores take from the server probes (``scores.score_all``'s ``measured`` and
-    ``wrong``): per peer, the median of its newest probes' one-token steps per block, round trip
-    included (the chats' own measure, so both compare), and why its outputs are wrong, if they are."""
-    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
-    probes = store.recent_server_probes(now - max_age)
-    measured = {peer: statistics.median(p.round_trip_per_block for p in kept)
-                for peer, kept in recent_per_peer(probes, now=now, max_age=max_age).items()}
-    return {"measured": measured, "wrong": wrong_outputs(probes, now=now, max_age=max_age)}
+    """What the peer scores take from the server probes (``scores.score_all``'s ``measured``,
+    ``wrong`` and ``failing``): per peer, the median of its newest probes' one-token steps per
+    block, round trip included (the chats' own measure, so both compare), why its outputs are
+    wrong, and the error it fails every inference with, if it does."""
+    max_age = recent_window(settings.speed_probe_period)
+    recent = RecentProbes(store.recent_server_probes(now - max_age), now, max_age)
+    return {"measured": recent.round_trip_speeds(), "wrong": recent.wrong(), "failing": recent.failing()}
 
 
 def start_probing(poller, *, run_now: bool = True) -> ServerProber:

@@ -48,15 +48,23 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Iterable, Mapping, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-exported)
     BROKEN,
+    CAUSE_FAILING,
+    CAUSE_JOINING,
+    CAUSE_OFFLINE,
+    CAUSE_PHRASE,
+    CAUSE_UNREACHABLE,
+    CAUSE_WRONG,
+    CAUSES,
     DEGRADED,
     HEALTHY,
+    REASON_ERROR_CHARS,
     BlockCoverage,
     ModelHealth,
     Range,
@@ -67,7 +75,7 @@ from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-export
 )
 from monitor.core.common import short_peer_id
 from monitor.core.probes import SLOW_FACTOR, slowness
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, unreachable
 
 import dijkstar
 from hivemind import PeerID
@@ -77,7 +85,8 @@ from petals.data_structures import RemoteModuleInfo, ServerInfo, ServerState
 from petals.server.block_selection import choose_best_blocks
 
 BOTTLENECK_FRACTION = 0.5
-MAX_NAMED = 5  # servers named per kind of reason (wrong, disagreeing, slow); the rest counted
+MAX_NAMED = 5  # servers named per kind of reason (failing, wrong, disagreeing, slow); the rest counted
+MAX_IN_REASON = 3  # servers one sentence names; beyond that they are counted by cause
 
 
 def _blocks_phrase(spans: Sequence[Range]) -> str:
@@ -110,26 +119,39 @@ def _distinct(model: ModelInfo, rows: Iterable[ServerRow]) -> list[ServerRow]:
     return sorted(best.values(), key=lambda r: r.peer_id)
 
 
-def _unreachable(row: ServerRow, probes: Mapping[str, ReachabilityResult]) -> bool:
-    probe = probes.get(row.peer_id)
-    return probe is not None and not probe.ok and not probe.joining
-
-
-def _why_not_serving(row: ServerRow, probes: Mapping[str, ReachabilityResult],
-                     wrong: Mapping[str, str] = {}) -> Optional[str]:
+def _cause(row: ServerRow, probes: Mapping[str, ReachabilityResult], wrong: Mapping[str, str],
+           failing: Mapping[str, str]) -> Optional[str]:
     if row.state != ONLINE:
-        return f"{row.state}" + (" (still loading)" if row.state == JOINING else "")
-    if _unreachable(row, probes):
-        error = probes[row.peer_id].error
-        return "ONLINE but unreachable" + (f" (probe failed: {error})" if error else " (probe failed)")
+        return CAUSE_JOINING if row.state == JOINING else CAUSE_OFFLINE
+    if unreachable(probes.get(row.peer_id)):
+        return CAUSE_UNREACHABLE
+    if row.peer_id in failing:
+        return CAUSE_FAILING
     if row.peer_id in wrong:
-        return f"ONLINE but {wrong[row.peer_id]}"
+        return CAUSE_WRONG
     return None
 
 
+def _why_not_serving(row: ServerRow, probes: Mapping[str, ReachabilityResult],
+                     wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {}) -> Optional[str]:
+    cause = _cause(row, probes, wrong, failing)
+    if cause is None:
+        return None
+    if cause == CAUSE_JOINING:
+        return "JOINING (still loading)"
+    if cause == CAUSE_UNREACHABLE:
+        error = probes[row.peer_id].error
+        return "ONLINE but unreachable" + (f" (reachability check failed: {error})" if error else " (reachability check failed)")
+    if cause == CAUSE_FAILING:
+        return f"ONLINE but failing: {failing[row.peer_id]}"
+    if cause == CAUSE_WRONG:
+        return f"ONLINE but {wrong[row.peer_id]}"
+    return row.state
+
+
 def _serving(rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult],
-             wrong: Mapping[str, str] = {}) -> list[ServerRow]:
-    return [row for row in rows if _why_not_serving(row, probes, wrong) is None]
+             wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {}) -> list[ServerRow]:
+    return [row for row in rows if _why_not_serving(row, probes, wrong, failing) is None]
 
 
 def block_redundancy(
@@ -152,11 +174,11 @@ def block_redundancy(
 
 def block_coverage(
     model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult] = {},
-    wrong: Mapping[str, str] = {},
+    wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {},
 ) -> tuple[BlockCoverage, ...]:
     """Per block: the peers serving it, their throughput and cache: ``diagnose``'s ``blocks``
     without the route search (for a caller that needs them every poll, not the whole diagnosis)."""
-    return tuple(_block_coverage(model.num_blocks, _serving(_distinct(model, rows), probes, wrong)))
+    return tuple(_block_coverage(model.num_blocks, _serving(_distinct(model, rows), probes, wrong, failing)))
 
 
 def _block_coverage(num_blocks: int, serving: Sequence[ServerRow]) -> list[BlockCoverage]:
@@ -365,6 +387,124 @@ def _route_phrase(route: Sequence[RouteHop], labels: Mapping[str, str]) -> str:
     return " → ".join(f"{start}:{end} via {labels[peer]}" for peer, start, end in route)
 
 
+@dataclass(frozen=True)
+class _Served:
+    """Who serves what: the model's rows (one per peer), why each non-serving one does not, and
+    the per-block coverage of those that do."""
+
+    rows: list[ServerRow]
+    labels: dict[str, str]
+    excluded: dict[str, str]  # peer -> why it does not serve (``_why_not_serving``)
+    causes: dict[str, str]  # peer -> its cause (``CAUSES``)
+    serving: list[ServerRow]
+    blocks: list[BlockCoverage]
+
+
+@dataclass(frozen=True)
+class _Speed:
+    route: list[RouteHop]
+    tokens_per_s: Optional[float]
+    source: Optional[str]  # what the estimate rests on: measured | partly measured | announced
+    estimate: str  # e.g. "7.19 tokens/s, measured"
+
+
+def _who_serves(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult],
+                wrong: Mapping[str, str], failing: Mapping[str, str]) -> _Served:
+    rows = _distinct(model, rows)
+    excluded, causes = {}, {}
+    for row in rows:
+        cause = _cause(row, probes, wrong, failing)
+        if cause is not None:
+            causes[row.peer_id] = cause
+            excluded[row.peer_id] = _why_not_serving(row, probes, wrong, failing)
+    serving = [row for row in rows if row.peer_id not in excluded]
+    return _Served(rows=rows, labels={row.peer_id: peer_label(row) for row in rows}, excluded=excluded,
+                   causes=causes, serving=serving, blocks=_block_coverage(model.num_blocks, serving))
+
+
+def _speed(model: ModelInfo, served: _Served, probes: Mapping[str, ReachabilityResult],
+           measured: Mapping[str, float]) -> _Speed:
+    """The best route through the serving servers and what a client waits per token on it."""
+    client_rtts = {peer: p.rtt for peer, p in probes.items() if p.ok and p.rtt is not None}
+    route, seconds = best_route(model, served.serving, client_rtts=client_rtts, measured=measured)
+    source = _speed_source(route, measured) if route else None
+    if source == "measured":  # what a client waits per token on that route, all of it measured
+        seconds = sum(measured[peer] * (end - start) + client_rtts.get(peer, 0.0) for peer, start, end in route)
+    tokens_per_s = 1.0 / seconds if seconds > 0 else math.inf
+    estimate = f"{tokens_per_s:.2f} tokens/s" + {
+        "measured": ", measured", "partly measured": ", partly measured (the rest as announced)",
+        "announced": ", as announced (not measured yet)"}.get(source, "")
+    return _Speed(route=route, tokens_per_s=tokens_per_s, source=source, estimate=estimate)
+
+
+def _cut(text: str, limit: int = REASON_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _some(labels: Sequence[str]) -> str:
+    """At most ``MAX_IN_REASON`` names, then how many more."""
+    shown = ", ".join(labels[:MAX_IN_REASON])
+    return shown + (f" and {len(labels) - MAX_IN_REASON} more" if len(labels) > MAX_IN_REASON else "")
+
+
+def _missing_reason(start: int, end: int, served: _Served, failing: Mapping[str, str]) -> str:
+    """One short sentence for blocks nobody serves: who is there and why they do not serve — named
+    when they are few, counted by cause when they are many (the servers table lists them all)."""
+    phrase = _blocks_phrase([(start, end)])
+    there = [row for row in served.rows if row.peer_id in served.excluded and row.start < end and start < row.end]
+    if there and all(served.causes[row.peer_id] == CAUSE_FAILING for row in there):
+        errors = sorted({failing[row.peer_id] for row in there})
+        others = f" (and {len(errors) - 1} other errors)" if len(errors) > 1 else ""
+        return (f"every server of {phrase} fails: {_cut(errors[0])}{others} "
+                f"({_some([served.labels[row.peer_id] for row in there])}) — clients cannot run this model")
+    sentence = f"{phrase} {'have' if end - start > 1 else 'has'} no serving server"
+    if there and len(there) <= MAX_IN_REASON:
+        sentence += " (" + "; ".join(f"{served.labels[r.peer_id]} is {_cut(served.excluded[r.peer_id])}"
+                                     for r in there) + ")"
+    elif there:
+        counts = {cause: sum(served.causes[r.peer_id] == cause for r in there) for cause in CAUSES}
+        sentence += ": " + ", ".join(f"{n} {CAUSE_PHRASE[cause]}" for cause, n in counts.items() if n)
+        sentence += " — see the servers table"
+    return sentence + " — clients cannot run this model"
+
+
+def _degraded_reasons(served: _Served, speed: _Speed, *, measured: Mapping[str, float], wrong: Mapping[str, str],
+                      failing: Mapping[str, str], disagreeing: Mapping[str, str], single: Sequence[Range],
+                      low_cache: Sequence[Range], min_tokens_per_s: float, min_cache_tokens: int) -> list[str]:
+    """Every block is served: what still makes the model worse than healthy (empty: healthy)."""
+    labels, blocks, excluded = served.labels, served.blocks, served.excluded
+    spans = {row.peer_id: f"{row.start}:{row.end}" for row in served.rows}
+    reasons = [f"{_blocks_phrase([(start, end)])} {'are' if end - start > 1 else 'is'} served only by "
+               f"{labels[peer]} — if it leaves, the model breaks"
+               for start, end, peer in _runs_by_sole_peer(blocks, single)]
+    if speed.tokens_per_s is not None and speed.tokens_per_s < min_tokens_per_s:
+        reasons.append(f"the best route runs at an estimated {speed.estimate}, below {min_tokens_per_s:g} "
+                       f"tokens/s ({_route_phrase(speed.route, labels)})")
+    reasons += _named([f"{labels[peer]} ({spans[peer]}) is ONLINE but failing: {_cut(error)} — not counted as "
+                       "serving; the chat routes around it"
+                       for peer, error in sorted(failing.items()) if served.causes.get(peer) == CAUSE_FAILING],
+                      "failing servers")
+    reasons += _named([f"{labels[peer]} {why} — not counted as serving; the chat routes around it"
+                       for peer, why in sorted(wrong.items()) if served.causes.get(peer) == CAUSE_WRONG],
+                      "servers with wrong outputs")
+    reasons += _named([f"{labels[peer]} {why} — one of them computes wrong; without the model's weights the "
+                       "monitor cannot tell which, so both still count as serving"
+                       for peer, why in sorted(disagreeing.items()) if peer in labels and peer not in excluded],
+                      "servers that disagree with others")
+    reasons += _named(_slow_peers(served.serving, measured, labels), "slow servers")
+    slow_blocks = _slow_blocks(blocks, measured)
+    if slow_blocks:
+        reasons.append(f"slow {_blocks_phrase(slow_blocks)}: even the fastest measured server there is at least "
+                       f"{SLOW_FACTOR:g}× slower than the model's median block")
+    for start, end in low_cache:
+        least = min(blocks[i].cache_tokens_left for i in range(start, end))
+        reasons.append(
+            f"{_blocks_phrase([(start, end)])} {'have' if end - start > 1 else 'has'} as few as {least} cache "
+            f"tokens left across its servers, below {min_cache_tokens} — new chat sessions may be refused"
+        )
+    return reasons
+
+
 def diagnose(
     model: ModelInfo,
     rows: Sequence[ServerRow],
@@ -376,111 +516,60 @@ def diagnose(
     measured: Mapping[str, float] = {},
     wrong: Mapping[str, str] = {},
     disagreeing: Mapping[str, str] = {},
+    failing: Mapping[str, str] = {},
 ) -> ModelHealth:
-    """The model's state with its reasons, from a snapshot's rows and the latest probe per peer.
+    """The model's state with its reasons, from a snapshot's rows and the latest reachability check
+    per peer.
 
     Rows of other models are ignored, so a whole ``Snapshot.servers`` may be passed. ``measured``:
     peer -> seconds per token per block the server probes measured (preferred to announcements);
-    ``wrong``: peer -> why its outputs are wrong (such a server does not count as serving);
-    ``disagreeing``: peer -> its disagreement with other servers of the same blocks that nobody
-    outvotes (checked without the model's weights): a reason, each of them still serving.
+    ``wrong``: peer -> why its outputs are wrong; ``failing``: peer -> the error its own handler
+    answered every recent probe with (neither counts as serving); ``disagreeing``: peer -> its
+    disagreement with other servers of the same blocks that nobody outvotes (checked without the
+    model's weights): a reason, each of them still serving.
     """
     if model.num_blocks < 1:
         raise ValueError(f"model {model.dht_prefix!r} has num_blocks={model.num_blocks}; it needs at least 1 block")
-    num_blocks = model.num_blocks
-    rows = _distinct(model, rows)
-    labels = {row.peer_id: peer_label(row) for row in rows}
-    serving = _serving(rows, probes, wrong)
-    excluded = {row.peer_id: why for row in rows if (why := _why_not_serving(row, probes, wrong)) is not None}
-    reachable = [row for row in rows if not _unreachable(row, probes)]
-
-    blocks = _block_coverage(num_blocks, serving)
+    served = _who_serves(model, rows, probes, wrong, failing)
+    blocks = served.blocks
     missing = ranges(b.index for b in blocks if b.online == 0)
     single = ranges(b.index for b in blocks if b.online == 1)
-    low_cache = ranges(
-        b.index
-        for b in blocks
-        if b.online and b.cache_tokens_left is not None and b.cache_tokens_left < min_cache_tokens
-    )
-    bottlenecks = ranges(_bottlenecks(blocks))
+    low_cache = ranges(b.index for b in blocks
+                       if b.online and b.cache_tokens_left is not None and b.cache_tokens_left < min_cache_tokens)
+    speed = _Speed([], None, None, "") if missing else _speed(model, served, probes, measured)
 
-    route: list[RouteHop] = []
-    tokens_per_s: Optional[float] = None
-    source: Optional[str] = None  # what the estimate rests on
-    if not missing:
-        client_rtts = {peer: p.rtt for peer, p in probes.items() if p.ok and p.rtt is not None}
-        route, seconds = best_route(model, serving, client_rtts=client_rtts, measured=measured)
-        source = _speed_source(route, measured) if route else None
-        if source == "measured":  # what a client waits per token on that route, all of it measured
-            seconds = sum(measured[peer] * (end - start) + client_rtts.get(peer, 0.0) for peer, start, end in route)
-        tokens_per_s = 1.0 / seconds if seconds > 0 else math.inf
-    estimate = f"{tokens_per_s:.2f} tokens/s" if tokens_per_s is not None else ""
-    estimate += {"measured": ", measured", "partly measured": ", partly measured (the rest as announced)",
-                 "announced": ", as announced (not measured yet)"}.get(source, "")
-    slow_blocks = _slow_blocks(blocks, measured)
-
-    reasons: list[str] = []
     if missing:
-        for start, end in missing:
-            verb = "have" if end - start > 1 else "has"
-            sentence = f"{_blocks_phrase([(start, end)])} {verb} no online, reachable server"
-            there = [row for row in rows if row.peer_id in excluded and row.start < end and start < row.end]
-            if there:
-                sentence += " (" + "; ".join(f"{labels[r.peer_id]} is {excluded[r.peer_id]}" for r in there) + ")"
-            reasons.append(sentence + " — clients cannot run this model")
-        state = BROKEN
+        state, reasons = BROKEN, [_missing_reason(start, end, served, failing) for start, end in missing]
     else:
-        for start, end, peer in _runs_by_sole_peer(blocks, single):
-            reasons.append(
-                f"{_blocks_phrase([(start, end)])} {'are' if end - start > 1 else 'is'} served only by "
-                f"{labels[peer]} — if it leaves, the model breaks"
-            )
-        if tokens_per_s is not None and tokens_per_s < min_tokens_per_s:
-            reasons.append(
-                f"the best route runs at an estimated {estimate}, below {min_tokens_per_s:g} "
-                f"tokens/s ({_route_phrase(route, labels)})"
-            )
-        reasons += _named([f"{labels[peer]} {why} — not counted as serving; the chat routes around it"
-                           for peer, why in sorted(wrong.items()) if peer in labels and peer in excluded],
-                          "servers with wrong outputs")
-        reasons += _named([f"{labels[peer]} {why} — one of them computes wrong; without the model's weights the "
-                           "monitor cannot tell which, so both still count as serving"
-                           for peer, why in sorted(disagreeing.items()) if peer in labels and peer not in excluded],
-                          "servers that disagree with others")
-        reasons += _named(_slow_peers(serving, measured, labels), "slow servers")
-        if slow_blocks:
-            reasons.append(f"slow {_blocks_phrase(slow_blocks)}: even the fastest measured server there is at least "
-                           f"{SLOW_FACTOR:g}× slower than the model's median block")
-        for start, end in low_cache:
-            least = min(blocks[i].cache_tokens_left for i in range(start, end))
-            reasons.append(
-                f"{_blocks_phrase([(start, end)])} {'have' if end - start > 1 else 'has'} as few as {least} cache "
-                f"tokens left across its servers, below {min_cache_tokens} — new chat sessions may be refused"
-            )
+        reasons = _degraded_reasons(served, speed, measured=measured, wrong=wrong, failing=failing,
+                                    disagreeing=disagreeing, single=single, low_cache=low_cache,
+                                    min_tokens_per_s=min_tokens_per_s, min_cache_tokens=min_cache_tokens)
         state = DEGRADED if reasons else HEALTHY
         if state == HEALTHY:
-            reasons.append(
-                f"every block is served by at least {min(b.online for b in blocks)} online servers; "
-                f"best route ≈ {estimate} ({_route_phrase(route, labels)})"
-            )
+            reasons.append(f"every block is served by at least {min(b.online for b in blocks)} online servers; "
+                           f"best route ≈ {speed.estimate} ({_route_phrase(speed.route, served.labels)})")
 
+    # servers that do not serve whatever the DHT says are left out of the recommendation; JOINING
+    # ones are kept, as petals keeps them (they will serve soon)
+    candidates = [row for row in served.rows if served.causes.get(row.peer_id) not in (CAUSE_UNREACHABLE, CAUSE_FAILING)]
     return ModelHealth(
         model=model.dht_prefix,
         state=state,
         reasons=tuple(reasons),
-        coverage_pct=100.0 * sum(1 for b in blocks if b.online) / num_blocks,
-        servers_online=len(serving),
+        coverage_pct=100.0 * sum(1 for b in blocks if b.online) / model.num_blocks,
+        servers_online=len(served.serving),
         min_redundancy=min(b.online for b in blocks),
         blocks=tuple(blocks),
         missing_ranges=tuple(missing),
         single_served_ranges=tuple(single),
-        bottleneck_ranges=tuple(bottlenecks),
+        bottleneck_ranges=tuple(ranges(_bottlenecks(blocks))),
         low_cache_ranges=tuple(low_cache),
-        est_tokens_per_s=tokens_per_s,
-        speed_source=source,
-        route=tuple(route),
-        recommendation=_recommend(model, reachable, serving, recommend_blocks),
-        excluded_peers=excluded,
+        est_tokens_per_s=speed.tokens_per_s,
+        speed_source=speed.source,
+        route=tuple(speed.route),
+        recommendation=_recommend(model, candidates, served.serving, recommend_blocks),
+        excluded_peers=served.excluded,
+        excluded_causes=served.causes,
     )
 
 

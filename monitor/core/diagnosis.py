@@ -13,7 +13,27 @@ from typing import Iterable, Mapping, Optional
 from monitor.core.common import jsonable
 
 HEALTHY, DEGRADED, BROKEN = "healthy", "degraded", "broken"
+NOT_DIAGNOSED = "unknown"  # the diagnosis itself failed: stored and shown as such, never as healthy
 STATE_SEVERITY = {HEALTHY: 0, DEGRADED: 1, BROKEN: 2}  # worst first when states are merged (an hour, a day)
+
+# Why an announced server does not serve, by cause: the servers table and the reasons group by it.
+CAUSE_OFFLINE, CAUSE_JOINING = "OFFLINE", "JOINING"
+CAUSE_UNREACHABLE, CAUSE_FAILING, CAUSE_WRONG = "unreachable", "failing", "wrong outputs"
+CAUSES = (CAUSE_FAILING, CAUSE_WRONG, CAUSE_UNREACHABLE, CAUSE_JOINING, CAUSE_OFFLINE)
+CAUSE_PHRASE = {CAUSE_OFFLINE: "OFFLINE", CAUSE_JOINING: "JOINING", CAUSE_UNREACHABLE: "ONLINE but unreachable",
+                 CAUSE_FAILING: "ONLINE but failing", CAUSE_WRONG: "ONLINE but returning wrong outputs"}
+REASON_ERROR_CHARS = 120  # a server's own error, as quoted in a reason (the servers table has it whole)
+
+
+def cause_of(why: str) -> str:
+    """The cause (``CAUSES``) of an ``excluded_peers`` text (diagnoses stored before causes were)."""
+    for cause in (CAUSE_FAILING, CAUSE_UNREACHABLE):
+        if why.startswith(CAUSE_PHRASE[cause]):
+            return cause
+    if why.startswith("ONLINE but"):
+        return CAUSE_WRONG
+    return CAUSE_JOINING if why.startswith("JOINING") else CAUSE_OFFLINE
+
 
 Range = tuple[int, int]  # blocks [start, end), as petals' --block_indices
 RouteHop = tuple[str, int, int]  # (peer id, start, end)
@@ -57,7 +77,7 @@ class Recommendation:
 @dataclass(frozen=True)
 class ModelHealth:
     model: str
-    state: str  # HEALTHY | DEGRADED | BROKEN
+    state: str  # HEALTHY | DEGRADED | BROKEN | NOT_DIAGNOSED
     reasons: tuple[str, ...]
     coverage_pct: float
     servers_online: int
@@ -69,10 +89,18 @@ class ModelHealth:
     low_cache_ranges: tuple[Range, ...]
     est_tokens_per_s: Optional[float]  # None when no route exists
     route: tuple[RouteHop, ...]
-    recommendation: Recommendation
+    recommendation: Optional[Recommendation]  # None only when not diagnosed
     excluded_peers: dict[str, str] = field(default_factory=dict)  # announced but not serving: why
+    excluded_causes: dict[str, str] = field(default_factory=dict)  # the same peers: their cause (CAUSES)
     # what est_tokens_per_s rests on: "measured", "partly measured", "announced"; None without a route
     speed_source: Optional[str] = None
+
+    @classmethod
+    def not_diagnosed(cls, model: str, num_blocks: int, error: str) -> "ModelHealth":
+        """What is stored when diagnosing the model failed: the failure, for every reader to show."""
+        return cls(model=model, state=NOT_DIAGNOSED, reasons=(f"not diagnosed: {error}",), coverage_pct=0.0,
+                   servers_online=0, min_redundancy=0, blocks=(), missing_ranges=(), single_served_ranges=(),
+                   bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=None, route=(), recommendation=None)
 
     def to_dict(self) -> dict:
         """JSON-ready: tuples become lists, non-finite numbers None (``common.jsonable``)."""
@@ -92,7 +120,9 @@ class ModelHealth:
             missing_ranges=spans("missing_ranges"), single_served_ranges=spans("single_served_ranges"),
             bottleneck_ranges=spans("bottleneck_ranges"), low_cache_ranges=spans("low_cache_ranges"),
             est_tokens_per_s=data["est_tokens_per_s"], route=spans("route"),
-            recommendation=Recommendation(**data["recommendation"]),
+            recommendation=Recommendation(**data["recommendation"]) if data.get("recommendation") else None,
             excluded_peers=dict(data.get("excluded_peers") or {}),
+            excluded_causes=dict(data.get("excluded_causes")
+                                 or {peer: cause_of(why) for peer, why in (data.get("excluded_peers") or {}).items()}),
             speed_source=data.get("speed_source"),
         )

@@ -20,6 +20,18 @@ A *correctness check* compares the span's outputs for a fixed input with a trust
 the same blocks (the monitor's own, where it has the model's weights) or with other servers' outputs
 for the same blocks and input. The comparison is the relative L2 error ``‖out − ref‖ / ‖ref‖``,
 judged against ``tolerance(dtype, quant_type, blocks)``.
+
+A probe that fails says something only when the *server* answered with an error of its own (its
+handler raised — out of memory, a broken driver, a version or architecture mismatch —, its
+attention cache is full, it refused the session): ``error_kind`` ``SERVER_ERROR``. A server whose
+newest ``FAILING_CONFIRMATIONS`` probes, all within the recent window, failed that way is
+**failing** (``failing_servers``): it is up, announced and reachable, but a client's every step
+through it fails, so it serves nothing. When the monitor itself gave up (``TIMEOUT``: no answer
+within the probe's timeout) or could not run the probe (``CLIENT_ERROR``), nothing is learnt of
+the server's health: a slow server is judged by its speed, an absent one by its reachability.
+
+Every verdict reads the same window, ``recent_window(speed_probe_period)``: the diagnosis, the
+pages, the alerts and the chat's router. A verdict older than that no longer counts.
 """
 
 from __future__ import annotations
@@ -47,6 +59,16 @@ MAX_AGE_PERIODS = 4.0
 SPEED_SAMPLES = 3  # a server's measured speed is the median of its newest this many probes
 CONFIRM_AFTER = 0.5  # of a period: a probe that would change a server's verdict is confirmed this soon
 
+# Why a probe failed (``ServerProbe.error_kind``).
+SERVER_ERROR, TIMEOUT, CLIENT_ERROR = "server", "timeout", "client"
+FAILURE_KINDS = (SERVER_ERROR, TIMEOUT, CLIENT_ERROR)
+FAILING_CONFIRMATIONS = 2  # newest probes that must all fail with the server's own error: one flaky step changes nothing
+
+
+def recent_window(speed_probe_period: float) -> float:
+    """Seconds of probes every verdict reads: ``MAX_AGE_PERIODS`` probe periods."""
+    return MAX_AGE_PERIODS * speed_probe_period
+
 # Relative L2 error one block may add, by the precision it computes in (the reference is float32).
 # float32 against float32 differs only by summation order (~1e-6); half precisions round every
 # activation to 8 or 11 bits of mantissa; quantized weights differ from the checkpoint itself.
@@ -71,6 +93,7 @@ class ServerProbe:
     prefill_seconds: Optional[float] = None  # the first step, PREFILL_TOKENS tokens
     duration: Optional[float] = None  # the steps' total time: the server's time this probe took (pauses not counted)
     error: Optional[str] = None  # why it failed (short)
+    error_kind: Optional[str] = None  # SERVER_ERROR | TIMEOUT | CLIENT_ERROR when it failed
     verdict: Optional[str] = None  # CORRECT | WRONG | DISAGREES; None: not checked
     error_ratio: Optional[float] = None  # relative L2 error of the outputs
     tolerance: Optional[float] = None  # what error_ratio was judged against
@@ -217,6 +240,31 @@ def disagreeing_outputs(probes: Iterable[ServerProbe], *, now: float, max_age: f
     return found
 
 
+def failing_servers(probes: Iterable[ServerProbe], *, now: float, max_age: float,
+                    model: Optional[str] = None) -> dict[str, str]:
+    """peer -> the server's own error, where its newest ``FAILING_CONFIRMATIONS`` probes no older
+    than ``max_age`` (of ``model``, if given) all failed with ``SERVER_ERROR`` (the newest error is
+    the one told). A probe that succeeds, or fails for a reason of the monitor's (a timeout), ends it."""
+    newest: dict[str, list[ServerProbe]] = {}
+    for probe in sorted(probes, key=lambda p: p.at, reverse=True):
+        if probe.at < now - max_age or (model is not None and probe.model != model):
+            continue
+        kept = newest.setdefault(probe.peer_id, [])
+        if len(kept) < FAILING_CONFIRMATIONS:
+            kept.append(probe)
+    return {peer: kept[0].error or "the server answered with an error"
+            for peer, kept in newest.items()
+            if len(kept) == FAILING_CONFIRMATIONS and all(not p.ok and p.error_kind == SERVER_ERROR for p in kept)}
+
+
+def first_server_error(probe: ServerProbe, before: Optional[ServerProbe]) -> bool:
+    """Whether ``probe`` is a server error that is not confirmed yet (the one ``before`` it was not):
+    worth probing again soon, so that a failing server is named within one period."""
+    if probe.ok or probe.error_kind != SERVER_ERROR:
+        return False
+    return before is None or before.ok or before.error_kind != SERVER_ERROR
+
+
 def describe_verdict(probe: ServerProbe) -> str:
     """One phrase for pages and the diagnosis, e.g. "returns wrong outputs (error 0.93 > 0.0016 …)"."""
     if probe.verdict is None:
@@ -334,6 +382,7 @@ class MeasuredServer:
     verdict: Optional[ServerProbe]  # the newest probe that was checked for correctness
     last: Optional[ServerProbe]  # the newest probe, ok or not
     probes: int  # fresh probes counted
+    failing: Optional[str] = None  # the server's own error, when its newest probes all failed with it
 
     @property
     def slow(self) -> bool:
@@ -356,11 +405,39 @@ def server_views(probes: Sequence[ServerProbe], announced_rps: Mapping[str, Opti
     fresh = [p for p in probes if p.model == model and p.at >= now - max_age]
     newest = latest_per_peer(fresh)
     checked = latest_per_peer([p for p in fresh if p.verdict is not None])
+    failing = failing_servers(fresh, now=now, max_age=max_age)
     views = {}
     for peer, rps in announced_rps.items():
         others = [seconds for other, seconds in speeds.items() if other != peer]
         views[peer] = MeasuredServer(
             peer_id=peer, measured=speeds.get(peer), slowness=slowness(speeds.get(peer), rps, others),
             verdict=checked.get(peer), last=newest.get(peer), probes=sum(1 for p in fresh if p.peer_id == peer),
+            failing=failing.get(peer),
         )
     return views
+
+
+class RecentProbes:
+    """Every verdict drawn from the recent probes (``recent_window``), read once per round: the
+    diagnosis, the scores, the alerts and the pages ask the same object the same questions."""
+
+    def __init__(self, probes: Sequence[ServerProbe], now: float, max_age: float):
+        self.probes, self.now, self.max_age = list(probes), now, max_age
+
+    def speeds(self, model: Optional[str] = None) -> dict[str, float]:
+        return measured_speeds(self.probes, now=self.now, max_age=self.max_age, model=model)
+
+    def round_trip_speeds(self, model: Optional[str] = None) -> dict[str, float]:
+        """peer -> the median of its newest probes' one-token steps per block, round trip included
+        (the chats' own measure, what the scores compare with chats)."""
+        return {peer: statistics.median(p.round_trip_per_block for p in kept)
+                for peer, kept in recent_per_peer(self.probes, now=self.now, max_age=self.max_age, model=model).items()}
+
+    def wrong(self, model: Optional[str] = None) -> dict[str, str]:
+        return wrong_outputs(self.probes, now=self.now, max_age=self.max_age, model=model)
+
+    def disagreeing(self, model: Optional[str] = None) -> dict[str, str]:
+        return disagreeing_outputs(self.probes, now=self.now, max_age=self.max_age, model=model)
+
+    def failing(self, model: Optional[str] = None) -> dict[str, str]:
+        return failing_servers(self.probes, now=self.now, max_age=self.max_age, model=model)

@@ -25,6 +25,7 @@ from typing import Iterable, Mapping, Optional
 
 from monitor.core.common import DAY, HOUR, WEEK
 from monitor.core.quantiles import MAX_RELATIVE_ERROR, Histogram, histogram
+from monitor.core.probes import SPEED_SAMPLES  # the probes a measured speed rests on
 from monitor.core.snapshot import ONLINE, Observation, PeerHistory
 
 NEUTRAL = 0.5
@@ -44,7 +45,6 @@ PROBE_WINDOW, FLAP_WINDOW, CHAT_WINDOW = DAY, DAY, WEEK
 SCORE_WINDOW = max(w for w, _, _ in UPTIME_WINDOWS)  # the oldest evidence any component looks at
 _FLAP_UPTIME = [w for w, _, _ in UPTIME_WINDOWS].index(FLAP_WINDOW)  # the uptime window that counts its polls
 RTT_REFERENCE = 0.100  # seconds: a 100 ms median RTT scores 0.5
-PROBE_SPEED_SAMPLES = 3  # (#14) the probes a measured speed rests on (monitor.core.probes.SPEED_SAMPLES)
 FLAP_SCALE = 3.0  # flaps: 3 flaps in 24 h score e^-1 ≈ 0.37
 
 FORMULA = f"""\
@@ -272,7 +272,7 @@ def _probe_speed(measured: float, reference: Optional[float]) -> tuple[float, st
     if not reference or reference <= 0 or measured <= 0:
         return NEUTRAL, text + " — no swarm reference to compare with yet"
     ratio = measured / reference
-    quality = _shrink(min(1.0, 1 / ratio), PROBE_SPEED_SAMPLES, PRIOR["chat_speed"])
+    quality = _shrink(min(1.0, 1 / ratio), SPEED_SAMPLES, PRIOR["chat_speed"])
     if ratio > 1.1:
         return quality, text + f" — {ratio:.1f}× slower than the swarm median"
     return quality, text + (f" — {1 / ratio:.1f}× faster than the swarm median" if ratio < 1 / 1.1
@@ -280,10 +280,12 @@ def _probe_speed(measured: float, reference: Optional[float]) -> tuple[float, st
 
 
 def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[float] = None,
-          measured_sec_per_block: Optional[float] = None, wrong_outputs: Optional[str] = None) -> PeerScore:
+          measured_sec_per_block: Optional[float] = None, wrong_outputs: Optional[str] = None,
+          failing: Optional[str] = None) -> PeerScore:
     """The score: the one scoring function. Pass the swarm's median speed (``swarm_median``) to judge speed;
     (#14) the speed probes' measurement of the peer, which judges its speed instead of chats', and
-    why its outputs are wrong if the correctness probes found them so (the score is then 0)."""
+    why its outputs are wrong if the correctness probes found them so, and the error it answers
+    every recent probe with if it fails them (either makes the score 0: a client gets nothing of it)."""
     uptime, uptime_text = _uptime(agg)
     probe_success, probe_rtt, probe_text = _probes(agg)
     stability, flap_text = _stability(agg)
@@ -305,6 +307,10 @@ def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[
     if wrong_outputs:
         total = 0.0
         explanation += (f"outputs: {wrong_outputs} — score 0 until a probe finds them correct",)
+    if failing:
+        total = 0.0
+        explanation += (f"inference: fails every probe with its own error ({failing}) — score 0 until a probe "
+                        "succeeds",)
     return PeerScore(
         peer_id=agg.peer_id,
         score=min(100.0, max(0.0, total)),
@@ -321,17 +327,19 @@ def swarm_median(aggregates: Iterable[PeerAggregates]) -> Optional[float]:
 
 
 def score_all(aggregates: Iterable[PeerAggregates], now: float, *, measured: Mapping[str, float] = {},
-              wrong: Mapping[str, str] = {}) -> dict[str, PeerScore]:
+              wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {}) -> dict[str, PeerScore]:
     """Every peer's score, with speed judged against the swarm median. (#14) ``measured``: peer ->
     seconds per token per block the speed probes measured (their figure replaces the chats' in the
-    peer's speed and in the swarm median); ``wrong``: peer -> why its outputs are wrong."""
+    peer's speed and in the swarm median); ``wrong``: peer -> why its outputs are wrong; ``failing``:
+    peer -> the error it fails every recent probe with."""
     aggregates = list(aggregates)
     reference = swarm_median(aggregates)
     if measured:
         figures = [f for agg in aggregates if (f := measured.get(agg.peer_id) or agg.chat_speed.median()) is not None]
         reference = statistics.median(figures) if figures else reference
     return {agg.peer_id: score(agg, now, reference_sec_per_block=reference,
-                               measured_sec_per_block=measured.get(agg.peer_id), wrong_outputs=wrong.get(agg.peer_id))
+                               measured_sec_per_block=measured.get(agg.peer_id), wrong_outputs=wrong.get(agg.peer_id),
+                               failing=failing.get(agg.peer_id))
             for agg in aggregates}
 
 

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Mapping, Optional, Sequence
 
 from monitor.core.common import short_peer_id
-from monitor.core.diagnosis import ModelHealth, format_ranges, ranges
+from monitor.core.diagnosis import CAUSE_FAILING, CAUSE_WRONG, ModelHealth, format_ranges, ranges
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
 
@@ -204,6 +204,19 @@ def _reachable(facts: ServerFacts) -> Check:
                  "from the internet (forward it, or give --public_ip and --port), or let it use a relay.")
 
 
+# What to try, by why the diagnosis does not count a server (``CAUSES``); the others have their own check.
+_EXCLUDED_ADVICE = {
+    CAUSE_FAILING: "It is up and reachable, but every inference step through it fails with that error, so every "
+                   "client routed through it fails. Read the server's log around that error: the usual causes are "
+                   "running out of GPU memory (serve fewer blocks with --num_blocks, or lower --attn_cache_tokens), "
+                   "a broken GPU driver or CUDA install, and a petals, torch or transformers version that does not "
+                   "match the model's. Restart the server once fixed; the monitor counts it again after its next "
+                   "successful probe.",
+    CAUSE_WRONG: "Its outputs differ from the model's: check that it serves the right checkpoint and revision, "
+                 "and its --torch_dtype and --quant_type; restart it once fixed.",
+}
+
+
 def _useful(facts: ServerFacts, row: ServerRow, names: Mapping[str, str]) -> Check:
     model = names.get(row.model, row.model)
     health = facts.healths.get(row.model)
@@ -211,7 +224,8 @@ def _useful(facts: ServerFacts, row: ServerRow, names: Mapping[str, str]) -> Che
         return Check("useful", INFO, f"{model}: not diagnosed yet.")
     excluded = health.excluded_peers.get(facts.peer_id)
     if excluded:
-        return Check("useful", BAD, f"{model}: the monitor does not count it as serving its blocks: {excluded}.")
+        return Check("useful", BAD, f"{model}: the monitor does not count it as serving its blocks: {excluded}.",
+                     _EXCLUDED_ADVICE.get(health.excluded_causes.get(facts.peer_id)))
     blocks = [b for b in health.blocks if row.start <= b.index < row.end]
     others = {b.index: b.online - (1 if facts.peer_id in b.peers else 0) for b in blocks}
     sole = ranges(i for i, n in others.items() if n <= 0)
@@ -249,7 +263,7 @@ def _recommendations(facts: ServerFacts, names: Mapping[str, str]) -> tuple[tupl
     out = []
     for model in dict.fromkeys(served):
         health = facts.healths.get(model)
-        if health is not None:
+        if health is not None and health.recommendation is not None:
             rec = health.recommendation
             out.append((names.get(model, model), rec.argument, rec.reason))
     return tuple(out)

@@ -81,6 +81,12 @@ class ReachabilityResult:
     address: Optional[str] = None  # bootstrap multiaddr
 
 
+def unreachable(check: Optional[ReachabilityResult]) -> bool:
+    """A failed reachability check means unreachable, unless the peer answered that it is still
+    loading (JOINING: up, without petals' handler yet)."""
+    return check is not None and not check.ok and not check.joining
+
+
 @dataclass(frozen=True)
 class ReachabilityBatch:
     taken_at: float

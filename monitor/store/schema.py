@@ -321,6 +321,7 @@ class ServerProbeRow(SQLModel, table=True):
     prefill_seconds: Optional[float] = None
     duration: Optional[float] = None  # the steps' total: the server's time the probe took
     error: Optional[str] = Field(default=None, max_length=300)
+    error_kind: Optional[str] = Field(default=None, max_length=16)  # server | timeout | client; NULL: ok (or before 0010)
     verdict: Optional[str] = Field(default=None, max_length=16)  # ok | wrong | disagrees; NULL: not checked
     error_ratio: Optional[float] = None
     tolerance: Optional[float] = None
@@ -401,3 +402,27 @@ class HourlyProbesRow(SQLModel, table=True):
     # as long as raw rows (the scores read a day of it); and the latest failure's error
     rtt_bins: Any = _json_field()
     last_error: Optional[str] = None
+
+
+# ---- generation checks (revision 0011): a few tokens end to end through the chat's engine -------
+
+
+class GenerationCheckRow(SQLModel, table=True):
+    """One generation check of one model (``core/generation.py``'s ``GenerationCheck``); kept
+    ``raw_retention_days`` like the other raw rows (one row per model per check period)."""
+
+    __tablename__ = "generation_checks"
+    __table_args__ = (sa.Index(None, "at"), sa.Index(None, "model", "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    at: float
+    model: str = Field(max_length=256)
+    ok: bool
+    error: Optional[str] = Field(default=None, max_length=300)
+    answer: Optional[str] = Field(default=None, max_length=300)
+    expect: Optional[str] = Field(default=None, max_length=200)
+    matched: Optional[bool] = None  # NULL: no pattern, or no answer
+    time_to_first_token: Optional[float] = None
+    tokens_per_second: Optional[float] = None
+    tokens: int = 0
+    duration: Optional[float] = None
+    route: Any = _json_field()  # [{peer_id, start, end, error}, ...]: the spans taken, then those that failed

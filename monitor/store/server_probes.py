@@ -19,7 +19,7 @@ from monitor.core.probes import ServerProbe
 from monitor.store.schema import Peer, ServerProbeRow
 from monitor.store.writes import peer_keys
 
-_TEXT_LIMITS = {"error": 300, "verdict": 16, "checked_against": 16, "detail": 300}
+_TEXT_LIMITS = {"error": 300, "error_kind": 16, "verdict": 16, "checked_against": 16, "detail": 300}
 _NUMBERS = ("seconds_per_token", "rtt", "prefill_seconds", "duration", "error_ratio", "tolerance")
 
 
@@ -67,6 +67,6 @@ def _probe(r) -> ServerProbe:
     return ServerProbe(
         peer_id=r["peer_id"], model=r["model"], start=r["start"], end=r["end"], at=r["at"], ok=bool(r["ok"]),
         seconds_per_token=r["seconds_per_token"], rtt=r["rtt"], prefill_seconds=r["prefill_seconds"],
-        duration=r["duration"], error=r["error"], verdict=r["verdict"], error_ratio=error_ratio,
+        duration=r["duration"], error=r["error"], error_kind=r["error_kind"], verdict=r["verdict"], error_ratio=error_ratio,
         tolerance=r["tolerance"], checked_against=r["checked_against"], detail=r["detail"],
     )

@@ -12,10 +12,11 @@ from monitor.core.common import HOUR
 from monitor.core.probes import (
     CORRECT,
     DISAGREES,
-    MAX_AGE_PERIODS,
     WRONG,
     MeasuredServer,
     ServerProbe,
+    failing_servers,
+    recent_window,
     server_views,
     wrong_outputs,
 )
@@ -31,7 +32,7 @@ def model_servers(store, settings, snapshot: Optional[Snapshot], dht_prefix: str
     """peer -> what the probes measured of it for this model (empty if the store cannot say)."""
     if snapshot is None:
         return {}
-    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
+    max_age = recent_window(settings.speed_probe_period)
     try:
         probes = store.recent_server_probes(now - max_age, model=dht_prefix)
     except StoreError as e:
@@ -43,7 +44,7 @@ def model_servers(store, settings, snapshot: Optional[Snapshot], dht_prefix: str
 
 def peer_probes(store, settings, peer_id: str, snapshot: Optional[Snapshot], now: float) -> dict:
     """The peer's latest probes (newest first) and, per model it serves, what they add up to."""
-    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
+    max_age = recent_window(settings.speed_probe_period)
     try:
         probes = store.recent_server_probes(now - max(max_age, 86400.0), peer_id=peer_id,
                                             limit=PEER_PROBES_SHOWN * 4)
@@ -65,15 +66,18 @@ def peer_probes(store, settings, peer_id: str, snapshot: Optional[Snapshot], now
 
 
 def metric_families(store, settings) -> Iterable:
-    """/metrics: the server probes of the last hour by result, and the servers whose outputs are wrong."""
+    """/metrics: the server probes of the last hour by result and verdict, and the servers whose
+    outputs are wrong or who fail every probe (within the recent window, as the diagnosis reads them)."""
     from prometheus_client.core import GaugeMetricFamily
 
     now = time.time()
+    max_age = recent_window(settings.speed_probe_period)
     try:
-        probes = store.recent_server_probes(now - HOUR)
+        recent = store.recent_server_probes(now - max(HOUR, max_age))
     except StoreError as e:
         log.warning("server probes not read for /metrics: %s", e)
         return
+    probes = [p for p in recent if p.at >= now - HOUR]
     results = GaugeMetricFamily("swarm_monitor_server_probes_1h", "Speed probes of servers' spans in the last hour, "
                                 "by result (failed: the session did not run to the end)", labels=["result"])
     results.add_metric(["ok"], sum(1 for p in probes if p.ok))
@@ -84,6 +88,8 @@ def metric_families(store, settings) -> Iterable:
     for verdict in (CORRECT, WRONG, DISAGREES):
         verdicts.add_metric([verdict], sum(1 for p in probes if p.verdict == verdict))
     yield verdicts
-    max_age = MAX_AGE_PERIODS * settings.speed_probe_period
     yield GaugeMetricFamily("swarm_monitor_servers_wrong_outputs", "Servers whose latest correctness probe found "
-                            "their outputs wrong", value=len(wrong_outputs(probes, now=now, max_age=max_age)))
+                            "their outputs wrong", value=len(wrong_outputs(recent, now=now, max_age=max_age)))
+    yield GaugeMetricFamily("swarm_monitor_servers_failing", "Servers whose newest probes all failed with the "
+                            "server's own error (ONLINE and reachable, but every inference fails)",
+                            value=len(failing_servers(recent, now=now, max_age=max_age)))

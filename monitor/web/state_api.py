@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from monitor.core.common import finite
 from monitor.core.diagnosis import BROKEN, DEGRADED, ModelHealth
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, Snapshot
+from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, Snapshot, unreachable
 
 ROW_STATES = ("online", "joining", "offline", "unreachable")
 
@@ -46,14 +46,9 @@ def model_name(model: ModelInfo) -> str:
     return model.dht_prefix
 
 
-def is_unreachable(probe: Optional[ReachabilityResult]) -> bool:
-    """A failed probe means unreachable, unless the peer answered that it is still loading."""
-    return probe is not None and not probe.ok and not probe.joining
-
-
 def row_state(row: ServerRow, probe: Optional[ReachabilityResult]) -> str:
     """online / joining / offline / unreachable, as health.petals.dev names a server row's state."""
-    if row.state == ONLINE and is_unreachable(probe):
+    if row.state == ONLINE and unreachable(probe):
         return "unreachable"
     return {ONLINE: "online", JOINING: "joining", OFFLINE: "offline"}.get(row.state, "offline")
 
@@ -122,6 +117,9 @@ def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
                 "servers_online": None, "min_redundancy": None, "est_tokens_per_s": None, "speed_source": None,
                 "recommendation": None}
     rec = health.recommendation
+    recommendation = None if rec is None else {
+        "start": rec.start, "end": rec.end, "num_blocks": rec.num_blocks, "block_indices": f"{rec.start}:{rec.end}",
+        "argument": rec.argument, "reason": rec.reason}
     return {
         "monitor_state": health.state,
         "degraded": health.state == DEGRADED,
@@ -132,8 +130,7 @@ def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
         "est_tokens_per_s": finite(health.est_tokens_per_s),
         # what the estimate rests on: "measured" (speed probes), "partly measured", "announced"; None: no route
         "speed_source": health.speed_source if health.est_tokens_per_s is not None else None,
-        "recommendation": {"start": rec.start, "end": rec.end, "num_blocks": rec.num_blocks,
-                           "block_indices": f"{rec.start}:{rec.end}", "argument": rec.argument, "reason": rec.reason},
+        "recommendation": recommendation,
     }
 
 
@@ -198,7 +195,7 @@ def reachability_issues(probes: Mapping[str, ReachabilityResult], peers: set[str
     return [
         {"peer_id": peer, "err": probe.error or "unreachable", "kind": probe.kind}
         for peer, probe in sorted(probes.items())
-        if peer in peers and is_unreachable(probe)
+        if peer in peers and unreachable(probe)
     ]
 
 
