@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Optional, Sequence
 
@@ -180,71 +180,108 @@ def scrape(
         raise ValueError(f"batch_blocks must be at least 1, got {batch_blocks}")
     taken_at, started = time.time(), time.perf_counter()
     errors: list[str] = []
-    invalid = 0
-
-    index: dict[str, tuple[int, Optional[str]]] = {}
-    if discover or any(not m.num_blocks for m in models):
-        future = submit(dht, _read_model_index)
-        try:
-            index, invalid = future.result(timeout)
-        except Exception as e:  # noqa: BLE001 - the scrape goes on without the index
-            future.cancel()
-            errors.append(f"reading {MODEL_INDEX_KEY} from the DHT failed: {short_error(e)}")
+    index, invalid_entries = _model_index(dht, models, discover=discover, timeout=timeout, errors=errors)
     watched, model_errors = _resolve_models(models, index, discover=discover)
     errors.extend(model_errors)
     if discover:
         watched = _rank_discovered(dht, watched, errors, timeout)
-
-    uids = [f"{m.dht_prefix}{UID_DELIMITER}{i}" for m in watched for i in range(m.num_blocks)]
-    num_blocks = {m.dht_prefix: m.num_blocks for m in watched}
-    batches = batches_by_size(uids, batch_blocks)
-    blocks: dict[str, list[dict[str, ParsedServer]]] = {m.dht_prefix: [{} for _ in range(m.num_blocks)]
-                                                        for m in watched}
-    failed: set[str] = set()
-    over_cap = 0
-
-    for window in range(0, len(batches), SCRAPE_BATCHES_IN_FLIGHT):
-        deadline = time.monotonic() + timeout
-        pending = [
-            (batch, submit(dht, partial(_read_blocks, uids=batch, num_blocks=num_blocks)))
-            for batch in batches[window : window + SCRAPE_BATCHES_IN_FLIGHT]
-        ]
-        for batch, future in pending:
-            try:
-                result = future.result(max(0.0, deadline - time.monotonic()))
-            except Exception as e:  # noqa: BLE001 - this batch's models are marked failed
-                future.cancel()
-                prefixes = sorted({uid.rsplit(UID_DELIMITER, 1)[0] for uid in batch})
-                failed.update(prefixes)
-                errors.append(f"reading blocks {batch[0]}..{batch[-1]} from the DHT failed "
-                              f"({short_error(e)}); models {prefixes} are left out of this snapshot")
-                continue
-            invalid += result["invalid"]
-            over_cap += result["over_cap"]
-            for position, peer_id, record_index in result["placements"]:
-                prefix, block = batch[position].rsplit(UID_DELIMITER, 1)
-                blocks[prefix][int(block)][peer_id] = result["records"][record_index]
-    if over_cap:
-        errors.append(f"{over_cap} announcements beyond {MAX_SERVERS_PER_BLOCK} per block were not read")
-
-    servers: list[ServerRow] = []
-    clamped = 0
-    for model in watched:
-        if model.dht_prefix in failed:
-            continue
-        per_block = _cap_servers(model, blocks[model.dht_prefix], errors)
-        rows, model_clamped = _rows_for_model(model, per_block)
-        servers.extend(rows)
-        clamped += model_clamped
+    found = _read_watched_blocks(dht, watched, batch_blocks=batch_blocks, timeout=timeout, errors=errors)
+    servers, clamped = _server_rows(watched, found, errors)
     return Snapshot(
         taken_at=taken_at,
         duration=time.perf_counter() - started,
         models=tuple(watched),
         servers=tuple(servers),
-        invalid_records=invalid,
+        invalid_records=invalid_entries + found.invalid,
         clamped_values=clamped,
         errors=tuple(errors),
     )
+
+
+def _model_index(dht, models: Sequence[ModelInfo], *, discover: bool, timeout: float,
+                 errors: list[str]) -> tuple[dict[str, tuple[int, Optional[str]]], int]:
+    """`_petals.models` when the scrape needs it (to discover models, or to size a configured one):
+    ({dht_prefix: (num_blocks, repository)}, invalid entry count); empty when it cannot be read."""
+    if not (discover or any(not m.num_blocks for m in models)):
+        return {}, 0
+    future = submit(dht, _read_model_index)
+    try:
+        return future.result(timeout)
+    except Exception as e:  # noqa: BLE001 - the scrape goes on without the index
+        future.cancel()
+        errors.append(f"reading {MODEL_INDEX_KEY} from the DHT failed: {short_error(e)}")
+        return {}, 0
+
+
+@dataclass
+class _BlocksRead:
+    """What the block reads found: per model, per block, peer id -> its record; the models whose
+    reads failed; rejected entries and entries beyond the per-block cap."""
+
+    blocks: dict[str, list[dict[str, ParsedServer]]]
+    failed: set[str] = field(default_factory=set)
+    invalid: int = 0
+    over_cap: int = 0
+
+    def add(self, batch: list[str], result: dict) -> None:
+        """One DHT call's result (``_read_blocks``) for the uids of ``batch``."""
+        self.invalid += result["invalid"]
+        self.over_cap += result["over_cap"]
+        for position, peer_id, record_index in result["placements"]:
+            prefix, block = batch[position].rsplit(UID_DELIMITER, 1)
+            self.blocks[prefix][int(block)][peer_id] = result["records"][record_index]
+
+    def fail(self, batch: list[str], error: BaseException) -> str:
+        """The models of a failed call are left out of the snapshot; the error that says so."""
+        prefixes = sorted({uid.rsplit(UID_DELIMITER, 1)[0] for uid in batch})
+        self.failed.update(prefixes)
+        return (f"reading blocks {batch[0]}..{batch[-1]} from the DHT failed "
+                f"({short_error(error)}); models {prefixes} are left out of this snapshot")
+
+
+def _read_watched_blocks(dht, watched: Sequence[ModelInfo], *, batch_blocks: int, timeout: float,
+                         errors: list[str]) -> _BlocksRead:
+    """Every block of every watched model, in DHT calls of at most ``batch_blocks`` uids,
+    ``SCRAPE_BATCHES_IN_FLIGHT`` at a time."""
+    uids = [f"{m.dht_prefix}{UID_DELIMITER}{i}" for m in watched for i in range(m.num_blocks)]
+    num_blocks = {m.dht_prefix: m.num_blocks for m in watched}
+    batches = batches_by_size(uids, batch_blocks)
+    found = _BlocksRead({m.dht_prefix: [{} for _ in range(m.num_blocks)] for m in watched})
+    for window in range(0, len(batches), SCRAPE_BATCHES_IN_FLIGHT):
+        _read_batches(dht, batches[window : window + SCRAPE_BATCHES_IN_FLIGHT], num_blocks, timeout, found, errors)
+    if found.over_cap:
+        errors.append(f"{found.over_cap} announcements beyond {MAX_SERVERS_PER_BLOCK} per block were not read")
+    return found
+
+
+def _read_batches(dht, batches: list[list[str]], num_blocks: dict[str, int], timeout: float,
+                  found: _BlocksRead, errors: list[str]) -> None:
+    """Some DHT calls in flight at once, all within one ``timeout``; a failed call costs its models."""
+    deadline = time.monotonic() + timeout
+    pending = [(batch, submit(dht, partial(_read_blocks, uids=batch, num_blocks=num_blocks))) for batch in batches]
+    for batch, future in pending:
+        try:
+            result = future.result(max(0.0, deadline - time.monotonic()))
+        except Exception as e:  # noqa: BLE001 - this batch's models are marked failed
+            future.cancel()
+            errors.append(found.fail(batch, e))
+            continue
+        found.add(batch, result)
+
+
+def _server_rows(watched: Sequence[ModelInfo], found: _BlocksRead, errors: list[str]) -> tuple[list[ServerRow], int]:
+    """A row per (peer, model) of every model read in full, at most MAX_SERVERS_PER_MODEL servers
+    each; also the number of values clamped in their records."""
+    servers: list[ServerRow] = []
+    clamped = 0
+    for model in watched:
+        if model.dht_prefix in found.failed:
+            continue
+        per_block = _cap_servers(model, found.blocks[model.dht_prefix], errors)
+        rows, model_clamped = _rows_for_model(model, per_block)
+        servers.extend(rows)
+        clamped += model_clamped
+    return servers, clamped
 
 
 def _resolve_models(
