@@ -1,20 +1,41 @@
-"""A tiny random Llama checkpoint, built offline, for tests and the fast demo.
+"""Tiny random checkpoints of every model family petals 2.2 serves (BLOOM, Falcon, Llama), built
+offline, for tests and the fast demo.
 
-No model hub is reachable here, so the swarm harness needs a checkpoint it can make itself:
-a byte-level BPE tokenizer trained with `tokenizers` on a small built-in text, and a Llama with
-random (seeded) weights, saved as a Hugging Face directory whose config carries `dht_prefix`.
+No model hub is reachable here, so the swarm harness needs checkpoints it can make itself: a
+byte-level BPE tokenizer trained with `tokenizers` on a small built-in text, and a model of each
+family with random (seeded) weights, saved as a Hugging Face directory whose config carries
+`dht_prefix`. Each is laid out as that family's published checkpoints are, because petals' server
+finds a block's weights by the family's block prefix and its client loads the rest by key:
+
+- Llama (``meta-llama/Llama-2-*-hf``, ``petals-team/StableBeluga2``): the causal LM's keys
+  (``model.embed_tokens``, ``model.layers.N.…``, ``model.norm``, ``lm_head``), rotary positions,
+  grouped key/value heads.
+- BLOOM (``bigscience/bloom-petals``, ``bigscience/bloomz-petals``): the *base model's* keys
+  (``word_embeddings``, ``word_embeddings_layernorm``, ``h.N.…``, ``ln_f``; no ``transformer.``
+  prefix and no head: the head is tied to the embeddings), ALiBi positions.
+- Falcon (``tiiuae/falcon-40b``, ``tiiuae/falcon-180B``): the causal LM's keys
+  (``transformer.word_embeddings``, ``transformer.h.N.…``, ``transformer.ln_f``, head tied), the
+  new decoder architecture (parallel attention and MLP, two layer norms per block), rotary
+  positions and fewer key/value heads than query heads (``num_kv_heads``).
+
+A client sends only hidden states: every block builds its own causal mask and ALiBi or rotary
+positions from the length of its attention cache, so the same probe and chat code serves all three.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from monitor.harness.checkpoints import build_once
 
-TINY_DHT_PREFIX = "tiny-llama"
+FAMILIES = ("llama", "bloom", "falcon")
+DEFAULT_FAMILY = "llama"
 TINY_NUM_BLOCKS = 8
-_VERSION = 1  # bump when the recipe changes, so cached checkpoints are rebuilt
+TINY_DHT_PREFIX = "tiny-llama"  # the Llama one's (the default family's)
+# bump a family's version when its recipe changes, so cached checkpoints are rebuilt
+_VERSIONS = {"llama": 1, "bloom": 1, "falcon": 1}
 
 _CORPUS = """\
 Petals runs large language models collaboratively. A model is cut into transformer blocks,
@@ -33,17 +54,48 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_model_path(data_dir: Path) -> Path:
-    return Path(data_dir) / "models" / f"{TINY_DHT_PREFIX}-v{_VERSION}"
+@dataclass(frozen=True)
+class TinyModel:
+    """One family's tiny checkpoint: where it is and how the swarm names it."""
+
+    family: str
+    path: Path
+    dht_prefix: str
+    num_blocks: int = TINY_NUM_BLOCKS
+
+    @property
+    def name(self) -> str:
+        return f"{self.dht_prefix} (random)"
 
 
-def ensure_tiny_model(data_dir: Path, *, seed: int = 0) -> Path:
-    """Build the checkpoint once and return its directory (cached; safe against concurrent builds)."""
+def check_family(family: str) -> str:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; petals 2.2 serves {', '.join(FAMILIES)}")
+    return family
+
+
+def tiny_dht_prefix(family: str = DEFAULT_FAMILY) -> str:
+    return f"tiny-{check_family(family)}"
+
+
+def tiny_model_path(data_dir: Path, family: str = DEFAULT_FAMILY) -> Path:
+    return Path(data_dir) / "models" / f"{tiny_dht_prefix(family)}-v{_VERSIONS[family]}"
+
+
+def ensure_tiny_model(data_dir: Path, *, family: str = DEFAULT_FAMILY, seed: int = 0) -> Path:
+    """Build the family's checkpoint once and return its directory (cached; safe against concurrent
+    builds)."""
     def build(scratch: Path) -> str:
-        _build(scratch, seed=seed)
-        return f"seed {seed}"
+        _build(scratch, family=family, seed=seed)
+        return f"{family}, seed {seed}"
 
-    return build_once(tiny_model_path(data_dir), build)
+    return build_once(tiny_model_path(data_dir, family), build)
+
+
+def tiny_model(data_dir: Path, family: str = DEFAULT_FAMILY, *, seed: int = 0) -> TinyModel:
+    """The family's tiny checkpoint, built on first use."""
+    path = ensure_tiny_model(data_dir, family=family, seed=seed)
+    return TinyModel(family=family, path=path, dht_prefix=tiny_dht_prefix(family))
 
 
 def _train_tokenizer():
@@ -73,37 +125,51 @@ def _train_tokenizer():
     return fast
 
 
-def _build(out: Path, *, seed: int) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _causal_lm(family: str, tokenizer):
+    """The family's causal LM at tiny sizes (hidden 64, 4 query heads, 8 blocks)."""
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, torch_dtype="float32")
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
 
+        return LlamaForCausalLM(LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=TINY_NUM_BLOCKS,
+            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False,
+            **special))
+    if family == "bloom":
+        from transformers import BloomConfig, BloomForCausalLM
+
+        return BloomForCausalLM(BloomConfig(
+            vocab_size=len(tokenizer), hidden_size=64, n_layer=TINY_NUM_BLOCKS, n_head=4,
+            tie_word_embeddings=True, **special))
+    from transformers import FalconConfig, FalconForCausalLM
+
+    return FalconForCausalLM(FalconConfig(  # as Falcon-40B/180B: 128/232 query heads share 8 kv heads
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=TINY_NUM_BLOCKS, num_attention_heads=4,
+        num_kv_heads=2, new_decoder_architecture=True, parallel_attn=True, multi_query=True, alibi=False,
+        bias=False, max_position_embeddings=512, tie_word_embeddings=True, **special))
+
+
+def _build(out: Path, *, family: str, seed: int) -> None:
+    import torch
+
+    check_family(family)
     tokenizer = _train_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=TINY_NUM_BLOCKS,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
-    )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = _causal_lm(family, tokenizer)
     # Random weights at the default init give near-uniform logits; a larger scale makes greedy
     # decoding decisive, so token-for-token comparisons are meaningful.
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
                 param.normal_(0.0, 0.2)
-    model.config.dht_prefix = TINY_DHT_PREFIX
-    model.save_pretrained(out, safe_serialization=True)
+    dht_prefix = tiny_dht_prefix(family)
+    # BLOOM's petals checkpoints hold the base model (blocks under "h."), the head tied to its embeddings
+    saved_model = model.transformer if family == "bloom" else model
+    saved_model.config.dht_prefix = dht_prefix
+    saved_model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     config_path = out / "config.json"
     saved = json.loads(config_path.read_text())
-    saved["dht_prefix"] = TINY_DHT_PREFIX
+    saved["dht_prefix"] = dht_prefix
     config_path.write_text(json.dumps(saved, indent=2) + "\n")
