@@ -6,7 +6,7 @@ so any number of web workers can serve the same store while one poller process w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -20,7 +20,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from monitor.http_errors import openai_error_body
 from monitor.settings import Settings
 from monitor.web import security, timerange
-
+from monitor.web.cache import WebCache
 
 
 def assets_dir(name: str) -> Path:
@@ -40,12 +40,14 @@ STATIC = assets_dir("static")
 
 @dataclass
 class WebDeps:
-    """What the views may use: settings, the store, and the optional demo and probe hooks."""
+    """What the views may use: settings, the store, the optional demo and reachability hooks, and
+    the app's one cache (``monitor.web.cache``: everything kept between requests)."""
 
     settings: Settings
     store: Any
     demo_controls: Any = None
     reachability_check: Optional[Callable[[str], Any]] = None
+    cache: WebCache = field(default_factory=WebCache)
 
 
 def deps() -> WebDeps:
@@ -60,15 +62,29 @@ def create_app(
     demo_controls=None,
     reachability_check: Optional[Callable[[str], Any]] = None,
 ) -> Flask:
-    """The web app over ``store``.
+    """The web app over ``store``, made in the steps below: configuration, the host check (the first
+    hook), extensions (htmx, filters, operator auth, the app's own rate limiter), blueprints, what
+    every template reads, response headers, error handlers. What the app keeps between requests is
+    all in its one ``WebCache`` (``WebDeps.cache``), so apps in one process share nothing.
 
-    ``reachability_check(peer_id) -> ReachabilityResult | None`` checks a peer live (the service wires it
-    to a DHT probe); without it ``/api/v1/is_reachable`` answers from the latest stored probe.
+    ``reachability_check(peer_id) -> ReachabilityResult | None`` checks a peer live (the service wires
+    it to the DHT); without it ``/api/v1/is_reachable`` answers from the latest stored check.
     ``demo_controls`` (servers/stop/start/throttle/unthrottle) adds the demo swarm panel.
     """
-    from monitor.web import alerts, api, assets, auth, demo, filters, limits, metrics, pages, search
-
     app = Flask("monitor.web", template_folder=str(TEMPLATES), static_folder=str(STATIC), static_url_path="/static")
+    _configure(app, settings)
+    d = app.extensions["swarm_monitor"] = WebDeps(settings, store, demo_controls, reachability_check)
+    _refuse_foreign_hosts(app)
+    limiter = _extensions(app, settings)
+    _blueprints(app, d, limiter, chat_blueprints)
+    _page_context(app, settings, demo_enabled=demo_controls is not None)
+    _response_headers(app)
+    _error_handlers(app)
+    return app
+
+
+def _configure(app: Flask, settings: Settings) -> None:
+    """Bounds on what a request may carry, trusted host names, and the proxies in front."""
     app.config.update(
         SEND_FILE_MAX_AGE_DEFAULT=3600,
         MAX_CONTENT_LENGTH=settings.max_request_bytes,  # larger bodies: 413 before they are read
@@ -81,41 +97,58 @@ def create_app(
         hops = settings.proxy_hops
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops, x_prefix=hops)
     app.json.sort_keys = False
-    app.extensions["swarm_monitor"] = WebDeps(settings, store, demo_controls, reachability_check)
+
+
+def _refuse_foreign_hosts(app: Flask) -> None:
+    """DNS rebinding: a foreign name resolving to us must not reach the app (Werkzeug checks the
+    Host header against TRUSTED_HOSTS when it is read). First of the hooks: nothing runs before it."""
+
     @app.before_request
     def _trusted_host():
-        # DNS rebinding: a foreign name resolving to us must not reach the app (Werkzeug checks
-        # the Host header against TRUSTED_HOSTS when it is read)
         try:
             request.host
         except SecurityError:  # plain text: no page can be built for a host we do not serve
             return Response("400 Bad Request: this host name is not served here (the operator can add it to "
                             "the trusted_hosts setting)\n", 400, mimetype="text/plain")
 
+
+def _extensions(app: Flask, settings: Settings):
+    """htmx, the templates' filters, operator auth (sessions, CSRF) and the app's rate limiter."""
+    from monitor.web import auth, filters, limits
+
     HTMX(app)
     filters.register(app)
     auth.init_app(app, settings)
-    limits.init_app(app, settings)
+    return limits.init_app(app, settings)
 
-    app.register_blueprint(assets.bp)
-    app.register_blueprint(pages.bp)
-    app.register_blueprint(api.bp)
-    app.register_blueprint(metrics.bp)
-    app.register_blueprint(alerts.bp)  # /alerts, /api/v1/alerts (#15)
-    app.register_blueprint(search.bp)  # /search, /api/v1/search, live checks (#13)
-    if demo_controls is not None:
+
+def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> None:
+    """Every page and API; the demo panel with the demo; the chat's, each within the chat's rate limit."""
+    from monitor.web import alerts, api, assets, demo, health, limits, metrics, my_server, pages, search
+
+    for module in (assets, pages, api, metrics, health, alerts, search, my_server):
+        app.register_blueprint(module.bp)
+    app.extensions[metrics.REGISTRY] = metrics.registry_for(d)
+    limits.limit_reachability(app, limiter)
+    if d.demo_controls is not None:
         app.register_blueprint(demo.bp)
     for blueprint in chat_blueprints:
-        limits.limit_chat(blueprint, settings)
+        limits.limit_chat(limiter, blueprint)
         app.register_blueprint(blueprint)
 
+
+def _page_context(app: Flask, settings: Settings, *, demo_enabled: bool) -> None:
+    """What every template may read: the refresh period, the chat's link (found once), the demo."""
     chat_url = next((rule.rule for rule in app.url_map.iter_rules() if rule.rule in ("/chat", "/chat/")), None)
-    common = {"refresh_seconds": settings.refresh_seconds, "nav_chat_url": chat_url,
-              "demo_enabled": demo_controls is not None}
+    common = {"refresh_seconds": settings.refresh_seconds, "nav_chat_url": chat_url, "demo_enabled": demo_enabled}
 
     @app.context_processor
     def _common():
         return common
+
+
+def _response_headers(app: Flask) -> None:
+    """Security headers on every answer; HTML varies with htmx's headers and is never stored."""
 
     @app.after_request
     def _headers(response):
@@ -126,6 +159,11 @@ def create_app(
             response.vary.add("HX-Target")
             response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+
+def _error_handlers(app: Flask) -> None:
+    """Errors for people (``_error_response``): HTTP errors with their headers, bad time ranges as
+    400, an unavailable store as 503."""
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException):
@@ -143,13 +181,34 @@ def create_app(
 
     from monitor.web.queries import StoreUnavailableError
 
+    @app.before_request
+    def _schema_is_this_versions():
+        # a worker started before `swarm-monitor migrate` ran, or on an older schema, says so on
+        # every page (StoreNotMigrated, below): one small query per request until the schema is
+        # there, none after; static files still load (the error page needs its stylesheet)
+        endpoint = request.endpoint or "static"
+        if not (endpoint == "static" or endpoint.endswith(".static") or endpoint.startswith("assets.")):
+            deps().store.check_schema()
+
     @app.errorhandler(StoreUnavailableError)
     def _store_down(error):
         log.warning("answering 503 for %s: %s", request.path, error)  # the cause, for the operator
-        return _error_response(503, "Database unavailable", "the monitor's database is unavailable right now; "
-                                    "this page works again once it is back")
+        return _error_response(503, *_store_failure(error))
 
-    return app
+
+def _store_failure(error) -> tuple[str, str]:
+    """(title, message) of a 503 for a store error: a schema that is missing or older than this
+    version's says so and what to run (its revisions, never the database's URL); anything else is
+    the database being away."""
+    from monitor.store import StoreNotMigrated, StoreSchemaError
+
+    if isinstance(error, StoreNotMigrated):
+        title = "Database not set up" if error.revision is None else "Database schema out of date"
+        return title, f"the monitor's database {error.state}: run `swarm-monitor migrate`"
+    if isinstance(error, StoreSchemaError):
+        return "Database schema out of date", ("the monitor's database lacks this version's tables or columns: "
+                                               "run `swarm-monitor migrate`")
+    return "Database unavailable", "the monitor's database is unavailable right now; this page works again once it is back"
 
 
 def _error_response(code: int, title: str, message: str):

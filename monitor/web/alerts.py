@@ -19,7 +19,8 @@ from monitor.core.alert_rules import HEARTBEAT
 from monitor.core.alert_rules import FIRING, PENDING, Alert, Notice
 from monitor.core.common import DAY, HOUR
 from monitor.store import StoreError
-from monitor.web import auth, deps, pages, timerange
+from monitor.web import auth, deps, timerange
+from monitor.web.render import render
 
 log = logging.getLogger(__name__)
 bp = Blueprint("alerts", __name__)
@@ -121,7 +122,7 @@ def page():
         enabled=d.settings.alerts.enabled, operator=operator, history_limit=HISTORY_LIMIT,
         evaluated_at=d.store.alerts_evaluated_at(), late_after=evaluation_deadline(d.settings),
     )
-    return pages._render("alerts.html", {"alerts-live": "partials/alerts_live.html"}, **context)
+    return render("alerts.html", {"alerts-live": "partials/alerts_live.html"}, **context)
 
 
 @bp.get("/api/v1/alerts")

@@ -8,7 +8,6 @@ bad value and what to send instead.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -17,7 +16,6 @@ from flask import Blueprint, abort, current_app, jsonify, request
 
 from monitor.core.snapshot import ReachabilityResult
 from monitor.web import deps, history, peer_view, queries, security, state_api, timerange
-from monitor.web.limits import limiter
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +24,7 @@ bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
 def _current():
     d = deps()
-    return d, queries.current(d.store, d.settings)
+    return d, queries.current(d)
 
 
 def _no_poll_yet():
@@ -46,24 +44,11 @@ def state():
     return jsonify(queries.state_dict(cur, d.settings))
 
 
-REACHABILITY_CACHE_SECONDS = 60.0
-_reachability_lock = threading.Lock()
-
-
 def _live_check(d, peer_id: str):
-    """A live probe of a peer of the latest poll, reused for REACHABILITY_CACHE_SECONDS: visitors
-    cannot make the monitor dial arbitrary peers, nor dial one peer over and over."""
-    cache: dict = current_app.extensions.setdefault("reachability_cache", {})  # peer -> (at, ReachabilityResult)
-    now = time.monotonic()
-    with _reachability_lock:
-        for stale in [p for p, (at, _) in cache.items() if now - at > REACHABILITY_CACHE_SECONDS]:
-            del cache[stale]
-        if peer_id in cache:
-            return cache[peer_id][1]
-    result = d.reachability_check(peer_id)
-    with _reachability_lock:
-        cache[peer_id] = (now, result)
-    return result
+    """A live check of a peer of the latest poll, kept a while in the app's cache
+    (``WebCache.reachability``): visitors cannot make the monitor dial arbitrary peers, nor dial
+    one peer over and over."""
+    return d.cache.reachability.get(peer_id, lambda: d.reachability_check(peer_id))
 
 
 @dataclass(frozen=True)
@@ -78,9 +63,9 @@ class Reachability:
 
 
 def reachability(peer_id: str) -> Reachability:
-    """A live probe through the DHT when the service provides one (peers of the latest poll only,
-    cached a minute), else the latest stored probe of that peer. Callers rate-limit per client
-    (``reachability_limit``); ``peer_id`` must be a peer id."""
+    """A live check through the DHT when the service provides one (peers of the latest poll only,
+    kept a minute), else the latest stored check of that peer. Its views are rate-limited per
+    client (``limits.REACHABILITY_VIEWS``); ``peer_id`` must be a peer id."""
     d, cur = _current()
     announced = cur.snapshot is not None and any(row.peer_id == peer_id for row in cur.snapshot.servers)
     live = d.reachability_check is not None and announced
@@ -101,15 +86,10 @@ def reachability(peer_id: str) -> Reachability:
     return Reachability(bool(result.ok), message, result, live)
 
 
-# one budget per client for every endpoint that can make the monitor dial a peer (search.live_check too)
-REACHABILITY_SCOPE = "reachability"
-reachability_limit = limiter.shared_limit(lambda: deps().settings.reachability_rate_limit, scope=REACHABILITY_SCOPE)
-
-
 @bp.get("/is_reachable/<peer_id>")
-@reachability_limit
 def is_reachable(peer_id: str):
-    """``{success, message, your_ip}`` as health.petals.dev answers (see ``reachability``)."""
+    """``{success, message, your_ip}`` as health.petals.dev answers (see ``reachability``); within
+    ``reachability_rate_limit`` per client (``limits.REACHABILITY_VIEWS``)."""
     if not security.is_peer_id(peer_id):
         return jsonify(success=False, message=f"{peer_id[:80]!r} is not a peer id (base58, like 12D3KooW...)",
                        your_ip=request.remote_addr), 400
@@ -190,7 +170,7 @@ def peer_history(peer_id: str):
     d, cur = _current()
     asked = (request.args.get("since"), request.args.get("until"))
     minute = int(time.time() // 60) if None in asked else None
-    body = peer_view.cached(cur, ("history-api", peer_id, *asked, minute), lambda: _peer_history_json(d, peer_id))
+    body = peer_view.cached(d, cur, ("history-api", peer_id, *asked, minute), lambda: _peer_history_json(d, peer_id))
     return current_app.response_class(body, mimetype="application/json")
 
 

@@ -39,7 +39,6 @@ MIN_TOKEN_CHARS = 16
 SESSION_KEY = "operator"
 
 bp = Blueprint("auth", __name__)
-csrf = CSRFProtect()
 
 
 class TokenError(ValueError):
@@ -99,7 +98,7 @@ def init_app(app: Flask, settings) -> None:
         WTF_CSRF_SSL_STRICT=False,  # Referer checks break behind proxies; the token is the check
         WTF_CSRF_CHECK_DEFAULT=False,  # checked in _check_csrf below, which knows the exemptions
     )
-    csrf.init_app(app)
+    csrf = CSRFProtect(app)  # the app's own (it keeps its exemptions on itself)
     app.register_blueprint(bp)
 
     @app.before_request

@@ -13,13 +13,31 @@ from flask import Blueprint, Flask, current_app, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 
-limiter = Limiter(key_func=get_remote_address, headers_enabled=True, strategy="moving-window")
+REACHABILITY_SCOPE = "reachability"
+# every view that can make the monitor dial a peer: one budget per client for all of them
+REACHABILITY_VIEWS = ("api.is_reachable", "my_server.live_check")
 
 
-def init_app(app: Flask, settings) -> None:
+def init_app(app: Flask, settings) -> Limiter:
+    """The app's own limiter. Flask-Limiter keeps its storage and its limits on the ``Limiter``
+    object, so each app gets one: two apps in one process never count against each other."""
     app.config["RATELIMIT_STORAGE_URI"] = settings.rate_limit_storage
     app.config["RATELIMIT_HEADERS_ENABLED"] = True
+    limiter = Limiter(key_func=get_remote_address, headers_enabled=True, strategy="moving-window")
     limiter.init_app(app)
+    return limiter
+
+
+def _settings():
+    return current_app.extensions["swarm_monitor"].settings
+
+
+def limit_reachability(app: Flask, limiter: Limiter) -> None:
+    """``reachability_rate_limit`` on every view of ``REACHABILITY_VIEWS``, all counted together
+    (registered before: their blueprints are the app's)."""
+    limit = limiter.shared_limit(lambda: _settings().reachability_rate_limit, scope=REACHABILITY_SCOPE)
+    for endpoint in REACHABILITY_VIEWS:
+        app.view_functions[endpoint] = limit(app.view_functions[endpoint])
 
 
 def _not_a_generation() -> bool:
@@ -28,16 +46,8 @@ def _not_a_generation() -> bool:
     return request.method in ("GET", "HEAD", "OPTIONS") and request.headers.get("Upgrade", "").lower() != "websocket"
 
 
-def _chat_rate_limit() -> str:
-    return current_app.extensions["swarm_monitor"].settings.chat_rate_limit
-
-
-def limit_chat(blueprint: Blueprint, settings) -> None:
-    """Apply the app's ``chat_rate_limit`` to every generating request of a chat blueprint, all
-    its routes counted together (one budget per client, not one per API).
-
-    Flask-Limiter keeps blueprint limits per blueprint *name* for the whole process, so a limit
-    string fixed here would also apply to every later app's "chat" blueprint (tests, several apps
-    in one process). The limit is therefore one and the same object (deduplicated) and reads the
-    serving app's setting per request."""
-    limiter.shared_limit(_chat_rate_limit, scope="chat", exempt_when=_not_a_generation)(blueprint)
+def limit_chat(limiter: Limiter, blueprint: Blueprint) -> None:
+    """``chat_rate_limit`` on every generating request of a chat blueprint, all its routes counted
+    together (one budget per client, not one per API). The limit is read from the serving app's
+    settings per request."""
+    limiter.shared_limit(lambda: _settings().chat_rate_limit, scope="chat", exempt_when=_not_a_generation)(blueprint)

@@ -19,15 +19,14 @@ import math
 import statistics
 import time
 from collections import Counter
-from typing import Iterable, Optional
+from typing import Iterable
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, current_app
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from monitor.core.common import is_stale
-from monitor.web import deps, probe_views, queries, state_api
+from monitor.web import probe_views, queries, state_api
 
 bp = Blueprint("metrics", __name__)
 
@@ -38,6 +37,7 @@ MAX_LABEL_CHARS = 64
 MAX_VERSION_LABELS = 50
 MAX_PEER_SERIES = 500
 OTHER = "other"
+REGISTRY = "swarm_monitor_registry"  # the app's registry in app.extensions (create_app)
 
 
 def label(value: str) -> str:
@@ -253,17 +253,18 @@ def alert_families(store) -> Iterable:
 
 
 class StoreCollector:
-    """Reads the store on every scrape; nothing is cached in the worker."""
+    """Reads the store on every scrape (the latest state through the app's cache: once per change)."""
 
-    def __init__(self, store, settings):
-        self.store = store
-        self.settings = settings
+    def __init__(self, d):
+        self.d = d  # the app's WebDeps
+        self.store = d.store
+        self.settings = d.settings
 
     def describe(self):
         return []
 
     def collect(self):
-        cur = queries.current(self.store, self.settings)
+        cur = queries.current(self.d)
         yield from poll_families(cur, queries.poll_stats(self.store))
         yield from alert_families(self.store)
         yield from probe_views.metric_families(self.store, self.settings)  # server probes (#14)
@@ -275,29 +276,15 @@ class StoreCollector:
         yield from peer_families(state)
 
 
-def registry_for(store, settings) -> CollectorRegistry:
+def registry_for(d) -> CollectorRegistry:
+    """An app's own registry (made by ``create_app``): nothing in prometheus_client's global one."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store, settings))
+    registry.register(StoreCollector(d))
     return registry
 
 
 @bp.get("/metrics")
 @bp.get("/api/prometheus")
 def metrics():
-    registry: Optional[CollectorRegistry] = current_app.extensions.get("swarm_monitor_registry")
-    if registry is None:
-        d = deps()
-        registry = current_app.extensions["swarm_monitor_registry"] = registry_for(d.store, d.settings)
-    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(current_app.extensions[REGISTRY]), content_type=CONTENT_TYPE_LATEST)
 
-
-@bp.get("/healthz")
-def healthz():
-    """For load balancers and uptime checks: 200 while the database answers (the body says whether
-    the poller keeps it fresh), 503 with the reason when it does not."""
-    d = deps()
-    last = d.store.last_poll()  # StoreError -> 503 JSON (app error handler)
-    now = time.time()
-    stale = is_stale(last.at if last else None, now, d.settings.scrape_period)
-    return jsonify(ok=True, database="reachable", last_poll=last.at if last else None,
-                   last_poll_ok=last.ok if last else None, poller_stale=stale)

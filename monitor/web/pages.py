@@ -1,41 +1,29 @@
 """Dashboard pages: overview, model, peer. Thin: read the store, call the pure modules, render.
 
-An htmx request (a part of a page refreshing itself) gets only the partial its target names, so
-the rest of the page — scroll position, open rows — stays as the reader left it.
+An htmx request (a part of a page refreshing itself) gets only the partial its target names
+(``monitor.web.render``).
 """
 
 from __future__ import annotations
 
 import time
 
-from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
+from flask import Blueprint, abort, redirect, render_template, request, url_for
 from markupsafe import Markup
 
 from monitor.core import scores as scores_module
 from monitor.core.common import DAY, MINUTE, WEEK
 from monitor.store import PEER_POLICIES
 from monitor.web import auth, charts, deps, peer_view, probe_views, queries, security, state_api, timerange
+from monitor.web.render import htmx_target, render
 
 bp = Blueprint("pages", __name__)
-
-
-def _htmx_target() -> str | None:
-    """The id of the element an htmx request will swap, or None for a full page load."""
-    htmx = current_app.htmx  # flask-htmx, set up by create_app
-    if not htmx or htmx.history_restore_request:
-        return None
-    return htmx.target
-
-
-def _render(page: str, partials: dict[str, str], **context):
-    partial = partials.get(_htmx_target() or "")
-    return render_template(partial or page, **context)
 
 
 @bp.get("/")
 def overview():
     d = deps()
-    cur = queries.current(d.store, d.settings)
+    cur = queries.current(d)
     now = time.time()
     context = dict(now=now, cur=cur, poll=queries.poll_info(cur, d.settings, now),
                    demo_servers=d.demo_controls.servers() if d.demo_controls is not None else None)
@@ -45,7 +33,7 @@ def overview():
             report["dht_prefix"]: _sparkline(cur, d.store, report["dht_prefix"], report["monitor_state"], now)
             for report in state["model_reports"]
         })
-    return _render("overview.html", {"overview-live": "partials/overview_live.html"}, **context)
+    return render("overview.html", {"overview-live": "partials/overview_live.html"}, **context)
 
 
 def _sparkline(cur: queries.Current, store, dht_prefix: str, state: str, now: float) -> dict:
@@ -69,14 +57,14 @@ def _model_or_404(cur: queries.Current, dht_prefix: str):
 @bp.get("/models/<dht_prefix>")
 def model(dht_prefix: str):
     d = deps()
-    cur = queries.current(d.store, d.settings)
+    cur = queries.current(d)
     model = _model_or_404(cur, dht_prefix)
     now = time.time()
     health = cur.healths.get(dht_prefix)
     report = queries.model_report(cur, d.settings, dht_prefix)
     context = dict(now=now, cur=cur, model=model, report=report, health=health,
                    poll=queries.poll_info(cur, d.settings, now))
-    target = _htmx_target()
+    target = htmx_target()
     if target in (None, "model-live"):
         context.update(cur.derive(("model-live", dht_prefix, int(now // MINUTE)), lambda: dict(
             redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
@@ -89,7 +77,7 @@ def model(dht_prefix: str):
             (label, _heatmap(d.store, dht_prefix, now - span, now))
             for label, span in (("last 24 h", DAY), ("last 7 days", WEEK))
         ]))
-    return _render("model.html", {"model-live": "partials/model_live.html",
+    return render("model.html", {"model-live": "partials/model_live.html",
                                   "model-heatmaps": "partials/model_heatmaps.html"}, **context)
 
 
@@ -106,15 +94,15 @@ def peer(peer_id: str):
     d = deps()
     security.require_peer_id(peer_id)
     hours = timerange.window(request.args.get("hours"))  # a BadRange answers 400 (create_app)
-    cur = queries.current(d.store, d.settings)
+    cur = queries.current(d)
     now = time.time()
     rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
     # every peer the store knows has a row in ``peers``: an unknown id is refused before anything is
     # read or cached for it (random well-formed ids would otherwise push real pages out of the cache)
     if not rows and peer_id not in cur.probes and d.store.peer_record(peer_id) is None:
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
-    target = _htmx_target()
-    view = peer_view.history(d.store, cur, peer_id, hours, now) if target != "my-server" else {}
+    target = htmx_target()
+    view = peer_view.history(d, cur, peer_id, hours, now) if target != "my-server" else {}
     models = {m.dht_prefix: m for m in cur.models}
     probe = cur.probes.get(peer_id)
     context = dict(
@@ -126,11 +114,11 @@ def peer(peer_id: str):
         windows=timerange.WINDOWS,
         policy=d.store.peer_policies().get(peer_id) if target is None else None,
     )
-    my_server = peer_view.rendered(cur, ("my-server", peer_id), now, lambda: Markup(render_template(
-        "partials/my_server.html", report=peer_view.report(d.store, cur, peer_id, now), **context)))
+    my_server = peer_view.rendered(d, cur, ("my-server", peer_id), now, lambda: Markup(render_template(
+        "partials/my_server.html", report=peer_view.report(d, cur, peer_id, now), **context)))
     if target == "my-server":
         return my_server
-    live = peer_view.rendered(cur, ("peer-live", peer_id, hours), now, lambda: Markup(
+    live = peer_view.rendered(d, cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
                         measured=probe_views.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,

@@ -3,11 +3,11 @@
 A peer page read ~3,000 raw rows for 7 days and drew four charts with every point on every request
 (70 ms alone, p95 1.2–2.9 s under 16 clients). Now:
 
-- what a page derives from the store is kept in a small per-process cache keyed by the store's
-  change marks (``Store.change_marks``: a poll, a probe round, a score refresh) and the minute
-  (the history) or ``LIVE_SECONDS`` (the report, which says "… ago"), so a page is read once per
-  change, however many people look at it; concurrent requests for the same page wait for one
-  computation instead of all doing it (``cached``); the parts every visitor sees alike (the
+- what a page derives from the store is kept in the app's cache (``monitor.web.cache``) keyed by
+  the store's change marks (``Store.change_marks``: a poll, a probe round, a score refresh) and
+  the minute (the history) or ``LIVE_SECONDS`` (the report, which says "… ago"), so a page is read
+  once per change, however many people look at it; concurrent requests for the same page wait for
+  one computation instead of all doing it (``cached``); the parts every visitor sees alike (the
   report, the live figures) are made once per ``LIVE_SECONDS`` in a cache of their own
   (``report``, ``rendered``), so they never push the histories out;
 - the history is read with runs merged (``merge_runs``: one row per unchanged run per clock hour,
@@ -20,8 +20,7 @@ Web workers import no petals: the report reads what the poller stored (``monitor
 from __future__ import annotations
 
 import statistics
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
@@ -33,60 +32,21 @@ from monitor.core.server_check import ServerFacts, ServerReport
 from monitor.core.snapshot import ReachabilityResult
 from monitor.web import charts
 
-MAX_ENTRIES = 256  # pages kept per process (each a few tens of kB)
-LIVE_SECONDS = 10  # what is rendered "now" (ages, the report) is reused this long at most
 MAX_POINTS = 300  # per chart series: a week in 35-minute buckets
 
 
-class _Cache:
-    """A bounded LRU of computed values; one computation per key at a time (single flight)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._values: OrderedDict = OrderedDict()
-        self._running: dict[Any, threading.Event] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key, compute: Callable[[], Any]):
-        while True:
-            with self._lock:
-                if key in self._values:
-                    self._values.move_to_end(key)
-                    return self._values[key]
-                running = self._running.get(key)
-                if running is None:
-                    running = self._running[key] = threading.Event()
-                    break
-            running.wait(30)
-        try:
-            value = compute()
-            with self._lock:
-                self._values[key] = value
-                while len(self._values) > self.size:
-                    self._values.popitem(last=False)
-            return value
-        finally:
-            with self._lock:
-                self._running.pop(key, None)
-            running.set()
+def cached(d, cur, key: tuple, compute: Callable[[], Any]):
+    """``compute()`` once per store state (``cur.marks``) and ``key``, in the app's cache
+    (``d.cache``: ``WebCache.pages``); callers must not mutate it."""
+    return d.cache.page(cur.marks, key, compute)
 
 
-_cache = _Cache(MAX_ENTRIES)
-_live = _Cache(MAX_ENTRIES)  # what is made anew every LIVE_SECONDS (reports, rendered parts) apart:
-# it must not push out the histories, whose reads the other cache is for
-
-
-def cached(cur, key: tuple, compute: Callable[[], Any]):
-    """``compute()`` once per store state (``cur.marks``) and ``key``; callers must not mutate it."""
-    return _cache.get((cur.marks, key), compute)
-
-
-def rendered(cur, key: tuple, now: float, render: Callable[[], Any]):
+def rendered(d, cur, key: tuple, now: float, render: Callable[[], Any]):
     """HTML shared by every visitor, once per store state, ``key`` and ``LIVE_SECONDS``: nothing
     of one visitor may be in it (operator controls, CSRF tokens). Its links start with the
     request's script root (a proxy's ``X-Forwarded-Prefix``), so that is part of the key: one
     visitor's forwarded prefix never reaches another's page."""
-    return _live.get((cur.marks, request.script_root, int(now // LIVE_SECONDS), key), render)
+    return d.cache.now(cur.marks, now, ("html", request.script_root, key), render)
 
 
 # ---- "my server" ------------------------------------------------------------------------------
@@ -109,21 +69,21 @@ def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[Reacha
     )
 
 
-def report(store, cur, peer_id: str, now: float) -> ServerReport:
+def report(d, cur, peer_id: str, now: float) -> ServerReport:
     """The report with the latest stored probe, once per store state and ``LIVE_SECONDS``."""
-    return _live.get((cur.marks, int(now // LIVE_SECONDS), ("report", peer_id)),
-                     lambda: server_check.check(server_facts(store, cur, peer_id, now)))
+    return d.cache.now(cur.marks, now, ("report", peer_id),
+                       lambda: server_check.check(server_facts(d.store, cur, peer_id, now)))
 
 
 # ---- history charts --------------------------------------------------------------------------
 
 
-def history(store, cur, peer_id: str, hours: float, now: float) -> dict:
+def history(d, cur, peer_id: str, hours: float, now: float) -> dict:
     """The peer's history over the last ``hours`` for the page: merged observations, downsampled
     probes, the four figures and the newest chat outcomes; once per store state and minute."""
     def build() -> dict:
         since = now - hours * 3600
-        found = store.peer_history(peer_id, since, now, merge_runs=True)
+        found = d.store.peer_history(peer_id, since, now, merge_runs=True)
         probes = downsample_probes(found.probes, since, now)
         return dict(
             history=replace(found, probes=probes),
@@ -136,7 +96,7 @@ def history(store, cur, peer_id: str, hours: float, now: float) -> dict:
             outcomes=sorted(found.outcomes, key=lambda o: o.at, reverse=True)[:20],
         )
 
-    return cached(cur, ("history", peer_id, hours, int(now // MINUTE)), build)
+    return cached(d, cur, ("history", peer_id, hours, int(now // MINUTE)), build)
 
 
 def downsample_probes(probes: tuple, since: float, until: float, points: int = MAX_POINTS) -> tuple:

@@ -6,15 +6,15 @@ small process). Several web workers read the same store, so they always agree. O
 recorded without its diagnosis (by an older version) is diagnosed here, importing petals then.
 
 A page refreshes every few seconds, a poll lands every minute: ``current`` asks the store only
-whether anything changed (``Store.change_marks``) and otherwise reuses the state it read, along
-with everything derived from it (``Current.derive``: the state dict, charts).
+whether anything changed (``Store.change_marks``) and otherwise reuses the state the app read
+(kept in its ``WebCache``, ``monitor.web.cache``), along with everything derived from it
+(``Current.derive``: the state dict, charts).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import weakref
 
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
@@ -82,27 +82,17 @@ def diagnoses(store, snapshot: Snapshot, probes, settings: Settings) -> dict[str
     return healths
 
 
-# per store: the latest state read (and the thresholds it was diagnosed with); reused while the
-# store's marks hold, and shown, marked unavailable, while its database is away
-_latest: "weakref.WeakKeyDictionary[Any, tuple[tuple, Current]]" = weakref.WeakKeyDictionary()
-
-
-def current(store, settings: Settings) -> Current:
-    """The latest state; while the database is down or locked, the last state this worker read,
-    marked ``unavailable`` with the reason (raises only if nothing was ever read)."""
-    thresholds = (settings.min_tokens_per_s, settings.min_cache_tokens)
-    last = _latest.get(store)
-    try:
-        marks = store.change_marks()
-        if last is not None and last[0] == thresholds and last[1].marks == marks:
-            return last[1]
-        cur = _read_current(store, settings, marks)
-    except StoreError as e:
-        if last is None:
-            raise
-        return replace(last[1], unavailable=str(e))
-    _latest[store] = (thresholds, cur)
-    return cur
+def current(d) -> Current:
+    """The latest state of ``d.store`` (``d``: the app's ``WebDeps``), read once per store change and
+    kept in the app's cache (``WebCache.latest``); while the database is down or locked, the last
+    state this app read, marked ``unavailable`` with the reason (raises only if nothing was ever read)."""
+    settings = d.settings
+    return d.cache.latest.get(
+        (settings.min_tokens_per_s, settings.min_cache_tokens),  # the thresholds it is diagnosed with
+        d.store.change_marks,
+        lambda marks: _read_current(d.store, settings, marks),
+        lambda last, error: replace(last, unavailable=str(error)),
+    )
 
 
 def _read_current(store, settings: Settings, marks: tuple) -> Current:

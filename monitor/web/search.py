@@ -1,13 +1,11 @@
-"""Find a server: the search box on every page, its JSON twin, and the live "check now" of a peer.
+"""Find a server: the search box on every page and its JSON twin.
 
 - ``GET /search?q=`` — a page of results (or, for the search box's htmx request, just the results
   list). A full peer id of a known peer goes straight to its page's "my server" report; an id
   never seen gets that report here (never seen in this swarm's DHT, and what to check).
-- ``GET /api/v1/search?q=`` — the same results as JSON; ``GET /api/v1/peers/<peer_id>/report`` —
-  the "my server" report as JSON.
-- ``GET /peers/<peer_id>/reachability`` — a live reachability check for the "my server" report,
-  through ``api.reachability`` (the same probe, minute cache and per-client budget as
-  ``/api/v1/is_reachable``).
+- ``GET /api/v1/search?q=`` — the same results as JSON.
+
+The report's JSON and its live "check now" are ``monitor.web.my_server``'s.
 
 Queries are stripped and at most ``MAX_QUERY_CHARS`` long, answers at most ``search_max_results``
 peers (``Store.search_peers``: indexed); everything a peer announced is escaped by the templates.
@@ -19,12 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from flask import Blueprint, abort, current_app, jsonify, make_response, redirect, render_template, request, url_for
-from flask_limiter import RateLimitExceeded
+from flask import Blueprint, abort, jsonify, redirect, request, url_for
 
 from monitor.core import server_check
-from monitor.web import api, deps, peer_view, queries, security, state_api
-from monitor.web.limits import limiter
+from monitor.web import deps, peer_view, queries, security, state_api
+from monitor.web.render import htmx_target, render
 
 bp = Blueprint("search", __name__)
 
@@ -61,7 +58,7 @@ def find(query: str) -> tuple[list[Result], bool]:
     if not query:
         return [], False
     d = deps()
-    cur = queries.current(d.store, d.settings)
+    cur = queries.current(d)
     limit = d.settings.search_max_results
     matches = d.store.search_peers(query, limit=limit + 1)
     rows: dict[str, list] = {}
@@ -87,18 +84,17 @@ def find(query: str) -> tuple[list[Result], bool]:
 def page():
     query = _query()
     results, more = find(query)
-    htmx = current_app.htmx
-    partial = bool(htmx) and not htmx.history_restore_request and htmx.target == "search-results"
+    partial = htmx_target() == "search-results"
     if not partial and security.is_peer_id(query) and any(r.peer_id == query for r in results):
         return redirect(url_for("pages.peer", peer_id=query) + "#my-server", code=303)
     unknown = None
     if security.is_peer_id(query) and not any(r.peer_id == query for r in results):
         d = deps()
-        cur = queries.current(d.store, d.settings)
+        cur = queries.current(d)
         unknown = server_check.check(peer_view.server_facts(d.store, cur, query, time.time()))
     context = dict(query=query, results=results, more=more, unknown=unknown, max_chars=MAX_QUERY_CHARS,
                    now=time.time())
-    return render_template("partials/search_results.html" if partial else "search.html", **context)
+    return render("search.html", {"search-results": "partials/search_results.html"}, **context)
 
 
 @bp.get("/api/v1/search")
@@ -109,33 +105,3 @@ def search_api():
     results, more = find(query)
     return jsonify(query=query, results=[r.to_dict() for r in results], more=more)
 
-
-@bp.get("/api/v1/peers/<peer_id>/report")
-def report_api(peer_id: str):
-    """"Is this server OK?" as JSON: ``{peer_id, status, headline, checks: [{name, status, text,
-    advice}], recommendations: [{model, argument, reason}]}`` (for any peer id, seen or not)."""
-    security.require_peer_id(peer_id)
-    d = deps()
-    cur = queries.current(d.store, d.settings)
-    return jsonify(peer_view.report(d.store, cur, peer_id, time.time()).to_dict())
-
-
-@bp.get("/peers/<peer_id>/reachability")
-@limiter.shared_limit(lambda: deps().settings.reachability_rate_limit, scope=api.REACHABILITY_SCOPE)
-def live_check(peer_id: str):
-    """The "check now" of the "my server" report: a live probe (peers of the latest poll only)."""
-    security.require_peer_id(peer_id)
-    return render_template("partials/reachability.html", answer=api.reachability(peer_id), too_often=False,
-                           peer_id=peer_id)
-
-
-@bp.errorhandler(RateLimitExceeded)
-def _too_often(error: RateLimitExceeded):
-    """Over the budget, the report's htmx request (which swaps only successful answers) still gets
-    its answer in words, with ``Retry-After``; ``/api/v1/is_reachable`` answers 429 as usual."""
-    response = make_response(render_template("partials/reachability.html", answer=None, too_often=True), 200)
-    for name, value in error.get_headers():
-        if name.lower() == "retry-after":
-            response.headers[name] = value
-    response.headers.setdefault("Retry-After", "60")
-    return response
