@@ -49,7 +49,7 @@ def parse_duration(value: Any) -> Any:
 
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=30 * DAY)]
 Kind = Literal["model_degraded", "model_broken", "bootstrap_down", "peer_offline", "peer_unreachable",
-               "peer_wrong_outputs", "peer_score_below", "monitor_stale"]  # core.KINDS (a test keeps them equal)
+               "peer_wrong_outputs", "peer_failing", "peer_score_below", "monitor_stale"]  # core.KINDS (a test keeps them equal)
 
 
 class AlertRuleConfig(BaseModel):

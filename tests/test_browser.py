@@ -134,7 +134,7 @@ def test_the_dashboard_follows_the_swarm_without_a_reload(service, browser, arti
     page.evaluate("window.__not_reloaded = true")
     page.locator('tr[data-demo-server="beta"] button', has_text="Stop").click()
     expect(model_state).to_have_text("broken", timeout=STATE_TIMEOUT_MS)
-    expect(page.locator('tr[data-model="tiny-llama"]')).to_contain_text("no online, reachable server")
+    expect(page.locator('tr[data-model="tiny-llama"]')).to_contain_text("no serving server")
     expect(page.locator('tr[data-demo-server="beta"]')).to_contain_text("stopped", timeout=STATE_TIMEOUT_MS)
     assert page.evaluate("window.__not_reloaded") is True
     page.screenshot(path=str(artifacts_dir / "dashboard-overview-broken.png"), full_page=True)

@@ -77,7 +77,7 @@ def test_state_carries_our_additions(client):
     assert tiny["monitor_state"] == "healthy" and tiny["degraded"] is False
     assert tiny["reasons"] and tiny["coverage_pct"] == 100.0 and tiny["min_redundancy"] == 2
     assert tiny["servers_online"] == 3 and tiny["est_tokens_per_s"] > 0
-    assert other["reasons"] == ["blocks 2:4 have no online, reachable server — clients cannot run this model"]
+    assert other["reasons"] == ["blocks 2:4 have no serving server — clients cannot run this model"]
     assert other["recommendation"]["block_indices"] == "2:4"
     assert other["recommendation"]["argument"] == "--block_indices 2:4"
     assert state["recommendations"]["other-model"] == other["recommendation"]

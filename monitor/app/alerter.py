@@ -38,12 +38,13 @@ _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 # ---- the view: what the store holds, as the rules see it -------------------------------------
 
 
-def wrong_output_flags(store, settings, now: float) -> dict[str, str]:
-    """peer id -> why its outputs are wrong: each peer's newest correctness verdict within the
-    recent window, as the diagnosis reads them (a newer correct verdict clears it)."""
+def verdict_flags(store, settings, now: float) -> tuple[dict[str, str], dict[str, str]]:
+    """(peer id -> why its outputs are wrong, peer id -> the error it fails every probe with), from
+    the probes of the recent window, as the diagnosis reads them (a newer good probe clears either)."""
     from monitor.app.probing import measured_view
 
-    return measured_view(store, settings, now).wrong()
+    recent = measured_view(store, settings, now)
+    return recent.wrong(), recent.failing()
 
 
 def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
@@ -53,20 +54,20 @@ def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
 
 
 def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResult], scores: dict,
-                wrong: dict[str, str]) -> tuple[core.PeerView, ...]:
+                wrong: dict[str, str], failing: dict[str, str]) -> tuple[core.PeerView, ...]:
     names: dict[str, Optional[str]] = {}
     states: dict[str, str] = {}
     for row in snapshot.servers if snapshot else ():
         names[row.peer_id] = names.get(row.peer_id) or row.public_name
         if _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(states.get(row.peer_id), 0):
             states[row.peer_id] = row.state
-    peers = sorted(set(names) | {p for p, probe in probes.items() if probe.kind == "server"} | set(scores) | set(wrong))
+    peers = sorted(set(names) | {p for p, probe in probes.items() if probe.kind == "server"} | set(scores) | set(wrong) | set(failing))
     return tuple(
         core.PeerView(peer_id=peer, public_name=names.get(peer), state=states.get(peer),
                       probe_ok=_probe_ok(probes.get(peer)),
                       probe_error=probes[peer].error if peer in probes else None,
                       score=scores[peer].score if peer in scores else None,
-                      wrong_outputs=wrong.get(peer))
+                      wrong_outputs=wrong.get(peer), failing=failing.get(peer))
         for peer in peers if peer
     )
 
@@ -87,8 +88,8 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
         core.BootstrapView(peer_id=probe.peer_id or (probe.address or "?"), up=probe.ok, error=probe.error)
         for probe in probes.values() if probe.kind == "bootstrap" and probe.address in configured
     )
-    wrong = wrong_output_flags(store, settings, now) if needs_verdicts else {}
-    peers = _peer_views(snapshot, probes, store.latest_scores(), wrong) if needs_peers else ()
+    wrong, failing = verdict_flags(store, settings, now) if needs_verdicts else ({}, {})
+    peers = _peer_views(snapshot, probes, store.latest_scores(), wrong, failing) if needs_peers else ()
     return core.SwarmView(at=now, scrape_period=settings.scrape_period,
                           last_ok_poll_at=snapshot.taken_at if snapshot else None, watching_since=watching_since,
                           models=models, peers=peers, bootstrap=bootstrap)
@@ -116,7 +117,7 @@ class Alerter:
         self.deliver_soon: Optional[Callable[[], None]] = None  # schedule_alerts: deliver() in the background
         self.stopping: Callable[[], bool] = lambda: False  # schedule_alerts: the scheduler is shutting down
         self._needs_peers = any(rule.kind in core.PEER_KINDS for rule in self.rules)
-        self._needs_verdicts = any(rule.kind == core.PEER_WRONG_OUTPUTS for rule in self.rules)
+        self._needs_verdicts = any(rule.kind in core.VERDICT_KINDS for rule in self.rules)
         self._evaluating = threading.Lock()
         self._delivering = threading.Lock()
         self._pruned_at = 0.0

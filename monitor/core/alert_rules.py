@@ -39,10 +39,12 @@ BOOTSTRAP_DOWN = "bootstrap_down"  # a bootstrap peer does not answer its probe
 PEER_OFFLINE = "peer_offline"  # a watched peer announces no ONLINE span
 PEER_UNREACHABLE = "peer_unreachable"  # a watched peer announces ONLINE but fails its probe
 PEER_WRONG_OUTPUTS = "peer_wrong_outputs"  # correctness probes flag a watched peer
+PEER_FAILING = "peer_failing"  # a watched peer answers every recent probe with an error of its own
 PEER_SCORE_BELOW = "peer_score_below"  # a watched peer's health score is below ``below``
 MONITOR_STALE = "monitor_stale"  # no successful poll for ``periods`` scrape periods
 MODEL_KINDS = (MODEL_DEGRADED, MODEL_BROKEN)
-PEER_KINDS = (PEER_OFFLINE, PEER_UNREACHABLE, PEER_WRONG_OUTPUTS, PEER_SCORE_BELOW)
+PEER_KINDS = (PEER_OFFLINE, PEER_UNREACHABLE, PEER_WRONG_OUTPUTS, PEER_FAILING, PEER_SCORE_BELOW)
+VERDICT_KINDS = (PEER_WRONG_OUTPUTS, PEER_FAILING)  # rules that read the probes' verdicts
 KINDS = (*MODEL_KINDS, BOOTSTRAP_DOWN, *PEER_KINDS, MONITOR_STALE)
 
 # alert status, and the events a notice announces
@@ -89,6 +91,7 @@ class PeerView:
     probe_error: Optional[str] = None
     score: Optional[float] = None
     wrong_outputs: Optional[str] = None  # why correctness probes judge its outputs wrong; None: they do not
+    failing: Optional[str] = None  # the error it answers every recent probe with; None: it does not
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,12 @@ def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Conditi
         summary = (f"{label} returns wrong outputs in correctness probes" if active
                    else f"{label} passes correctness probes again")
         state = "wrong-outputs"
+    elif rule.kind == PEER_FAILING:
+        details = tuple(p.failing for p in matches if p.failing)
+        active = bool(details)
+        summary = (f"{label} is ONLINE and reachable, but fails every probe with its own error" if active
+                   else f"{label} answers probes without errors again")
+        state = "failing"
     else:  # PEER_SCORE_BELOW
         scores = [p.score for p in matches if p.score is not None]
         lowest = min(scores) if scores else None
