@@ -130,7 +130,7 @@ def record_diagnoses(conn: Connection, taken_at: float, healths: Iterable[ModelH
 def replace_diagnoses(conn: Connection, poll_id: int, healths: Iterable[ModelHealth],
                       written: Optional[PollWritten] = None) -> None:
     """The diagnoses of poll ``poll_id`` replace every stored one (only the latest poll's are kept);
-    one the database refuses is left out (the web then diagnoses that model itself)."""
+    one the database refuses is left out (the pages then say that model is not diagnosed)."""
     t = LatestDiagnosisRow.__table__
     conn.execute(sa.delete(t))
     at = time.time()

@@ -1,9 +1,10 @@
 """The store reads the pages, the API and /metrics share.
 
-Each model's diagnosis comes from the store, as the poller wrote it for the latest poll and probe
-round; nothing here computes a figure itself, and nothing imports petals (a web worker stays a
-small process). Several web workers read the same store, so they always agree. Only a poll
-recorded without its diagnosis (by an older version) is diagnosed here, importing petals then.
+Each model's diagnosis comes from the store, as the poller wrote it for the latest poll, probe
+round and generation check; nothing here computes a figure itself, and nothing imports petals (a
+web worker stays a small process). Several web workers read the same store, so they always agree
+with each other, with the alerts and with the chat. A model the store holds no diagnosis for is
+shown as not diagnosed.
 
 A page refreshes every few seconds, a poll lands every minute: ``current`` asks the store only
 whether anything changed (``Store.change_marks``) and otherwise reuses the state the app read
@@ -66,19 +67,17 @@ class Current:
         return value
 
 
-def diagnoses(store, snapshot: Snapshot, probes, settings: Settings) -> dict[str, ModelHealth]:
-    """Each model's stored diagnosis; models without one (or with one this version cannot read)
-    are diagnosed here."""
+def diagnoses(store, snapshot: Snapshot) -> dict[str, ModelHealth]:
+    """Each model's stored diagnosis, as the poller wrote it after the latest poll, probe round
+    and generation check. A model without one (a poll stored by an older version, or one whose
+    diagnosis was lost) is shown as not diagnosed: the web never diagnoses by itself (that would
+    import petals and torch, and could disagree with what the chat and the alerts read)."""
     healths = store.latest_diagnoses()
-    missing = [m for m in snapshot.models if m.num_blocks >= 1 and m.dht_prefix not in healths]
-    if missing:
-        from monitor.core import coverage  # imports petals: only for polls recorded without a diagnosis
-
-        for model in missing:
-            healths[model.dht_prefix] = coverage.diagnose(
-                model, snapshot.rows_for(model.dht_prefix), probes,
-                min_tokens_per_s=settings.min_tokens_per_s, min_cache_tokens=settings.min_cache_tokens,
-            )
+    for model in snapshot.models:
+        if model.num_blocks >= 1 and model.dht_prefix not in healths:
+            healths[model.dht_prefix] = ModelHealth.not_diagnosed(
+                model.dht_prefix, model.num_blocks, "the poller stored this poll without a diagnosis; "
+                "it diagnoses again after its next poll or probe round")
     return healths
 
 
@@ -105,7 +104,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
         snapshot=snapshot,
         probes=probes,
         scores=store.latest_scores(),  # written by the poller's score job; none before it ran
-        healths=diagnoses(store, snapshot, probes, settings),
+        healths=diagnoses(store, snapshot),
         last_poll=last_poll,
         marks=marks,
     )
