@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import time
 
+from typing import Optional
+
 from flask import Blueprint, abort, redirect, render_template, request, url_for
 from markupsafe import Markup
 
 from monitor.core import scores as scores_module
 from monitor.core.common import DAY, MINUTE, WEEK
+from monitor.core.diagnosis import CAUSES
 from monitor.store import PEER_POLICIES
 from monitor.web import auth, charts, deps, peer_view, probe_views, queries, security, state_api, timerange
 from monitor.web.render import htmx_target, render
@@ -54,16 +57,47 @@ def _model_or_404(cur: queries.Current, dht_prefix: str):
     return model
 
 
+SERVING = "serving"
+SERVER_SORTS = {"span": lambda r: (r["span"]["start"], r["span"]["end"], r["peer_id"]),
+                "score": lambda r: (-(r["score"] if r["score"] is not None else -1), r["peer_id"]),
+                "cause": lambda r: (CAUSES.index(r["cause"]) if r["cause"] in CAUSES else len(CAUSES), r["peer_id"]),
+                "name": lambda r: ((r["span"]["server_info"].get("public_name") or "").lower(), r["peer_id"])}
+
+
+def _server_table(report: dict, health, cause: Optional[str], sort: str) -> dict:
+    """The servers table: every announced server with why it does not serve (its cause), filtered
+    by cause and sorted as the visitor asked (``?cause=``, ``?sort=``)."""
+    causes = health.excluded_causes if health is not None else {}
+    rows = [{**row, "cause": causes.get(row["peer_id"], SERVING), "why": (health.excluded_peers.get(row["peer_id"])
+                                                                            if health is not None else None)}
+            for row in report["server_rows"]]
+    counts = {c: sum(r["cause"] == c for r in rows) for c in (SERVING, *CAUSES)}
+    shown = [r for r in rows if cause is None or r["cause"] == cause]
+    return {"server_rows": sorted(shown, key=SERVER_SORTS[sort]), "cause_counts": counts, "cause": cause,
+            "sort": sort, "sorts": tuple(SERVER_SORTS)}
+
+
+def _table_args() -> tuple[Optional[str], str]:
+    cause = request.args.get("cause") or None
+    if cause is not None and cause not in (SERVING, *CAUSES):
+        abort(400, description=f"cause must be one of {', '.join((SERVING, *CAUSES))}, got {cause[:40]!r}")
+    sort = request.args.get("sort") or "span"
+    if sort not in SERVER_SORTS:
+        abort(400, description=f"sort must be one of {', '.join(SERVER_SORTS)}, got {sort[:40]!r}")
+    return cause, sort
+
+
 @bp.get("/models/<dht_prefix>")
 def model(dht_prefix: str):
     d = deps()
     cur = queries.current(d)
     model = _model_or_404(cur, dht_prefix)
+    cause, sort = _table_args()
     now = time.time()
     health = cur.healths.get(dht_prefix)
     report = queries.model_report(cur, d.settings, dht_prefix)
     context = dict(now=now, cur=cur, model=model, report=report, health=health,
-                   poll=queries.poll_info(cur, d.settings, now))
+                   poll=queries.poll_info(cur, d.settings, now), **_server_table(report, health, cause, sort))
     target = htmx_target()
     if target in (None, "model-live"):
         context.update(cur.derive(("model-live", dht_prefix, int(now // MINUTE)), lambda: dict(
