@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.alert_settings import AlertSettings
+from monitor.core.generation import compile_expect
 
 ENV_PREFIX = "SWARM_MONITOR_"
 
@@ -49,7 +50,9 @@ class SettingsError(ValueError):
 
 class ModelConfig(BaseModel):
     """A model to watch. ``path`` is a local checkpoint with client files (config, tokenizer,
-    embeddings), needed only to chat with it."""
+    embeddings), needed only to chat with it (and for its generation check). ``expect``: a regular
+    expression the generation check's answer must contain (case-insensitive; e.g. "Paris" for the
+    default prompt); none: any answer is ok."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -58,6 +61,13 @@ class ModelConfig(BaseModel):
     repository: Optional[str] = None
     name: Optional[str] = None
     path: Optional[Path] = None
+    expect: Optional[str] = None
+
+    @field_validator("expect")
+    @classmethod
+    def _check_expect(cls, expect: Optional[str]) -> Optional[str]:
+        compile_expect(expect)
+        return expect or None
 
 
 class Settings(BaseModel):
@@ -120,6 +130,15 @@ class Settings(BaseModel):
     speed_probe_concurrency: int = Field(default=2, gt=0, le=64)  # probe sessions at once, all servers
     speed_probe_max_share: float = Field(default=0.02, gt=0, le=0.5)  # of a server's time, at most
     correctness_checks: bool = True  # outputs vs the monitor's own blocks (models with a path) or vs peers
+
+    # Generation checks (monitor/app/generation_check.py): every model with a path generates
+    # generation_check_tokens tokens of generation_check_prompt (greedy, in the model's chat format)
+    # through the chat's own engine and routing once per period, outside the users' chat places; its
+    # cost on the swarm is one short session per model per period (a prompt of some 20 tokens and 8
+    # new ones every 300 s); ModelConfig.expect: what the answer must contain
+    generation_check_period: float = Field(default=300, gt=0)
+    generation_check_tokens: int = Field(default=8, ge=1, le=64)
+    generation_check_prompt: str = Field(default="What is the capital of France?", min_length=1, max_length=2000)
 
     # Peer search and "my server" (#13, README: Dashboard): the search box on every page
     search_max_results: int = Field(default=20, ge=1, le=100)  # peers one search answers with

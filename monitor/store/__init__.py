@@ -31,11 +31,13 @@ import time
 from typing import Iterable, Optional, Sequence
 
 from monitor.core.diagnosis import ModelHealth
+from monitor.core.generation import GenerationCheck
 from monitor.core.probes import ServerProbe
 from monitor.core.scores import PeerAggregates, PeerScore
 from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
+from monitor.store import generation_checks
 from monitor.store.engine import Database, StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
 from monitor.store.history import StateChange
 from monitor.store.latest import PollSummary
@@ -347,3 +349,24 @@ class Store:
         (``rollups.rollup_and_prune``). Idempotent; returns counts."""
         return rollups.rollup_and_prune(self.db, now, raw_retention_days=raw_retention_days,
                                         rollup_retention_days=rollup_retention_days)
+
+    # ---- generation checks (store/generation_checks.py) -------------------------------------
+
+    def record_generation_checks(self, checks: Iterable[GenerationCheck]) -> None:
+        """Generation checks of models (``monitor/app/generation_check.py``): one per model per round."""
+        checks = list(checks)
+        if checks:
+            with self.db.write("recording generation checks") as conn:
+                generation_checks.record(conn, checks)
+
+    def latest_generation_checks(self) -> dict[str, GenerationCheck]:
+        """model -> its newest generation check (whatever its age: ``core.generation.is_current``)."""
+        with self.db.read("reading the latest generation checks") as conn:
+            return generation_checks.latest(conn)
+
+    def generation_check_history(self, model: str, since: float, until: Optional[float] = None, *,
+                                 limit: int = 5000) -> list[GenerationCheck]:
+        """The model's generation checks in [since, until] (newest ``limit``), oldest first: the
+        model page's plot of time to first token and tokens per second."""
+        with self.db.read("reading generation check history") as conn:
+            return generation_checks.history(conn, model, since, until, limit=limit)

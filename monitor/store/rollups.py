@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from monitor.core.common import DAY, HOUR
 from monitor.core.diagnosis import STATE_SEVERITY
 from monitor.core.snapshot import JOINING, ONLINE
-from monitor.store import aggregates, server_probes
+from monitor.store import aggregates, generation_checks, server_probes
 from monitor.store.engine import Database, count_if
 from monitor.store.hours import PRUNED, WATERMARK, floor_hour, mean, raw_pruned_until, rolled_up_until, set_meta
 from monitor.store.schema import (
@@ -118,6 +118,7 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     probes = ProbeRow.__table__
     counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
     counts["server_probes"] = server_probes.prune(conn, cutoff)  # (raw only, no rollup)
+    counts["generation_checks"] = generation_checks.prune(conn, cutoff)  # (raw only, no rollup)
     counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (kept as long as raw rows)
     return counts
 
