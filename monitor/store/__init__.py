@@ -5,7 +5,8 @@
 - ``schema``: the SQLModel table classes (the schema; Alembic's ``migrations/`` must match them);
 - ``engine``: the engine per dialect, read/write transactions, the guard that turns driver errors
   into ``StoreUnavailable`` / ``StoreSchemaError`` / ``StoreDataError``, writes that leave out
-  only the rows the database refuses (``insert_rows``), migrations;
+  only the rows the database refuses (``insert_rows``), migrations and the schema's revision
+  check (``StoreNotMigrated``: no schema yet, or an older one);
 - ``writes``: polls (with each model's ``ModelHealth``), probes, chat outcomes, scores, policies;
 - ``latest``: the latest snapshot, probes, statuses, diagnoses, scores and change marks;
 - ``history``: statuses, state changes, outages, block coverage and peer histories over a range;
@@ -38,13 +39,14 @@ from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
 from monitor.store import generation_checks
-from monitor.store.engine import Database, StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
+from monitor.store.engine import (Database, Migration, StoreDataError, StoreError, StoreNotMigrated, StoreSchemaError,
+                                  StoreUnavailable, head_revision)
 from monitor.store.history import StateChange
 from monitor.store.latest import PollSummary
 from monitor.store.schema import PEER_POLICIES, metadata
 
-__all__ = ["PEER_POLICIES", "PollSummary", "StateChange", "Store", "StoreDataError", "StoreError",
-           "StoreSchemaError", "StoreUnavailable", "metadata"]
+__all__ = ["PEER_POLICIES", "Migration", "PollSummary", "StateChange", "Store", "StoreDataError", "StoreError",
+           "StoreNotMigrated", "StoreSchemaError", "StoreUnavailable", "head_revision", "metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +64,18 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    def migrate(self, revision: str = "head") -> None:
-        """Bring the schema to ``revision`` (Alembic upgrade); keeps all data."""
-        self.db.migrate(revision)
+    def migrate(self, revision: str = "head") -> Migration:
+        """Bring the schema to ``revision`` (Alembic upgrade; creates it in an empty database); keeps
+        all data. Returns the revisions before and after."""
+        return self.db.migrate(revision)
 
     def current_revision(self) -> Optional[str]:
         return self.db.current_revision()
+
+    def check_schema(self) -> None:
+        """Raise ``StoreNotMigrated`` (revision at, revision needed) unless the schema is this
+        version's; free once it is. The web checks it before every request."""
+        self.db.check_schema()
 
     def database_size_bytes(self) -> int:
         return self.db.size_bytes()

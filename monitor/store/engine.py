@@ -8,11 +8,17 @@ makes a call raise ``StoreUnavailable`` within a few seconds instead of hanging,
 works again once the database is back. Data the database refuses (a number beyond its column, a
 constraint) is a different failure, ``StoreDataError``: retrying cannot help, but the other rows
 can still go in, which ``insert_rows`` does (one refused row costs that row, not the batch).
+
+A database with no schema yet, or one older than this version's (Alembic's head revision), is a
+third: ``check_schema`` raises ``StoreNotMigrated`` with the revision it is at and the one needed,
+so a web worker started before ``swarm-monitor migrate`` ran says that, not "unavailable".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -29,6 +35,8 @@ from monitor.core.common import short_error
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 MIGRATION_LOCK = 4242001  # PostgreSQL advisory lock held while migrating (several processes may start at once)
 
+log = logging.getLogger(__name__)
+
 
 class StoreError(RuntimeError):
     """A store call failed for a reason the operator can act on; the message says which."""
@@ -39,7 +47,34 @@ class StoreUnavailable(StoreError):
 
 
 class StoreSchemaError(StoreError):
-    """The database has not been migrated to this version's schema (run ``Store.migrate()``)."""
+    """The database has not been migrated to this version's schema (run ``swarm-monitor migrate``)."""
+
+
+class StoreNotMigrated(StoreSchemaError):
+    """The database has no schema yet, or an older one than this version needs: ``revision`` is the
+    one it is at (None: no schema), ``needed`` this version's (Alembic's head). Run
+    ``swarm-monitor migrate``."""
+
+    def __init__(self, where: str, *, revision: Optional[str], needed: str):
+        self.revision = revision
+        self.needed = needed
+        super().__init__(f"the database {where} {self.state}: run `swarm-monitor migrate`")
+
+    @property
+    def state(self) -> str:
+        """"has no schema yet (revision none, this version needs 0009)" / "is at revision 0007, this
+        version needs 0009" (no URL: the web shows it to anyone)."""
+        if self.revision is None:
+            return f"has no schema yet (revision none, this version needs {self.needed})"
+        return f"is at revision {self.revision}, this version needs {self.needed}"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """What ``migrate`` did: the revision the schema was at (None: none) and the one it reached."""
+
+    before: Optional[str]
+    after: Optional[str]
 
 
 class StoreDataError(StoreError, ValueError):
@@ -57,6 +92,7 @@ class Database:
         self.display_url = self.url.render_as_string(hide_password=True)
         self.engine = _make_engine(self.url, timeout)
         self._migrate_lock = threading.Lock()
+        self._schema_checked = False  # check_schema found this version's schema (or a newer one)
 
     @property
     def dialect(self) -> str:
@@ -93,9 +129,10 @@ class Database:
             if not writing and not isinstance(e, exc.StatementError):
                 raise
             if isinstance(e, exc.DBAPIError) and _is_schema_error(e):
+                self._schema_checked = False  # (the schema changed under us: the next check reads it again)
                 raise StoreSchemaError(
                     f"{what}: the database {self.display_url} lacks this version's tables or columns "
-                    f"({short_error(e.orig)}); run `swarm-monitor` once (it migrates at start) or Store.migrate()"
+                    f"({short_error(e.orig)}); run `swarm-monitor migrate`"
                 ) from e
             if is_data_error(e):
                 raise StoreDataError(f"{what}: the database refused the data ({data_error_text(e)})") from e
@@ -113,9 +150,12 @@ class Database:
 
     # ---- schema ------------------------------------------------------------------------------
 
-    def migrate(self, revision: str = "head") -> None:
-        """Bring the schema to ``revision`` (Alembic upgrade); keeps all data."""
+    def migrate(self, revision: str = "head") -> Migration:
+        """Bring the schema to ``revision`` (Alembic upgrade; creates it in an empty database); keeps
+        all data. A schema at a revision this version does not know (a newer version migrated it)
+        is left as it is: ``StoreSchemaError``."""
         from alembic import command
+        from alembic.runtime.migration import MigrationContext
 
         with self._migrate_lock, self.guard("migrating the schema"):
             if self.dialect == "sqlite" and not _sqlite_in_memory(self.url):
@@ -127,9 +167,31 @@ class Database:
             with self.write() as conn:
                 if self.dialect == "postgresql":
                     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+                before = MigrationContext.configure(conn).get_current_revision()
+                if before is not None and before not in known_revisions():
+                    raise StoreSchemaError(
+                        f"the database {self.display_url} is at revision {before}, which this version does not "
+                        f"know (its newest is {head_revision()}): a newer version migrated it; run that one")
                 config = _alembic_config()
                 config.attributes["connection"] = conn
                 command.upgrade(config, revision)
+                after = MigrationContext.configure(conn).get_current_revision()
+        self._schema_checked = after == head_revision()
+        return Migration(before, after)
+
+    def check_schema(self) -> None:
+        """Raise ``StoreNotMigrated`` unless the schema is this version's (Alembic's head) or newer (a
+        later version migrated it; what it added, this one does not read). Once it is, later calls
+        cost nothing; until then each reads the revision (one small query)."""
+        if self._schema_checked:
+            return
+        revision, needed = self.current_revision(), head_revision()
+        if revision is not None and revision not in known_revisions():
+            log.warning("the database %s is at revision %s, newer than this version's %s; reading it as it is",
+                        self.display_url, revision, needed)
+        elif revision != needed:
+            raise StoreNotMigrated(self.display_url, revision=revision, needed=needed)
+        self._schema_checked = True
 
     def current_revision(self) -> Optional[str]:
         from alembic.runtime.migration import MigrationContext
@@ -287,6 +349,24 @@ def _alembic_config():
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     return config
+
+
+@functools.lru_cache(maxsize=1)
+def _scripts():
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config())
+
+
+def head_revision() -> str:
+    """This version's schema: the newest revision in ``migrations/`` (what ``migrate()`` reaches)."""
+    return _scripts().get_current_head()
+
+
+@functools.lru_cache(maxsize=1)
+def known_revisions() -> frozenset[str]:
+    """Every revision in ``migrations/``."""
+    return frozenset(script.revision for script in _scripts().walk_revisions())
 
 
 def _is_schema_error(e: exc.DBAPIError) -> bool:
