@@ -45,6 +45,65 @@ class _Streamer:
         pass
 
 
+class _AnswerRun:
+    """What one answer's worker thread and its consumer share: the decoder, the queue of events,
+    the token clock and the two ways to stop (the caller's ``stop_event``; ``cancel`` when the
+    consumer leaves)."""
+
+    def __init__(self, tokenizer: Any, params: GenerationParams, stop_event: Optional[threading.Event]):
+        self.decoder = StreamDecoder(tokenizer, stop_sequences=params.stop_sequences, stop_mode=params.stop_mode,
+                                     skip_special_tokens=params.skip_special_tokens)
+        self.events: queue.Queue = queue.Queue()
+        self.stop_event = stop_event or threading.Event()
+        self.cancel = threading.Event()
+        self.started = time.perf_counter()
+        self.first: Optional[float] = None  # when the first token came
+        self.last: Optional[float] = None  # when the latest token came
+
+    def on_token(self, token_id: int) -> None:
+        now = time.perf_counter()
+        self.first = self.first or now
+        self.last = now
+        delta = self.decoder.feed(token_id)
+        if delta is not None:
+            self.events.put(delta)
+
+    def should_stop(self) -> bool:
+        return self.decoder.stopped or self.stop_event.is_set() or self.cancel.is_set()
+
+    def finish_reason(self, budget: int, eos_token_id: Optional[int]) -> str:
+        ids = self.decoder.ids
+        if self.decoder.stopped or (ids and ids[-1] == eos_token_id):
+            return "stop"
+        if self.stop_event.is_set():
+            return "cancelled"
+        if len(ids) >= budget:
+            return "length"
+        return "stop"
+
+    def timings(self) -> tuple[Optional[float], Optional[float]]:
+        """(seconds to the first token, tokens per second after it; over the whole answer when
+        only one token came)."""
+        n, first, last = len(self.decoder.ids), self.first, self.last
+        ttft = first - self.started if first else None
+        if n >= 2 and last > first:
+            return ttft, (n - 1) / (last - first)
+        if n and first:
+            return ttft, n / (first - self.started)
+        return ttft, None
+
+
+def _stopping_criteria(run: _AnswerRun) -> Any:
+    """transformers' stopping criteria that end ``generate`` after the token when ``run`` should stop."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _Stop(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs) -> bool:
+            return run.should_stop()
+
+    return StoppingCriteriaList([_Stop()])
+
+
 class ChatSession:
     """One petals inference session: one or more answers that continue the same text.
 
@@ -87,9 +146,25 @@ class ChatSession:
         """Continue the session with ``input_ids`` (None: continue from the last token) and stream
         the answer. Stopping (the event, or leaving the iterator) ends generation after the
         current token."""
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
+        n_input, budget = self._checked_budget(input_ids, params)
+        run = _AnswerRun(self.tokenizer, params, stop_event)
+        prompt_tokens = self.used + n_input
+        with self._lock:
+            worker = threading.Thread(target=self._generate_on_worker, name=f"chat-{self.model}", daemon=True,
+                                      args=(run, list(input_ids) if n_input else None, budget, params))
+            worker.start()
+            try:
+                yield from self._deltas(run)
+                tail = run.decoder.finish()
+                if tail is not None:
+                    yield tail
+                yield self._finished(run, prompt_tokens, budget)
+            finally:
+                run.cancel.set()
+                worker.join(self._stall_timeout)
 
+    def _checked_budget(self, input_ids: Optional[Sequence[int]], params: GenerationParams) -> tuple[int, int]:
+        """(new input tokens, tokens the answer may generate), or why the session cannot answer."""
         if self._closed:
             raise GenerationFailed("the inference session is closed")
         n_input = len(input_ids) if input_ids else 0
@@ -99,94 +174,54 @@ class ChatSession:
         if budget <= 0:
             raise InvalidRequest("max_length", f"the session's max_length {self.max_length} is used up "
                                                f"({self.used} tokens so far, {n_input} new); open a longer session")
-        stop_event = stop_event or threading.Event()
-        decoder = StreamDecoder(self.tokenizer, stop_sequences=params.stop_sequences, stop_mode=params.stop_mode,
-                                skip_special_tokens=params.skip_special_tokens)
-        events: queue.Queue = queue.Queue()
-        clock: dict[str, Optional[float]] = {"start": time.perf_counter(), "first": None, "last": None}
-        prompt_tokens = self.used + n_input
+        return n_input, budget
 
-        def on_token(token_id: int) -> None:
-            now = time.perf_counter()
-            clock["first"] = clock["first"] or now
-            clock["last"] = now
-            delta = decoder.feed(token_id)
-            if delta is not None:
-                events.put(delta)
+    def _generate_on_worker(self, run: "_AnswerRun", input_ids: Optional[list[int]], budget: int,
+                            params: GenerationParams) -> None:
+        """transformers' ``generate`` through the petals session (blocking); every token, then
+        ("done", None) or ("error", exception), goes into ``run.events``."""
+        try:
+            import torch
 
-        cancel = threading.Event()  # set when the consumer leaves
+            inputs = torch.tensor([input_ids], dtype=torch.long) if input_ids else None
+            pad = self.tokenizer.pad_token_id
+            with torch.no_grad():
+                self.remote.generate(
+                    inputs, session=self._petals, max_new_tokens=budget,
+                    streamer=_Streamer(run.on_token), stopping_criteria=_stopping_criteria(run),
+                    pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
+                    **params.generate_kwargs(),
+                )
+            self._route = self.route()
+            self._petals.recorder.flush()
+            run.events.put(("done", None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self._petals.recorder.flush()
+            run.events.put(("error", e))
 
-        class _Stop(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs) -> bool:
-                return decoder.stopped or stop_event.is_set() or cancel.is_set()
-
-        def run() -> None:
+    def _deltas(self, run: "_AnswerRun") -> Iterator[Delta]:
+        """The worker's text as it comes, until it is done; its failure, or a stall, as a ChatError."""
+        while True:
             try:
-                inputs = torch.tensor([list(input_ids)], dtype=torch.long) if n_input else None
-                pad = self.tokenizer.pad_token_id
-                with torch.no_grad():
-                    self.remote.generate(
-                        inputs, session=self._petals, max_new_tokens=budget,
-                        streamer=_Streamer(on_token), stopping_criteria=StoppingCriteriaList([_Stop()]),
-                        pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
-                        **params.generate_kwargs(),
-                    )
-                self._route = self.route()
-                self._petals.recorder.flush()
-                events.put(("done", None))
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                self._petals.recorder.flush()
-                events.put(("error", e))
+                item = run.events.get(timeout=self._stall_timeout)
+            except queue.Empty:
+                raise GenerationFailed(f"the swarm sent no token for {self._stall_timeout:.0f} s; "
+                                       f"try again") from None
+            if isinstance(item, Delta):
+                yield item
+                continue
+            kind, error = item
+            if kind == "error":
+                raise _as_chat_error(self.model, error)
+            return
 
-        with self._lock:
-            worker = threading.Thread(target=run, name=f"chat-{self.model}", daemon=True)
-            worker.start()
-            try:
-                while True:
-                    try:
-                        item = events.get(timeout=self._stall_timeout)
-                    except queue.Empty:
-                        raise GenerationFailed(f"the swarm sent no token for {self._stall_timeout:.0f} s; "
-                                               f"try again") from None
-                    if isinstance(item, Delta):
-                        yield item
-                        continue
-                    kind, error = item
-                    if kind == "error":
-                        raise _as_chat_error(self.model, error)
-                    break
-                tail = decoder.finish()
-                if tail is not None:
-                    yield tail
-                yield self._finished(decoder, clock, prompt_tokens, budget, stop_event)
-            finally:
-                cancel.set()
-                worker.join(self._stall_timeout)
-
-    def _finished(self, decoder: StreamDecoder, clock: dict, prompt_tokens: int, budget: int,
-                  stop_event: threading.Event) -> Finished:
+    def _finished(self, run: "_AnswerRun", prompt_tokens: int, budget: int) -> Finished:
         end = time.perf_counter()
-        ids = decoder.ids
-        eos = self.tokenizer.eos_token_id
-        if decoder.stopped or (ids and ids[-1] == eos):
-            reason = "stop"
-        elif stop_event.is_set():
-            reason = "cancelled"
-        elif len(ids) >= budget:
-            reason = "length"
-        else:
-            reason = "stop"
-        first, last = clock["first"], clock["last"]
-        ttft = first - clock["start"] if first else None
-        if len(ids) >= 2 and last > first:
-            speed = (len(ids) - 1) / (last - first)
-        elif ids and first:
-            speed = len(ids) / (first - clock["start"])
-        else:
-            speed = None
-        return Finished(text=decoder.emitted, token_ids=tuple(ids), prompt_tokens=prompt_tokens, finish_reason=reason,
-                        route=self._route, time_to_first_token=ttft, tokens_per_second=speed,
-                        elapsed=end - clock["start"])
+        ids = run.decoder.ids
+        ttft, speed = run.timings()
+        return Finished(text=run.decoder.emitted, token_ids=tuple(ids), prompt_tokens=prompt_tokens,
+                        finish_reason=run.finish_reason(budget, self.tokenizer.eos_token_id), route=self._route,
+                        time_to_first_token=ttft, tokens_per_second=speed, elapsed=end - run.started)
 
     def close(self) -> None:
         """End the inference session on its servers and give the engine's place back (idempotent)."""
