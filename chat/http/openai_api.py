@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from flask import Blueprint, Response, jsonify, stream_with_context
-from werkzeug.exceptions import HTTPException
 
 from monitor.http_errors import openai_error_body
 
@@ -36,6 +35,7 @@ from chat.http.limits import ChatLimits, check_token_ids
 from chat.http.params import Params, request_params
 from chat.http.responses import (
     INTERNAL_ERROR,
+    guarded,
     last_finished,
     openai_chat_error,
     openai_chat_error_body,
@@ -281,15 +281,8 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
     """Add the OpenAI API's routes to the chat blueprint."""
 
     def answer(view):
-        try:
-            return view()
-        except ChatError as e:
-            return openai_chat_error(e)
-        except HTTPException:  # 413 and the like: the blueprint's handler answers them
-            raise
-        except Exception:  # noqa: BLE001 - never an exception's text to the user
-            logger.warning("OpenAI API request failed", exc_info=True)
-            return openai_error(500, INTERNAL_ERROR)
+        return guarded(view, chat_error=openai_chat_error, internal_error=lambda: openai_error(500, INTERNAL_ERROR),
+                       what="OpenAI API request")
 
     @bp.post("/v1/chat/completions")
     def openai_chat():

@@ -8,7 +8,7 @@ untrusted input becomes values the engine can trust.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 from flask import request
 
@@ -57,14 +57,9 @@ class Params:
 
     def integer(self, name: str, *, default: Optional[int] = None, lo: Optional[int] = None,
                 hi: Optional[int] = None) -> Optional[int]:
-        value = self.raw(name)
+        value = self._from_form(name, int, "an integer")
         if value is None:
             return default
-        if self.form and isinstance(value, str):
-            try:
-                value = int(value.strip())
-            except ValueError:
-                raise InvalidRequest(name, f"{name} must be an integer, got {value!r}") from None
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -73,14 +68,9 @@ class Params:
 
     def number(self, name: str, *, default: Optional[float] = None, lo: Optional[float] = None,
                hi: Optional[float] = None, lo_open: bool = False) -> Optional[float]:
-        value = self.raw(name)
+        value = self._from_form(name, float, "a number")
         if value is None:
             return default
-        if self.form and isinstance(value, str):
-            try:
-                value = float(value.strip())
-            except ValueError:
-                raise InvalidRequest(name, f"{name} must be a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise InvalidRequest(name, f"{name} must be a number, got {_kind(value)}")
         value = float(value)
@@ -97,6 +87,16 @@ class Params:
             "repetition_penalty": self.number("repetition_penalty", default=repetition_penalty, lo=0, hi=100,
                                               lo_open=True),
         }
+
+    def _from_form(self, name: str, parse: Callable[[str], Number], what: str) -> Any:
+        """The raw value; from a form, its string parsed by ``parse`` (``what`` it must be, for the error)."""
+        value = self.raw(name)
+        if self.form and isinstance(value, str):
+            try:
+                return parse(value.strip())
+            except ValueError:
+                raise InvalidRequest(name, f"{name} must be {what}, got {value!r}") from None
+        return value
 
     def boolean(self, name: str, *, default: bool = False) -> bool:
         value = self.raw(name)

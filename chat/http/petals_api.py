@@ -18,12 +18,11 @@ from typing import Any, Sequence
 
 from flask import Blueprint, Response, jsonify
 from simple_websocket import ConnectionClosed
-from werkzeug.exceptions import HTTPException
 
 from chat.engine import ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest
 from chat.http.limits import ChatLimits, WsClock, WsClosing
 from chat.http.params import Params, request_params
-from chat.http.responses import INTERNAL_ERROR, error_status, last_finished, petals_error
+from chat.http.responses import INTERNAL_ERROR, guarded, last_finished, petals_chat_error, petals_error
 
 logger = logging.getLogger(__name__)
 
@@ -200,16 +199,8 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
 
     @bp.post("/api/v1/generate", endpoint="http_generate")
     def http_generate_view():
-        try:
-            return http_generate(engine, limits)
-        except ChatError as e:
-            status, headers = error_status(e)
-            return petals_error(status, str(e), param=getattr(e, "param", None), headers=headers)
-        except HTTPException:  # 413 and the like: the blueprint's handler answers them
-            raise
-        except Exception:  # noqa: BLE001 - never an exception's text to the user
-            logger.warning("/api/v1/generate failed", exc_info=True)
-            return petals_error(500, INTERNAL_ERROR)
+        return guarded(lambda: http_generate(engine, limits), chat_error=petals_chat_error,
+                       internal_error=lambda: petals_error(500, INTERNAL_ERROR), what="/api/v1/generate")
 
     @Sock().route("/api/v2/generate", bp=bp, endpoint="ws_generate")
     def ws_generate_view(ws):

@@ -3,14 +3,18 @@ each API's shape, and the end of a streamed answer."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional
+import logging
+from typing import Callable, Iterable, Mapping, Optional
 
 from flask import Response, jsonify
+from werkzeug.exceptions import HTTPException
 
 from monitor.http_errors import openai_error_body
 
 from chat.decoding import Finished
 from chat.errors import Busy, ChatError, UnknownModel
+
+logger = logging.getLogger(__name__)
 
 # what a client is told when something unexpected broke; the details go to the operator's log
 INTERNAL_ERROR = "internal error in the chat; try again later (the operator's log has the details)"
@@ -50,6 +54,27 @@ def petals_error(status: int, message: str, *, param: Optional[str] = None,
                  headers: Optional[Mapping[str, str]] = None) -> Response:
     """An error in chat.petals.dev's shape: ``{"ok": false, "traceback": <a message for people>}``."""
     return _json({"ok": False, "traceback": message, "param": param}, status, headers)
+
+
+def petals_chat_error(error: ChatError) -> Response:
+    status, headers = error_status(error)
+    return petals_error(status, str(error), param=getattr(error, "param", None), headers=headers)
+
+
+def guarded(view: Callable[[], Response], *, chat_error: Callable[[ChatError], Response],
+            internal_error: Callable[[], Response], what: str) -> Response:
+    """``view()``, its refusals answered in its API's shape: a ChatError by ``chat_error``, an
+    HTTP error (413 and the like) by the blueprint's handler, anything else logged for the
+    operator (as ``what`` failed) and answered by ``internal_error`` (never an exception's text)."""
+    try:
+        return view()
+    except ChatError as e:
+        return chat_error(e)
+    except HTTPException:
+        raise
+    except Exception:  # noqa: BLE001 - never an exception's text to the user
+        logger.warning("%s failed", what, exc_info=True)
+        return internal_error()
 
 
 def _json(body: dict, status: int, headers: Optional[Mapping[str, str]]) -> Response:
