@@ -1,4 +1,4 @@
-"""Command line: ``swarm-monitor demo | serve | poll | chaos``."""
+"""Command line: ``swarm-monitor demo | serve | poll | migrate | chaos``."""
 
 from __future__ import annotations
 
@@ -63,6 +63,37 @@ def main(verbose: bool) -> None:
     """Swarm monitor for Petals: coverage, history, diagnosis, peer scores, and chat."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@config_option
+@click.option("--database-url", default=None,
+              help="The database (default: the database_url setting, else monitor.db in the data dir).")
+def migrate(config_file, database_url) -> None:
+    """Create the database's schema, or upgrade it to this version's (keeps all data), and say which
+    revision it reached. Run it before the web workers and the poller of a new version start."""
+    settings = _settings(config_file, database_url=database_url)
+    from monitor.store import Store, StoreError
+
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):  # one line below, not one per revision (-v: both)
+        alembic_log.setLevel(logging.WARNING)
+    store = Store.from_settings(settings)
+    try:
+        done = store.migrate()
+    except StoreError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        store.close()
+        alembic_log.setLevel(level)
+    where = store.db.display_url
+    if done.before == done.after:
+        click.echo(f"The schema of {where} is up to date: revision {done.after}.")
+    elif done.before is None:
+        click.echo(f"Created the schema of {where}: revision {done.after}.")
+    else:
+        click.echo(f"Upgraded the schema of {where} from revision {done.before} to {done.after}.")
 
 
 @main.command()
