@@ -247,12 +247,12 @@ class ChatEngine:
     def statuses(self) -> list[ModelStatus]:
         return [self.status(name) for name in self._models]
 
-    def _check_served(self, model: _Model, *, load: bool = True) -> None:
-        """Raise ModelNotServed unless the coverage check and (when ``load``) the sequence
-        manager's own view, which knows pinned/blocked/banned peers, both see every block."""
+    def _check_served(self, model: _Model, *, load: bool = True, coverage: bool = True) -> None:
+        """Raise ModelNotServed unless the coverage check (when ``coverage``) and (when ``load``) the
+        sequence manager's own view, which knows pinned/blocked/banned peers, both see every block."""
         if model.path is None:
             raise ModelNotServed(model.name, "no local checkpoint is configured for it (set the model's path)")
-        if self.coverage_check is not None:
+        if coverage and self.coverage_check is not None:
             ok, reason = self.coverage_check(model.name)
             if not ok:
                 raise ModelNotServed(model.name, reason)
@@ -323,6 +323,27 @@ class ChatEngine:
         max_new = min(params.max_new_tokens, context - len(input_ids))
         session = self.open_session(name, len(input_ids) + max_new)
         return Answer(session, session.generate(input_ids, params, stop_event=stop_event))
+
+    # -- the monitor's generation checks ----------------------------------------------------------
+    def check_answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
+                     outcome_sink: Optional[OutcomeSink] = None) -> Answer:
+        """An answer as ``answer`` starts one, through the same model, routing and session code, for
+        the monitor's generation check (``monitor.app.generation_check``): it neither takes nor waits
+        for one of the users' places, it skips the coverage check (the check is how a model the
+        monitor called broken is seen to work again; petals' own view of the blocks still applies),
+        and each server's outcome goes to ``outcome_sink`` instead of the chat's, so none counts as
+        a user's chat."""
+        model = self._model(name)
+        self._client_files(model)
+        if not 0 < len(input_ids) < model.context_length:
+            raise InvalidRequest("prompt", f"the check's prompt has {len(input_ids)} tokens; the model's context "
+                                           f"is {model.context_length}")
+        self._check_served(model, coverage=False)
+        max_length = len(input_ids) + min(params.max_new_tokens, model.context_length - len(input_ids))
+        session = ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
+                              stall_timeout=self.stall_timeout, release=lambda: None)
+        session._petals.recorder._sink = outcome_sink  # not the chat's sink, which the recorder was given
+        return Answer(session, session.generate(input_ids, params))
 
     def close(self) -> None:
         """Stop the loaded models' background routing threads (the DHT belongs to the caller)."""

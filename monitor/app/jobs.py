@@ -1,4 +1,4 @@
-"""The scheduler: scrape, probe, score and rollup/retention jobs, and nothing else.
+"""The scheduler: scrape, probe, generation check, score and rollup/retention jobs, and nothing else.
 
 Each job is one method of ``Poller`` that can also run once by hand (``swarm-monitor poll --once``,
 tests). A job that fails logs, is counted, and leaves the last good state in the store untouched;
@@ -76,6 +76,7 @@ class Poller:
         self.stats = JobStats()
         self._scheduler: Optional[BackgroundScheduler] = None
         self._last_snapshot: Optional[Snapshot] = None
+        self.chat_engine = None  # the process's chat engine, if it serves a chat: the generation checks use it
         # a poll's diagnosis and store, and a re-diagnosis after a probe round, one at a time: either
         # the poll is stored first (and is what the re-diagnosis diagnoses), or it is diagnosed after
         # (with the round's probes, stored before the re-diagnosis began)
@@ -270,6 +271,9 @@ class Poller:
         from monitor.app.probing import start_probing  # Measured speed and correctness (#14)
 
         self.prober = start_probing(self, run_now=run_now)
+        from monitor.app.generation_check import start_generation_checks  # end to end, through the chat's engine
+
+        self.generation_checker = start_generation_checks(self, run_now=run_now)
         scheduler.start()
         self._scheduler = scheduler
         return scheduler
@@ -281,6 +285,9 @@ class Poller:
         if getattr(self, "prober", None) is not None:  # (#14) its probe loop and P2P replica
             self.prober.close()
             self.prober = None
+        if getattr(self, "generation_checker", None) is not None:  # its thread, and an engine of its own
+            self.generation_checker.close()
+            self.generation_checker = None
 
 
 def unstored_cause(error: Optional[BaseException]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
@@ -18,6 +19,19 @@ from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 # take 2–6 %; at the default, 2 %, probes of a server that slow would come every 200 s).
 DEMO_SPEED_PROBE_PERIOD = 20.0
 DEMO_SPEED_PROBE_MAX_SHARE = 0.4
+# The generation check (a few tokens end to end through the chat's engine) every 30 s instead of
+# 300 s: the demo's servers are ours, and its overview should tell within half a minute whether a
+# user can generate. Its cost: one short session (the prompt and 8 tokens) per 30 s.
+DEMO_GENERATION_CHECK_PERIOD = 30.0
+
+
+def demo_expect(tiny: bool, prompt: str) -> Optional[str]:
+    """What the demo model's generation check must answer: "Paris" to the default prompt (the
+    capital of France, which ``demo_model``'s own sanity check verifies at build time); nothing for
+    the tiny random model (it answers gibberish) or another prompt."""
+    from monitor.harness.demo_model import SANITY_ANSWER, SANITY_QUESTION
+
+    return SANITY_ANSWER if not tiny and prompt.strip() == SANITY_QUESTION else None
 
 
 def prepare_model(data_dir: Path, *, tiny: bool) -> tuple[Path, str, int, str]:

@@ -1,0 +1,201 @@
+"""The generation check job: for every watched model the monitor can load (a local ``path``), a few
+tokens of a fixed prompt generated end to end, once per ``generation_check_period``.
+
+It asks the question a user asks — can I generate with this model right now, and how fast? — the
+way a user would: through the chat's own engine (``chat.engine.ChatEngine``: the same client-side
+model, the health-aware sequence manager's routing, petals' retries and the chat's session code),
+with ``generation_check_tokens`` greedy tokens of ``generation_check_prompt`` in the model's chat
+format. It records success or the error (the servers' own errors when they failed the steps), time
+to first token, tokens per second, the route taken, the answer, and whether the answer matched the
+model's ``expect`` pattern (``core.generation.judge_answer``: a mismatch is a failure).
+
+What it must not do:
+- take a user's place: ``ChatEngine.check_answer`` neither takes nor waits for one of the chat's
+  sessions (a chat with every place held does not delay the check, nor the check a chat);
+- count as a user's chat: each server's outcome goes to the check's own record, never to the
+  chat outcomes that scores and routing learn from;
+- cost the swarm more than a user would: one check per model per period, one after the other, each
+  one short inference session (the prompt, a dozen tokens or so, then ``generation_check_tokens``
+  one-token steps, 8 by default: with a 300 s period, about 20 tokens per model every 5 minutes).
+  A check that cannot finish is bounded by the engine's own limits (petals' request timeout and
+  retries, the session's stall timeout).
+
+The engine: the one the process's chat serves with, when it has one (``swarm-monitor serve``,
+``demo``: ``Poller.chat_engine``); else (``swarm-monitor poll`` alone) one made for the checks, with
+the chat's routing settings and peer weights and neither outcome sink nor coverage check.
+After each round the newest poll is diagnosed again (``after_round``), as after a probe round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from monitor.core.common import remote_error, short_error
+from monitor.core.generation import ANSWER_CHARS, GenerationCheck, RouteSpan, judge_answer, servers_failed
+from monitor.core.snapshot import ChatOutcome
+
+log = logging.getLogger(__name__)
+
+
+def _spans(outcomes: list[ChatOutcome]) -> list[RouteSpan]:
+    """The spans whose servers failed a step, with the server's own error where it sent one (each
+    once: petals may retry the same server)."""
+    return list(dict.fromkeys(RouteSpan(o.peer_id, o.start, o.end, error=remote_error(o.error) or short_error(o.error))
+                              for o in outcomes if not o.ok))
+
+
+class GenerationChecker:
+    """Checks every model with a path, one after the other; stores each round's checks."""
+
+    def __init__(self, settings, store, *, engine: Callable[[], Any],
+                 after_round: Optional[Callable[[], object]] = None,
+                 close_engine: Optional[Callable[[], None]] = None):
+        """``engine``: returns the ChatEngine to generate with (called for each round);
+        ``after_round``: called once a round's checks are stored (to diagnose again with them);
+        ``close_engine``: called by ``close`` (an engine made for the checks only)."""
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self.after_round = after_round
+        self.close_engine = close_engine
+        self.models = [m for m in settings.models if m.path is not None]
+        self.rounds = self.checks = self.failures = 0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- one round -------------------------------------------------------------------------------
+    def run_once(self) -> list[GenerationCheck]:
+        """Check every model once; returns (and stores) the checks."""
+        if not self.models:
+            return []
+        engine = self.engine()
+        checks = [self.check(engine, model) for model in self.models if not self._stop.is_set()]
+        self.store.record_generation_checks(checks)
+        self.rounds += 1
+        self.checks += len(checks)
+        self.failures += sum(1 for c in checks if not c.ok)
+        if self.after_round is not None:
+            self.after_round()
+        return checks
+
+    def check(self, engine, model) -> GenerationCheck:
+        """One check of ``model`` (a ModelConfig with a path): never raises, a failure is its result."""
+        from chat.decoding import Finished, GenerationParams
+        from chat.errors import ChatError, ModelNotServed
+
+        at, started = time.time(), time.perf_counter()
+        outcomes: list[ChatOutcome] = []
+        finished: Optional[Finished] = None
+        try:
+            input_ids, stops = engine.encode_chat(model.dht_prefix, [
+                {"role": "user", "content": self.settings.generation_check_prompt}])
+            params = GenerationParams(max_new_tokens=self.settings.generation_check_tokens, temperature=0.0,
+                                      stop_sequences=stops)
+            with engine.check_answer(model.dht_prefix, input_ids, params, outcome_sink=outcomes.append) as answer:
+                for event in answer:
+                    if isinstance(event, Finished):
+                        finished = event
+        except Exception as e:  # noqa: BLE001 - whatever failed, it is this check's result
+            failed = _spans(outcomes)
+            if isinstance(e, ModelNotServed):
+                error = e.reason
+            else:  # the servers' own errors if they sent some, else what the engine said (for people)
+                error = servers_failed(failed) or short_error(str(e) if isinstance(e, ChatError) else e)
+            log.info("generation check of %s failed: %s", model.dht_prefix, error)
+            return GenerationCheck(model=model.dht_prefix, at=at, ok=False, error=error, expect=model.expect,
+                                   duration=time.perf_counter() - started, route=tuple(failed))
+        if finished is None or not finished.token_ids:
+            return GenerationCheck(model=model.dht_prefix, at=at, ok=False, expect=model.expect,
+                                   error="the swarm answered without generating a token",
+                                   duration=time.perf_counter() - started, route=tuple(_spans(outcomes)))
+        route = tuple(RouteSpan(hop.peer_id, hop.start, hop.end) for hop in finished.route) + tuple(_spans(outcomes))
+        check = GenerationCheck(
+            model=model.dht_prefix, at=at, ok=True, answer=finished.text[:ANSWER_CHARS],
+            time_to_first_token=finished.time_to_first_token, tokens_per_second=finished.tokens_per_second,
+            tokens=finished.completion_tokens, duration=time.perf_counter() - started, route=route,
+        )
+        return judge_answer(check, model.expect)
+
+    # ---- the job's thread ------------------------------------------------------------------------
+    def start(self, *, stats=None, run_now: bool = True) -> "GenerationChecker":
+        """Run a round every ``generation_check_period`` on a thread of its own (a round may take
+        long while servers fail; it delays only the next round); ``stats``: the poller's JobStats,
+        where each round counts as job "generation" (failures with their error)."""
+        period = self.settings.generation_check_period
+
+        def loop():
+            if not run_now:
+                self._stop.wait(period)
+            while not self._stop.is_set():
+                began = time.monotonic()
+                try:
+                    self.run_once()
+                    if stats is not None:
+                        stats.ok("generation")
+                except Exception as e:  # noqa: BLE001 - a failed round must not end the job
+                    log.exception("generation checks failed")
+                    if stats is not None:
+                        stats.failed("generation", e)
+                self._stop.wait(max(1.0, period - (time.monotonic() - began)))
+
+        self._thread = threading.Thread(target=loop, name="generation-check", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop after the check under way (waiting at most ``timeout`` s for it)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if self.close_engine is not None:
+            self.close_engine()
+
+
+class _OwnEngine:
+    """The checks' engine when the process serves no chat: made on first use, closed with the job."""
+
+    def __init__(self, settings, store, dht):
+        self.settings, self.store, self.dht = settings, store, dht
+        self.engine = self.weights = None
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            if self.engine is None:
+                from chat.engine import ChatEngine
+                from chat.feedback import StoreWeights
+                from chat.policy import RoutingSettings
+
+                self.weights = StoreWeights(self.store, speed_probe_period=self.settings.speed_probe_period).start()
+                self.engine = ChatEngine(self.dht, [m for m in self.settings.models if m.path],
+                                         score_source=self.weights,
+                                         routing=RoutingSettings.from_settings(self.settings), max_sessions=1)
+            return self.engine
+
+    def close(self) -> None:
+        with self._lock:
+            if self.engine is not None:
+                self.engine.close()
+            if self.weights is not None:
+                self.weights.close()
+            self.engine = self.weights = None
+
+
+def start_generation_checks(poller, *, run_now: bool = True) -> Optional[GenerationChecker]:
+    """Start the generation check job for the poller (None if no model has a path): the engine is
+    the poller's ``chat_engine`` if the process serves a chat, else one of its own."""
+    if not any(m.path is not None for m in poller.settings.models):
+        return None
+    own = _OwnEngine(poller.settings, poller.store, poller.dht)
+
+    def engine():
+        shared = getattr(poller, "chat_engine", None)
+        return shared if shared is not None else own()
+
+    checker = GenerationChecker(poller.settings, poller.store, engine=engine, after_round=poller.after_probe_round,
+                                close_engine=own.close)
+    return checker.start(stats=poller.stats, run_now=run_now)

@@ -1,0 +1,233 @@
+"""Specs of the generation check: a few tokens of a fixed prompt, end to end through the chat's own
+engine and routing, on a real private swarm — stored with its figures and route, failing with the
+servers' own errors when every server of some blocks fails, failing when the answer does not match
+the model's expected pattern, and never taking a user's chat place nor counting as a user's chat.
+
+One swarm for the module (tiny Llama: "first" 0:4, "second" 4:8, "full" 0:8), a real SQLite store,
+the chat's engine with its real outcome sink (the store); checks run round by round.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from chat.decoding import GenerationParams
+from chat.engine import Busy, ChatEngine
+from chat.feedback import store_outcome_sink
+from monitor.app.generation_check import GenerationChecker
+from monitor.app.jobs import Poller
+from monitor.core.generation import (
+    GenerationCheck,
+    RouteSpan,
+    compile_expect,
+    is_current,
+    judge_answer,
+    servers_failed,
+    summary,
+)
+from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+from monitor.harness.server_process import FAIL_MESSAGE
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.settings import ModelConfig, Settings, SettingsError, load_settings
+from monitor.store import Store
+
+HALF = TINY_NUM_BLOCKS // 2
+SPECS = (ServerSpec("first", 0, HALF, throughput=50.0), ServerSpec("second", HALF, TINY_NUM_BLOCKS, throughput=50.0),
+         ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0))
+TOKENS = 8
+
+
+# ---- pure ----------------------------------------------------------------------------------------
+
+
+def ok_check(answer: str, **kwargs) -> GenerationCheck:
+    return GenerationCheck(model="m", at=1000.0, ok=True, answer=answer, time_to_first_token=0.41,
+                           tokens_per_second=17.2, tokens=8, **kwargs)
+
+
+def test_an_answer_is_judged_by_the_models_pattern_case_insensitively_and_anywhere_in_it():
+    assert judge_answer(ok_check("The capital of France is Paris."), "paris").matched is True
+    assert judge_answer(ok_check("The capital of France is Paris."), r"\bParis\b").ok
+    unmatched = judge_answer(ok_check("Lyon, I think"), "Paris")
+    assert not unmatched.ok and unmatched.matched is False
+    assert unmatched.error == "answer did not match /Paris/: 'Lyon, I think'"
+    anything = judge_answer(ok_check("zq zq"), None)  # no pattern: any answer is ok
+    assert anything.ok and anything.matched is None and anything.expect is None
+    failed = GenerationCheck(model="m", at=1.0, ok=False, error="boom")
+    assert judge_answer(failed, "Paris") == GenerationCheck(model="m", at=1.0, ok=False, error="boom", expect="Paris")
+
+
+def test_a_pattern_that_is_no_regular_expression_is_refused_when_the_settings_load():
+    assert compile_expect("Par(is|ee)").search("PARIS")
+    with pytest.raises(ValueError, match="not a regular expression"):
+        compile_expect("Paris(")
+    with pytest.raises(SettingsError, match="expect"):
+        load_settings(environ={"SWARM_MONITOR_MODELS": '[{"dht_prefix": "m", "expect": "Paris("}]'})
+    settings = load_settings(environ={"SWARM_MONITOR_MODELS": '[{"dht_prefix": "m", "expect": "Paris"}]'})
+    assert settings.models[0].expect == "Paris"
+    assert (settings.generation_check_period, settings.generation_check_tokens) == (300, 8)
+
+
+def test_the_summary_line_says_ok_with_its_figures_or_failing_with_the_error():
+    assert summary(ok_check("Paris"), now=1000.0 + 120) == "generation ok · 17 tok/s · first token 0.4 s · 2 min ago"
+    failing = GenerationCheck(model="m", at=1000.0, ok=False, error="answer did not match /Paris/: 'x'")
+    assert summary(failing, now=1001.0) == "failing: answer did not match /Paris/: 'x'"
+    assert summary(None, now=0.0) == "generation not checked yet"
+    assert is_current(ok_check("x"), now=1000.0 + 3 * 300, period=300)
+    assert not is_current(ok_check("x"), now=1000.0 + 3 * 300 + 1, period=300) and not is_current(None, 0, 300)
+
+
+def test_a_failure_names_a_few_servers_grouped_by_their_error_and_counts_the_rest():
+    spans = [RouteSpan(f"peer{i:06d}", 0, 8, error="CUDA error: out of memory") for i in range(5)]
+    spans.append(RouteSpan("peerx00001", 0, 4, error="Cannot allocate KV cache"))
+    spans.append(RouteSpan("peery00002", 4, 8))  # it answered: not named
+    text = servers_failed(spans)
+    assert text == ("…000000 (0:8), …000001 (0:8), …000002 (0:8) and 2 more failed: CUDA error: out of memory; "
+                    "1 more server failed: Cannot allocate KV cache")
+    assert servers_failed([RouteSpan("a", 0, 1)]) is None
+
+
+def test_checks_are_pruned_with_the_raw_rows(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    try:
+        now = time.time()
+        old = GenerationCheck(model="m", at=now - 5 * 86400, ok=False, error="old")
+        new = GenerationCheck(model="m", at=now - 60, ok=True, answer="Paris", tokens=3,
+                              route=(RouteSpan("p", 0, 8),))
+        store.record_generation_checks([old, new])
+        assert store.generation_check_history("m", 0) == [old, new]
+        counts = store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=90)
+        assert counts["generation_checks"] == 1
+        assert store.generation_check_history("m", 0) == [new] and store.latest_generation_checks() == {"m": new}
+    finally:
+        store.close()
+
+
+# ---- on a real swarm -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checked(tiny_model, tmp_path_factory):
+    """(swarm, engine, store, settings): the chat's engine records its users' outcomes in the store."""
+    data_dir = tmp_path_factory.mktemp("generation-check")
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
+        swarm.start(SPECS)
+        settings = Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
+                            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS,
+                                                path=tiny_model)],
+                            generation_check_tokens=TOKENS, generation_check_period=3600)
+        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+        store.migrate()
+        engine = ChatEngine(swarm.dht, settings.models, outcome_sink=store_outcome_sink(store),
+                            max_sessions=1, queue_size=0, queue_timeout=1)
+        try:
+            yield swarm, engine, store, settings
+        finally:
+            for name in swarm.servers:
+                swarm.unfail(name)
+            engine.close()
+            store.close()
+
+
+def checker_for(checked, **model_fields) -> GenerationChecker:
+    swarm, engine, store, settings = checked
+    models = [m.model_copy(update=model_fields) for m in settings.models]
+    return GenerationChecker(settings.model_copy(update={"models": models}), store, engine=lambda: engine)
+
+
+def test_a_check_generates_through_the_swarm_and_is_stored_with_its_figures_and_route(checked):
+    swarm, engine, store, _ = checked
+    started = time.time()
+    (check,) = checker_for(checked).run_once()
+    assert check.ok, check.error
+    assert check.model == TINY_DHT_PREFIX and check.tokens == TOKENS and check.answer
+    assert 0 < check.time_to_first_token < check.duration and check.tokens_per_second > 0
+    assert check.matched is None and check.error is None  # no pattern: any answer is ok
+    peers = {swarm.peer_id(name) for name in swarm.servers}
+    assert check.route and set(check.route_peers) <= peers and not check.failed_peers
+    assert check.route[0].start == 0 and check.route[-1].end == TINY_NUM_BLOCKS  # the route covers every block
+    assert store.latest_generation_checks() == {TINY_DHT_PREFIX: check}
+    assert store.generation_check_history(TINY_DHT_PREFIX, started - 1) == [check]
+    assert store.recent_chat_outcomes(0) == []  # its per-server outcomes are not users' chats
+
+    # the same prompt through the users' chat gives the same greedy answer, and is recorded as a chat
+    ids, stops = engine.encode_chat(TINY_DHT_PREFIX, [{"role": "user", "content": "What is the capital of France?"}])
+    with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=TOKENS, stop_sequences=stops)) as answer:
+        users = [event for event in answer][-1]
+    assert users.text[:len(check.answer)] == check.answer
+    assert store.recent_chat_outcomes(0)
+
+
+def test_the_check_runs_while_every_chat_place_is_held(checked):
+    _, engine, _, _ = checked
+    held = engine.open_session(TINY_DHT_PREFIX, 32)  # the engine's only place
+    try:
+        with pytest.raises(Busy):
+            engine.open_session(TINY_DHT_PREFIX, 32)  # a user now waits (here: is refused at once)
+        began = time.monotonic()
+        (check,) = checker_for(checked).run_once()
+        assert check.ok, check.error
+        assert time.monotonic() - began < 60
+    finally:
+        held.close()
+
+
+def test_an_answer_that_cannot_match_the_expected_pattern_is_a_failure_with_the_answer(checked):
+    (plain,) = checker_for(checked).run_once()
+    assert plain.ok and plain.answer
+    (matching,) = checker_for(checked, expect=re.escape(plain.answer[:3])).run_once()
+    assert matching.ok and matching.matched is True  # greedy: the same answer, which matches
+
+    (check,) = checker_for(checked, expect="Zanzibar").run_once()  # a word the tiny model never says
+    assert not check.ok and check.matched is False and check.expect == "Zanzibar"
+    assert check.answer == plain.answer and check.tokens == TOKENS and check.tokens_per_second > 0
+    assert check.error == f"answer did not match /Zanzibar/: {plain.answer!r}"
+
+
+def test_with_every_server_of_some_blocks_failing_the_check_records_the_servers_own_error(checked):
+    swarm, _, store, _ = checked
+    failing = {swarm.peer_id("first"), swarm.peer_id("full")}  # every server of blocks 0:4
+    chats = store.recent_chat_outcomes(0)
+    for name in ("first", "full"):
+        swarm.fail(name)
+    try:
+        (check,) = checker_for(checked).run_once()
+    finally:
+        for name in ("first", "full"):
+            swarm.unfail(name)
+    assert not check.ok and check.answer is None and check.tokens == 0
+    assert FAIL_MESSAGE in check.error and "failed: " in check.error, check.error
+    assert set(check.failed_peers) <= failing and check.failed_peers
+    assert all(span.error == FAIL_MESSAGE for span in check.route if span.peer_id in failing)
+    assert store.latest_generation_checks()[TINY_DHT_PREFIX] == check
+    assert store.recent_chat_outcomes(0) == chats  # none of its failures was recorded as a chat's
+
+    (recovered,) = checker_for(checked).run_once()  # unfailed: the next check goes through again
+    assert recovered.ok, recovered.error
+
+
+def test_the_pollers_job_checks_every_model_with_a_path_on_its_own_engine(checked, tmp_path):
+    """``swarm-monitor poll`` alone (no chat in the process): the job makes an engine of its own."""
+    swarm, _, _, settings = checked
+    settings = settings.model_copy(update={"data_dir": tmp_path, "scrape_period": 3600, "reachability_period": 3600,
+                                           "score_period": 3600, "speed_probe_period": 3600,
+                                           "models": [*settings.models, ModelConfig(dht_prefix="no-path", num_blocks=2)]})
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    poller = Poller(settings, store, swarm.dht)
+    try:
+        poller.start(run_now=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not poller.stats.runs.get("generation"):
+            time.sleep(0.5)
+        checks = store.latest_generation_checks()
+        assert list(checks) == [TINY_DHT_PREFIX] and checks[TINY_DHT_PREFIX].ok, checks
+        assert poller.stats.runs.get("generation") == 1 and not poller.stats.failures.get("generation")
+        assert store.recent_chat_outcomes(0) == []
+    finally:
+        poller.shutdown()
+        store.close()
