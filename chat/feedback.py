@@ -5,7 +5,11 @@ weights are served from memory and refreshed from the store by a background thre
 scores (from the monitor's score job) and the measured seconds per token of recent chat requests
 and of the monitor's server probes (``monitor/app/probing.py``: every ONLINE server is probed, so
 every server has a measured weight before the first chat request). A server whose outputs the
-probes found wrong gets score 0, so routing leaves it out wherever others cover its blocks.
+probes found wrong, or that fails every probe with its own error, gets score 0, so routing leaves
+it out wherever others cover its blocks.
+Server probes are read over the diagnosis' own window (``monitor.core.probes.recent_window``): a
+verdict the dashboard no longer shows no longer steers the router either. Chat outcomes, which
+come only when someone chats, are read over a window of their own (``CHAT_OUTCOME_WINDOW``).
 The thread refreshes every few seconds, and at once after each recorded outcome, so the next
 request already routes by what the last one measured.
 """
@@ -20,15 +24,17 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from monitor.core.common import HOUR
-from monitor.core.probes import ServerProbe, recent_per_peer, wrong_outputs
+from monitor.core.probes import RecentProbes, ServerProbe, recent_per_peer, recent_window
 from monitor.core.snapshot import ChatOutcome
+from monitor.settings import Settings
 
 from chat.policy import OutcomeSink, PeerWeight, weights_from_outcomes
 
 log = logging.getLogger(__name__)
 
-OUTCOME_WINDOW = HOUR  # seconds of chat outcomes (and server probes) the router learns from
-WRONG_OUTPUTS_SCORE = 0.0  # the routing score of a server whose outputs the probes found wrong
+CHAT_OUTCOME_WINDOW = HOUR  # seconds of chat outcomes the router learns from
+DEFAULT_SPEED_PROBE_PERIOD = Settings.model_fields["speed_probe_period"].default
+UNUSABLE_SCORE = 0.0  # the routing score of a server whose outputs are wrong or whose every step fails
 
 
 def probe_speeds(probes: list[ServerProbe], outcomes: list[ChatOutcome], *, now: float,
@@ -48,12 +54,17 @@ def probe_speeds(probes: list[ServerProbe], outcomes: list[ChatOutcome], *, now:
 
 
 class StoreWeights:
-    """A cheap ``score_source`` for HealthAwareSequenceManager, refreshed every ``period`` s."""
+    """A cheap ``score_source`` for HealthAwareSequenceManager, refreshed every ``period`` s.
 
-    def __init__(self, store: Any, *, period: float = 5.0, window: float = OUTCOME_WINDOW):
+    Server probes count for ``recent_window(speed_probe_period)`` seconds (the setting the prober
+    runs with), chat outcomes for ``outcome_window``."""
+
+    def __init__(self, store: Any, *, period: float = 5.0, speed_probe_period: float = DEFAULT_SPEED_PROBE_PERIOD,
+                 outcome_window: float = CHAT_OUTCOME_WINDOW):
         self.store = store
         self.period = period
-        self.window = window
+        self.probe_window = recent_window(speed_probe_period)
+        self.outcome_window = outcome_window
         self._weights: dict[str, PeerWeight] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -66,17 +77,18 @@ class StoreWeights:
         now = time.time()
         try:
             scores = {peer: stored.score for peer, stored in self.store.latest_scores().items()}
-            outcomes = self.store.recent_chat_outcomes(now - self.window)
-            probes = self.store.recent_server_probes(now - self.window)
+            outcomes = self.store.recent_chat_outcomes(now - self.outcome_window)
+            probes = self.store.recent_server_probes(now - self.probe_window)
             policies = self.store.peer_policies()
         except Exception as e:  # noqa: BLE001 - keep routing on the last weights while the DB is away
             log.warning("peer weights not refreshed (keeping the last ones): %s", e)
             return self._weights
-        weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.window)
-        for peer, seconds in probe_speeds(probes, outcomes, now=now, window=self.window).items():
+        weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.outcome_window)
+        for peer, seconds in probe_speeds(probes, outcomes, now=now, window=self.probe_window).items():
             weights[peer] = replace(weights.get(peer, PeerWeight()), seconds_per_token_per_block=seconds)
-        for peer in wrong_outputs(probes, now=now, max_age=self.window):
-            weights[peer] = replace(weights.get(peer, PeerWeight()), score=WRONG_OUTPUTS_SCORE)
+        recent = RecentProbes(probes, now, self.probe_window)
+        for peer in {**recent.wrong(), **recent.failing()}:  # wrong outputs, or every step fails
+            weights[peer] = replace(weights.get(peer, PeerWeight()), score=UNUSABLE_SCORE)
         for peer, policy in policies.items():
             weights[peer] = replace(weights.get(peer, PeerWeight()), policy=policy)
         self._weights = weights
@@ -123,16 +135,17 @@ def store_outcome_sink(store: Any, weights: Optional[StoreWeights] = None) -> Ou
 
 
 def store_coverage_check(store: Any) -> Callable[[str], tuple[bool, str]]:
-    """``coverage_check`` for the engine: a model the monitor last saw broken is refused before
-    generation starts, with the monitor's reasons (which name the missing blocks)."""
+    """``coverage_check`` for the engine: a model the monitor's newest diagnosis calls broken (the
+    one the dashboard, API, /metrics and alerts show: after the latest poll, probe round and
+    generation check) is refused before generation starts, with the monitor's reasons."""
 
     def check(dht_prefix: str) -> tuple[bool, str]:
         try:
-            status = store.latest_model_status().get(dht_prefix)
+            health = store.latest_diagnoses().get(dht_prefix)
         except Exception:  # noqa: BLE001 - no verdict: let petals' own view decide
             return True, ""
-        if status is None or status["state"] != "broken":
+        if health is None or health.state != "broken":
             return True, ""
-        return False, "; ".join(status["reasons"])
+        return False, "; ".join(health.reasons)
 
     return check
