@@ -170,3 +170,15 @@ def test_is_my_server_ok_says_bad_with_the_error_and_what_to_try():
     useful = next(c for c in report.checks if c.name == "useful" and c.status == BAD)
     assert OOM in useful.text and "GPU memory" in useful.advice
     assert OOM in report.headline
+
+
+def test_a_failed_generation_check_breaks_the_model_whatever_its_blocks_look_like():
+    from monitor.core.generation import GenerationCheck
+
+    bad = GenerationCheck(MODEL.dht_prefix, at=NOW, ok=False, error="answer did not match /Paris/: 'zzz'")
+    health = diagnose(MODEL, demo_rows(), generation=bad)
+    assert health.state == BROKEN
+    assert health.reasons[0].startswith("the generation check failed: answer did not match /Paris/")
+    assert not any(r.startswith("every block is served") for r in health.reasons)
+    good = GenerationCheck(MODEL.dht_prefix, at=NOW, ok=True, answer="Paris", tokens=8)
+    assert diagnose(MODEL, demo_rows(), generation=good).state == HEALTHY

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from monitor.core import coverage, scores
+from monitor.core import coverage, generation, scores
 from monitor.core.common import short_error
 from monitor.core.diagnosis import ModelHealth
 from monitor import swarm
@@ -131,11 +131,13 @@ class Poller:
             log.warning("scrape: the failed poll could not be recorded either: %s", e)
 
     def analyse(self, snapshot: Snapshot, probes: Mapping[str, ReachabilityResult]) -> list[ModelHealth]:
-        """Each polled model's diagnosis, as ``record_poll`` and ``record_diagnoses`` take it
-        (speeds as measured by the server probes where there are some, #14)."""
+        """Each polled model's diagnosis, as ``record_poll`` and ``record_diagnoses`` take it: with
+        the recent probes' verdicts (measured speeds, wrong outputs, failing servers) and the
+        model's newest generation check, if it is current."""
         from monitor.app.probing import measured_view
 
         recent = measured_view(self.store, self.settings)
+        checks = self._current_generation_checks(recent.now)
         return [
             coverage.diagnose(
                 model, snapshot.rows_for(model.dht_prefix), probes,
@@ -143,9 +145,21 @@ class Poller:
                 min_cache_tokens=self.settings.min_cache_tokens,
                 measured=recent.speeds(model.dht_prefix), wrong=recent.wrong(model.dht_prefix),
                 disagreeing=recent.disagreeing(model.dht_prefix), failing=recent.failing(model.dht_prefix),
+                generation=checks.get(model.dht_prefix),
             )
             for model in snapshot.models
         ]
+
+    def _current_generation_checks(self, now: float) -> dict:
+        """model -> its newest generation check, where it still says something about now (empty if
+        the store cannot say: the diagnosis then goes without, rather than not at all)."""
+        try:
+            latest = self.store.latest_generation_checks()
+        except StoreError as e:
+            log.warning("generation checks not read, diagnosing without them: %s", e)
+            return {}
+        period = self.settings.generation_check_period
+        return {model: check for model, check in latest.items() if generation.is_current(check, now, period)}
 
     def refresh_scores(self, now: Optional[float] = None) -> dict[str, scores.PeerScore]:
         """Score every peer from a week of history, counted by the database (``Store.peer_aggregates``)."""

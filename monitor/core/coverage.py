@@ -74,6 +74,7 @@ from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-export
     ranges,
 )
 from monitor.core.common import short_peer_id
+from monitor.core.generation import GenerationCheck
 from monitor.core.probes import SLOW_FACTOR, slowness
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, unreachable
 
@@ -87,6 +88,7 @@ from petals.server.block_selection import choose_best_blocks
 BOTTLENECK_FRACTION = 0.5
 MAX_NAMED = 5  # servers named per kind of reason (failing, wrong, disagreeing, slow); the rest counted
 MAX_IN_REASON = 3  # servers one sentence names; beyond that they are counted by cause
+GENERATION_ERROR_CHARS = 240  # a failed generation check's error, as quoted in a reason
 
 
 def _blocks_phrase(spans: Sequence[Range]) -> str:
@@ -517,6 +519,7 @@ def diagnose(
     wrong: Mapping[str, str] = {},
     disagreeing: Mapping[str, str] = {},
     failing: Mapping[str, str] = {},
+    generation: Optional[GenerationCheck] = None,
 ) -> ModelHealth:
     """The model's state with its reasons, from a snapshot's rows and the latest reachability check
     per peer.
@@ -526,7 +529,9 @@ def diagnose(
     ``wrong``: peer -> why its outputs are wrong; ``failing``: peer -> the error its own handler
     answered every recent probe with (neither counts as serving); ``disagreeing``: peer -> its
     disagreement with other servers of the same blocks that nobody outvotes (checked without the
-    model's weights): a reason, each of them still serving.
+    model's weights): a reason, each of them still serving. ``generation``: the model's newest
+    generation check, if it is current: a failed one makes the model broken with its error,
+    whatever its blocks look like (what a user gets is the ground truth).
     """
     if model.num_blocks < 1:
         raise ValueError(f"model {model.dht_prefix!r} has num_blocks={model.num_blocks}; it needs at least 1 block")
@@ -545,9 +550,13 @@ def diagnose(
                                     disagreeing=disagreeing, single=single, low_cache=low_cache,
                                     min_tokens_per_s=min_tokens_per_s, min_cache_tokens=min_cache_tokens)
         state = DEGRADED if reasons else HEALTHY
-        if state == HEALTHY:
+        if state == HEALTHY and (generation is None or generation.ok):
             reasons.append(f"every block is served by at least {min(b.online for b in blocks)} online servers; "
                            f"best route ≈ {speed.estimate} ({_route_phrase(speed.route, served.labels)})")
+    if generation is not None and not generation.ok:
+        state = BROKEN
+        reasons.insert(0, f"the generation check failed: {_cut(generation.error or 'no answer', GENERATION_ERROR_CHARS)}"
+                          " — a client asking now would get the same")
 
     # servers that do not serve whatever the DHT says are left out of the recommendation; JOINING
     # ones are kept, as petals keeps them (they will serve soon)
