@@ -1,7 +1,10 @@
 """/metrics (and /api/prometheus): Prometheus metrics read from the store at scrape time.
 
 A custom collector builds every family from the latest stored poll, so any number of web workers
-answer the same numbers. Names follow health.petals.dev's where they mean the same thing
+answer the same numbers. It reads the typed state (``queries.Current``: the snapshot's rows,
+reachability checks, ``PeerScore``s, ``ModelHealth``s) with the same rules as the state document
+(``state_api.row_state``, ``monitor_state``, ``bootstrap_addresses``, ``unreachable_peers``), not
+that document itself. Names follow health.petals.dev's where they mean the same thing
 (``update_duration``, ``servers_num_total``, ``n_blocks{model}``, ``blocks{model,state}``, ...);
 ours carry the ``swarm_monitor_`` prefix.
 
@@ -19,13 +22,15 @@ import math
 import statistics
 import time
 from collections import Counter
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from flask import Blueprint, Response, current_app
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from monitor.core.common import finite
+from monitor.core.snapshot import ModelInfo, ServerRow
 from monitor.web import probe_views, queries, state_api
 
 bp = Blueprint("metrics", __name__)
@@ -70,18 +75,27 @@ def _percentile(sorted_values: list[float], pct: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
-def server_families(state: dict) -> Iterable:
-    """Swarm-wide server metrics, health.petals.dev's names."""
-    peers: dict[str, dict] = {}
-    for report in state["model_reports"]:
-        for row in report["server_rows"]:
-            peers.setdefault(row["peer_id"], row["span"]["server_info"])
-    pings = sorted(rtt for info in peers.values() for rtt in (info["next_pings"] or {}).values() if rtt is not None)
-    versions = Counter(info["version"] for info in peers.values() if info["version"])
+def _server_rows(cur: queries.Current) -> Iterable[tuple[ModelInfo, list[ServerRow]]]:
+    """Each model of the latest poll with its servers' rows, in the state document's order (models
+    as polled, rows by peer id and start)."""
+    for model in cur.models:
+        yield model, sorted(cur.snapshot.rows_for(model.dht_prefix), key=lambda r: (r.peer_id, r.start))
+
+
+def server_families(cur: queries.Current) -> Iterable:
+    """Swarm-wide server metrics, health.petals.dev's names; a peer serving several models counts
+    once, as its first row (by model, then span) announces it."""
+    peers: dict[str, ServerRow] = {}
+    for _, rows in _server_rows(cur):
+        for row in rows:
+            peers.setdefault(row.peer_id, row)
+    pings = sorted(rtt for row in peers.values() for rtt in map(finite, (row.next_pings or {}).values())
+                   if rtt is not None)
+    versions = Counter(row.version for row in peers.values() if row.version)
 
     yield GaugeMetricFamily("servers_num_total", "Servers (distinct peers) announcing any block", value=len(peers))
     yield GaugeMetricFamily("servers_num_relay", "Servers that reach the swarm through a libp2p relay",
-                            value=sum(1 for info in peers.values() if info["using_relay"]))
+                            value=sum(1 for row in peers.values() if row.using_relay))
     ping = GaugeMetricFamily("ping_pct", "Percentiles of RTTs (seconds) between servers, from their next_pings",
                              labels=["pct"])
     if pings:
@@ -95,7 +109,7 @@ def server_families(state: dict) -> Iterable:
     yield version
 
 
-def model_families(state: dict) -> Iterable:
+def model_families(cur: queries.Current) -> Iterable:
     """Per-model block and throughput metrics (health.petals.dev's names) and our diagnosis."""
     n_blocks = GaugeMetricFamily("n_blocks", "Blocks in the model", labels=["model"])
     servers_num = GaugeMetricFamily("servers_num", "Servers announcing blocks of the model", labels=["model"])
@@ -119,21 +133,21 @@ def model_families(state: dict) -> Iterable:
     speed = GaugeMetricFamily("swarm_monitor_model_est_tokens_per_second",
                               "Estimated tokens/s of the best route for one client", labels=["model"])
 
-    for report in state["model_reports"]:
-        model, num = label(report["dht_prefix"]), report["num_blocks"]
-        rows = report["server_rows"]
+    for info, rows in _server_rows(cur):
+        model, num = label(info.dht_prefix), info.num_blocks
         per_state = Counter()
         online_per_block = [0] * num
         rps = {kind: [0.0] * num for kind in RPS_KINDS}
         for row in rows:
-            start, end = max(row["span"]["start"], 0), min(row["span"]["end"], num)
-            per_state[row["state"]] += max(end - start, 0)
-            info = row["span"]["server_info"]
+            state = state_api.row_state(row, cur.probes.get(row.peer_id))
+            start, end = max(row.start, 0), min(row.end, num)
+            per_state[state] += max(end - start, 0)
+            announced = {kind: finite(getattr(row, f"{kind}_rps")) or 0.0 for kind in RPS_KINDS}
             for block in range(start, end):
-                if row["state"] == "online":
+                if state == "online":
                     online_per_block[block] += 1
                 for kind in RPS_KINDS:
-                    rps[kind][block] += info[f"{kind}_rps"] or 0.0
+                    rps[kind][block] += announced[kind]
         n_blocks.add_metric([model], num)
         servers_num.add_metric([model], len(rows))
         blocks_total.add_metric([model], sum(per_state.values()))
@@ -143,49 +157,55 @@ def model_families(state: dict) -> Iterable:
         for kind in RPS_KINDS:
             rps_avg.add_metric([model, kind], statistics.fmean(rps[kind]) if num else 0.0)
             rps_min.add_metric([model, kind], min(rps[kind]) if num else 0.0)
+        health = cur.healths.get(info.dht_prefix)
         for name in MODEL_STATES:
-            model_state.add_metric([model, name], 1.0 if report["monitor_state"] == name else 0.0)
-        if report["coverage_pct"] is not None:
-            coverage.add_metric([model], report["coverage_pct"])
-        if report["min_redundancy"] is not None:
-            redundancy.add_metric([model], report["min_redundancy"])
-        if report["servers_online"] is not None:
-            online.add_metric([model], report["servers_online"])
-        if report["est_tokens_per_s"] is not None:
-            speed.add_metric([model], report["est_tokens_per_s"])
+            model_state.add_metric([model, name], 1.0 if state_api.monitor_state(health) == name else 0.0)
+        if health is None:
+            continue
+        if finite(health.coverage_pct) is not None:
+            coverage.add_metric([model], finite(health.coverage_pct))
+        if health.min_redundancy is not None:
+            redundancy.add_metric([model], health.min_redundancy)
+        if health.servers_online is not None:
+            online.add_metric([model], health.servers_online)
+        if finite(health.est_tokens_per_s) is not None:
+            speed.add_metric([model], finite(health.est_tokens_per_s))
     yield from (n_blocks, servers_num, blocks_total, blocks, online_min, rps_avg, rps_min,
                 model_state, coverage, redundancy, online, speed)
 
 
-def scored_peers(state: dict) -> tuple[list[str], int]:
+def scored_peers(cur: queries.Current) -> tuple[list[str], int]:
     """Peers of the latest poll that have a score, the ``MAX_PEER_SERIES`` serving the most blocks
     online first (ties by peer id); and how many were left out."""
     blocks: Counter = Counter()
-    for report in state["model_reports"]:
-        for row in report["server_rows"]:
-            if row["peer_id"] in state["scores"]:
-                blocks[row["peer_id"]] += row["span"]["length"] if row["state"] == "online" else 0
+    for _, rows in _server_rows(cur):
+        for row in rows:
+            if row.peer_id in cur.scores:
+                online = state_api.row_state(row, cur.probes.get(row.peer_id)) == "online"
+                blocks[row.peer_id] += row.length if online else 0
     ranked = sorted(blocks, key=lambda peer: (-blocks[peer], peer))
     return ranked[:MAX_PEER_SERIES], max(len(ranked) - MAX_PEER_SERIES, 0)
 
 
-def peer_families(state: dict) -> Iterable:
+def peer_families(cur: queries.Current, initial_peers: Sequence[str]) -> Iterable:
     score = GaugeMetricFamily("swarm_monitor_peer_health_score", f"Peer health score, 0-100 (peers of the latest "
                               f"poll, at most {MAX_PEER_SERIES}: those serving the most blocks)", labels=["peer_id"])
-    peers, left_out = scored_peers(state)
+    peers, left_out = scored_peers(cur)
     for peer in peers:
-        score.add_metric([label(peer)], state["scores"][peer]["score"])
+        score.add_metric([label(peer)], cur.scores[peer].score)
     yield score
     yield GaugeMetricFamily("swarm_monitor_peer_health_score_left_out",
                             f"Scored peers of the latest poll beyond the {MAX_PEER_SERIES} reported", value=left_out)
     boot = GaugeMetricFamily("swarm_monitor_bootstrap_peer_up", "1 if the bootstrap peer answered its latest probe",
                              labels=["peer_id"])
-    for peer in state["bootstrap_peers"]:
-        if peer["state"] != "unknown":
-            boot.add_metric([label(peer["peer_id"])], 1.0 if peer["state"] == "online" else 0.0)
+    bootstrap = state_api.bootstrap_addresses(initial_peers, cur.probes)
+    for peer in bootstrap:
+        check = cur.probes.get(peer)
+        if check is not None:
+            boot.add_metric([label(peer)], 1.0 if check.ok else 0.0)
     yield boot
     yield GaugeMetricFamily("swarm_monitor_unreachable_peers", "Peers whose latest probe failed",
-                            value=len(state["reachability_issues"]))
+                            value=len(state_api.unreachable_peers(cur.snapshot, cur.probes, bootstrap)))
 
 
 def poll_families(cur: queries.Current, stats: queries.PollStats) -> Iterable:
@@ -270,10 +290,9 @@ class StoreCollector:
         yield from probe_views.metric_families(self.store, self.settings)  # server probes (#14)
         if cur.snapshot is None:
             return
-        state = queries.state_dict(cur, self.settings)
-        yield from server_families(state)
-        yield from model_families(state)
-        yield from peer_families(state)
+        yield from server_families(cur)
+        yield from model_families(cur)
+        yield from peer_families(cur, self.settings.resolved_initial_peers)
 
 
 def registry_for(d) -> CollectorRegistry:

@@ -14,7 +14,7 @@ The dashboard's pages render from this same dict, so the page and the API never 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 from urllib.parse import urlsplit
 
 from monitor.core.common import finite
@@ -109,11 +109,17 @@ def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str
     return result
 
 
+def monitor_state(health: Optional[ModelHealth]) -> str:
+    """The model's state by its diagnosis; a model without one (no known blocks: it cannot be
+    diagnosed) counts as broken."""
+    return BROKEN if health is None else health.state
+
+
 def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
     """Our additions to a model report, from its diagnosis (None: a model without known blocks,
     which cannot be diagnosed and so counts as broken)."""
     if health is None:
-        return {"monitor_state": BROKEN, "degraded": False, "reasons": [], "coverage_pct": None,
+        return {"monitor_state": monitor_state(health), "degraded": False, "reasons": [], "coverage_pct": None,
                 "servers_online": None, "min_redundancy": None, "est_tokens_per_s": None, "speed_source": None,
                 "recommendation": None}
     rec = health.recommendation
@@ -121,7 +127,7 @@ def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
         "start": rec.start, "end": rec.end, "num_blocks": rec.num_blocks, "block_indices": f"{rec.start}:{rec.end}",
         "argument": rec.argument, "reason": rec.reason}
     return {
-        "monitor_state": health.state,
+        "monitor_state": monitor_state(health),
         "degraded": health.state == DEGRADED,
         "reasons": list(health.reasons),
         "coverage_pct": finite(health.coverage_pct),
@@ -158,24 +164,27 @@ def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[M
     }
 
 
-def bootstrap_peers(initial_peers: Sequence[str], probes: Mapping[str, ReachabilityResult]) -> list[dict]:
-    """Each bootstrap peer (configured first, then any other probed as one) with its state."""
-    order: list[str] = []
+def bootstrap_addresses(initial_peers: Sequence[str], probes: Mapping[str, ReachabilityResult]) -> dict[str, str]:
+    """peer id -> address of each bootstrap peer, in order: the configured ones first, then any
+    other checked as one."""
     addresses: dict[str, str] = {}
     for maddr in initial_peers:
         peer = peer_id_of_multiaddr(maddr)
         if peer and peer not in addresses:
-            order.append(peer)
             addresses[peer] = maddr
     for peer, probe in sorted(probes.items()):
         if probe.kind == "bootstrap" and peer not in addresses:
-            order.append(peer)
             addresses[peer] = probe.address or ""
+    return addresses
+
+
+def bootstrap_peers(initial_peers: Sequence[str], probes: Mapping[str, ReachabilityResult]) -> list[dict]:
+    """Each bootstrap peer (``bootstrap_addresses``) with its state."""
     result = []
-    for peer in order:
+    for peer, address in bootstrap_addresses(initial_peers, probes).items():
         probe = probes.get(peer)
         state = "unknown" if probe is None else "online" if probe.ok else "unreachable"
-        result.append({"peer_id": peer, "address": addresses[peer], "state": state,
+        result.append({"peer_id": peer, "address": address, "state": state,
                        "rtt": finite(probe.rtt) if probe else None, "error": probe.error if probe else None})
     return result
 
@@ -189,14 +198,19 @@ def top_contributors(snapshot: Snapshot, probes: Mapping[str, ReachabilityResult
     return dict(counts.most_common())
 
 
-def reachability_issues(probes: Mapping[str, ReachabilityResult], peers: set[str]) -> list[dict]:
-    """Failed probes of ``peers`` only (the latest poll's servers and the bootstrap peers): a peer
-    that announced itself once and left is not an issue forever."""
-    return [
-        {"peer_id": peer, "err": probe.error or "unreachable", "kind": probe.kind}
-        for peer, probe in sorted(probes.items())
-        if peer in peers and unreachable(probe)
-    ]
+def unreachable_peers(snapshot: Snapshot, probes: Mapping[str, ReachabilityResult],
+                      bootstrap: Iterable[str]) -> list[str]:
+    """Peers whose latest check failed, among the latest poll's servers and the bootstrap peers
+    only (sorted): a peer that announced itself once and left is not an issue forever."""
+    peers = {row.peer_id for row in snapshot.servers} | set(bootstrap)
+    return [peer for peer, probe in sorted(probes.items()) if peer in peers and unreachable(probe)]
+
+
+def reachability_issues(snapshot: Snapshot, probes: Mapping[str, ReachabilityResult],
+                        bootstrap: Iterable[str]) -> list[dict]:
+    """``unreachable_peers`` with their errors, as health.petals.dev's ``reachability_issues``."""
+    return [{"peer_id": peer, "err": probes[peer].error or "unreachable", "kind": probes[peer].kind}
+            for peer in unreachable_peers(snapshot, probes, bootstrap)]
 
 
 def build_state(
@@ -218,8 +232,7 @@ def build_state(
         "bootstrap_states": [peer["state"] for peer in boot],
         "top_contributors": top_contributors(snapshot, probes),
         "model_reports": reports,
-        "reachability_issues": reachability_issues(
-            probes, {row.peer_id for row in snapshot.servers} | {peer["peer_id"] for peer in boot}),
+        "reachability_issues": reachability_issues(snapshot, probes, (peer["peer_id"] for peer in boot)),
         "last_updated": snapshot.taken_at,
         "update_period": update_period,
         "update_duration": snapshot.duration,
