@@ -6,9 +6,11 @@ for one fixed input, on CPU in float32, loading one block at a time with petals'
 ``load_pretrained_block`` (so any family petals serves works, and memory holds one block, not the
 model). A server of blocks [start, end) then gets the state before ``start`` as its probe input
 (``monitor.swarm.speed``), and its outputs are compared with the state after ``end - 1``. The fixed
-input is the checkpoint's own embeddings of seeded random tokens, so activations are as large as in
-real use. The states are computed once per model and kept (blocks × tokens × hidden floats: ~1 MB
-for the demo model).
+input is what the family's client sends to block 0 for seeded random tokens — the checkpoint's own
+embeddings, layer-normed for BLOOM (its ``word_embeddings_layernorm``) — so activations are as large
+as in real use. Each block builds its own causal mask and positions (BLOOM's ALiBi, Llama's and
+Falcon's rotary) from the input's length, as a server does from its cache's length. The states are
+computed once per model and kept (blocks × tokens × hidden floats: ~1 MB for the demo model).
 
 Without weights, ``CrossCheck`` compares servers of the same blocks with one another: each probe
 covers one *segment* (blocks between two consecutive span boundaries of the model's servers), all
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 REFERENCE_SEED = 4_321
 EMBEDDING_SUFFIXES = ("embed_tokens.weight", "word_embeddings.weight", "wte.weight")
+EMBEDDING_NORM = "word_embeddings_layernorm"  # BLOOM's client norms the embeddings before block 0
 
 
 def relative_error(outputs, expected) -> float:
@@ -96,7 +99,7 @@ class ReferenceModel:
             config = AutoDistributedConfig.from_pretrained(str(self.path))
         except Exception as e:  # noqa: BLE001
             raise ReferenceError(f"the checkpoint's config could not be read ({type(e).__name__})") from None
-        states = [self._first_input(config.hidden_size)]
+        states = [self._first_input(config)]
         hidden = states[0]
         with torch.inference_mode(), warnings.catch_warnings():
             # petals loads weights into a block built on the meta device; torch warns about each one
@@ -108,23 +111,46 @@ class ReferenceModel:
                 del block
         return states
 
-    def _first_input(self, hidden_size: int):
-        """The checkpoint's embeddings of seeded random tokens; seeded noise of unit size if the
-        checkpoint has no embedding matrix we recognise."""
+    def _first_input(self, config):
+        """What the client sends to block 0 for seeded random tokens: the checkpoint's embeddings
+        (layer-normed where the family does so); seeded noise of unit size if the checkpoint has
+        no embedding matrix we recognise."""
         import torch
 
+        hidden_size = config.hidden_size
         generator = torch.Generator().manual_seed(self.seed)
-        table = _embedding_slice(self.path)
+        tensors = _checkpoint_tensors(self.path)
+        key = next((k for k in tensors if k.endswith(EMBEDDING_SUFFIXES)), None)
+        table = tensors.slice(key) if key else None
         if table is None or table.get_shape()[-1] != hidden_size:
             return torch.randn(1, self.tokens, hidden_size, generator=generator)
         vocabulary = table.get_shape()[0]
         ids = torch.randint(0, vocabulary, (self.tokens,), generator=generator).tolist()
-        rows = [table[i:i + 1].float() for i in ids]
-        return torch.cat(rows, dim=0).unsqueeze(0)
+        embeddings = torch.cat([table[i:i + 1].float() for i in ids], dim=0).unsqueeze(0)
+        norm = key.replace("word_embeddings.weight", EMBEDDING_NORM)  # (only BLOOM's names have one)
+        if norm != key and f"{norm}.weight" in tensors:
+            weight = tensors.slice(f"{norm}.weight")[:].float()
+            bias = tensors.slice(f"{norm}.bias")[:].float() if f"{norm}.bias" in tensors else None
+            epsilon = float(getattr(config, "layer_norm_epsilon", 1e-5))
+            embeddings = torch.nn.functional.layer_norm(embeddings, (hidden_size,), weight, bias, epsilon)
+        return embeddings
 
 
-def _embedding_slice(path: Path):
-    """A lazy slice of the checkpoint's input embeddings (safetensors), or None."""
+class _CheckpointTensors(dict):
+    """key -> file of a safetensors checkpoint, with lazy slices of any tensor."""
+
+    def __init__(self, path: Path, files: dict):
+        super().__init__(files)
+        self.path = path
+
+    def slice(self, key: str):
+        from safetensors import safe_open
+
+        return safe_open(str(self.path / self[key]), "pt").get_slice(key)
+
+
+def _checkpoint_tensors(path: Path) -> _CheckpointTensors:
+    """The tensors of a safetensors checkpoint (sharded or not); empty if it has none we can read."""
     from safetensors import safe_open
 
     files = {}
@@ -133,15 +159,11 @@ def _embedding_slice(path: Path):
         try:
             files = json.loads(index.read_text()).get("weight_map", {})
         except (OSError, ValueError):
-            return None
+            files = {}
     elif (path / "model.safetensors").exists():
         with safe_open(str(path / "model.safetensors"), "pt") as f:
             files = {key: "model.safetensors" for key in f.keys()}
-    for key, file in files.items():
-        if key.endswith(EMBEDDING_SUFFIXES):
-            handle = safe_open(str(path / file), "pt")
-            return handle.get_slice(key)
-    return None
+    return _CheckpointTensors(path, files if isinstance(files, dict) else {})
 
 
 # ---- without weights: servers of the same blocks compared with one another -------------------
