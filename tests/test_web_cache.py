@@ -111,3 +111,35 @@ def test_live_checks_and_their_budgets_are_each_apps_own(two_apps):
     assert clients["alpha"].get(f"/api/v1/is_reachable/{PEER}").status_code == 200
     assert clients["alpha"].get(f"/api/v1/is_reachable/{PEER}").status_code == 429
     assert clients["beta"].get(f"/api/v1/is_reachable/{PEER}").status_code == 200
+
+
+# what a module of monitor/web may build when it is imported: definitions and constants, nothing
+# that fills up or locks while the app serves (that belongs in the app's WebCache)
+IMPORT_TIME_CALLS = {"Blueprint", "logging.getLogger", "TypeVar", "Path", "re.compile", "assets_dir",
+                     "'; '.join", "make_app"}
+
+
+def test_no_module_of_the_web_keeps_state_of_its_own():
+    import ast
+    from pathlib import Path
+
+    web = Path(__file__).resolve().parent.parent / "monitor" / "web"
+    found = []
+    for path in sorted(web.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.Call) and ast.unparse(value.func) not in IMPORT_TIME_CALLS:
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)[:80]}")
+            if isinstance(value, (ast.Dict, ast.List, ast.Set)) and not (value.keys if isinstance(value, ast.Dict)
+                                                                          else value.elts):
+                found.append(f"{path.name}:{node.lineno} an empty container {ast.unparse(node)[:80]}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found.append(f"{path.name}:{node.lineno} global {', '.join(node.names)}")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in node.decorator_list:
+                    name = ast.unparse(decorator.func if isinstance(decorator, ast.Call) else decorator)
+                    if name.rpartition(".")[2] in ("cache", "lru_cache", "cached_property"):
+                        found.append(f"{path.name}:{node.lineno} @{name} on {node.name}")
+    assert not found, "module-level state in monitor/web (keep it in the app's WebCache):\n" + "\n".join(found)
