@@ -17,7 +17,6 @@ request already routes by what the last one measured.
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from dataclasses import replace
@@ -48,9 +47,9 @@ def probe_speeds(probes: list[ServerProbe], outcomes: list[ChatOutcome], *, now:
     for outcome in outcomes:
         if outcome.ok and outcome.seconds_per_token is not None:
             last_chat[outcome.peer_id] = max(outcome.at, last_chat.get(outcome.peer_id, 0.0))
-    return {peer: statistics.median(p.round_trip_per_block for p in kept)
-            for peer, kept in recent_per_peer(probes, now=now, max_age=window).items()
-            if kept[-1].at > last_chat.get(peer, 0.0)}
+    newest = {peer: kept[-1].at for peer, kept in recent_per_peer(probes, now=now, max_age=window).items()}
+    return {peer: seconds for peer, seconds in RecentProbes(probes, now, window).round_trip_speeds().items()
+            if newest[peer] > last_chat.get(peer, 0.0)}
 
 
 class StoreWeights:
