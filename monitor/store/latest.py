@@ -21,6 +21,7 @@ from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ChatOutcome, ModelInfo, ReachabilityResult, ServerRow, Snapshot
 from monitor.store.schema import (
     ChatOutcomeRow,
+    GenerationCheckRow,
     LatestDiagnosisRow,
     LatestProbeRow,
     ModelStatusRow,
@@ -64,14 +65,14 @@ def last_poll(conn: Connection) -> Optional[PollSummary]:
 
 def change_marks(conn: Connection) -> tuple:
     """Fingerprints of everything the pages derive from the latest state (the last poll, the last
-    probe round, the last score refresh, the last diagnosis), in one cheap query: a reader may
-    reuse what it derived while they stay the same. Poll ids only grow; the per-peer and
-    per-model tables are counted too, as rows can leave them."""
+    probe round, the last score refresh, the last diagnosis, the last generation check), in one
+    cheap query: a reader may reuse what it derived while they stay the same. Poll ids only grow;
+    the per-peer and per-model tables are counted too, as rows can leave them."""
     def scalar(expression, table):
         return sa.select(expression).select_from(table).scalar_subquery()
 
     polls = Poll.__table__
-    per_peer_or_model = [row.__table__ for row in (LatestProbeRow, PeerScoreRow, LatestDiagnosisRow)]
+    per_peer_or_model = [row.__table__ for row in (LatestProbeRow, PeerScoreRow, LatestDiagnosisRow, GenerationCheckRow)]
     query = sa.select(scalar(sa.func.max(polls.c.id), polls), *(
         scalar(expression, table) for table in per_peer_or_model
         for expression in (sa.func.max(table.c.at), sa.func.count())))

@@ -140,7 +140,8 @@ def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> N
 def _page_context(app: Flask, settings: Settings, *, demo_enabled: bool) -> None:
     """What every template may read: the refresh period, the chat's link (found once), the demo."""
     chat_url = next((rule.rule for rule in app.url_map.iter_rules() if rule.rule in ("/chat", "/chat/")), None)
-    common = {"refresh_seconds": settings.refresh_seconds, "nav_chat_url": chat_url, "demo_enabled": demo_enabled}
+    common = {"refresh_seconds": settings.refresh_seconds, "nav_chat_url": chat_url, "demo_enabled": demo_enabled,
+              "generation_period": settings.generation_check_period}
 
     @app.context_processor
     def _common():

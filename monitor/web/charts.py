@@ -293,3 +293,33 @@ def peer_chat_outcomes(outcomes: Sequence, *, since: float, until: float) -> dic
         ))
     return _figure(traces, _peer_layout(traces, [o.at for o in outcomes], since, until,
                                         yaxis=dict(title=dict(text="ms/token/block"), rangemode="tozero")))
+
+
+# ---- model page: generation checks ------------------------------------------------------------------
+
+
+def generation_checks(checks: Sequence, *, since: float, until: float) -> dict:
+    """The model's generation checks: tokens/s and time to first token of each that succeeded
+    (two axes), and each failure as a red cross on the axis with its error on hover."""
+    ok = [c for c in checks if c.ok]
+    failed = [c for c in checks if not c.ok]
+    traces = [
+        dict(type="scatter", x=[utc(c.at) for c in ok], y=_clean(c.tokens_per_second for c in ok), name="tokens/s",
+             mode="lines+markers", line=dict(color=COLORS["online"], width=2), marker=dict(size=4),
+             hovertemplate="%{x} UTC: %{y:.1f} tokens/s<extra></extra>"),
+        dict(type="scatter", x=[utc(c.at) for c in ok], y=_clean(c.time_to_first_token for c in ok),
+             name="first token, s", yaxis="y2", mode="lines+markers",
+             line=dict(color=COLORS["accent"], width=1, dash="dot"), marker=dict(size=3),
+             hovertemplate="%{x} UTC: first token after %{y:.2f} s<extra></extra>"),
+    ]
+    if failed:
+        traces.append(dict(
+            type="scatter", x=[utc(c.at) for c in failed], y=[0] * len(failed), name="failed", mode="markers",
+            marker=dict(symbol="x", size=9, color=COLORS["broken"]),
+            text=[plain(c.error or "failed") for c in failed], hovertemplate="%{x} UTC: %{text}<extra></extra>",
+        ))
+    layout = _peer_layout(traces, [c.at for c in checks], since, until,
+                          yaxis=dict(title=dict(text="tokens/s"), rangemode="tozero"))
+    layout["yaxis2"] = dict(title=dict(text="first token, s"), overlaying="y", side="right", rangemode="tozero",
+                            fixedrange=True, showgrid=False)
+    return _figure(traces, layout)

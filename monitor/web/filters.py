@@ -7,6 +7,7 @@ import time
 from datetime import datetime, timezone
 from typing import Optional
 
+from monitor.core import common, generation
 from monitor.core.common import short_peer_id
 from monitor.web.security import public_name_html
 
@@ -18,17 +19,8 @@ def utc(ts: Optional[float], fmt: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
 
 
 def ago(ts: Optional[float], now: Optional[float] = None) -> str:
-    """``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``."""
-    if ts is None:
-        return "never"
-    delta = max(0.0, (now or time.time()) - ts)
-    if delta < 90:
-        return f"{delta:.0f} s ago"
-    if delta < 90 * 60:
-        return f"{delta / 60:.0f} min ago"
-    if delta < 36 * 3600:
-        return f"{delta / 3600:.0f} h ago"
-    return f"{delta / 86400:.0f} d ago"
+    """``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago`` (``core.common.ago``; now by default)."""
+    return common.ago(ts, now if isinstance(now, (int, float)) else time.time())  # (a template may lack ``now``)
 
 
 def seconds(value: Optional[float]) -> str:
@@ -61,6 +53,6 @@ def register(app) -> None:
 
     app.jinja_env.filters.update(
         utc=utc, ago=ago, seconds=seconds, num=num, short_peer=short_peer_id, public_name=public_name_html,
-        precision=precision, figure_json=figure_json,
+        precision=precision, figure_json=figure_json, generation_summary=generation.summary,
     )
     app.jinja_env.globals.update(format_ranges=format_ranges)

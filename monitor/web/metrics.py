@@ -37,7 +37,7 @@ bp = Blueprint("metrics", __name__)
 
 PING_PERCENTILES = (25, 50, 75, 90, 95)
 RPS_KINDS = ("network", "inference", "forward")
-MODEL_STATES = ("healthy", "degraded", "broken")
+MODEL_STATES = ("healthy", "degraded", "broken", "unknown")  # unknown: not diagnosed
 MAX_LABEL_CHARS = 64
 MAX_VERSION_LABELS = 50
 MAX_PEER_SERIES = 500
@@ -109,6 +109,25 @@ def server_families(cur: queries.Current) -> Iterable:
     yield version
 
 
+def _blocks(num_blocks: int, rows: Sequence[ServerRow], probes) -> tuple[Counter, list[int], dict[str, list[float]]]:
+    """A model's blocks as its rows announce them (spans cut to the model): blocks per row state
+    (``state_api.row_state``), online servers per block, and per RPS kind the summed RPS per block."""
+    per_state: Counter = Counter()
+    online_per_block = [0] * num_blocks
+    rps = {kind: [0.0] * num_blocks for kind in RPS_KINDS}
+    for row in rows:
+        state = state_api.row_state(row, probes.get(row.peer_id))
+        start, end = max(row.start, 0), min(row.end, num_blocks)
+        per_state[state] += max(end - start, 0)
+        announced = {kind: finite(getattr(row, f"{kind}_rps")) or 0.0 for kind in RPS_KINDS}
+        for block in range(start, end):
+            if state == "online":
+                online_per_block[block] += 1
+            for kind in RPS_KINDS:
+                rps[kind][block] += announced[kind]
+    return per_state, online_per_block, rps
+
+
 def model_families(cur: queries.Current) -> Iterable:
     """Per-model block and throughput metrics (health.petals.dev's names) and our diagnosis."""
     n_blocks = GaugeMetricFamily("n_blocks", "Blocks in the model", labels=["model"])
@@ -135,19 +154,7 @@ def model_families(cur: queries.Current) -> Iterable:
 
     for info, rows in _server_rows(cur):
         model, num = label(info.dht_prefix), info.num_blocks
-        per_state = Counter()
-        online_per_block = [0] * num
-        rps = {kind: [0.0] * num for kind in RPS_KINDS}
-        for row in rows:
-            state = state_api.row_state(row, cur.probes.get(row.peer_id))
-            start, end = max(row.start, 0), min(row.end, num)
-            per_state[state] += max(end - start, 0)
-            announced = {kind: finite(getattr(row, f"{kind}_rps")) or 0.0 for kind in RPS_KINDS}
-            for block in range(start, end):
-                if state == "online":
-                    online_per_block[block] += 1
-                for kind in RPS_KINDS:
-                    rps[kind][block] += announced[kind]
+        per_state, online_per_block, rps = _blocks(num, rows, cur.probes)
         n_blocks.add_metric([model], num)
         servers_num.add_metric([model], len(rows))
         blocks_total.add_metric([model], sum(per_state.values()))
@@ -172,6 +179,31 @@ def model_families(cur: queries.Current) -> Iterable:
             speed.add_metric([model], finite(health.est_tokens_per_s))
     yield from (n_blocks, servers_num, blocks_total, blocks, online_min, rps_avg, rps_min,
                 model_state, coverage, redundancy, online, speed)
+    yield from generation_families(cur)
+
+
+def generation_families(cur: queries.Current) -> Iterable:
+    """Each model's newest generation check (``monitor.core.generation``): what a user got."""
+    ok = GaugeMetricFamily("swarm_monitor_generation_check_ok", "1 if the model's newest generation check "
+                           "generated an answer (matching its expected pattern, if any), else 0", labels=["model"])
+    at = GaugeMetricFamily("swarm_monitor_generation_check_timestamp_seconds", "When the newest generation check "
+                           "started (unix seconds)", labels=["model"])
+    ttft = GaugeMetricFamily("swarm_monitor_generation_check_first_token_seconds", "Time to the first token of the "
+                             "newest generation check", labels=["model"])
+    speed = GaugeMetricFamily("swarm_monitor_generation_check_tokens_per_second", "Tokens per second after the "
+                              "first token, newest generation check", labels=["model"])
+    for model in cur.models:
+        check = cur.generation.get(model.dht_prefix)
+        if check is None:
+            continue
+        name = label(model.dht_prefix)
+        ok.add_metric([name], 1.0 if check.ok else 0.0)
+        at.add_metric([name], check.at)
+        if finite(check.time_to_first_token) is not None:
+            ttft.add_metric([name], finite(check.time_to_first_token))
+        if finite(check.tokens_per_second) is not None:
+            speed.add_metric([name], finite(check.tokens_per_second))
+    yield from (ok, at, ttft, speed)
 
 
 def scored_peers(cur: queries.Current) -> tuple[list[str], int]:

@@ -104,7 +104,8 @@ def model(dht_prefix: str):
             redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
             changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
-            measured=probe_views.model_servers(d.store, d.settings, cur.snapshot, dht_prefix, now),  # (#14)
+            measured=probe_views.model_servers(d.store, d.settings, cur.snapshot, dht_prefix, now),
+            generation_figure=_generation_chart(d.store, dht_prefix, now - DAY, now),
         )))
     if target in (None, "model-heatmaps"):
         context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // MINUTE)), lambda: [
@@ -113,6 +114,11 @@ def model(dht_prefix: str):
         ]))
     return render("model.html", {"model-live": "partials/model_live.html",
                                   "model-heatmaps": "partials/model_heatmaps.html"}, **context)
+
+
+def _generation_chart(store, dht_prefix: str, since: float, until: float):
+    checks = store.generation_check_history(dht_prefix, since, until)
+    return charts.generation_checks(checks, since=since, until=until) if checks else None
 
 
 def _heatmap(store, dht_prefix: str, since: float, until: float):

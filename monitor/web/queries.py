@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from monitor.settings import Settings
 from monitor.core.common import DAY, is_stale
 from monitor.core.diagnosis import ModelHealth
+from monitor.core.generation import GenerationCheck
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ONLINE, ModelInfo, PeerHistory, ReachabilityResult, Snapshot
 from monitor.store import PollSummary, StoreError
@@ -40,6 +41,7 @@ class Current:
     probes: dict[str, ReachabilityResult] = field(default_factory=dict)
     scores: dict[str, PeerScore] = field(default_factory=dict)
     healths: dict[str, ModelHealth] = field(default_factory=dict)
+    generation: dict[str, GenerationCheck] = field(default_factory=dict)  # model -> its newest generation check
     last_poll: Optional[PollSummary] = None
     unavailable: Optional[str] = None  # the database is unavailable: this is the last state read
     marks: tuple = ()  # the store's change marks when this was read
@@ -105,6 +107,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
         probes=probes,
         scores=store.latest_scores(),  # written by the poller's score job; none before it ran
         healths=diagnoses(store, snapshot),
+        generation=store.latest_generation_checks(),
         last_poll=last_poll,
         marks=marks,
     )
@@ -120,6 +123,7 @@ def state_dict(cur: Current, settings: Settings) -> dict:
         scores=cur.scores,
         initial_peers=initial_peers,
         update_period=settings.scrape_period,
+        generation=cur.generation,
     ))
 
 

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from monitor.core.common import finite
 from monitor.core.diagnosis import BROKEN, DEGRADED, ModelHealth
+from monitor.core.generation import GenerationCheck
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, Snapshot, unreachable
 
@@ -164,6 +165,17 @@ def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[M
     }
 
 
+def generation_check_dict(check: Optional[GenerationCheck]) -> Optional[dict]:
+    """A model's newest generation check as the state API carries it (None: never checked)."""
+    if check is None:
+        return None
+    return {"ok": check.ok, "at": check.at, "error": check.error, "answer": check.answer, "expect": check.expect,
+            "matched": check.matched, "time_to_first_token": finite(check.time_to_first_token),
+            "tokens_per_second": finite(check.tokens_per_second), "tokens": check.tokens,
+            "duration": finite(check.duration), "route": list(check.route_peers),
+            "failed_peers": list(check.failed_peers)}
+
+
 def bootstrap_addresses(initial_peers: Sequence[str], probes: Mapping[str, ReachabilityResult]) -> dict[str, str]:
     """peer id -> address of each bootstrap peer, in order: the configured ones first, then any
     other checked as one."""
@@ -221,10 +233,12 @@ def build_state(
     scores: Mapping[str, PeerScore],
     initial_peers: Sequence[str],
     update_period: float,
+    generation: Mapping[str, GenerationCheck] = {},
 ) -> dict:
     """The whole ``/api/v1/state`` dict for one snapshot (JSON-ready: plain types, no NaN)."""
     reports = [
-        model_report(model, snapshot.rows_for(model.dht_prefix), healths.get(model.dht_prefix), probes, scores)
+        {**model_report(model, snapshot.rows_for(model.dht_prefix), healths.get(model.dht_prefix), probes, scores),
+         "generation_check": generation_check_dict(generation.get(model.dht_prefix))}
         for model in snapshot.models
     ]
     boot = bootstrap_peers(initial_peers, probes)
