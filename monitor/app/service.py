@@ -42,13 +42,14 @@ class Service:
         self.store = Store.from_settings(self.settings)
         self.store.migrate()
         self.dht = start_dht(self.settings.resolved_initial_peers)
+        if self.enable_chat and any(m.path for m in self.settings.models):
+            self.engine = self._make_chat_engine()
         if self.run_poller:
             from monitor.app.jobs import Poller
 
             self.poller = Poller(self.settings, self.store, self.dht)
+            self.poller.chat_engine = self.engine  # the generation checks generate through the chat's own engine
             self.poller.start()
-        if self.enable_chat and any(m.path for m in self.settings.models):
-            self.engine = self._make_chat_engine()
         self.app = self._make_app()
         return self
 
@@ -57,7 +58,7 @@ class Service:
         from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
         from chat.policy import RoutingSettings
 
-        self.weights = StoreWeights(self.store).start()
+        self.weights = StoreWeights(self.store, speed_probe_period=self.settings.speed_probe_period).start()
         return ChatEngine(
             self.dht, [m for m in self.settings.models if m.path],
             score_source=self.weights,
