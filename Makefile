@@ -1,5 +1,6 @@
 # The two front-door commands (see README.md): `make demo` and `make test`.
-.PHONY: demo test setup system-deps
+# `make test-fast`: the specs that need no swarm, PostgreSQL or browser (markers: pyproject.toml).
+.PHONY: demo test test-fast setup system-deps
 
 setup:
 	@scripts/setup
@@ -12,3 +13,6 @@ demo: setup
 
 test: setup system-deps
 	.venv/bin/python -m pytest $(ARGS)
+
+test-fast: setup
+	.venv/bin/python -m pytest -m "not swarm and not postgres and not browser" $(ARGS)

@@ -1,45 +1,65 @@
-"""Fixtures: a real private Petals swarm on loopback (bootstrap + real petals servers).
+"""Fixtures: a real private Petals swarm on loopback, a PostgreSQL cluster, headless Chromium, and
+the web's populated store; the markers that say which of these a spec needs.
 
-The session swarm serves the tiny Llama with two disjoint servers and one full server; tests that
-kill or restart servers get their own swarm from ``make_swarm``. After the session, no server or
-p2pd process we started may be left running.
+The session swarm serves the tiny Llama with two disjoint servers and one full server
+(``support.SESSION_SPECS``); specs that kill or restart servers get their own swarm from
+``make_swarm``. Specs may throttle, corrupt or fail a server of the session swarm if they undo it:
+after each spec that used it, the swarm is checked to be as it was (and put back if not, failing
+that spec). After the session, no server or p2pd process we started may be left running.
+
+Markers, set here from the fixtures a spec uses (so a new spec file is marked without a word):
+``swarm`` (a real petals swarm: ``swarm``, ``make_swarm`` or ``tiny_model``; specs that start one
+otherwise, like the demo's, are marked by hand), ``postgres`` (``postgres``/``postgres_url``, or a
+``"postgresql"`` parameter), ``browser`` (``browser``). ``make test-fast`` runs the specs that need
+none of them.
+
+The populated store of the web's specs is migrated and populated once (``populated_template``) and
+copied for each spec: a file copy on SQLite, ``CREATE DATABASE ... TEMPLATE`` on PostgreSQL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import sqlite3
 import time
+import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
+import support  # first: sets the session's marker before anything starts a process
 from monitor import compat  # noqa: F401  (must precede petals)
-from monitor.harness.local_swarm import LocalSwarm, ServerSpec
-from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
+from monitor.harness.local_swarm import LocalSwarm
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, ensure_tiny_model
+from monitor.store import Store
+from support import SESSION_SPECS, populate, swarm_processes, web_settings
 
-SESSION_STARTED = time.time()
-# Every process this session starts inherits this marker (p2pd too: hivemind passes the
-# environment on), so the leftover check sees only our own processes, not a parallel run's.
-SESSION_MARKER = "SWARM_MONITOR_TEST_SESSION"
-os.environ[SESSION_MARKER] = str(os.getpid())
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
+# ---- markers -----------------------------------------------------------------------------------
 
-def swarm_processes(since: float = SESSION_STARTED) -> list[psutil.Process]:
-    """petals servers, bootstrap peers and p2pd daemons started since `since`."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
-        try:
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if proc.info["create_time"] < since - 1 or proc.pid == os.getpid():
-                continue
-            if "p2pd" in (proc.info["name"] or "") or "monitor.harness.server_process" in cmdline:
-                if proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
-                    found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+SWARM_FIXTURES = frozenset({"swarm", "make_swarm", "tiny_model"})
+POSTGRES_FIXTURES = frozenset({"postgres", "postgres_url", "populated_postgres_url"})
+BROWSER_FIXTURES = frozenset({"browser"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each spec by what its fixtures (the whole closure) start; a ``"postgresql"`` parameter
+    (a store fixture run on both databases) counts as PostgreSQL."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if used & SWARM_FIXTURES:
+            item.add_marker(pytest.mark.swarm)
+        if used & POSTGRES_FIXTURES or "postgresql" in params.values():
+            item.add_marker(pytest.mark.postgres)
+        if used & BROWSER_FIXTURES:
+            item.add_marker(pytest.mark.browser)
+
+
+# ---- the swarm ---------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -54,19 +74,34 @@ def tiny_model(data_dir) -> Path:
     return ensure_tiny_model(data_dir)
 
 
-SESSION_SPECS = (
-    ServerSpec("first-half", 0, TINY_NUM_BLOCKS // 2, throughput=50.0, public_name="first-half"),
-    ServerSpec("second-half", TINY_NUM_BLOCKS // 2, TINY_NUM_BLOCKS, throughput=50.0, public_name="second-half"),
-    ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0, public_name="full"),
-)
-
-
 @pytest.fixture(scope="session")
 def swarm(tiny_model) -> LocalSwarm:
-    """Shared read-only swarm: do not kill, stop or throttle its servers (use make_swarm)."""
+    """The shared swarm (``SESSION_SPECS``): never kill or stop its servers (use ``make_swarm``);
+    throttling, corrupting or failing one is fine if the spec undoes it."""
     with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as s:
         s.start(SESSION_SPECS)
         yield s
+
+
+@pytest.fixture(autouse=True)
+def _session_swarm_left_as_found(request):
+    """After a spec that used the session swarm: every server running, none throttled, corrupted
+    or failing. A spec that left one so fails, and the swarm is put back for the next ones."""
+    if "swarm" not in request.fixturenames:
+        yield
+        return
+    s = request.getfixturevalue("swarm")
+    yield
+    left = [row for row in s.describe() if not row["running"] or row["throttled"] or row["corrupted"] or row["failing"]]
+    for row in left:
+        name = row["name"]
+        s.unthrottle(name)
+        s.uncorrupt(name)
+        s.unfail(name)
+        if not row["running"]:
+            s.restart(name)
+    if left:
+        pytest.fail(f"the spec left the session swarm changed (now put back): {left}", pytrace=False)
 
 
 @pytest.fixture
@@ -105,7 +140,7 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
-# ---- PostgreSQL (the store's tests; tests/postgres.py) ----------------------------------------
+# ---- PostgreSQL (tests/postgres.py) ------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -131,3 +166,142 @@ def postgres_url(postgres) -> str:
     if not postgres.running:
         postgres.start()
     return postgres.create_database()
+
+
+# ---- Chromium ----------------------------------------------------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium from Debian, driven by Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `make system-deps` (apt-get install chromium)", pytrace=False)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+# ---- the web's populated store -----------------------------------------------------------------
+
+
+class PopulatedTemplate:
+    """A store migrated and populated once (``support.populate``), copied for each spec that
+    asks. The pages judge freshness by the clock (a poll older than three scrape periods is
+    stale), so a template older than ``MAX_AGE`` seconds is made again: each copy's polls are
+    at most that much older than those of a store populated in the spec's own setup."""
+
+    MAX_AGE = 30.0
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.sqlite_path = directory / "populated.db"
+        self.now: float = 0.0  # the ``now`` it was populated at
+        self._pg_name: str | None = None
+        self._pg_now: float = 0.0
+
+    def _fresh(self, made_at: float) -> bool:
+        return time.time() - made_at <= self.MAX_AGE
+
+    def sqlite_copy(self, dest: Path) -> float:
+        """A copy of the populated SQLite store at ``dest``; returns the ``now`` it was populated at."""
+        if not (self.sqlite_path.exists() and self._fresh(self.now)):
+            for stale in (self.sqlite_path, *self.sqlite_path.parent.glob(self.sqlite_path.name + "-*")):
+                stale.unlink(missing_ok=True)
+            now = time.time()
+            store = Store(f"sqlite:///{self.sqlite_path}")
+            try:
+                store.migrate()
+                populate(store, web_settings(data_dir=self.directory), now)
+            finally:
+                store.close()
+            self.now = now
+            with contextlib.closing(sqlite3.connect(self.sqlite_path)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all of it in the file (still in WAL mode)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.sqlite_path, dest)
+        return self.now
+
+    def postgres_copy(self, cluster) -> tuple[str, float]:
+        """A new database made from the populated PostgreSQL template; (its URL, the ``now``)."""
+        import psycopg
+
+        if not cluster.running:
+            cluster.start()
+        with psycopg.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname="postgres",
+                             autocommit=True, connect_timeout=10) as conn:
+            if self._pg_name is None or not self._fresh(self._pg_now):
+                if self._pg_name is not None:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{self._pg_name}"')
+                name = f"populated_{uuid.uuid4().hex[:8]}"
+                now = time.time()
+                store = Store(cluster.create_database(name))
+                try:
+                    store.migrate()
+                    populate(store, web_settings(data_dir=self.directory), now)
+                finally:
+                    store.close()  # CREATE DATABASE ... TEMPLATE needs no one connected to it
+                self._pg_name, self._pg_now = name, now
+            copy = f"test_{uuid.uuid4().hex[:12]}"
+            conn.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{self._pg_name}"')
+        return cluster.url_for(copy), self._pg_now
+
+
+@pytest.fixture(scope="session")
+def populated_template(tmp_path_factory) -> PopulatedTemplate:
+    return PopulatedTemplate(tmp_path_factory.mktemp("populated-template"))
+
+
+@pytest.fixture
+def populated(tmp_path, populated_template):
+    """(app, store, settings, now) over a SQLite store with three polls of history (``populate``
+    at ``now``), the spec's own copy."""
+    from monitor.web import create_app
+
+    settings = web_settings(data_dir=tmp_path)
+    now = populated_template.sqlite_copy(tmp_path / "monitor.db")
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    app = create_app(settings, store)
+    yield app, store, settings, now
+    store.close()
+
+
+@pytest.fixture
+def client(populated):
+    return populated[0].test_client()
+
+
+@pytest.fixture
+def populated_postgres_url(postgres, populated_template) -> tuple[str, float]:
+    """(URL, now): a new PostgreSQL database holding what ``populate`` writes at ``now``."""
+    return populated_template.postgres_copy(postgres)
+
+
+# ---- the chat's reference --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def local(tiny_model):
+    """(tokenizer, greedy): the tiny model run by transformers on this machine, the reference
+    every answer through the swarm is compared with."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32)
+
+    def greedy(input_ids, max_new_tokens, *, skip_special_tokens=True):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([input_ids]), max_new_tokens=max_new_tokens, do_sample=False)
+        new = out[0, len(input_ids):].tolist()
+        return new, tokenizer.decode(new, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+
+    return tokenizer, greedy

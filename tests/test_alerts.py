@@ -33,7 +33,7 @@ from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResu
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
-from test_demo import dashboard_url, start_demo
+from support import STORE_KINDS, dashboard_url, start_demo, swarm_processes, wait_until
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0
@@ -369,7 +369,7 @@ def alert_settings(tmp_path, *urls, **alerts) -> Settings:
                     alerts={"webhooks": hooks, "retry_backoff": 10, **alerts})
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=STORE_KINDS)
 def store_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'monitor.db'}"
@@ -654,16 +654,6 @@ def test_the_prometheus_rules_use_only_metrics_the_monitor_exposes(store, tmp_pa
 # ---- a real swarm ------------------------------------------------------------------------------
 
 
-def wait_until(predicate, timeout: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
-
-
 def model_state(store: Store):
     health = store.latest_diagnoses().get(TINY_DHT_PREFIX)
     return health.state if health else None
@@ -731,14 +721,13 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
             store.close()
 
 
+@pytest.mark.swarm  # the demo starts a swarm of its own
 @pytest.mark.timeout(900)
 def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir, tmp_path):
     """`swarm-monitor demo --tiny --webhook URL` with the demo's own settings (10 s periods, rules
     wait 20 s); its chaos controls stop and start server-2: one "degraded" notice, one recovery,
     nothing else."""
     import urllib.request
-
-    from tests.conftest import swarm_processes
 
     started = time.time()
     env = {**os.environ, "SWARM_MONITOR_DATA_DIR": str(data_dir),

@@ -9,7 +9,6 @@ announces HTML as its public name is shown as text. Screenshots go to test-artif
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -18,26 +17,9 @@ from monitor.harness.local_swarm import ServerSpec
 from monitor.app.service import Service
 from monitor.settings import Settings
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from support import MALICIOUS_NAME
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
-MALICIOUS_NAME = "<img src=x onerror=alert(1)>"
 STATE_TIMEOUT_MS = 90_000  # a state change needs a probe + a scrape (2 s each) and a refresh (1 s)
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `make system-deps` (apt-get install chromium)", pytrace=False)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @pytest.fixture

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from contextlib import contextmanager
 
 import pytest
 import requests
-import torch
 from flask import Flask
 from openai import OpenAI
 from simple_websocket import Client as WsClient
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from werkzeug.serving import make_server
 
 from chat.http import create_blueprint
 from chat.engine import ChatEngine
@@ -29,25 +24,10 @@ from monitor.settings import ModelConfig
 from monitor.core.snapshot import ModelInfo
 from monitor.swarm import scrape
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from support import MESSAGES, read_sse, serve
 
 GHOST = "ghost-llama"  # same checkpoint, announced by nobody: never served
 PROMPT = "The capital of France is"
-MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Hello, world!"}]
-
-
-@contextmanager
-def serve(app):
-    """The app on a real threaded HTTP server on 127.0.0.1 (a free port); yields its base URL."""
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def unserved():
     """Models the coverage check reports broken, with the reason it gives (tests add entries)."""
@@ -79,20 +59,6 @@ def base_url(engine):
     app.register_blueprint(create_blueprint(engine))
     with serve(app) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def local(tiny_model):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32)
-
-    def greedy(input_ids, max_new_tokens, *, skip_special_tokens=True):
-        with torch.no_grad():
-            out = model.generate(torch.tensor([input_ids]), max_new_tokens=max_new_tokens, do_sample=False)
-        new = out[0, len(input_ids):].tolist()
-        return new, tokenizer.decode(new, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
-
-    return tokenizer, greedy
 
 
 def openai_client(base_url):
@@ -359,20 +325,6 @@ def page_url(engine, tmp_path_factory):
     store.close()
 
 
-def read_sse(response):
-    """(event, data) pairs of a text/event-stream response, as a browser's EventSource sees them."""
-    event, data = "message", []
-    for line in response.iter_lines(decode_unicode=True):
-        if line == "":
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:][1:] if line[5:].startswith(" ") else line[5:])
-
-
 def browser_session(page_url):
     """A session like the chat page's: its cookie, and the CSRF token htmx sends with every POST."""
     web = requests.Session()
@@ -465,54 +417,44 @@ def test_chat_page_refuses_cross_site_posts(page_url):
     assert response.status_code == 403
 
 
-def test_chat_page_in_a_real_browser_streams_an_answer_with_its_route(page_url, local, artifacts_dir):
+def test_chat_page_in_a_real_browser_streams_an_answer_with_its_route(page_url, local, browser, artifacts_dir):
     """Headless Chromium: pick the model, send, watch tokens arrive, see the route; stop a long one."""
-    from pathlib import Path
+    from playwright.sync_api import expect
 
-    from playwright.sync_api import expect, sync_playwright
-
-    chromium = Path("/usr/bin/chromium")
-    if not chromium.exists():
-        pytest.fail(f"{chromium} is missing: run `make system-deps` (apt-get install chromium)", pytrace=False)
     tokenizer, greedy = local
     _, expected = greedy(tokenizer.apply_chat_template([{"role": "user", "content": "Hello <b>there</b>"}],
                                                        add_generation_prompt=True), 24)
     problems = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium), args=["--headless", "--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
-            page.goto(f"{page_url}/chat")
-            expect(page.locator("#chat-model option:checked")).to_have_text("Tiny Llama")
-            page.locator("summary").click()
-            page.fill('input[name="temperature"]', "0")
-            page.fill('input[name="max_new_tokens"]', "24")
-            page.fill("#message", "Hello <b>there</b>")
-            page.click('button[type="submit"]')
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+    page.goto(f"{page_url}/chat")
+    expect(page.locator("#chat-model option:checked")).to_have_text("Tiny Llama")
+    page.locator("summary").click()
+    page.fill('input[name="temperature"]', "0")
+    page.fill('input[name="max_new_tokens"]', "24")
+    page.fill("#message", "Hello <b>there</b>")
+    page.click('button[type="submit"]')
 
-            answer = page.locator(".chat-assistant").last
-            expect(answer.locator(".chat-route")).to_be_visible(timeout=60_000)
-            assert answer.locator(".chat-text").text_content() == expected
-            expect(answer.locator(".chat-stats")).to_contain_text("tokens/s")
-            expect(page.locator(".chat-user .chat-text").last).to_have_text("Hello <b>there</b>")
-            expect(page.locator("#message")).to_have_value("")  # cleared for the next turn
-            page.screenshot(path=str(artifacts_dir / "chat-answer.png"), full_page=True)
+    answer = page.locator(".chat-assistant").last
+    expect(answer.locator(".chat-route")).to_be_visible(timeout=60_000)
+    assert answer.locator(".chat-text").text_content() == expected
+    expect(answer.locator(".chat-stats")).to_contain_text("tokens/s")
+    expect(page.locator(".chat-user .chat-text").last).to_have_text("Hello <b>there</b>")
+    expect(page.locator("#message")).to_have_value("")  # cleared for the next turn
+    page.screenshot(path=str(artifacts_dir / "chat-answer.png"), full_page=True)
 
-            page.fill('input[name="max_new_tokens"]', "400")
-            page.fill("#message", "Tell me everything.")
-            page.click('button[type="submit"]')
-            second = page.locator(".chat-assistant").last
-            expect(second.locator(".chat-text")).not_to_be_empty(timeout=60_000)
-            second.locator("button.chat-stop").click()
-            expect(second.locator(".chat-stats")).to_contain_text("stopped", timeout=60_000)
+    page.fill('input[name="max_new_tokens"]', "400")
+    page.fill("#message", "Tell me everything.")
+    page.click('button[type="submit"]')
+    second = page.locator(".chat-assistant").last
+    expect(second.locator(".chat-text")).not_to_be_empty(timeout=60_000)
+    second.locator("button.chat-stop").click()
+    expect(second.locator(".chat-stats")).to_contain_text("stopped", timeout=60_000)
 
-            page.fill("#message", "   ")  # passes the browser's checks, not the server's
-            page.click('button[type="submit"]')
-            expect(page.locator("#chat-error")).to_contain_text("message is empty")
-            page.screenshot(path=str(artifacts_dir / "chat-stopped-and-error.png"), full_page=True)
-        finally:
-            browser.close()
+    page.fill("#message", "   ")  # passes the browser's checks, not the server's
+    page.click('button[type="submit"]')
+    expect(page.locator("#chat-error")).to_contain_text("message is empty")
+    page.screenshot(path=str(artifacts_dir / "chat-stopped-and-error.png"), full_page=True)
     # the browser logs the deliberate 400 of the empty message as a failed resource load
     assert [p for p in problems if "status of 400" not in p] == []

@@ -22,8 +22,7 @@ from openai import OpenAI
 from simple_websocket import Client as WsClient, ConnectionClosed
 
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from test_chat_api import MESSAGES, local  # noqa: F401  (fixture)
-from test_web_gunicorn import _free_port
+from support import MESSAGES, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).parent / "gunicorn"
@@ -34,7 +33,7 @@ RATE_LIMIT = 4  # generating requests per minute and client address, here
 def chat_server(swarm, tiny_model, tmp_path_factory):
     """(base_url, gunicorn process, its worker's processes) serving the chat of the tiny model."""
     tmp = tmp_path_factory.mktemp("chat-gunicorn")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ,
                SWARM_MONITOR_DATA_DIR=str(tmp), SWARM_MONITOR_DATABASE_URL=f"sqlite:///{tmp / 'monitor.db'}",
                SWARM_MONITOR_INITIAL_PEERS=",".join(swarm.initial_peers),
@@ -52,17 +51,16 @@ def chat_server(swarm, tiny_model, tmp_path_factory):
     )
     base = f"http://127.0.0.1:{port}"
     family: list[psutil.Process] = []
+    def serving() -> bool:
+        try:
+            with urllib.request.urlopen(base + "/v1/models", timeout=20) as response:
+                return response.status == 200
+        except OSError:
+            assert process.poll() is None, f"gunicorn exited: {(tmp / 'gunicorn.log').read_text()[-3000:]}"
+            return False
+
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/v1/models", timeout=20) as response:
-                    assert response.status == 200
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"gunicorn did not serve the chat: {(tmp / 'gunicorn.log').read_text()[-3000:]}")
-                time.sleep(0.5)
+        assert wait_until(serving, 180), f"gunicorn did not serve the chat: {(tmp / 'gunicorn.log').read_text()[-3000:]}"
         family = psutil.Process(process.pid).children(recursive=True)
         yield base, process, family
     finally:

@@ -29,7 +29,7 @@ from monitor.settings import ModelConfig, Settings
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.store import Store
 from monitor.web import create_app
-from test_chat_api import read_sse, serve
+from support import read_sse, serve
 
 BROKEN = "broken-checkpoint"  # configured with a folder that holds no model: tokenizing it fails
 LIMIT = 1000  # max_prompt_chars here

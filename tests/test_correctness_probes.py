@@ -3,8 +3,8 @@ its outputs with the monitor's own computation of its blocks (the model's local 
 without weights, with other servers of the same blocks; it is flagged on the pages and in the
 diagnosis, and the chat routes around it. Honest float32 servers are never flagged.
 
-One small swarm for the module (tiny Llama: first-half 0:4, second-half 4:8, full 0:8; the harness
-makes a server corrupt its outputs), a real SQLite store, the real poller and measuring job run
+The session swarm (tiny Llama: first-half 0:4, second-half 4:8, full 0:8; the harness makes a
+server corrupt its outputs, and each spec that does puts it back), a real SQLite store, the real poller and measuring job run
 round by round, a real chat engine, and once the whole service with its scheduler.
 """
 
@@ -36,10 +36,10 @@ from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store
 
-from conftest import SESSION_SPECS
+from support import SESSION_SPECS
 
 HALF = TINY_NUM_BLOCKS // 2
-SPECS = SESSION_SPECS  # the session swarm's layout, in a swarm of this module's own (it is throttled/corrupted)
+SPECS = SESSION_SPECS  # the session swarm's servers (its specs put back whatever they change)
 PERIOD = 1.0
 
 
@@ -119,23 +119,22 @@ def settings_for(swarm: LocalSwarm, data_dir, *, path=None, **overrides) -> Sett
 
 
 @pytest.fixture(scope="module")
-def checked(tiny_model, tmp_path_factory):
-    """(swarm, poller, prober, store) with the tiny model's weights as the reference."""
+def checked(swarm, tiny_model, tmp_path_factory):
+    """(swarm, poller, prober, store) with the tiny model's weights as the reference, on the session
+    swarm (a spec that corrupts one of its servers puts it back)."""
     data_dir = tmp_path_factory.mktemp("correctness-probes")
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
-        swarm.start(SPECS)
-        settings = settings_for(swarm, data_dir, path=tiny_model)
-        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
-        store.migrate()
-        poller = Poller(settings, store, swarm.dht)
-        assert poller.poll_once() is not None
-        prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
-                                  after_round=poller.rediagnose_latest)
-        try:
-            yield swarm, poller, prober, store
-        finally:
-            prober.close()
-            store.close()
+    settings = settings_for(swarm, data_dir, path=tiny_model)
+    store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+    store.migrate()
+    poller = Poller(settings, store, swarm.dht)
+    assert poller.poll_once() is not None
+    prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
+                          after_round=poller.rediagnose_latest)
+    try:
+        yield swarm, poller, prober, store
+    finally:
+        prober.close()
+        store.close()
 
 
 def rounds_until(prober: ServerProber, done, timeout: float = 90.0) -> list:

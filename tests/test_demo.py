@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
 
-from tests.conftest import swarm_processes
+import pytest
+
+from support import dashboard_url, start_demo, swarm_processes
+
+pytestmark = pytest.mark.swarm  # the demo starts a swarm of its own
 
 
 def _get(url: str, timeout: float = 30):
@@ -24,32 +27,6 @@ def _post_json(url: str, payload: dict, timeout: float = 120):
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.status, json.loads(response.read())
-
-
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start_demo(args: list[str], env: dict) -> subprocess.Popen:
-    """``swarm-monitor demo`` in its own process group (a hung demo is killed whole), its output
-    on a pipe. A runner started in the background of a non-interactive shell (or under nohup)
-    ignores SIGINT, and children inherit that: the demo gets the disposition a terminal would."""
-    return subprocess.Popen([sys.executable, "-m", "monitor.app.cli", "demo", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
-                            preexec_fn=_sigint_default)
-
-
-def dashboard_url(demo: subprocess.Popen, output: list[str], timeout: float = 300) -> str:
-    """Read the demo's output (kept in ``output``) until it prints its dashboard's address."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = demo.stdout.readline()
-        assert line, "demo exited early:\n" + "".join(output)
-        output.append(line)
-        match = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/", line)
-        if match:
-            return match.group(1)
-    raise AssertionError("no dashboard address within the time:\n" + "".join(output))
 
 
 def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_ctrl_c(data_dir):

@@ -155,6 +155,7 @@ def test_a_model_that_fails_the_sanity_check_is_not_cached(monkeypatch, tmp_path
     assert list(models.iterdir()) == [], "a failed build left files behind"
 
 
+@pytest.mark.swarm  # a swarm of the demo model's own
 def test_greedy_tokens_through_a_two_server_swarm_equal_local_transformers(demo, local_model, tokenizer):
     from chat.remote_model import load_remote_model
     from monitor.harness.local_swarm import LocalSwarm, ServerSpec

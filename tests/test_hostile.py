@@ -31,6 +31,7 @@ from monitor.swarm.scrape import _rows_for_model  # the scrape's own spans (peta
 from monitor.swarm.announce import MAX_CACHE_TOKENS, MAX_RPS, MAX_TEXT_CHARS, InvalidRecord, parse_server_record
 from monitor.web import create_app
 from monitor.web.metrics import MAX_LABEL_CHARS, MAX_VERSION_LABELS
+from support import STORE_KINDS
 
 N = TINY_NUM_BLOCKS
 TINY = ModelInfo(TINY_DHT_PREFIX, N, official=True)
@@ -48,7 +49,7 @@ def hostile_swarm(tiny_model):
         yield s
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=STORE_KINDS)
 def store(request, tmp_path):
     url = (f"sqlite:///{tmp_path / 'monitor.db'}" if request.param == "sqlite"
            else request.getfixturevalue("postgres_url"))

@@ -18,6 +18,7 @@ from monitor.core.common import DAY, HOUR
 from monitor.core.snapshot import ChatOutcome
 from monitor.store import Store
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from support import wait_until
 
 N = TINY_NUM_BLOCKS
 
@@ -231,15 +232,6 @@ def _raw_polls(store, hour: float) -> int:
                             {"a": hour, "b": hour + HOUR}).scalar()
 
 
-def _wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlite_store, tmp_path):
     """The poller's scheduler runs the rollup job every ``rollup_period`` seconds, nobody calling
     it: completed hours of raw polls become hourly rollups, raw rows older than the raw retention
@@ -263,7 +255,7 @@ def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlit
     scheduler.add_listener(lambda event: event.job_id == "rollup" and runs.append(event.scheduled_run_time),
                            EVENT_JOB_EXECUTED)
     try:
-        assert _wait_for(lambda: _rolled_up_polls(sqlite_store, recent) == (6, 6)), poller.stats.last_error
+        assert wait_until(lambda: _rolled_up_polls(sqlite_store, recent) == (6, 6), 30, step=0.2), poller.stats.last_error
         assert _rolled_up_polls(sqlite_store, old) == (6, 6)
         assert _raw_polls(sqlite_store, old) == 0 and _raw_polls(sqlite_store, recent) == 6
         model = TINY_DHT_PREFIX
@@ -275,8 +267,8 @@ def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlit
 
         # a poll of the recent hour that finished storing after the hour was rolled up
         sqlite_store.record_poll(replace(scraped, taken_at=recent + 3000), healths)
-        assert _wait_for(lambda: _rolled_up_polls(sqlite_store, recent) == (7, 7)), poller.stats.last_error
-        assert _wait_for(lambda: len(runs) >= 2)
+        assert wait_until(lambda: _rolled_up_polls(sqlite_store, recent) == (7, 7), 30, step=0.2), poller.stats.last_error
+        assert wait_until(lambda: len(runs) >= 2, 30, step=0.2)
     finally:
         poller.shutdown()
     assert poller.stats.runs["rollup"] >= 2 and "rollup" not in poller.stats.failures

@@ -22,8 +22,7 @@ from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store
 from monitor.swarm import check_servers
 from monitor.web import create_app
-from test_browser import browser  # noqa: F401  (fixture: headless Chromium)
-from test_web_app import peer, text_of
+from support import peer, text_of
 
 N = TINY_NUM_BLOCKS
 

@@ -1,6 +1,6 @@
 """Specs of finding a server: the search box on every page, its htmx results, its JSON API.
 
-The store is populated through its own write path (``test_web_app.populate``: polls, probes,
+The store is populated through its own write path (``support.populate``: polls, probes,
 chat outcomes and scores as the poller writes them); the search runs over real SQLite here and
 over SQLite and PostgreSQL in ``test_store.py`` (``-k search``).
 """
@@ -17,7 +17,7 @@ from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
 from monitor.store import Store
 from monitor.web import create_app
 from monitor.web.search import MAX_QUERY_CHARS
-from test_web_app import MALICIOUS_NAME, PEERS, client, elements, peer, populated, text_of, web_settings  # noqa: F401
+from support import MALICIOUS_NAME, PEERS, elements, peer, text_of, web_settings
 
 HTMX = {"HX-Request": "true", "HX-Target": "search-results"}
 

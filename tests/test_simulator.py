@@ -6,12 +6,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.harness.local_swarm import LocalSwarm
 from monitor.swarm import check_servers, scrape, start_dht
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from simulate_swarm import SimulatedSwarm  # noqa: E402
+
+pytestmark = pytest.mark.swarm  # a real bootstrap peer and DHT, announcing virtual servers
 
 
 def test_simulated_swarm_is_scraped_as_valid_servers(tmp_path):

@@ -1,8 +1,8 @@
 """Specs of the speed probes (#14): every ONLINE server measured through its own span, a few real
 tokens at a time, on a real private swarm — and what the monitor and the chat make of it.
 
-One small swarm for the module (tiny Llama: first-half 0:4, second-half 4:8, full 0:8), a real
-SQLite store, the real poller and measuring job run round by round (no scheduler: rounds by hand).
+The session swarm (tiny Llama: first-half 0:4, second-half 4:8, full 0:8; a spec that throttles a
+server puts it back), a real SQLite store, the real poller and measuring job run round by round (no scheduler: rounds by hand).
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ from monitor.core.probes import (
     slowness,
     worth_confirming,
 )
-from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store
 from monitor.swarm.speed import ProbeLoop, SpanTarget
 
-from conftest import SESSION_SPECS
+from support import SESSION_SPECS
 
 HALF = TINY_NUM_BLOCKS // 2
-SPECS = SESSION_SPECS  # the session swarm's layout, in a swarm of this module's own (it is throttled/corrupted)
+SPECS = SESSION_SPECS  # the session swarm's servers (its specs put back whatever they change)
 PERIOD = 2.0  # seconds between two probes of a server (the demo uses 20, the default is 300)
 MAX_SHARE = 0.5
 
@@ -116,26 +115,25 @@ def test_the_router_takes_a_probe_only_where_it_is_newer_than_the_chats_own_meas
 
 
 @pytest.fixture(scope="module")
-def measured(tiny_model, tmp_path_factory):
-    """(swarm, poller, prober, store): the poller has scraped once; rounds are run by the specs."""
+def measured(swarm, tiny_model, tmp_path_factory):
+    """(swarm, poller, prober, store) on the session swarm (a spec that throttles one of its servers
+    puts it back): the poller has scraped once; rounds are run by the specs."""
     data_dir = tmp_path_factory.mktemp("speed-probes")
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
-        swarm.start(SPECS)
-        settings = Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
-                            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS,
-                                                path=tiny_model)],
-                            speed_probe_period=PERIOD, speed_probe_max_share=MAX_SHARE, speed_probe_timeout=10)
-        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
-        store.migrate()
-        poller = Poller(settings, store, swarm.dht)
-        assert poller.poll_once() is not None
-        prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
-                                  after_round=poller.rediagnose_latest)
-        try:
-            yield swarm, poller, prober, store
-        finally:
-            prober.close()
-            store.close()
+    settings = Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
+                        models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS,
+                                            path=tiny_model)],
+                        speed_probe_period=PERIOD, speed_probe_max_share=MAX_SHARE, speed_probe_timeout=10)
+    store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+    store.migrate()
+    poller = Poller(settings, store, swarm.dht)
+    assert poller.poll_once() is not None
+    prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
+                          after_round=poller.rediagnose_latest)
+    try:
+        yield swarm, poller, prober, store
+    finally:
+        prober.close()
+        store.close()
 
 
 def run_until(prober: ServerProber, done, timeout: float = 90.0) -> list[ServerProbe]:

@@ -31,6 +31,7 @@ from monitor.core.snapshot import (
     Snapshot,
 )
 from monitor.store import Store, StoreSchemaError, StoreUnavailable
+from support import STORE_KINDS
 
 T0 = 1_699_999_200.0  # an hour boundary
 LLAMA = ModelInfo("llama-70b-hf", 8, repository="meta-llama/Llama-2-70b-hf", name="Llama 2 70B", official=True)
@@ -74,7 +75,7 @@ def stored_status(h: ModelHealth, at: float) -> dict:
             "est_tokens_per_s": h.est_tokens_per_s}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=STORE_KINDS)
 def store_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'db' / 'monitor.db'}"

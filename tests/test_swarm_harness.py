@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from chat.remote_model import load_remote_model
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec, SwarmError
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from tests.conftest import swarm_processes
+from support import swarm_processes, wait_until
 
 HALF = TINY_NUM_BLOCKS // 2
 
@@ -58,9 +58,7 @@ def test_a_killed_server_disappears_from_the_dht_and_a_restart_brings_it_back(ma
     s.kill("a")
     assert not s.servers["a"].alive()
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "ONLINE" in s.server_states(range(HALF)).get(peer_a, set()):
-        time.sleep(1)
+    wait_until(lambda: "ONLINE" not in s.server_states(range(HALF)).get(peer_a, set()), 60, step=1)
     assert "ONLINE" not in s.server_states(range(HALF)).get(peer_a, set())
     assert s.server_states(range(HALF))[s.peer_id("b")] == {"ONLINE"}
 
@@ -111,9 +109,7 @@ def test_the_harness_leaves_nothing_behind_even_if_its_process_is_killed(tiny_mo
         assert swarm_processes(since=before)
         child.kill()  # no teardown code runs in the harness process
         child.wait(10)
-        deadline = time.monotonic() + 20
-        while (swarm_processes(since=before) or _marked(marker)) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_until(lambda: not swarm_processes(since=before) and not _marked(marker), 20)
         assert swarm_processes(since=before) == []
         assert _marked(marker) == [], "processes of the killed harness (e.g. its DHT fork) outlived it"
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 from monitor.core.snapshot import ReachabilityResult
 from monitor.web import create_app
-from test_web_app import BOOTSTRAP_ADDR, MALICIOUS_NAME, PEERS, client, peer, populated  # noqa: F401  (fixtures)
+from support import BOOTSTRAP_ADDR, MALICIOUS_NAME, PEERS, TINY, peer, poll_rows, web_settings
 
 # health.petals.dev's /api/v1/state, as its health.py builds it and its consumers read it
 TOP_LEVEL = {"bootstrap_states", "top_contributors", "model_reports", "reachability_issues", "last_updated",
@@ -170,7 +170,6 @@ def test_bad_ids_and_ranges_get_4xx_json_errors_that_say_why(client, url, status
 
 def test_state_before_the_first_poll_is_503_json(tmp_path):
     from monitor.store import Store
-    from test_web_app import web_settings
 
     store = Store(f"sqlite:///{tmp_path / 'empty.db'}")
     store.migrate()
@@ -181,7 +180,6 @@ def test_state_before_the_first_poll_is_503_json(tmp_path):
 
 def test_a_database_that_is_down_gives_503_with_the_reason(tmp_path):
     from monitor.store import Store
-    from test_web_app import web_settings
 
     (tmp_path / "db").mkdir()
     store = Store(f"sqlite:///{tmp_path / 'db' / 'monitor.db'}")
@@ -216,7 +214,6 @@ def long_history(tmp_path):
     from monitor.app.jobs import Poller
     from monitor.core.snapshot import ReachabilityBatch, Snapshot
     from monitor.store import Store
-    from test_web_app import TINY, _rows, web_settings
 
     settings = web_settings(data_dir=tmp_path, history_max_points=10, rollup_retention_days=3)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
@@ -228,7 +225,7 @@ def long_history(tmp_path):
         store.record_reachability(ReachabilityBatch(taken_at=at - 1, duration=0.1, results=(
             ReachabilityResult(PEERS["first"], "server", i % 10 != 3, rtt=0.004 if i % 10 != 3 else None,
                         error=None if i % 10 != 3 else "Failed to connect in 5 sec"),)))
-        snapshot = Snapshot(taken_at=at, duration=1.0, models=(TINY,), servers=tuple(_rows(0 if i == 17 else 1)))
+        snapshot = Snapshot(taken_at=at, duration=1.0, models=(TINY,), servers=tuple(poll_rows(0 if i == 17 else 1)))
         store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
     yield create_app(settings, store), now
     store.close()

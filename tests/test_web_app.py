@@ -1,167 +1,26 @@
 """Specs of the dashboard pages (Flask test client) on a store populated through its own write path.
 
-``populate`` writes three polls an hour apart (the model broken, then healthy), probes, chat outcomes
-and scores exactly as the poller does (``Poller.analyse`` / ``Poller.refresh_scores``, which run
-``coverage.diagnose`` and ``scores.score_swarm``); the API, metrics and gunicorn specs reuse it.
+``populate`` (tests/support.py) writes three polls an hour apart (the model broken, then healthy),
+probes, chat outcomes and scores exactly as the poller does (``Poller.analyse`` /
+``Poller.refresh_scores``, which run ``coverage.diagnose`` and ``scores.score_swarm``); the API,
+metrics and gunicorn specs read it too, each spec its own copy of a store populated once for the
+session (conftest's ``populated``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from dataclasses import replace
-from html.parser import HTMLParser
 
-import base58
 import pytest
 
 from monitor.app.jobs import Poller
-from monitor.settings import Settings
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import (
-    JOINING,
-    ONLINE,
-    ChatOutcome,
-    ModelInfo,
-    ReachabilityBatch,
-    ReachabilityResult,
-    ServerRow,
-    Snapshot,
-)
+from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import Store
 from monitor.web import create_app
-
-MALICIOUS_NAME = "<img src=x onerror=alert(1)>"
-TINY = ModelInfo("tiny-llama", 8, repository="https://huggingface.co/test/tiny-llama", name="Tiny Llama", official=True)
-OTHER = ModelInfo("other-model", 4, repository="javascript:alert(2)")
-
-
-def peer(name: str) -> str:
-    """A real-format libp2p peer id (sha256 multihash, base58: ``Qm...``)."""
-    return base58.b58encode(b"\x12\x20" + hashlib.sha256(name.encode()).digest()).decode()
-
-
-PEERS = {name: peer(name) for name in ("first", "second", "full", "joining", "unreachable", "other", "bootstrap")}
-BOOTSTRAP_ADDR = f"/ip4/127.0.0.1/tcp/31337/p2p/{PEERS['bootstrap']}"
-
-
-def web_settings(**overrides) -> Settings:
-    values = dict(initial_peers=[BOOTSTRAP_ADDR], models=[{"dht_prefix": TINY.dht_prefix, "num_blocks": 8}],
-                  scrape_period=60, refresh_seconds=7)
-    values.update(overrides)
-    return Settings(**values)
-
-
-def _rows(stage: int, infinite_ping: bool = True) -> list[ServerRow]:
-    p = PEERS
-    first = ServerRow(p["first"], TINY.dht_prefix, 0, 4, ONLINE, throughput=50.0, inference_rps=40.0, forward_rps=400.0,
-                      network_rps=100.0, cache_tokens_left=16384, version="2.2.0", torch_dtype="bfloat16",
-                      quant_type="none", using_relay=False, public_name="first-half",
-                      next_pings={p["second"]: 0.02, p["full"]: 0.01})
-    rows = [first]
-    if stage >= 1:
-        rows += [
-            ServerRow(p["second"], TINY.dht_prefix, 4, 8, ONLINE, throughput=50.0, inference_rps=30.0,
-                      forward_rps=300.0, network_rps=90.0, cache_tokens_left=16384, version="2.2.0",
-                      torch_dtype="float16", quant_type="nf4", using_relay=True, public_name="second-half"),
-            ServerRow(p["full"], TINY.dht_prefix, 0, 8, ONLINE, throughput=100.0, inference_rps=60.0,
-                      forward_rps=600.0, network_rps=120.0, cache_tokens_left=65536, version="2.3.0.dev0",
-                      torch_dtype="bfloat16", using_relay=False, public_name="https://example.org/full",
-                      adapters=("artek0chumak/guanaco-7b",),
-                      next_pings={p["first"]: 0.015, **({p["unreachable"]: float("inf")} if stage >= 2 and infinite_ping else {})}),
-        ]
-    if stage >= 2:
-        rows += [
-            ServerRow(p["joining"], TINY.dht_prefix, 2, 6, JOINING, throughput=10.0, version="2.2.0",
-                      public_name=MALICIOUS_NAME),
-            ServerRow(p["unreachable"], TINY.dht_prefix, 0, 8, ONLINE, throughput=80.0, version="2.2.0",
-                      public_name="javascript:alert(1)"),
-            ServerRow(p["other"], OTHER.dht_prefix, 0, 2, ONLINE, throughput=20.0, version="2.2.0"),
-        ]
-    return rows
-
-
-def populate(store: Store, settings: Settings, now: float, *, infinite_ping: bool = True) -> dict:
-    """Three polls (broken at now-2h, healthy at now-1h and now-60s), probes, chat outcomes, scores.
-
-    ``infinite_ping``: one server reports an infinite RTT to the unreachable one, as petals servers do."""
-    poller = Poller(settings, store, dht=None)  # analysis and scoring only: no DHT needed
-    times = [now - 7200, now - 3600, now - 60]
-    for stage, at in enumerate(times):
-        probes = ReachabilityBatch(taken_at=at - 5, duration=0.2, results=tuple(
-            [ReachabilityResult(PEERS["first"], "server", True, rtt=0.004)]
-            + ([ReachabilityResult(PEERS["second"], "server", True, rtt=0.006),
-                ReachabilityResult(PEERS["full"], "server", True, rtt=0.003)] if stage >= 1 else [])
-            + ([ReachabilityResult(PEERS["joining"], "server", False, error="protocol not supported", joining=True),
-                ReachabilityResult(PEERS["unreachable"], "server", False, error="Failed to connect in 5 sec"),
-                ReachabilityResult(PEERS["other"], "server", True, rtt=0.002)] if stage >= 2 else [])
-            + [ReachabilityResult(PEERS["bootstrap"], "bootstrap", True, rtt=0.001, address=BOOTSTRAP_ADDR)]
-        ))
-        store.record_reachability(probes)
-        snapshot = Snapshot(taken_at=at, duration=1.25 + stage, models=(TINY, OTHER) if stage >= 2 else (TINY,),
-                            servers=tuple(_rows(stage, infinite_ping)), invalid_records=stage)
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
-    store.record_chat_outcome(ChatOutcome(now - 120, PEERS["full"], TINY.dht_prefix, 0, 8, True, seconds_per_token=0.4))
-    store.record_chat_outcome(ChatOutcome(now - 110, PEERS["first"], TINY.dht_prefix, 0, 4, False,
-                                          error="timeout after 30 s"))
-    scores = poller.refresh_scores(now)
-    assert scores, "the poller's scoring should have scored the populated peers"
-    return {"times": times, "scores": scores}
-
-
-@pytest.fixture
-def populated(tmp_path):
-    """(app, store, settings, now) over a SQLite store with three polls of history."""
-    settings = web_settings(data_dir=tmp_path)
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    now = time.time()
-    populate(store, settings, now)
-    app = create_app(settings, store)
-    yield app, store, settings, now
-    store.close()
-
-
-@pytest.fixture
-def client(populated):
-    return populated[0].test_client()
-
-
-class _Elements(HTMLParser):
-    """Every start tag with its attributes, and the text of <script> elements."""
-
-    def __init__(self):
-        super().__init__()
-        self.tags: list[tuple[str, dict]] = []
-        self.scripts: list[tuple[dict, str]] = []
-        self._in_script: dict | None = None
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-        if tag == "script":
-            self._in_script = dict(attrs)
-            self.scripts.append((self._in_script, ""))
-
-    def handle_data(self, data):
-        if self._in_script is not None:
-            attrs, text = self.scripts[-1]
-            self.scripts[-1] = (attrs, text + data)
-
-    def handle_endtag(self, tag):
-        if tag == "script":
-            self._in_script = None
-
-
-def elements(html: str) -> _Elements:
-    parser = _Elements()
-    parser.feed(html)
-    return parser
-
-
-def text_of(html: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
-
+from support import BOOTSTRAP_ADDR, OTHER, PEERS, TINY, elements, peer, poll_rows, text_of, web_settings
 
 # ---- pages -----------------------------------------------------------------------------------
 
@@ -177,7 +36,7 @@ def test_overview_lists_each_model_with_its_state_reasons_and_numbers(client):
     tiny_row = html[html.index('data-model="tiny-llama"'):html.index('data-model="other-model"')]
     assert "healthy" in tiny_row and "100%" in tiny_row
     other_row = html[html.index('data-model="other-model"'):]
-    assert "broken" in other_row and "blocks 2:4 have no online, reachable server" in other_row
+    assert "broken" in other_row and "blocks 2:4 have no serving server" in other_row
     # servers announced / online, poll time and duration
     assert "Last poll" in text and "Poll took" in text and "3.2 s" in text
     # a 24 h coverage sparkline per model, as figure JSON for charts.js
@@ -416,12 +275,12 @@ def test_an_operator_pins_blocks_and_clears_a_peer_for_the_chat_from_its_page(po
     assert store.peer_policies() == {}
 
 
-def test_while_the_database_is_away_the_overview_keeps_showing_the_last_state(tmp_path, postgres, postgres_url):
+def test_while_the_database_is_away_the_overview_keeps_showing_the_last_state(tmp_path, postgres,
+                                                                             populated_postgres_url):
     settings = web_settings(data_dir=tmp_path)
-    store = Store(postgres_url)
-    store.migrate()
+    url, _ = populated_postgres_url  # migrated and populated (``populate``)
+    store = Store(url)
     try:
-        populate(store, settings, time.time())
         client = create_app(settings, store).test_client()
         assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
         postgres.stop()
@@ -454,7 +313,7 @@ def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refres
         ReachabilityResult(PEERS["first"], "server", False, error="Failed to connect in 5 sec"),)))
     assert first_row()["state"] == "unreachable"
 
-    rows = [replace(row, throughput=77.0) if row.peer_id == PEERS["first"] else row for row in _rows(2)]
+    rows = [replace(row, throughput=77.0) if row.peer_id == PEERS["first"] else row for row in poll_rows(2)]
     snapshot = Snapshot(taken_at=now + 1, duration=1.0, models=(TINY, OTHER), servers=tuple(rows))
     store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
     assert first_row()["span"]["server_info"]["throughput"] == 77.0

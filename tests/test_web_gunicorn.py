@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,10 @@ import psutil
 import pytest
 
 from monitor.store import Store
-from test_web_app import BOOTSTRAP_ADDR, PEERS, populate, web_settings
+from support import BOOTSTRAP_ADDR, PEERS, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).parent / "gunicorn"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, str, dict]:
@@ -35,13 +28,11 @@ def _get(url: str) -> tuple[int, str, dict]:
 
 
 @pytest.fixture
-def gunicorn(postgres_url, tmp_path):
+def gunicorn(populated_postgres_url, tmp_path):
     """gunicorn on 127.0.0.1 serving a populated PostgreSQL store; yields (base_url, store, process)."""
+    postgres_url, _ = populated_postgres_url  # migrated and populated (``support.populate``)
     store = Store(postgres_url)
-    store.migrate()
-    # no infinite RTT here: the store cannot write one to PostgreSQL's JSON yet (reported to the lead)
-    populate(store, web_settings(data_dir=tmp_path), time.time())
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, SWARM_MONITOR_DATABASE_URL=postgres_url, SWARM_MONITOR_INITIAL_PEERS=BOOTSTRAP_ADDR,
                SWARM_MONITOR_REFRESH_SECONDS="5", SWARM_MONITOR_DATA_DIR=str(tmp_path),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -53,16 +44,15 @@ def gunicorn(postgres_url, tmp_path):
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
+    def serving() -> bool:
+        try:
+            return _get(base + "/metrics")[0] == 200
+        except OSError:
+            assert process.poll() is None, f"gunicorn exited: {(tmp_path / 'gunicorn.log').read_text()[-3000:]}"
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _get(base + "/metrics")
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"gunicorn did not serve: {(tmp_path / 'gunicorn.log').read_text()[-3000:]}")
-                time.sleep(0.3)
+        assert wait_until(serving, 60, step=0.3), f"gunicorn did not serve: {(tmp_path / 'gunicorn.log').read_text()[-3000:]}"
         yield base, store, process
     finally:
         process.send_signal(signal.SIGTERM)

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.app.jobs import Poller
 from monitor.core.snapshot import ServerRow, Snapshot
 from monitor.web import create_app
-from test_web_app import PEERS, TINY, client, populated  # noqa: F401  (fixtures)
+from support import PEERS, TINY, web_settings
 
 
 def scrape(client, url="/metrics") -> dict:
@@ -88,7 +88,6 @@ def test_metrics_are_read_from_the_store_at_scrape_time_so_workers_agree(populat
 
 def test_metrics_before_the_first_poll_still_parse(tmp_path):
     from monitor.store import Store
-    from test_web_app import web_settings
 
     store = Store(f"sqlite:///{tmp_path / 'empty.db'}")
     store.migrate()

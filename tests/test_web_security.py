@@ -12,6 +12,7 @@ import pytest
 from monitor.settings import Settings
 from monitor.store import Store
 from monitor.web import create_app
+from support import PEERS, populate, web_settings
 
 PEER = "QmNjDTuCnSD1KaBrqJXc4JxyC2HmnDaSdXDJx1dcnRLtsE"
 
@@ -144,8 +145,6 @@ def test_one_clients_forwarded_prefix_never_shapes_another_clients_links(tmp_pat
     """Behind a proxy (``proxy_hops``) the app believes X-Forwarded-Prefix. The parts of a peer
     page every visitor sees alike are rendered once for all (``peer_view.rendered``): a prefix a
     client sent must shape only its own answer, never the cached HTML the next visitor gets."""
-    from test_web_app import PEERS, populate, web_settings
-
     settings = web_settings(data_dir=tmp_path, proxy_hops=1)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()

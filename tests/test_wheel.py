@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
-from tests.test_web_app import PEERS, TINY, populate, web_settings
+from support import PEERS, TINY, populate, web_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

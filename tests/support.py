@@ -1,0 +1,297 @@
+"""What the specs share besides fixtures: plain helpers and data (fixtures live in ``conftest.py``).
+
+A spec module imports from here (``from support import ...``), never from another spec module, so
+each module can be run, moved or deleted alone. This module is imported under one name only: it
+registers itself as both ``support`` and ``tests.support``, so the session's clock and marker
+(``SESSION_STARTED``, ``SESSION_MARKER``) exist once, whichever way it was imported.
+
+- waiting: ``wait_until`` (the one poll-until-true loop of the specs);
+- processes: ``swarm_processes`` (what this session started and must reap), ``free_port``;
+- serving: ``serve`` (a WSGI app on a real threaded server), ``read_sse``, the chat's ``MESSAGES``;
+- the demo: ``start_demo``, ``dashboard_url``;
+- the swarm's layout: ``SESSION_SPECS``;
+- a populated store: ``populate`` (three polls, probes, chat outcomes and scores written through
+  the poller's own path), ``web_settings``, ``PEERS``, ``TINY``, ``peer``, and the HTML helpers
+  ``elements`` and ``text_of``;
+- markers: ``STORE_KINDS`` (the params of a fixture run on SQLite and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from html.parser import HTMLParser
+from typing import Callable, Iterator, TypeVar
+
+import base58
+import psutil
+import pytest
+from werkzeug.serving import make_server
+
+from monitor.app.jobs import Poller
+from monitor.core.snapshot import (
+    JOINING, ONLINE, ChatOutcome, ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot,
+)
+from monitor.harness.local_swarm import ServerSpec
+from monitor.harness.tiny_model import TINY_NUM_BLOCKS
+from monitor.settings import Settings
+
+sys.modules.setdefault("support", sys.modules[__name__])
+sys.modules.setdefault("tests.support", sys.modules[__name__])
+
+T = TypeVar("T")
+
+SESSION_STARTED = time.time()
+# Every process this session starts inherits this marker (p2pd too: hivemind passes the
+# environment on), so the leftover check sees only our own processes, not a parallel run's.
+SESSION_MARKER = "SWARM_MONITOR_TEST_SESSION"
+os.environ[SESSION_MARKER] = str(os.getpid())
+
+
+# ---- waiting -----------------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, step: float = 0.5) -> T:
+    """Call ``predicate`` every ``step`` seconds until it returns something true or ``timeout``
+    seconds have passed; returns its last answer (so ``assert wait_until(...)`` fails with it).
+    A predicate may raise to give up early (e.g. when the process it waits for died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(min(step, max(0.0, deadline - time.monotonic())))
+
+
+# ---- processes ---------------------------------------------------------------------------------
+
+
+def swarm_processes(since: float = SESSION_STARTED) -> list[psutil.Process]:
+    """petals servers, bootstrap peers and p2pd daemons this session started since ``since``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if proc.info["create_time"] < since - 1 or proc.pid == os.getpid():
+                continue
+            if "p2pd" in (proc.info["name"] or "") or "monitor.harness.server_process" in cmdline:
+                if proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
+                    found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- serving -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def serve(app) -> Iterator[str]:
+    """The app on a real threaded HTTP server on 127.0.0.1 (a free port); yields its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(10)
+
+
+def read_sse(response):
+    """(event, data) pairs of a text/event-stream response, as a browser's EventSource sees them."""
+    event, data = "message", []
+    for line in response.iter_lines(decode_unicode=True):
+        if line == "":
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:][1:] if line[5:].startswith(" ") else line[5:])
+
+
+# the conversation the chat's specs send (through the APIs, and to gunicorn's chat worker)
+MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Hello, world!"}]
+
+
+# ---- the demo ----------------------------------------------------------------------------------
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_demo(args: list[str], env: dict) -> subprocess.Popen:
+    """``swarm-monitor demo`` in its own process group (a hung demo is killed whole), its output
+    on a pipe. A runner started in the background of a non-interactive shell (or under nohup)
+    ignores SIGINT, and children inherit that: the demo gets the disposition a terminal would."""
+    return subprocess.Popen([sys.executable, "-m", "monitor.app.cli", "demo", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                            preexec_fn=_sigint_default)
+
+
+def dashboard_url(demo: subprocess.Popen, output: list[str], timeout: float = 300) -> str:
+    """Read the demo's output (kept in ``output``) until it prints its dashboard's address."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = demo.stdout.readline()
+        assert line, "demo exited early:\n" + "".join(output)
+        output.append(line)
+        match = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/", line)
+        if match:
+            return match.group(1)
+    raise AssertionError("no dashboard address within the time:\n" + "".join(output))
+
+
+# ---- the swarm's layout ------------------------------------------------------------------------
+
+
+# The session swarm's servers (conftest's ``swarm``): two disjoint halves and one full server.
+SESSION_SPECS = (
+    ServerSpec("first-half", 0, TINY_NUM_BLOCKS // 2, throughput=50.0, public_name="first-half"),
+    ServerSpec("second-half", TINY_NUM_BLOCKS // 2, TINY_NUM_BLOCKS, throughput=50.0, public_name="second-half"),
+    ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0, public_name="full"),
+)
+
+
+# ---- stores: SQLite and PostgreSQL -------------------------------------------------------------
+
+# params of a fixture that runs its specs on both stores; the PostgreSQL ones carry the marker
+STORE_KINDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+# ---- a populated store (the web's specs) -------------------------------------------------------
+
+
+MALICIOUS_NAME = "<img src=x onerror=alert(1)>"
+TINY = ModelInfo("tiny-llama", 8, repository="https://huggingface.co/test/tiny-llama", name="Tiny Llama", official=True)
+OTHER = ModelInfo("other-model", 4, repository="javascript:alert(2)")
+
+
+def peer(name: str) -> str:
+    """A real-format libp2p peer id (sha256 multihash, base58: ``Qm...``)."""
+    return base58.b58encode(b"\x12\x20" + hashlib.sha256(name.encode()).digest()).decode()
+
+
+PEERS = {name: peer(name) for name in ("first", "second", "full", "joining", "unreachable", "other", "bootstrap")}
+BOOTSTRAP_ADDR = f"/ip4/127.0.0.1/tcp/31337/p2p/{PEERS['bootstrap']}"
+
+
+def web_settings(**overrides) -> Settings:
+    values = dict(initial_peers=[BOOTSTRAP_ADDR], models=[{"dht_prefix": TINY.dht_prefix, "num_blocks": 8}],
+                  scrape_period=60, refresh_seconds=7)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def poll_rows(stage: int, infinite_ping: bool = True) -> list[ServerRow]:
+    """The servers of ``populate``'s poll number ``stage`` (0: first half only; 1: the model
+    covered twice; 2: plus a joining one, an unreachable one and another model's)."""
+    p = PEERS
+    first = ServerRow(p["first"], TINY.dht_prefix, 0, 4, ONLINE, throughput=50.0, inference_rps=40.0, forward_rps=400.0,
+                      network_rps=100.0, cache_tokens_left=16384, version="2.2.0", torch_dtype="bfloat16",
+                      quant_type="none", using_relay=False, public_name="first-half",
+                      next_pings={p["second"]: 0.02, p["full"]: 0.01})
+    found = [first]
+    if stage >= 1:
+        found += [
+            ServerRow(p["second"], TINY.dht_prefix, 4, 8, ONLINE, throughput=50.0, inference_rps=30.0,
+                      forward_rps=300.0, network_rps=90.0, cache_tokens_left=16384, version="2.2.0",
+                      torch_dtype="float16", quant_type="nf4", using_relay=True, public_name="second-half"),
+            ServerRow(p["full"], TINY.dht_prefix, 0, 8, ONLINE, throughput=100.0, inference_rps=60.0,
+                      forward_rps=600.0, network_rps=120.0, cache_tokens_left=65536, version="2.3.0.dev0",
+                      torch_dtype="bfloat16", using_relay=False, public_name="https://example.org/full",
+                      adapters=("artek0chumak/guanaco-7b",),
+                      next_pings={p["first"]: 0.015, **({p["unreachable"]: float("inf")} if stage >= 2 and infinite_ping else {})}),
+        ]
+    if stage >= 2:
+        found += [
+            ServerRow(p["joining"], TINY.dht_prefix, 2, 6, JOINING, throughput=10.0, version="2.2.0",
+                      public_name=MALICIOUS_NAME),
+            ServerRow(p["unreachable"], TINY.dht_prefix, 0, 8, ONLINE, throughput=80.0, version="2.2.0",
+                      public_name="javascript:alert(1)"),
+            ServerRow(p["other"], OTHER.dht_prefix, 0, 2, ONLINE, throughput=20.0, version="2.2.0"),
+        ]
+    return found
+
+
+def populate(store, settings, now: float, *, infinite_ping: bool = True) -> dict:
+    """Three polls (broken at now-2h, healthy at now-1h and now-60s), probes, chat outcomes, scores,
+    written as the poller writes them (``Poller.analyse`` / ``Poller.refresh_scores``, which run
+    ``coverage.diagnose`` and ``scores.score_swarm``).
+
+    ``infinite_ping``: one server reports an infinite RTT to the unreachable one, as petals servers do."""
+    poller = Poller(settings, store, dht=None)  # analysis and scoring only: no DHT needed
+    times = [now - 7200, now - 3600, now - 60]
+    for stage, at in enumerate(times):
+        probes = ReachabilityBatch(taken_at=at - 5, duration=0.2, results=tuple(
+            [ReachabilityResult(PEERS["first"], "server", True, rtt=0.004)]
+            + ([ReachabilityResult(PEERS["second"], "server", True, rtt=0.006),
+                ReachabilityResult(PEERS["full"], "server", True, rtt=0.003)] if stage >= 1 else [])
+            + ([ReachabilityResult(PEERS["joining"], "server", False, error="protocol not supported", joining=True),
+                ReachabilityResult(PEERS["unreachable"], "server", False, error="Failed to connect in 5 sec"),
+                ReachabilityResult(PEERS["other"], "server", True, rtt=0.002)] if stage >= 2 else [])
+            + [ReachabilityResult(PEERS["bootstrap"], "bootstrap", True, rtt=0.001, address=BOOTSTRAP_ADDR)]
+        ))
+        store.record_reachability(probes)
+        snapshot = Snapshot(taken_at=at, duration=1.25 + stage, models=(TINY, OTHER) if stage >= 2 else (TINY,),
+                            servers=tuple(poll_rows(stage, infinite_ping)), invalid_records=stage)
+        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
+    store.record_chat_outcome(ChatOutcome(now - 120, PEERS["full"], TINY.dht_prefix, 0, 8, True, seconds_per_token=0.4))
+    store.record_chat_outcome(ChatOutcome(now - 110, PEERS["first"], TINY.dht_prefix, 0, 4, False,
+                                          error="timeout after 30 s"))
+    scores = poller.refresh_scores(now)
+    assert scores, "the poller's scoring should have scored the populated peers"
+    return {"times": times, "scores": scores}
+
+
+class _Elements(HTMLParser):
+    """Every start tag with its attributes, and the text of <script> elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self._in_script: dict | None = None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = dict(attrs)
+            self.scripts.append((self._in_script, ""))
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            attrs, text = self.scripts[-1]
+            self.scripts[-1] = (attrs, text + data)
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = None
+
+
+def elements(html: str) -> _Elements:
+    parser = _Elements()
+    parser.feed(html)
+    return parser
+
+
+def text_of(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
