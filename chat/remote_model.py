@@ -9,17 +9,16 @@ process's DHT client. This works for every model family petals supports, in one 
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from monitor import compat  # noqa: F401  (must precede petals)
+from monitor import compat  # (must precede petals)
 
 if TYPE_CHECKING:
     from petals.client.routing.sequence_manager import RemoteSequenceManager
 
-_BUILD_LOCK = threading.Lock()
+_BUILD_LOCK = compat.MODEL_BUILD_LOCK  # (also held by whoever else builds models in this process)
 
 
 @contextmanager

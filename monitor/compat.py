@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import threading
 import warnings
 
 # transformers 4.34 uses a torch API that torch 2.13 deprecates; the warning is noise here.
@@ -51,6 +52,15 @@ def _quiet_petals_startup() -> None:
 
 _quiet_petals_startup()
 _restore_top_level_names()
+
+
+# Building a model (petals' client model, a server block, transformers' ``from_pretrained`` with
+# ``low_cpu_mem_usage``) goes through accelerate's ``init_empty_weights``, which swaps
+# ``torch.nn.Module.register_parameter`` for the whole process and swaps it back on exit: two
+# threads building at once can leave it swapped for good, and every module built afterwards has
+# its weights on the meta device (a chat that answers garbage, a reference that cannot compute).
+# Whoever builds a model in a process that may build another at the same time holds this lock.
+MODEL_BUILD_LOCK = threading.RLock()
 
 
 def import_petals():

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from monitor import compat  # noqa: F401  (before petals)
+from monitor import compat  # (before petals)
 from monitor.core.probes import DECODE_STEPS, PREFILL_TOKENS, cross_check, tolerance
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class ReferenceModel:
             # petals loads weights into a block built on the meta device; torch warns about each one
             warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter", category=UserWarning)
             for index in range(self.num_blocks):
-                block = load_pretrained_block(str(self.path), index, config=config, torch_dtype=torch.float32)
+                with compat.MODEL_BUILD_LOCK:  # (no other thread may build a model meanwhile)
+                    block = load_pretrained_block(str(self.path), index, config=config, torch_dtype=torch.float32)
                 hidden = block(hidden)[0].float()
                 states.append(hidden.clone())
                 del block
