@@ -216,8 +216,9 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
         _run_service(settings)
         return
 
-    from monitor.harness.demo_swarm import (DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD, DemoControls,
-                                            demo_layout, prepare_model)
+    from monitor.harness.demo_swarm import (DEMO_GENERATION_CHECK_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE,
+                                            DEMO_SPEED_PROBE_PERIOD, DemoControls, demo_expect, demo_layout,
+                                            prepare_model)
     from monitor.harness.local_swarm import LocalSwarm, SwarmError
 
     if not tiny:
@@ -244,7 +245,8 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
         click.echo(f"Initial peers: {' '.join(swarm.initial_peers)}")
         settings = settings.model_copy(update={
             "initial_peers": swarm.initial_peers,
-            "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name)],
+            "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name,
+                                   expect=demo_expect(tiny, settings.generation_check_prompt))],
             "scrape_period": min(settings.scrape_period, 10.0),
             "reachability_period": min(settings.reachability_period, 10.0),
             "score_period": min(settings.score_period, 10.0),
@@ -252,6 +254,7 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
             # two periods, see demo_swarm), up to 40 % of their time
             "speed_probe_period": min(settings.speed_probe_period, DEMO_SPEED_PROBE_PERIOD),
             "speed_probe_max_share": max(settings.speed_probe_max_share, DEMO_SPEED_PROBE_MAX_SHARE),
+            "generation_check_period": min(settings.generation_check_period, DEMO_GENERATION_CHECK_PERIOD),
         })
         _run_service(settings, demo_controls=DemoControls(swarm))
     click.echo("Stopped.")
