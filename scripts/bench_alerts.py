@@ -44,16 +44,6 @@ SETTINGS = {
 VICTIM = "server-2"
 
 
-def wait(predicate, timeout: float, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return None
-
-
 def run_settings(name: str, runs: int, model_path: Path) -> dict:
     from monitor.app.jobs import Poller
     from monitor.settings import ModelConfig, Settings
@@ -85,7 +75,7 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
             return [r for r in hook.received if r.body and r.body.get("event") == event and 200 <= r.status < 300]
 
         try:
-            if not wait(lambda: state() == "healthy", 4 * scrape + 60):
+            if not bc.wait(lambda: state() == "healthy", 4 * scrape + 60):
                 raise SystemExit(f"{name}: the model never became healthy ({state()})")
             rules = {r.name: r for r in settings.alerts.rules_in_force(scrape)}
             hold = rules["model-health"].for_seconds
@@ -96,16 +86,16 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
                 killed = time.time()
                 swarm.kill(VICTIM)
                 limit = probe + scrape + hold + 4 * scrape + 120
-                seen = wait(lambda: time.time() if state() in ("degraded", "broken") else None, limit)
+                seen = bc.wait(lambda: time.time() if state() in ("degraded", "broken") else None, limit)
                 excluded = store.latest_diagnoses()[TINY_DHT_PREFIX].excluded_peers
                 seen_as = excluded.get(victim, "no longer announced (its DHT records expired)")
-                wait(lambda: len(notices("firing")) > fired_before, limit)
+                bc.wait(lambda: len(notices("firing")) > fired_before, limit)
                 fired = notices("firing")[fired_before:]
                 started = time.time()
                 swarm.restart(VICTIM)
                 online = time.time()
-                healthy = wait(lambda: time.time() if state() == "healthy" else None, 2 * scrape + probe + 120)
-                wait(lambda: len(notices("resolved")) > resolved_before, 2 * scrape + probe + 120)
+                healthy = bc.wait(lambda: time.time() if state() == "healthy" else None, 2 * scrape + probe + 120)
+                bc.wait(lambda: len(notices("resolved")) > resolved_before, 2 * scrape + probe + 120)
                 resolved = notices("resolved")[resolved_before:]
                 result = {
                     "run": run + 1, "dashboard": seen - killed if seen else None,
@@ -116,20 +106,16 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
                     "reason": seen_as,
                 }
                 results.append(result)
-                print(f"  {name} run {run + 1}: dashboard {fmt(result['dashboard'])}, "
-                      f"webhook {fmt(result['webhook'])}; "
-                      f"back ONLINE after {result['restart_took']:.0f} s: healthy {fmt(result['healthy'])}, "
-                      f"recovery {fmt(result['recovery'])} (seen as: {result['reason'][:80]})", flush=True)
+                print(f"  {name} run {run + 1}: dashboard {bc.fmt(result['dashboard'])}, "
+                      f"webhook {bc.fmt(result['webhook'])}; "
+                      f"back ONLINE after {result['restart_took']:.0f} s: healthy {bc.fmt(result['healthy'])}, "
+                      f"recovery {bc.fmt(result['recovery'])} (seen as: {result['reason'][:80]})", flush=True)
         finally:
             poller.shutdown()
             store.close()
         duplicates = len(notices("firing")) - runs, len(notices("resolved")) - runs
     return {"name": name, "scrape": scrape, "probe": probe, "update": update, "hold": hold, "runs": results,
             "duplicates": duplicates}
-
-
-def fmt(seconds) -> str:
-    return "—" if seconds is None else f"{seconds:.1f} s"
 
 
 def spread(values) -> str:

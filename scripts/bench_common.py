@@ -40,6 +40,22 @@ def machine() -> str:
     return f"{cores} cores ({cpu}), load average {load:.1f} at start{busy}"
 
 
+def wait(predicate, timeout: float, step: float = 0.2):
+    """``predicate()``'s first true answer within ``timeout`` seconds, else None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+def fmt(seconds) -> str:
+    """Seconds as ``12.3 s``; ``—`` for None."""
+    return "—" if seconds is None else f"{seconds:.1f} s"
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

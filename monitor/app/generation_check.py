@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 from monitor.core.common import remote_error, short_error
 from monitor.core.generation import ANSWER_CHARS, GenerationCheck, RouteSpan, judge_answer, servers_failed
 from monitor.core.snapshot import ChatOutcome
+from monitor.app.rounds import start_rounds
 
 log = logging.getLogger(__name__)
 
@@ -125,24 +126,14 @@ class GenerationChecker:
         long while servers fail; it delays only the next round); ``stats``: the poller's JobStats,
         where each round counts as job "generation" (failures with their error)."""
         period = self.settings.generation_check_period
+        began = [time.monotonic()]
 
-        def loop():
-            if not run_now:
-                self._stop.wait(period)
-            while not self._stop.is_set():
-                began = time.monotonic()
-                try:
-                    self.run_once()
-                    if stats is not None:
-                        stats.ok("generation")
-                except Exception as e:  # noqa: BLE001 - a failed round must not end the job
-                    log.exception("generation checks failed")
-                    if stats is not None:
-                        stats.failed("generation", e)
-                self._stop.wait(max(1.0, period - (time.monotonic() - began)))
+        def round_() -> None:
+            began[0] = time.monotonic()
+            self.run_once()
 
-        self._thread = threading.Thread(target=loop, name="generation-check", daemon=True)
-        self._thread.start()
+        self._thread = start_rounds("generation", round_, lambda: max(1.0, period - (time.monotonic() - began[0])),
+                                    self._stop, stats=stats, first_pause=None if run_now else period)
         return self
 
     def close(self, timeout: float = 30.0) -> None:

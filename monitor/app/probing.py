@@ -42,6 +42,7 @@ from monitor.core.probes import (
     tolerance,
     worth_confirming,
 )
+from monitor.app.rounds import start_rounds
 from monitor.core.snapshot import ONLINE, ServerRow, Snapshot
 from monitor.swarm.correctness import CrossCheck, ReferenceModel, relative_error
 from monitor.swarm.speed import ProbeLoop, SpanResult, SpanTarget
@@ -233,23 +234,9 @@ class ServerProber:
 
     def start(self, *, stats=None, run_now: bool = True) -> "ServerProber":
         """Run a round every ``tick_seconds(period)`` on a thread of its own; ``stats``: the poller's
-        JobStats, where each round counts as job "measure" (failures with their error)."""
-        def loop():
-            if not run_now:
-                self._stop.wait(tick_seconds(self.period))
-            while not self._stop.is_set():
-                try:
-                    self.run_once()
-                    if stats is not None:
-                        stats.ok("measure")
-                except Exception as e:  # noqa: BLE001 - a failed round must not end the job
-                    log.exception("server probes failed")
-                    if stats is not None:
-                        stats.failed("measure", e)
-                self._stop.wait(self.seconds_to_next_round())
-
-        self._thread = threading.Thread(target=loop, name="measure", daemon=True)
-        self._thread.start()
+        JobStats, where each round counts as job "probe" (failures with their error)."""
+        self._thread = start_rounds("probe", self.run_once, self.seconds_to_next_round, self._stop, stats=stats,
+                                    first_pause=None if run_now else tick_seconds(self.period))
         return self
 
     def close(self) -> None:
