@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Figures: measured, not announced (#14) — speed and correctness probes, side by side in one run.
+"""Figures: measured, not announced — speed and correctness probes, side by side in one run.
 
     .venv/bin/python scripts/bench_probes.py [--models tiny demo] [--period 20] [--honest-probes 180]
     .venv/bin/python scripts/bench_probes.py --only throttle --models demo   # re-measure 2. alone
@@ -12,7 +12,7 @@ demo's, ``demo_swarm.DEMO_SPEED_PROBE_MAX_SHARE``):
 1. **estimate**: the model's estimated tokens/s as the monitor states it (from the probes, nobody
    having chatted) against what the chat then measures (median of ``--requests`` streamed greedy
    completions through the OpenAI API); with the announced-only estimate of the same snapshot
-   (petals' routing-graph arithmetic over announcements, what the monitor said before #14);
+   (petals' routing-graph arithmetic over announcements, what the monitor said before it probed servers);
 2. **throttle**: server-1 throttled as the demo's panel does (compute stopped 80 % of every
    0.25 s), just after one of its probes ended (the worst case: its next probe is a period away);
    seconds until the monitor's diagnosis names it slow, with no chat traffic; ``--throttle-runs``

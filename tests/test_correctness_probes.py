@@ -1,4 +1,4 @@
-"""Specs of the correctness probes (#14): a server that answers fast but wrong is found by comparing
+"""Specs of the correctness probes: a server that answers fast but wrong is found by comparing
 its outputs with the monitor's own computation of its blocks (the model's local weights), or,
 without weights, with other servers of the same blocks; it is flagged on the pages and in the
 diagnosis, and the chat routes around it. Honest float32 servers are never flagged.

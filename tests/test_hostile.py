@@ -1,4 +1,4 @@
-"""Specs of the monitor against a hostile or broken peer (#11): whatever a peer announces, every poll
+"""Specs of the monitor against a hostile or broken peer: whatever a peer announces, every poll
 is stored, the honest servers stay shown, every bound is enforced and counted, and a poll the
 database refuses is recorded as failed with its real cause.
 

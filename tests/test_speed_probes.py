@@ -1,4 +1,4 @@
-"""Specs of the speed probes (#14): every ONLINE server measured through its own span, a few real
+"""Specs of the speed probes: every ONLINE server measured through its own span, a few real
 tokens at a time, on a real private swarm — and what the monitor and the chat make of it.
 
 The session swarm (tiny Llama: first-half 0:4, second-half 4:8, full 0:8; a spec that throttles a

@@ -63,10 +63,10 @@ chat success   {WEIGHTS['chat_success']:>2}  ok / all chat outcomes in the last 
 chat speed     {WEIGHTS['chat_speed']:>2}  min(1, swarm median ÷ peer median) of seconds per token per block over ok chat outcomes
                    in the last 7 d (swarm median = median over peers of each peer's median), k = {PRIOR['chat_speed']};
                    0.5 while there is no swarm reference
-Speed probes (#14): where they measured the peer (the median of its newest 3 probes' one-token steps per
+Speed probes: where they measured the peer (the median of its newest 3 probes' one-token steps per
                    block), that figure judges its speed instead of the chats' (n = 3), and the swarm median
                    is taken over each peer's probe figure, or its chat median if it was not probed.
-Wrong outputs (#14): a peer whose latest correctness probe found its outputs wrong scores 0.
+Wrong outputs: a peer whose latest correctness probe found its outputs wrong scores 0.
 Medians are estimated from log-scale histograms with buckets 1/16 octave wide (the mean of the middle
 bucket): within {MAX_RELATIVE_ERROR * 100:.1f} % of the exact median, so they can be counted in SQL.
 """
@@ -267,7 +267,7 @@ def _chat(agg: PeerAggregates, reference: Optional[float]) -> tuple[float, float
 
 
 def _probe_speed(measured: float, reference: Optional[float]) -> tuple[float, str]:
-    """(#14) Speed as the speed probes measured it (they measure every server, chats only some)."""
+    """Speed as the speed probes measured it (they measure every server, chats only some)."""
     text = f"speed probes measure {measured:.3g} s/token/block"
     if not reference or reference <= 0 or measured <= 0:
         return NEUTRAL, text + " — no swarm reference to compare with yet"
@@ -283,7 +283,7 @@ def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[
           measured_sec_per_block: Optional[float] = None, wrong_outputs: Optional[str] = None,
           failing: Optional[str] = None) -> PeerScore:
     """The score: the one scoring function. Pass the swarm's median speed (``swarm_median``) to judge speed;
-    (#14) the speed probes' measurement of the peer, which judges its speed instead of chats', and
+    the speed probes' measurement of the peer, which judges its speed instead of chats', and
     why its outputs are wrong if the correctness probes found them so, and the error it answers
     every recent probe with if it fails them (either makes the score 0: a client gets nothing of it)."""
     uptime, uptime_text = _uptime(agg)
@@ -328,7 +328,7 @@ def swarm_median(aggregates: Iterable[PeerAggregates]) -> Optional[float]:
 
 def score_all(aggregates: Iterable[PeerAggregates], now: float, *, measured: Mapping[str, float] = {},
               wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {}) -> dict[str, PeerScore]:
-    """Every peer's score, with speed judged against the swarm median. (#14) ``measured``: peer ->
+    """Every peer's score, with speed judged against the swarm median. ``measured``: peer ->
     seconds per token per block the speed probes measured (their figure replaces the chats' in the
     peer's speed and in the swarm median); ``wrong``: peer -> why its outputs are wrong; ``failing``:
     peer -> the error it fails every recent probe with."""

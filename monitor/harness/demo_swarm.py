@@ -7,7 +7,7 @@ from typing import Optional
 
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
-# The demo's servers are ours: they are measured often (#14). A throttled one (the panel stops its
+# The demo's servers are ours: they are measured often. A throttled one (the panel stops its
 # compute 80 % of the time) is named slow after two slow probes (a server's measured speed is the
 # median of its newest three); throttled just after a probe, its first slow probe comes a period
 # later, so the second must come within about half a period for it to be named slow within two
@@ -34,13 +34,15 @@ def demo_expect(tiny: bool, prompt: str) -> Optional[str]:
     return SANITY_ANSWER if not tiny and prompt.strip() == SANITY_QUESTION else None
 
 
-def prepare_model(data_dir: Path, *, tiny: bool) -> tuple[Path, str, int, str]:
+def prepare_model(data_dir: Path, *, tiny: bool, family: str = "llama") -> tuple[Path, str, int, str]:
     """The demo's model, built into ``data_dir`` once: (path, dht_prefix, num_blocks, name).
-    SmolLM2-135M-Instruct, or with ``tiny`` a tiny random Llama (fast, answers gibberish)."""
+    SmolLM2-135M-Instruct, or with ``tiny`` a tiny random model of ``family`` (bloom, falcon or
+    llama; fast, answers gibberish)."""
     if tiny:
-        from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
+        from monitor.harness.tiny_model import tiny_model
 
-        return ensure_tiny_model(data_dir), TINY_DHT_PREFIX, TINY_NUM_BLOCKS, "tiny-llama (random)"
+        model = tiny_model(data_dir, family)
+        return model.path, model.dht_prefix, model.num_blocks, model.name
     from monitor.harness.demo_model import DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, ensure_demo_model
 
     return ensure_demo_model(data_dir), DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, "SmolLM2-135M-Instruct"

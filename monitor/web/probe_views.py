@@ -1,4 +1,4 @@
-"""What the pages and /metrics show of the server probes (#14): per server of a model, measured vs
+"""What the pages and /metrics show of the server probes: per server of a model, measured vs
 announced speed and the latest correctness verdict; per peer, its latest probes; probe counts. Reads the store only (no
 petals, no torch); the figures come from ``monitor.core.probes``."""
 

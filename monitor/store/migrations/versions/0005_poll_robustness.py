@@ -1,4 +1,4 @@
-"""poll_robustness: the hostile-peer issue (#11): what a poll had to bound and could not store.
+"""poll_robustness: hostile peers: what a poll had to bound and could not store.
 
 ``polls.clamped_values``: announced values beyond what we store, bounded at the DHT edge (or nulled
 by the store: NaN, infinities); ``polls.dropped_rows``: rows of the poll the database refused

@@ -1,4 +1,4 @@
-"""alerts: alerts (#15): rules' state and deliveries.
+"""alerts: the alert rules' state, their notices and deliveries.
 
 ``alerts``: each pending or firing alert (one per rule and subject), so a restarted poller neither
 repeats nor forgets a notice; ``alert_events``: every notice (the history); ``alert_deliveries``:

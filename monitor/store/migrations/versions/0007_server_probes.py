@@ -1,4 +1,4 @@
-"""server_probes: speed and correctness probes (#14): every probe of a server's span, with the
+"""server_probes: speed and correctness probes: every probe of a server's span, with the
 seconds per token it measured and, when checked, whether its outputs were right.
 
 Revision ID: 0007

@@ -1,4 +1,4 @@
-"""score_aggregates: what the scores count from the rollups, and peer search by public name (#13).
+"""score_aggregates: what the scores count from the rollups, and peer search by public name.
 
 The score job counts in SQL instead of reading a week of rows (``monitor/store/aggregates.py``);
 the hourly rollups keep what it cannot count from their other columns: per peer, model and hour
