@@ -148,7 +148,7 @@ def peer(peer_id: str):
     security.require_peer_id(peer_id)
     d, cur = _current()
     rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
-    probe = cur.probes.get(peer_id)
+    probe = cur.reachability.get(peer_id)
     if not rows and probe is None and not queries.known_peer(d.store, peer_id):
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
     return jsonify(

@@ -154,7 +154,7 @@ def model_families(cur: queries.Current) -> Iterable:
 
     for info, rows in _server_rows(cur):
         model, num = label(info.dht_prefix), info.num_blocks
-        per_state, online_per_block, rps = _blocks(num, rows, cur.probes)
+        per_state, online_per_block, rps = _blocks(num, rows, cur.reachability)
         n_blocks.add_metric([model], num)
         servers_num.add_metric([model], len(rows))
         blocks_total.add_metric([model], sum(per_state.values()))
@@ -213,7 +213,7 @@ def scored_peers(cur: queries.Current) -> tuple[list[str], int]:
     for _, rows in _server_rows(cur):
         for row in rows:
             if row.peer_id in cur.scores:
-                online = state_api.row_state(row, cur.probes.get(row.peer_id)) == "online"
+                online = state_api.row_state(row, cur.reachability.get(row.peer_id)) == "online"
                 blocks[row.peer_id] += row.length if online else 0
     ranked = sorted(blocks, key=lambda peer: (-blocks[peer], peer))
     return ranked[:MAX_PEER_SERIES], max(len(ranked) - MAX_PEER_SERIES, 0)
@@ -230,14 +230,14 @@ def peer_families(cur: queries.Current, initial_peers: Sequence[str]) -> Iterabl
                             f"Scored peers of the latest poll beyond the {MAX_PEER_SERIES} reported", value=left_out)
     boot = GaugeMetricFamily("swarm_monitor_bootstrap_peer_up", "1 if the bootstrap peer answered its latest probe",
                              labels=["peer_id"])
-    bootstrap = state_api.bootstrap_addresses(initial_peers, cur.probes)
+    bootstrap = state_api.bootstrap_addresses(initial_peers, cur.reachability)
     for peer in bootstrap:
-        check = cur.probes.get(peer)
+        check = cur.reachability.get(peer)
         if check is not None:
             boot.add_metric([label(peer)], 1.0 if check.ok else 0.0)
     yield boot
     yield GaugeMetricFamily("swarm_monitor_unreachable_peers", "Peers whose latest probe failed",
-                            value=len(state_api.unreachable_peers(cur.snapshot, cur.probes, bootstrap)))
+                            value=len(state_api.unreachable_peers(cur.snapshot, cur.reachability, bootstrap)))
 
 
 def poll_families(cur: queries.Current, stats: queries.PollStats) -> Iterable:
@@ -284,7 +284,7 @@ def poll_families(cur: queries.Current, stats: queries.PollStats) -> Iterable:
 
 
 def alert_families(store) -> Iterable:
-    """Alerts (#15): each pending or firing alert, and deliveries to webhooks per status (24 h)."""
+    """Alerts: each pending or firing alert, and deliveries to webhooks per status (24 h)."""
     alert = GaugeMetricFamily("swarm_monitor_alert", "1 per alert pending or firing (the rules in README: Alerts)",
                               labels=["rule", "kind", "subject", "severity", "status"])
     for item in store.alerts().values():
@@ -319,7 +319,7 @@ class StoreCollector:
         cur = queries.current(self.d)
         yield from poll_families(cur, queries.poll_stats(self.store))
         yield from alert_families(self.store)
-        yield from probe_views.metric_families(self.store, self.settings)  # server probes (#14)
+        yield from probe_views.metric_families(self.store, self.settings)  # server probes
         if cur.snapshot is None:
             return
         yield from server_families(cur)

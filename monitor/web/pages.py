@@ -139,12 +139,12 @@ def peer(peer_id: str):
     rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
     # every peer the store knows has a row in ``peers``: an unknown id is refused before anything is
     # read or cached for it (random well-formed ids would otherwise push real pages out of the cache)
-    if not rows and peer_id not in cur.probes and d.store.peer_record(peer_id) is None:
+    if not rows and peer_id not in cur.reachability and d.store.peer_record(peer_id) is None:
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
     target = htmx_target()
     view = peer_view.history(d, cur, peer_id, hours, now) if target != "my-server" else {}
     models = {m.dht_prefix: m for m in cur.models}
-    probe = cur.probes.get(peer_id)
+    probe = cur.reachability.get(peer_id)
     context = dict(
         now=now, cur=cur, peer_id=peer_id, hours=hours, probe=probe, **view,
         rows=[(row, models.get(row.model), state_api.row_state(row, probe)) for row in rows],

@@ -64,7 +64,7 @@ def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[Reacha
         versions=cur.derive(("versions",), lambda: dict(Counter(
             row.version for row in (snapshot.servers if snapshot else ()) if row.version))),
         first_seen=record.first_seen if record else None, last_seen=record.last_seen if record else None,
-        last=last, probe=probe if probe is not None else cur.probes.get(peer_id), probe_is_live=live,
+        last=last, probe=probe if probe is not None else cur.reachability.get(peer_id), probe_is_live=live,
         healths=cur.healths, score=cur.scores.get(peer_id),
     )
 

@@ -35,10 +35,10 @@ MAX_DERIVED = 64  # values kept per state; beyond that (a poller stopped for hou
 
 @dataclass
 class Current:
-    """The latest poll, its probes and scores, and each model's diagnosis."""
+    """The latest poll, its reachability checks and scores, each model's diagnosis and generation check."""
 
     snapshot: Optional[Snapshot]
-    probes: dict[str, ReachabilityResult] = field(default_factory=dict)
+    reachability: dict[str, ReachabilityResult] = field(default_factory=dict)  # each peer's latest check
     scores: dict[str, PeerScore] = field(default_factory=dict)
     healths: dict[str, ModelHealth] = field(default_factory=dict)
     generation: dict[str, GenerationCheck] = field(default_factory=dict)  # model -> its newest generation check
@@ -101,10 +101,9 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
     last_poll = store.last_poll()
     if snapshot is None:
         return Current(snapshot=None, last_poll=last_poll, marks=marks)
-    probes = store.latest_reachability()
     return Current(
         snapshot=snapshot,
-        probes=probes,
+        reachability=store.latest_reachability(),
         scores=store.latest_scores(),  # written by the poller's score job; none before it ran
         healths=diagnoses(store, snapshot),
         generation=store.latest_generation_checks(),
@@ -119,7 +118,7 @@ def state_dict(cur: Current, settings: Settings) -> dict:
     return cur.derive(("state", tuple(initial_peers), settings.scrape_period), lambda: state_api.build_state(
         cur.snapshot,
         healths=cur.healths,
-        probes=cur.probes,
+        probes=cur.reachability,
         scores=cur.scores,
         initial_peers=initial_peers,
         update_period=settings.scrape_period,
