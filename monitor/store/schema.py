@@ -426,3 +426,60 @@ class GenerationCheckRow(SQLModel, table=True):
     tokens: int = 0
     duration: Optional[float] = None
     route: Any = _json_field()  # [{peer_id, start, end, error}, ...]: the spans taken, then those that failed
+
+
+# ---- pollers (revision 0012): which poller leads, who stands by, and every take-over ------------
+
+
+class PollerLeaseRow(SQLModel, table=True):
+    """The lease the pollers of this database compete for (``core/leadership.py``), one row per
+    lease name: its holder, epoch (one more per change of holder) and deadline, in the database's
+    clock. Every write of a poller checks it inside its own transaction (``store/leases.py``)."""
+
+    __tablename__ = "poller_leases"
+    name: str = Field(primary_key=True, max_length=32)
+    holder: str = Field(max_length=200)
+    host: str = Field(max_length=200)
+    pid: int
+    started_at: float  # the holder process's start
+    epoch: int
+    since: float  # the term's start
+    deadline: float
+    renewed_at: float
+    released: bool = False  # its holder stopped and handed it over
+
+
+class PollerMemberRow(SQLModel, table=True):
+    """Every poller as it last reported itself (leader or standby, each renewal period): the
+    overview's standbys, and what a poller cannot reach."""
+
+    __tablename__ = "poller_members"
+    __table_args__ = (sa.Index(None, "seen_at"),)
+    holder: str = Field(primary_key=True, max_length=200)
+    host: str = Field(max_length=200)
+    pid: int
+    started_at: float
+    seen_at: float
+    role: str = Field(max_length=16)  # leader | standby
+    last_poll_at: Optional[float] = None  # its latest successful poll, while it led
+    problem: Optional[str] = Field(default=None, max_length=300)  # the DHT or bootstrap peers it cannot reach
+
+
+class PollerTermRow(SQLModel, table=True):
+    """One row per leadership term: who took the lease at which epoch, from whom and why (the
+    take-over events of the history)."""
+
+    __tablename__ = "poller_terms"
+    __table_args__ = (sa.Index(None, "since"),)
+    name: str = Field(primary_key=True, max_length=32)
+    epoch: int = Field(primary_key=True)
+    holder: str = Field(max_length=200)
+    host: str = Field(max_length=200)
+    pid: int
+    started_at: float
+    since: float
+    reason: str = Field(max_length=16)  # first | expired | released
+    previous_holder: Optional[str] = Field(default=None, max_length=200)
+    previous_host: Optional[str] = Field(default=None, max_length=200)
+    previous_pid: Optional[int] = None
+    previous_deadline: Optional[float] = None
