@@ -12,6 +12,7 @@ from typing import Optional
 import click
 
 from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.harness.tiny_model import DEFAULT_FAMILY, FAMILIES
 from monitor.settings import ModelConfig, Settings, SettingsError, load_settings
 
 config_option = click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
@@ -199,6 +200,8 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
 @config_option
 @click.option("--servers", default=3, show_default=True, help="How many petals servers to start.")
 @click.option("--tiny", is_flag=True, help="Serve a tiny random model instead of SmolLM2-135M (fast, answers gibberish).")
+@click.option("--family", type=click.Choice(FAMILIES), default=DEFAULT_FAMILY, show_default=True,
+              help="With --tiny: the tiny model's family (every one petals 2.2 serves).")
 @click.option("--port", type=int, default=None, help="Dashboard port (default 5000; 0 picks a free one).")
 @click.option("--bootstrap-port", type=int, default=0, show_default=True, help="Port of the demo's bootstrap peer (0: any).")
 @click.option("--initial-peers", multiple=True,
@@ -206,8 +209,10 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
 @click.option("--model", "models", multiple=True, help="With --initial-peers: model to watch, PREFIX[:NUM_BLOCKS[:PATH]].")
 @click.option("--webhook", "webhooks", multiple=True, metavar="URL",
               help="Send alert notices to this webhook too (repeatable; Slack and Discord URLs get their format).")
-def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models, webhooks) -> None:
+def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers, models, webhooks) -> None:
     """Start a private swarm serving a real model on 127.0.0.1, with the dashboard and chat on it."""
+    if family != DEFAULT_FAMILY and not tiny:
+        raise click.UsageError(f"--family {family} needs --tiny (the full demo model, SmolLM2-135M, is a Llama)")
     settings = _settings(config_file, port=port, models=_model_option(models),
                          initial_peers=list(initial_peers) or None)
     settings = _with_webhooks(settings, webhooks)
@@ -223,7 +228,7 @@ def demo(config_file, servers, tiny, port, bootstrap_port, initial_peers, models
 
     if not tiny:
         click.echo(f"Preparing SmolLM2-135M-Instruct in {settings.data_dir} (first run only) ...")
-    model_path, prefix, num_blocks, name = prepare_model(settings.data_dir, tiny=tiny)
+    model_path, prefix, num_blocks, name = prepare_model(settings.data_dir, tiny=tiny, family=family)
     try:
         specs = demo_layout(num_blocks, servers)
     except ValueError as e:
