@@ -1,4 +1,4 @@
-"""Specs of alerts (#15): rules judged without I/O, settings that name a bad rule, webhook payloads,
+"""Specs of alerts: rules judged without I/O, settings that name a bad rule, webhook payloads,
 deliveries to a real HTTP receiver on 127.0.0.1 (retries, redirects, restarts), the pages, API and
 /metrics, the Prometheus rules (promtool), and a real swarm: a stopped server is one notice, its
 return one recovery, a flap shorter than ``for`` none.
@@ -659,6 +659,24 @@ def model_state(store: Store):
     return health.state if health else None
 
 
+def evaluated_since(poller, runs_before: dict, *, scrapes: int = 0, evaluations: int = 2) -> bool:
+    """Whether the poller has polled ``scrapes`` more times and evaluated its rules ``evaluations``
+    more times (each evaluation after a poll reads it) since ``runs_before`` (its ``stats.runs``)."""
+    runs = poller.stats.runs
+    return (runs.get("scrape", 0) >= runs_before.get("scrape", 0) + scrapes
+            and runs.get("alerts", 0) >= runs_before.get("alerts", 0) + evaluations)
+
+
+def nothing_to_send(poller, store: Store, runs_before: dict, *, holding: dict | None = None) -> bool:
+    """The rules were evaluated twice since ``runs_before``, no delivery is pending, and the
+    alerts the store remembers are exactly ``holding`` ((rule, subject) -> (status, since)): from
+    then on the alerter sends nothing until the swarm changes (what the pure specs above prove).
+    A pending alert (one that would fire once its ``for`` has passed) keeps this false."""
+    remembered = {key: (alert.status, alert.since) for key, alert in store.alerts().items()}
+    return (evaluated_since(poller, runs_before) and not store.pending_alert_deliveries()
+            and remembered == (holding or {}))
+
+
 @pytest.mark.timeout(600)  # a loaded machine starts and restarts petals servers slowly
 def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_a_poller_restart(make_swarm, tmp_path):
     """A demo-like swarm (every block served twice). One rule waits 8 s: stopping a server is one
@@ -670,14 +688,15 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
     from monitor.harness.demo_swarm import demo_layout
 
     swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # 0:8, 0:4, 4:8
+    wait_for, check, scrape = 8, 1, 2  # the model-health rule's `for`, alerts.check_period, scrape_period
     with WebhookReceiver(plan=[503]) as ops, WebhookReceiver() as patient:
         settings = Settings(
             data_dir=tmp_path, initial_peers=swarm.initial_peers,
             models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
-            scrape_period=2, reachability_period=2, reachability_timeout=2, score_period=600,
-            alerts={"check_period": 1, "retry_backoff": 1,
+            scrape_period=scrape, reachability_period=2, reachability_timeout=2, score_period=600,
+            alerts={"check_period": check, "retry_backoff": 1,
                     "webhooks": [{"name": "ops", "url": ops.url}, {"name": "patient", "url": patient.url}],
-                    "rules": [{"name": "model-health", "kind": "model_degraded", "for": 8, "webhooks": ["ops"]},
+                    "rules": [{"name": "model-health", "kind": "model_degraded", "for": wait_for, "webhooks": ["ops"]},
                               {"name": "patient", "kind": "model_degraded", "for": "10m", "webhooks": ["patient"]}]})
         store = Store(settings.resolved_database_url)
         store.migrate()
@@ -685,7 +704,10 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
         poller.start()
         try:
             assert wait_until(lambda: model_state(store) == "healthy", 60), store.latest_diagnoses()
-            time.sleep(10)  # longer than `for`: a healthy swarm pages nobody
+            # a healthy swarm pages nobody: seen once the rules judged it with nothing pending, or
+            # else after longer than `for` and two evaluations
+            runs = dict(poller.stats.runs)
+            wait_until(lambda: nothing_to_send(poller, store, runs), wait_for + 2 * check)
             assert ops.received == [] and patient.received == []
 
             swarm.stop("server-2")  # 0:4: blocks 0:4 are left with one server
@@ -697,10 +719,16 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
             assert [r.status for r in ops.received] == [503, 200]  # retried, one notice
             assert len({r.body["id"] for r in ops.received}) == 1
 
+            firing = {key: (alert.status, alert.since) for key, alert in store.alerts().items()}
+            assert firing[("model-health", TINY_DHT_PREFIX)][0] == FIRING
             poller.shutdown()  # the poller restarts while the model is degraded
             poller = Poller(settings, store, swarm.dht)
             poller.start()
-            time.sleep(12)
+            # it repeats nothing: seen once it has polled twice and judged the same alerts to hold
+            # since the same times (a forgotten one would be pending again, and fire after `for`),
+            # or else after longer than `for` and two polls
+            wait_until(lambda: evaluated_since(poller, {}, scrapes=2)
+                       and nothing_to_send(poller, store, {}, holding=firing), wait_for + 2 * scrape)
             assert model_state(store) == "degraded"
             assert len(ops.accepted()) == 1
 
@@ -709,7 +737,8 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
             outage = time.monotonic() - stopped
             assert (recovered["event"], recovered["status"], recovered["summary"]) == (
                 "resolved", "resolved", f"{TINY_DHT_PREFIX} is healthy again")
-            time.sleep(10)
+            runs = dict(poller.stats.runs)  # and then nothing more (as at the start)
+            wait_until(lambda: nothing_to_send(poller, store, runs), wait_for + 2 * check)
             assert len(ops.accepted()) == 2
             assert outage < 600 and patient.received == []  # the outage was a flap to the 10-minute rule
             assert store.alerts() == {}
@@ -748,6 +777,17 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
             reports = json.loads(response.read())["model_reports"]
         return reports[0]["monitor_state"] if reports else None
 
+    def alerts(base: str) -> dict:
+        with urllib.request.urlopen(f"{base}/api/v1/alerts", timeout=30) as response:
+            return json.loads(response.read())
+
+    def quiet(base: str) -> bool:
+        """No alert pending or firing, no delivery pending: nothing is sent until the swarm changes."""
+        now = alerts(base)
+        return not now["active"] and not any(counts["pending"] for counts in now["deliveries"].values())
+
+    check = AlertSettings().check_period  # the demo's: rules are evaluated at least this often
+
     with WebhookReceiver() as hook:
         demo = start_demo(["--tiny", "--port", "0", "--webhook", hook.url], env=env)
         output: list[str] = []
@@ -758,7 +798,11 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
             assert "(1 webhook notified)" in output[-1]
             threading.Thread(target=lambda: output.extend(demo.stdout), daemon=True).start()  # keep the pipe drained
             assert wait_until(lambda: state(base) == "healthy", 120)
-            time.sleep(25)  # longer than the rules' `for` (20 s): a healthy swarm pages nobody
+            # a healthy swarm pages nobody: seen once nothing is pending (an alert left pending by
+            # the start, before the servers were up, would be active), or else after longer than
+            # the rules' `for` (two scrape periods: 20 s)
+            wait_for = max(rule["for_seconds"] for rule in alerts(base)["rules"])
+            wait_until(lambda: quiet(base), wait_for + check)
             assert hook.received == []
 
             chaos("stop", base)
@@ -768,7 +812,8 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
             chaos("start", base)
             [_, recovered] = hook.wait_for(2, 180)
             assert recovered["event"] == "resolved" and recovered["summary"].endswith("is healthy again")
-            time.sleep(25)
+            time.sleep(check)  # and then nothing more: another evaluation, and nothing pending
+            wait_until(lambda: quiet(base), wait_for)
             assert [(r.body["event"], r.body["rule"]) for r in hook.received] == [
                 ("firing", "model-health"), ("resolved", "model-health")]
         finally:
