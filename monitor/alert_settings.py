@@ -13,7 +13,13 @@ In the TOML settings file::
 
     [[alerts.webhooks]]
     name = "ops"
-    url = "https://hooks.slack.com/services/..."   # format: auto (from the URL), generic, slack, discord
+    url = "https://hooks.slack.com/services/..."   # format: auto (from the URL), generic, slack, discord,
+                                                   # alertmanager (the Alertmanager's base URL)
+
+    [[alerts.inhibit_rules]]          # the default one: a firing model alert holds its servers' peer alerts
+    source = ['kind=~"model_.*"']
+    target = ['kind=~"peer_.*"']
+    equal = ["model"]
 
 A bad rule stops start-up with a message that names it and says what is wrong. The rule kinds and
 what they mean are in ``monitor/core/alert_rules.py`` and README's "Alerts".
@@ -29,6 +35,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.core import alert_rules as core
+from monitor.core import muting
 from monitor.core.common import DAY, STALE_PERIODS
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY}
@@ -92,7 +99,8 @@ class AlertRuleConfig(BaseModel):
         )
 
 
-WEBHOOK_FORMATS = ("generic", "slack", "discord")
+WEBHOOK_FORMATS = ("generic", "slack", "discord", "alertmanager")
+ALERTMANAGER_PATH = "/api/v2/alerts"
 
 
 class WebhookConfig(BaseModel):
@@ -103,7 +111,7 @@ class WebhookConfig(BaseModel):
 
     name: str = Field(pattern=_NAME)
     url: str = Field(max_length=2000)
-    format: Literal["auto", "generic", "slack", "discord"] = "auto"
+    format: Literal["auto", "generic", "slack", "discord", "alertmanager"] = "auto"
     timeout: float = Field(default=5.0, gt=0, le=60)
     headers: dict[str, str] = Field(default={}, max_length=MAX_HEADERS)  # e.g. Authorization
 
@@ -137,6 +145,43 @@ class WebhookConfig(BaseModel):
             return "discord"
         return "generic"
 
+    @property
+    def endpoint(self) -> str:
+        """Where to POST: the URL, or for an Alertmanager its ``/api/v2/alerts`` under the URL given."""
+        if self.resolved_format != "alertmanager" or urlsplit(self.url).path.rstrip("/").endswith(ALERTMANAGER_PATH):
+            return self.url
+        return self.url.rstrip("/") + ALERTMANAGER_PATH
+
+
+def _matchers(texts: list[str], what: str) -> tuple[muting.Matcher, ...]:
+    try:
+        return tuple(muting.parse_matcher(text) for text in texts)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+
+
+class InhibitRuleConfig(BaseModel):
+    """While an alert matching ``source`` fires, alerts matching ``target`` that share every
+    ``equal`` label with it are held (matchers as in Alertmanager: ``kind=~"peer_.*"``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: list[str] = Field(min_length=1, max_length=muting.MAX_MATCHERS)
+    target: list[str] = Field(min_length=1, max_length=muting.MAX_MATCHERS)
+    equal: list[str] = Field(default=[], max_length=len(muting.LABEL_NAMES))
+
+    @model_validator(mode="after")
+    def _parses(self) -> "InhibitRuleConfig":
+        self.to_rule()
+        unknown = [name for name in self.equal if name not in muting.LABEL_NAMES]
+        if unknown:
+            raise ValueError(f"equal: unknown labels {unknown}; labels are {', '.join(muting.LABEL_NAMES)}")
+        return self
+
+    def to_rule(self) -> muting.InhibitRule:
+        return muting.InhibitRule(_matchers(self.source, "source"), _matchers(self.target, "target"),
+                                  tuple(self.equal))
+
 
 class AlertSettings(BaseModel):
     """The ``[alerts]`` table. Rules are evaluated by the poller after every scrape and probe round
@@ -153,6 +198,11 @@ class AlertSettings(BaseModel):
     retry_backoff: Duration = Field(default=10.0, gt=0)  # first retry after this, doubling up to an hour
     history_days: float = Field(default=30, gt=0, le=3650)  # events and deliveries kept this long
     dashboard_url: Optional[str] = Field(default=None, max_length=500)  # base URL for links in notices
+    group_wait: Duration = 0.0  # a notice waits this long for others to the same webhook, sent as one message
+    default_inhibit: bool = True  # a firing model alert holds the per-peer alerts of its servers
+    inhibit_rules: list[InhibitRuleConfig] = Field(default=[], max_length=50)
+    public_silences: bool = False  # anonymous clients may read the silences in force (never change them)
+    alertmanager_resend: Duration = Field(default=60.0, ge=10, le=3600)  # firing alerts re-sent to Alertmanagers
 
     @model_validator(mode="before")
     @classmethod
@@ -214,6 +264,11 @@ class AlertSettings(BaseModel):
             return own
         taken = {rule.name for rule in own}
         return tuple(r for r in core.default_rules(scrape_period) if r.name not in taken) + own
+
+    def inhibit_in_force(self) -> tuple[muting.InhibitRule, ...]:
+        """The configured inhibition rules, after the default one unless it is turned off."""
+        own = tuple(rule.to_rule() for rule in self.inhibit_rules)
+        return ((muting.PEERS_OF_A_FIRING_MODEL,) if self.default_inhibit else ()) + own
 
     def webhooks_for(self, rule_name: str) -> list[WebhookConfig]:
         rule = next((r for r in self.rules if r.name == rule_name), None)

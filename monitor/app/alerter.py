@@ -8,7 +8,13 @@ Two APScheduler jobs in the poller's scheduler (``schedule_alerts``, called by `
   and webhook) in one transaction, so a restarted poller neither repeats nor loses a notice;
 - ``alert-delivery`` sends pending deliveries, oldest first and in order per webhook, retrying a
   failed one with exponential backoff (``retry_backoff``, doubling up to an hour) until
-  ``max_attempts``, after which it is marked failed (shown on /alerts and /metrics).
+  ``max_attempts``, after which it is marked failed (shown on /alerts and /metrics). Deliveries
+  of one webhook made together (one evaluation, or within ``group_wait``) go as one message; an
+  Alertmanager webhook also gets the alerts still firing re-sent every ``alertmanager_resend``
+  (it forgets an alert whose ``endsAt`` passed).
+
+Before each evaluation the job reads the silences and maintenance windows not over yet; with the
+inhibition rules they hold alerts back (``core/muting.py``).
 
 Only the poller runs these (one per store); web workers only read what they wrote.
 """
@@ -24,6 +30,7 @@ from typing import Callable, Optional
 from monitor.app import webhooks
 from monitor.alert_settings import WebhookConfig
 from monitor.core import alert_rules as core
+from monitor.core import muting
 from monitor.core.common import DAY, HOUR, short_error
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ReachabilityResult, Snapshot
 
@@ -53,29 +60,77 @@ def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
     return probe.ok
 
 
+class PeerMemory:
+    """What the alert job remembers of peers a poll no longer shows: their public name and the
+    models they served (a stopped server's alerts still concern its model: labels, inhibition).
+    Learned from every poll; a peer not seen since the job started is looked up once."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, tuple[Optional[str], tuple[str, ...]]] = {}  # peer id -> (name, models)
+        self._looked_up: set[str] = set()
+
+    def learn(self, snapshot: Optional[Snapshot]) -> None:
+        seen: dict[str, tuple[Optional[str], set]] = {}
+        for row in snapshot.servers if snapshot else ():
+            name, models = seen.setdefault(row.peer_id, (row.public_name, set()))
+            models.add(row.model)
+            if name is None and row.public_name:
+                seen[row.peer_id] = (row.public_name, models)
+        for peer, (name, models) in seen.items():
+            self.known[peer] = (name, tuple(sorted(models)))
+
+    def look_up(self, store, targets, present: set[str]) -> None:
+        """Watched targets (ids or names) no poll showed since the start: from the store, once."""
+        names = {name for name, _ in self.known.values() if name}
+        for target in targets:
+            if target in present or target in self.known or target in names or target in self._looked_up:
+                continue
+            self._looked_up.add(target)
+            ids = [target] if len(target) >= 32 else [
+                m.peer_id for m in store.search_peers(target, limit=5) if m.public_name == target]
+            for peer in ids:
+                record = store.peer_record(peer)
+                models = tuple(sorted({a.model for a in store.last_announcements(peer)}))
+                if record is not None or models:
+                    self.known[peer] = (record.public_name if record else None, models)
+
+
 def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResult], scores: dict,
-                wrong: dict[str, str], failing: dict[str, str]) -> tuple[core.PeerView, ...]:
+                wrong: dict[str, str], failing: dict[str, str],
+                memory: Optional[PeerMemory] = None) -> tuple[core.PeerView, ...]:
     names: dict[str, Optional[str]] = {}
     states: dict[str, str] = {}
+    models: dict[str, set] = {}
     for row in snapshot.servers if snapshot else ():
         names[row.peer_id] = names.get(row.peer_id) or row.public_name
+        models.setdefault(row.peer_id, set()).add(row.model)
         if _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(states.get(row.peer_id), 0):
             states[row.peer_id] = row.state
-    peers = sorted(set(names) | {p for p, probe in probes.items() if probe.kind == "server"} | set(scores) | set(wrong) | set(failing))
+    known = memory.known if memory is not None else {}
+    peers = sorted(set(names) | {p for p, probe in probes.items() if probe.kind == "server"} | set(scores)
+                   | set(wrong) | set(failing) | set(known))
     return tuple(
-        core.PeerView(peer_id=peer, public_name=names.get(peer), state=states.get(peer),
+        core.PeerView(peer_id=peer, public_name=names.get(peer) or (known[peer][0] if peer in known else None),
+                      state=states.get(peer),
                       probe_ok=_probe_ok(probes.get(peer)),
                       probe_error=probes[peer].error if peer in probes else None,
                       score=scores[peer].score if peer in scores else None,
-                      wrong_outputs=wrong.get(peer), failing=failing.get(peer))
+                      wrong_outputs=wrong.get(peer), failing=failing.get(peer),
+                      models=tuple(sorted(models[peer])) if peer in models else known.get(peer, (None, ()))[1])
         for peer in peers if peer
     )
 
 
 def read_view(store, settings, watching_since: float, now: float, needs_peers: bool = True,
-              needs_verdicts: bool = False) -> core.SwarmView:
-    """The latest successful poll, its diagnoses, the latest probes and scores, as a SwarmView."""
+              needs_verdicts: bool = False, memory: Optional[PeerMemory] = None,
+              targets: tuple[str, ...] = ()) -> core.SwarmView:
+    """The latest successful poll, its diagnoses, the latest probes and scores, as a SwarmView;
+    ``memory`` learns the poll's peers and looks up the watched ``targets`` it does not show."""
     snapshot = store.latest_snapshot()
+    if memory is not None and needs_peers:
+        memory.learn(snapshot)
+        present = {v for row in (snapshot.servers if snapshot else ()) for v in (row.peer_id, row.public_name) if v}
+        memory.look_up(store, targets, present)
     probes = store.latest_reachability()
     diagnoses = store.latest_diagnoses() if snapshot is not None else {}
     models = tuple(
@@ -89,7 +144,7 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
         for probe in probes.values() if probe.kind == "bootstrap" and probe.address in configured
     )
     wrong, failing = verdict_flags(store, settings, now) if needs_verdicts else ({}, {})
-    peers = _peer_views(snapshot, probes, store.latest_scores(), wrong, failing) if needs_peers else ()
+    peers = _peer_views(snapshot, probes, store.latest_scores(), wrong, failing, memory) if needs_peers else ()
     return core.SwarmView(at=now, scrape_period=settings.scrape_period,
                           last_ok_poll_at=snapshot.taken_at if snapshot else None, watching_since=watching_since,
                           models=models, peers=peers, bootstrap=bootstrap)
@@ -117,6 +172,10 @@ class Alerter:
         self.deliver_soon: Optional[Callable[[], None]] = None  # schedule_alerts: deliver() in the background
         self.stopping: Callable[[], bool] = lambda: False  # schedule_alerts: the scheduler is shutting down
         self._needs_peers = any(rule.kind in core.PEER_KINDS for rule in self.rules)
+        self._targets = tuple(dict.fromkeys(t for rule in self.rules for t in rule.peers))
+        self._peer_memory = PeerMemory()
+        self.inhibit = self.config.inhibit_in_force()
+        self._resent_at: dict[str, float] = {}  # Alertmanager webhook -> its latest re-send
         self._needs_verdicts = any(rule.kind in core.VERDICT_KINDS for rule in self.rules)
         self._evaluating = threading.Lock()
         self._delivering = threading.Lock()
@@ -125,7 +184,7 @@ class Alerter:
         self._more_to_send = threading.Event()  # a running delivery looks again before it ends
 
     def _webhooks_for(self, notice: core.Notice) -> list[str]:
-        return [hook.name for hook in self.config.webhooks_for(notice.rule)]
+        return self._webhooks_for_rule(notice.rule)
 
     def _count(self, job: str, error: Optional[BaseException] = None) -> None:
         if self.stats is not None:
@@ -139,12 +198,13 @@ class Alerter:
             now = time.time() if now is None else now
             try:
                 view = read_view(self.store, self.settings, self.watching_since, now, self._needs_peers,
-                                 self._needs_verdicts)
-                result = core.evaluate(self.rules, view, self.store.alerts(), now)
+                                 self._needs_verdicts, self._peer_memory, self._targets)
+                result = core.evaluate(self.rules, view, self.store.alerts(), now, self.mutes(now))
                 if self.stopping():
                     return None
                 if result.writes or now - self._beat_at >= core.HEARTBEAT:
-                    self.store.record_alert_evaluation(result, self._webhooks_for, now)
+                    self.store.record_alert_evaluation(result, self._webhooks_for, now,
+                                                       group_wait=self.config.group_wait)
                     self._beat_at = now
                 self._prune(now)
             except Exception as e:  # noqa: BLE001 - the next run tries again; nothing was half-written
@@ -154,11 +214,18 @@ class Alerter:
             self._count("alerts")
         for notice in result.notices:
             log.info("alert %s: %s", notice.event, notice.summary)
+        for notice in result.held:
+            log.info("alert %s held (%s): %s", notice.event, notice.held, notice.summary)
         if result.notices:
             self._more_to_send.set()
             if self.deliver_soon is not None:
                 self.deliver_soon()
         return result
+
+    def mutes(self, now: float) -> muting.Mutes:
+        """The silences and maintenance windows not over yet, and the inhibition rules."""
+        return muting.Mutes(silences=tuple(self.store.silences(ending_after=now)),
+                            windows=tuple(self.store.maintenance_windows(ending_after=now)), inhibit=self.inhibit)
 
     def _prune(self, now: float) -> None:
         if now - self._pruned_at >= PRUNE_EVERY:
@@ -188,39 +255,85 @@ class Alerter:
         return counts
 
     def _deliver_due(self, now: Optional[float], counts: dict[str, int]) -> None:
-        """One pass over the pending deliveries; ``now``: the clock (a test's), else the real one."""
+        """One pass over the pending deliveries; ``now``: the clock (a test's), else the real one.
+        A webhook's first due delivery goes with the ones made with it (within ``group_wait``)."""
         blocked: set[str] = set()
-        for delivery in self.store.pending_alert_deliveries(limit=DELIVERIES_PER_RUN):
+        pending = self.store.pending_alert_deliveries(limit=DELIVERIES_PER_RUN)
+        done: set[int] = set()
+        for index, delivery in enumerate(pending):
             at = time.time() if now is None else now
-            if delivery.webhook in blocked or self.stopping():
+            if delivery.id in done or delivery.webhook in blocked or self.stopping():
                 continue
             if delivery.next_attempt_at is not None and delivery.next_attempt_at > at:
                 blocked.add(delivery.webhook)
                 continue
-            outcome = self._attempt(delivery, at)
-            counts[outcome] += 1
+            group = [delivery] + [
+                d for d in pending[index + 1:] if d.webhook == delivery.webhook and d.id not in done
+                and d.created_at <= delivery.created_at + self.config.group_wait][:webhooks.MAX_GROUP - 1]
+            done.update(d.id for d in group)
+            outcome = self._attempt(group, at)
+            counts[outcome] += len(group)
             if outcome != "delivered":
                 blocked.add(delivery.webhook)
+        at = time.time() if now is None else now
+        self._resend_firing({d.webhook for d in pending}, at)
 
-    def _attempt(self, delivery, at: float) -> str:
-        """One attempt at one delivery, recorded; "delivered", "retry" or "failed" (given up)."""
-        hook = self.hooks.get(delivery.webhook)
+    def _attempt(self, group: list, at: float) -> str:
+        """One attempt at deliveries to one webhook as one message, recorded for each; "delivered",
+        "retry" or "failed" (given up)."""
+        first = group[0]
+        hook = self.hooks.get(first.webhook)
         try:
             if hook is None:
-                raise webhooks.DeliveryError(f"no webhook named {delivery.webhook!r} is configured any more")
-            body = webhooks.payload(delivery.notice, delivery.event_id, hook.resolved_format,
-                                    self.config.dashboard_url)
-            webhooks.send(hook.url, body, timeout=hook.timeout, headers=hook.headers)
+                raise webhooks.DeliveryError(f"no webhook named {first.webhook!r} is configured any more")
+            body = webhooks.group_payload([(d.event_id, d.notice) for d in group], hook.resolved_format,
+                                          self.config.dashboard_url, now=at, ttl=self._ttl)
+            webhooks.send(hook.endpoint, body, timeout=hook.timeout, headers=hook.headers)
         except webhooks.DeliveryError as e:
-            attempts = delivery.attempts + 1
+            attempts = first.attempts + 1
             give_up = hook is None or attempts >= self.config.max_attempts
             retry_at = None if give_up else at + backoff(attempts, self.config.retry_backoff)
-            log.warning("alert delivery to webhook %s failed (attempt %d of %d%s): %s", delivery.webhook, attempts,
+            log.warning("alert delivery to webhook %s failed (attempt %d of %d%s): %s", first.webhook, attempts,
                         self.config.max_attempts, ", giving up" if give_up else "", e)
-            self.store.record_alert_delivery(delivery.id, ok=False, at=at, error=str(e), retry_at=retry_at)
+            for delivery in group:
+                self.store.record_alert_delivery(delivery.id, ok=False, at=at, error=str(e), retry_at=retry_at)
             return "failed" if give_up else "retry"
-        self.store.record_alert_delivery(delivery.id, ok=True, at=at)
+        for delivery in group:
+            self.store.record_alert_delivery(delivery.id, ok=True, at=at)
         return "delivered"
+
+    @property
+    def _ttl(self) -> float:
+        """How long an Alertmanager keeps a firing alert without hearing of it again: four re-sends."""
+        return 4 * self.config.alertmanager_resend
+
+    def _resend_firing(self, waiting: set[str], at: float) -> None:
+        """Alertmanager webhooks with nothing waiting in the outbox (a re-send never overtakes a
+        notice) hear again of every alert they were told fires, every ``alertmanager_resend``."""
+        due = [hook for hook in self.config.webhooks if hook.resolved_format == "alertmanager"
+               and hook.name not in waiting and at - self._resent_at.get(hook.name, float("-inf"))
+               >= self.config.alertmanager_resend]
+        if not due or self.stopping():
+            return
+        told = [a for a in self.store.alerts().values() if a.status == core.FIRING and a.announced_state is not None]
+        for hook in due:
+            self._resent_at[hook.name] = at
+            mine = [core.Notice(rule=a.rule, kind=a.kind, subject=a.subject, label=a.label, event=core.REPEATED,
+                                state=a.state, severity=a.severity, summary=a.summary, at=at, since=a.since,
+                                details=a.details, models=a.models, peer=a.peer, peer_name=a.peer_name)
+                    for a in told if hook.name in self._webhooks_for_rule(a.rule)]
+            if not mine:
+                continue
+            try:
+                body = webhooks.resend_payload(mine, self.config.dashboard_url, now=at, ttl=self._ttl)
+                webhooks.send(hook.endpoint, body, timeout=hook.timeout, headers=hook.headers)
+            except webhooks.DeliveryError as e:
+                log.warning("re-sending %d firing alerts to Alertmanager webhook %s failed: %s", len(mine),
+                            hook.name, e)
+                self._count("alert-delivery", e)
+
+    def _webhooks_for_rule(self, rule: str) -> list[str]:
+        return [hook.name for hook in self.config.webhooks_for(rule)]
 
 
 def _now() -> datetime:

@@ -1,4 +1,4 @@
-"""Notices as webhook payloads (generic JSON, Slack, Discord), and one bounded HTTP POST to send one.
+"""Notices as webhook payloads (generic JSON, Slack, Discord, Alertmanager), and one bounded HTTP POST.
 
 The edge where alerts leave the monitor. Webhook URLs are operator configuration; what goes into a
 payload comes partly from peers (public names, model names inside reasons), so it is cut to size
@@ -7,6 +7,13 @@ escaped, Discord's mentions disabled and its markdown escaped. Sending uses the 
 HTTP client with a timeout, never follows a redirect (a webhook that moved is a configuration
 error the operator should see, not a reason to post alerts wherever the answer points), and
 reads at most a little of the answer.
+
+Notices that go to one webhook together (``alerts.group_wait``: the same evaluation, or within that
+wait) are one message listing them (``group_payload``). An Alertmanager gets the list of alerts its
+``POST /api/v2/alerts`` takes: stable labels (``alertname``, ``severity``, ``rule``, ``kind``,
+``subject``, ``model``, ``peer``), annotations (``summary``, ``description``, ``dashboard_url``),
+``startsAt``, ``endsAt`` (a firing alert's a few re-sends ahead: it is re-sent while it fires;
+a resolved one's when it resolved) and ``generatorURL``.
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
-from typing import Optional
-from urllib.parse import urlsplit
+from datetime import datetime, timezone
+from typing import Optional, Sequence
+from urllib.parse import quote, urlsplit
 
 from monitor.core.alert_rules import (
-    CHANGED, DETAIL_CHARS, FIRED, MAX_DETAILS, REPEATED, RESOLVED, SUMMARY_CHARS, Notice,
+    CHANGED, DETAIL_CHARS, FIRED, MAX_DETAILS, REPEATED, RESOLVED, SUMMARY_CHARS, Notice, severity_for,
 )
 from monitor.core.common import short_error
 
@@ -32,6 +40,7 @@ SOURCE = "petals-swarm-monitor"
 MAX_PAYLOAD_BYTES = 16 * 1024  # what we send; notices are far smaller (summary and details are cut)
 MAX_ANSWER_BYTES = 1024  # what we read of a webhook's answer (for the error message)
 DISCORD_CONTENT_CHARS = 2000  # Discord's limit on a message
+MAX_GROUP = 20  # notices in one grouped message (more go in the next one)
 USER_AGENT = "petals-swarm-monitor-alerts/1"
 
 
@@ -121,22 +130,136 @@ def discord_payload(notice: Notice, dashboard_url: Optional[str] = None) -> dict
     return {"content": content[:DISCORD_CONTENT_CHARS], "allowed_mentions": {"parse": []}}
 
 
-def payload(notice: Notice, notice_id: int, fmt: str, dashboard_url: Optional[str] = None) -> bytes:
-    """The body to POST, as JSON, at most ``MAX_PAYLOAD_BYTES`` (details dropped if need be)."""
-    bounded = replace(notice, label=short_error(notice.label, SUMMARY_CHARS),
-                      summary=short_error(notice.summary, SUMMARY_CHARS),
-                      details=tuple(short_error(line, DETAIL_CHARS) for line in notice.details[:MAX_DETAILS]))
-    for attempt in (bounded, replace(bounded, details=())):
+# ---- Alertmanager ------------------------------------------------------------------------------
+
+
+def _rfc3339(at: float) -> str:
+    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def subject_url(notice: Notice, dashboard_url: Optional[str]) -> Optional[str]:
+    """The dashboard's page of what the notice is about (its model, its peer), else /alerts."""
+    if not dashboard_url:
+        return None
+    if notice.kind.startswith("model_"):
+        return f"{dashboard_url}/models/{quote(notice.subject, safe='')}"
+    if notice.peer:
+        return f"{dashboard_url}/peers/{quote(notice.peer, safe='')}"
+    return f"{dashboard_url}/alerts"
+
+
+def alertmanager_labels(notice: Notice, severity: Optional[str] = None) -> dict[str, str]:
+    """Labels that stay the same while the alert lasts (Alertmanager tells alerts apart by them);
+    a peer's public name, which it may change, is an annotation."""
+    found = {"alertname": notice.labels["alertname"][0], "severity": severity or notice.severity,
+             "rule": notice.rule, "kind": notice.kind, "subject": notice.subject,
+             "model": ",".join(sorted(notice.models)), "peer": notice.peer or "", "source": SOURCE}
+    return {name: short_error(value, 200) for name, value in found.items() if value}
+
+
+def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: float, ttl: float) -> list[dict]:
+    """The alerts to push for one notice: firing (``endsAt`` ``ttl`` ahead) or resolved (``endsAt``
+    its time); a change of severity resolves the alert of the old one (its labels differ)."""
+    url = subject_url(notice, dashboard_url)
+    annotations = {"summary": notice.summary, "description": "\n".join(notice.details),
+                   "dashboard_url": url or "", "label": notice.label, "peer_name": notice.peer_name or ""}
+    resolved = notice.event == RESOLVED
+    alert = {"labels": alertmanager_labels(notice), "startsAt": _rfc3339(notice.since),
+             "endsAt": _rfc3339(notice.at if resolved else now + ttl),
+             "annotations": {name: value for name, value in annotations.items() if value}}
+    if url:
+        alert["generatorURL"] = url
+    alerts = [alert]
+    if notice.event == CHANGED and notice.previous_state:
+        before = severity_for(notice.kind, notice.previous_state)
+        if before != notice.severity:
+            alerts.insert(0, {**alert, "labels": alertmanager_labels(notice, before), "endsAt": _rfc3339(notice.at)})
+    return alerts
+
+
+# ---- one body per message -----------------------------------------------------------------------
+
+
+def _bounded(notice: Notice, details: bool = True) -> Notice:
+    return replace(notice, label=short_error(notice.label, SUMMARY_CHARS), summary=short_error(notice.summary, SUMMARY_CHARS),
+                   details=tuple(short_error(line, DETAIL_CHARS) for line in notice.details[:MAX_DETAILS])
+                   if details else ())
+
+
+def _group_message(notices: Sequence[Notice], dashboard_url: Optional[str]) -> Message:
+    firing = sum(n.event != RESOLVED for n in notices)
+    headline = f"{len(notices)} alert notices: {firing} firing, {len(notices) - firing} resolved"
+    lines = [message(n).headline for n in notices]
+    if dashboard_url:
+        lines.append(f"{dashboard_url}/alerts")
+    return Message(headline, tuple(lines))
+
+
+def _body(items: Sequence[tuple[int, Notice]], fmt: str, dashboard_url: Optional[str], now: float,
+          ttl: float):
+    if fmt == "alertmanager":
+        return [alert for _, notice in items for alert in alertmanager_payload(notice, dashboard_url, now=now, ttl=ttl)]
+    if len(items) == 1:
+        notice_id, notice = items[0]
         if fmt == "slack":
-            body = slack_payload(attempt, dashboard_url)
-        elif fmt == "discord":
-            body = discord_payload(attempt, dashboard_url)
-        else:
-            body = generic_payload(attempt, notice_id, dashboard_url)
-        data = json.dumps(body, ensure_ascii=False).encode()
+            return slack_payload(notice, dashboard_url)
+        if fmt == "discord":
+            return discord_payload(notice, dashboard_url)
+        return generic_payload(notice, notice_id, dashboard_url)
+    notices = [notice for _, notice in items]
+    if fmt in ("slack", "discord"):
+        msg = _group_message(notices, dashboard_url)
+        if fmt == "slack":
+            return {"text": f"*{_slack_escape(msg.headline)}*\n" + "\n".join(f"• {_slack_escape(line)}" for line in msg.lines)}
+        content = f"**{_discord_escape(msg.headline)}**"
+        for line in msg.lines:
+            addition = f"\n- {_discord_escape(line)}"
+            if len(content) + len(addition) > DISCORD_CONTENT_CHARS:
+                break
+            content += addition
+        return {"content": content[:DISCORD_CONTENT_CHARS], "allowed_mentions": {"parse": []}}
+    firing = any(n.event != RESOLVED for n in notices)
+    return {"source": SOURCE, "group": True, "ids": [notice_id for notice_id, _ in items],
+            "status": "firing" if firing else "resolved", "count": len(items),
+            "summary": _group_message(notices, None).headline,
+            "notices": [generic_payload(notice, notice_id, dashboard_url) for notice_id, notice in items],
+            "url": f"{dashboard_url}/alerts" if dashboard_url else None}
+
+
+def group_payload(items: Sequence[tuple[int, Notice]], fmt: str, dashboard_url: Optional[str] = None, *,
+                  now: Optional[float] = None, ttl: float = 240.0) -> bytes:
+    """The body to POST for notices (``(id, notice)``, at most ``MAX_GROUP``) that go to one webhook
+    as one message, as JSON, at most ``MAX_PAYLOAD_BYTES`` (details dropped if need be). One
+    notice is the format's own payload; an Alertmanager's ``now`` and ``ttl`` set ``endsAt``."""
+    if not items or len(items) > MAX_GROUP:
+        raise ValueError(f"a message lists 1 to {MAX_GROUP} notices, not {len(items)}")
+    now = time.time() if now is None else now
+    for details in (True, False):
+        bounded = [(notice_id, _bounded(notice, details)) for notice_id, notice in items]
+        data = json.dumps(_body(bounded, fmt, dashboard_url, now, ttl), ensure_ascii=False).encode()
         if len(data) <= MAX_PAYLOAD_BYTES:
             return data
-    raise DeliveryError(f"the notice does not fit in {MAX_PAYLOAD_BYTES} bytes")
+    raise DeliveryError(f"the notice{'s do' if len(items) > 1 else ' does'} not fit in {MAX_PAYLOAD_BYTES} bytes")
+
+
+def payload(notice: Notice, notice_id: int, fmt: str, dashboard_url: Optional[str] = None) -> bytes:
+    """The body to POST for one notice (``group_payload`` of one)."""
+    return group_payload([(notice_id, notice)], fmt, dashboard_url)
+
+
+def resend_payload(notices: Sequence[Notice], dashboard_url: Optional[str], *, now: float, ttl: float) -> bytes:
+    """An Alertmanager's re-send of the alerts still firing (as ``alertmanager_payload``), bounded
+    like every payload: the alerts that do not fit wait for the next re-send."""
+    alerts: list[dict] = []
+    size = 2
+    for notice in notices:
+        for alert in alertmanager_payload(_bounded(notice), dashboard_url, now=now, ttl=ttl):
+            encoded = len(json.dumps(alert, ensure_ascii=False).encode()) + 1
+            if size + encoded > MAX_PAYLOAD_BYTES:
+                break
+            alerts.append(alert)
+            size += encoded
+    return json.dumps(alerts, ensure_ascii=False).encode()
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -15,6 +15,13 @@ Lifecycle of one alert (one rule, one subject: a model, a peer, a bootstrap peer
 - the condition no longer holds -> a firing alert sends one recovery notice (``resolved``); a
   pending one is dropped silently: a flap shorter than ``for`` pages nobody.
 
+Held alerts (``core/muting.py``: a silence, a maintenance window, inhibition by a firing model
+alert) go through the same lifecycle and keep their state on the dashboard, but send nothing:
+the notice they would have sent is kept in the history as *held*. An alert remembers what its
+receivers were told (``announced_state``): once it is no longer held and still fires, the notice
+they missed goes out then (``firing``, or ``changed`` if they heard an older state); a resolved
+alert sends its recovery only if they were told it fired.
+
 While the latest poll is not fresh (older than ``STALE_PERIODS`` scrape periods, or made before
 the evaluator started) the rules that read polls hold their alerts as they are: old data proves
 nothing either way. ``bootstrap_down`` (probes) and ``monitor_stale`` are judged regardless.
@@ -28,6 +35,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional
 
+from monitor.core import muting
 from monitor.core.common import STALE_PERIODS, short_error, short_peer_id
 from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY
 from monitor.core.snapshot import ONLINE
@@ -92,6 +100,7 @@ class PeerView:
     score: Optional[float] = None
     wrong_outputs: Optional[str] = None  # why correctness probes judge its outputs wrong; None: they do not
     failing: Optional[str] = None  # the error it answers every recent probe with; None: it does not
+    models: tuple[str, ...] = ()  # the models it serves (or served, the last time a poll saw it)
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,9 @@ class Condition:
     severity: str  # critical | warning | ok
     summary: str
     details: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()  # the model, or the models a peer serves (labels, inhibition)
+    peer: Optional[str] = None  # the peer's id, when known
+    peer_name: Optional[str] = None
 
 
 # ---- the memory and the output --------------------------------------------------------------
@@ -156,10 +168,20 @@ class Alert:
     notified_at: Optional[float] = None  # the latest notice (for repeats)
     next_state: Optional[str] = None  # a new state, waiting out ``for`` before it is announced
     next_since: Optional[float] = None
+    models: tuple[str, ...] = ()
+    peer: Optional[str] = None
+    peer_name: Optional[str] = None
+    held: tuple[str, ...] = ()  # why its notices are held now (``muting.holds``); empty: they are not
+    announced_state: Optional[str] = None  # the state its receivers were last told; None: told nothing
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.rule, self.subject)
+
+    @property
+    def labels(self) -> dict[str, tuple[str, ...]]:
+        return muting.labels(rule=self.rule, kind=self.kind, severity=self.severity, subject=self.subject,
+                             models=self.models, peer=self.peer, peer_name=self.peer_name)
 
 
 @dataclass(frozen=True)
@@ -178,18 +200,28 @@ class Notice:
     since: float  # when the alert's condition started to hold
     details: tuple[str, ...] = ()
     previous_state: Optional[str] = None  # changed, resolved: the state announced before
+    models: tuple[str, ...] = ()
+    peer: Optional[str] = None
+    peer_name: Optional[str] = None
+    held: Optional[str] = None  # why it was not sent (a held notice, kept in the history only)
+
+    @property
+    def labels(self) -> dict[str, tuple[str, ...]]:
+        return muting.labels(rule=self.rule, kind=self.kind, severity=self.severity, subject=self.subject,
+                             models=self.models, peer=self.peer, peer_name=self.peer_name)
 
 
 @dataclass(frozen=True)
 class Evaluation:
     alerts: dict[tuple[str, str], Alert]  # every pending or firing alert after this run
-    notices: tuple[Notice, ...] = ()
+    notices: tuple[Notice, ...] = ()  # to tell the webhooks
     changed: tuple[Alert, ...] = ()  # alerts new or different from the memory (to store)
     removed: tuple[tuple[str, str], ...] = ()  # keys no longer pending or firing (to delete)
+    held: tuple[Notice, ...] = ()  # notices not sent, each with why (kept in the history)
 
     @property
     def writes(self) -> bool:
-        return bool(self.notices or self.changed or self.removed)
+        return bool(self.notices or self.changed or self.removed or self.held)
 
 
 # ---- conditions -----------------------------------------------------------------------------
@@ -212,6 +244,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def severity_for(kind: str, state: str) -> str:
+    """The severity of an alert of ``kind`` in ``state`` ("ok" when it does not fire)."""
+    if state == "ok":
+        return OK
+    if kind in MODEL_KINDS:
+        return CRITICAL if state == BROKEN else WARNING
+    return CRITICAL if kind in (BOOTSTRAP_DOWN, MONITOR_STALE) else WARNING
+
+
 def _model_condition(rule: Rule, dht_prefix: str, model: Optional[ModelView]) -> Condition:
     if model is None:  # named by the rule but in no poll: nobody serves it
         label = dht_prefix
@@ -229,8 +270,8 @@ def _model_condition(rule: Rule, dht_prefix: str, model: Optional[ModelView]) ->
     else:
         summary = f"{label} is {state} again" if state == HEALTHY else f"{label} is {state}"
     return Condition(subject=dht_prefix, label=label, active=active, state=state if active else "ok",
-                     severity=(CRITICAL if state == BROKEN else WARNING) if active else OK,
-                     summary=short_error(summary, SUMMARY_CHARS), details=_details(reasons))
+                     severity=severity_for(rule.kind, state if active else "ok"),
+                     summary=short_error(summary, SUMMARY_CHARS), details=_details(reasons), models=(dht_prefix,))
 
 
 def _model_conditions(rule: Rule, view: SwarmView) -> dict[str, Condition]:
@@ -294,9 +335,14 @@ def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Conditi
                    else f"{label} has a health score of {lowest:.1f}, back above {rule.below:g}" if lowest is not None
                    else f"{label} has no health score")
         state = "low-score"
+    by_id = [p for p in matches if p.peer_id == target]
+    ids = sorted({p.peer_id for p in matches})
+    peer = target if by_id else (ids[0] if len(ids) == 1 else None)
+    name = next((p.public_name for p in (by_id or matches) if p.public_name), None if by_id else target)
     return Condition(subject=target, label=label, active=active, state=state if active else "ok",
-                     severity=WARNING if active else OK, summary=short_error(summary, SUMMARY_CHARS),
-                     details=_details(details))
+                     severity=severity_for(rule.kind, state if active else "ok"),
+                     summary=short_error(summary, SUMMARY_CHARS), details=_details(details),
+                     models=tuple(sorted({m for p in matches for m in p.models})), peer=peer, peer_name=name)
 
 
 def _peer_conditions(rule: Rule, view: SwarmView) -> dict[str, Condition]:
@@ -351,7 +397,8 @@ def _notice(alert: Alert, event: str, at: float, *, previous: Optional[str] = No
     source = condition or alert
     return Notice(rule=alert.rule, kind=alert.kind, subject=alert.subject, label=source.label, event=event,
                   state=source.state, severity=source.severity, summary=source.summary, at=at,
-                  since=alert.since, details=source.details, previous_state=previous)
+                  since=alert.since, details=source.details, previous_state=previous,
+                  models=alert.models, peer=alert.peer, peer_name=alert.peer_name)
 
 
 def _gone(alert: Alert) -> Condition:
@@ -368,7 +415,11 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
             return None, None  # nothing, or a flap shorter than ``for``: nobody hears of it
         condition = condition or _gone(alert)
         return None, _notice(alert, RESOLVED, now, previous=alert.state, condition=condition)
-    text = dict(label=condition.label, summary=condition.summary, details=condition.details)
+    text = dict(label=condition.label, summary=condition.summary, details=condition.details,
+                # a peer no poll sees any more still concerns what it served
+                models=condition.models or (alert.models if alert is not None else ()),
+                peer=condition.peer or (alert.peer if alert is not None else None),
+                peer_name=condition.peer_name or (alert.peer_name if alert is not None else None))
     if alert is None or alert.status == PENDING:
         since = alert.since if alert is not None else now
         alert = Alert(rule=rule.name, kind=rule.kind, subject=condition.subject, status=PENDING,
@@ -392,14 +443,65 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
     return alert, None
 
 
+def _tell(memory: Mapping[tuple[str, str], Alert], alerts: dict[tuple[str, str], Alert],
+          stepped: list[Notice], held: Mapping[tuple[str, str], tuple[str, ...]], now: float
+          ) -> tuple[list[Notice], list[Notice]]:
+    """What the receivers are told of the stepped notices, given what holds alerts now and what
+    each alert told them before: (notices to send, notices held). Updates ``alerts`` (their
+    ``held`` and ``announced_state``)."""
+    told: list[Notice] = []
+    kept: list[Notice] = []
+    for key, alert in alerts.items():
+        alerts[key] = replace(alert, held=held.get(key, ()))
+    noticed = set()
+    for notice in stepped:
+        key = (notice.rule, notice.subject)
+        noticed.add(key)
+        if notice.event == RESOLVED:
+            before = memory[key]
+            if before.announced_state is None:
+                why = before.held[0] if before.held else "unannounced: nobody was told it fired"
+                kept.append(replace(notice, held=why))
+            else:
+                told.append(replace(notice, previous_state=before.announced_state))
+            continue
+        alert = alerts[key]
+        if alert.held:
+            kept.append(replace(notice, held=alert.held[0]))
+            continue
+        if alert.announced_state is None:
+            notice = replace(notice, event=FIRED, previous_state=None)
+        elif notice.event == CHANGED:
+            if alert.announced_state == alert.state:
+                continue  # back to what they were told (it changed while held)
+            notice = replace(notice, previous_state=alert.announced_state)
+        alerts[key] = replace(alert, announced_state=alert.state)
+        told.append(notice)
+    for key, alert in alerts.items():  # no longer held: what the receivers missed
+        if key in noticed or alert.status != FIRING or alert.held or alert.announced_state == alert.state:
+            continue
+        if alert.announced_state is None:
+            notice = _notice(alert, FIRED, now)
+        else:
+            notice = _notice(alert, CHANGED, now, previous=alert.announced_state)
+        alerts[key] = replace(alert, announced_state=alert.state, notified_at=now)
+        told.append(notice)
+    return told, kept
+
+
+def _subjects(alerts: Mapping[tuple[str, str], Alert]) -> list[muting.Subject]:
+    return [muting.Subject(key, alert.labels, alert.status == FIRING) for key, alert in alerts.items()]
+
+
 def evaluate(rules: Iterable[Rule], view: SwarmView, memory: Mapping[tuple[str, str], Alert],
-             now: Optional[float] = None) -> Evaluation:
-    """Every rule over the view, against the remembered alerts. Alerts of rules no longer
-    configured are dropped without a notice (the operator removed or renamed the rule)."""
+             now: Optional[float] = None, mutes: Optional[muting.Mutes] = None) -> Evaluation:
+    """Every rule over the view, against the remembered alerts, then what holds them
+    (``mutes``: silences, maintenance windows, inhibition). Alerts of rules no longer configured
+    are dropped without a notice (the operator removed or renamed the rule)."""
     now = view.at if now is None else now
     rules = list(rules)
     alerts: dict[tuple[str, str], Alert] = {}
-    notices: list[Notice] = []
+    stepped: list[Notice] = []
     for rule in rules:
         mine = {subject: a for (name, subject), a in memory.items() if name == rule.name}
         found = conditions(rule, view, held=bool(mine))
@@ -411,10 +513,12 @@ def evaluate(rules: Iterable[Rule], view: SwarmView, memory: Mapping[tuple[str, 
             if alert is not None:
                 alerts[alert.key] = alert
             if notice is not None:
-                notices.append(notice)
+                stepped.append(notice)
+    held = muting.holds(_subjects(alerts), mutes, now) if mutes is not None else {}
+    notices, kept = _tell(memory, alerts, stepped, held, now)
     changed = tuple(a for key, a in alerts.items() if memory.get(key) != a)
     removed = tuple(key for key in memory if key not in alerts)
-    return Evaluation(alerts=alerts, notices=tuple(notices), changed=changed, removed=removed)
+    return Evaluation(alerts=alerts, notices=tuple(notices), changed=changed, removed=removed, held=tuple(kept))
 
 
 # ---- defaults --------------------------------------------------------------------------------

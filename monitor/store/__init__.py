@@ -13,7 +13,10 @@
 - ``rollups``: hourly rollups and retention (and why 30 days of 500 servers fit in ~1 GB);
 - ``hours``: the hour arithmetic and the rollup watermarks that rollups, history and aggregates share;
 - ``aggregates``: what the peer scores need, counted by SQL;
-- ``alert_log``: alerts pending or firing, every notice, and the outbox of deliveries to webhooks.
+- ``alert_log``: alerts pending or firing, every notice, and the outbox of deliveries to webhooks;
+- ``leases``: the pollers' lease (who leads), the fence every write of a poller passes, their reports;
+- ``mutes``: silences and maintenance windows, and who changed them when and why;
+- ``notes``: operators' incident notes and their history; ``status_history``: the status page's reads.
 
 Who writes: the poller (polls, diagnoses, probes, scores, rollups), the chat (its requests'
 outcomes) and the web (operators' peer policies); readers are the web, the chat's router and the
@@ -31,6 +34,7 @@ import logging
 import time
 from typing import Iterable, Optional, Sequence
 
+from monitor.core import leadership
 from monitor.core.diagnosis import ModelHealth
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import ServerProbe
@@ -39,13 +43,17 @@ from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
 from monitor.store import generation_checks
+from monitor.store import leases
+from monitor.store import mutes
+from monitor.store import notes, status_history
 from monitor.store.engine import (Database, Migration, StoreDataError, StoreError, StoreNotMigrated, StoreSchemaError,
-                                  StoreUnavailable, head_revision)
+                                  StoreUnavailable, _sqlite_in_memory, head_revision)
 from monitor.store.history import StateChange
 from monitor.store.latest import PollSummary
+from monitor.store.leases import NotLeader
 from monitor.store.schema import PEER_POLICIES, metadata
 
-__all__ = ["PEER_POLICIES", "Migration", "PollSummary", "StateChange", "Store", "StoreDataError", "StoreError",
+__all__ = ["PEER_POLICIES", "Migration", "NotLeader", "PollSummary", "StateChange", "Store", "StoreDataError", "StoreError",
            "StoreNotMigrated", "StoreSchemaError", "StoreUnavailable", "head_revision", "metadata"]
 
 log = logging.getLogger(__name__)
@@ -310,11 +318,12 @@ class Store:
         with self.db.read("reading the alert job's heartbeat") as conn:
             return alert_log.evaluated_at(conn)
 
-    def record_alert_evaluation(self, evaluation, webhooks_for, now: float) -> list[int]:
+    def record_alert_evaluation(self, evaluation, webhooks_for, now: float, *, group_wait: float = 0.0) -> list[int]:
         """An evaluation's changed alerts, its notices and their deliveries (``webhooks_for(notice)``
-        names the webhooks), and when it ran, in one transaction; returns the notices' ids."""
+        names the webhooks; first attempt ``group_wait`` from now), its held notices, and when it
+        ran, in one transaction; returns the sent notices' ids."""
         with self.db.write("recording alerts") as conn:
-            return alert_log.record_evaluation(conn, evaluation, webhooks_for, now)
+            return alert_log.record_evaluation(conn, evaluation, webhooks_for, now, group_wait)
 
     def pending_alert_deliveries(self, *, limit: int = 100) -> list:
         """Pending deliveries (due now or waiting for a retry), with their notices, oldest first."""
@@ -378,3 +387,137 @@ class Store:
         model page's plot of time to first token and tokens per second."""
         with self.db.read("reading generation check history") as conn:
             return generation_checks.history(conn, model, since, until, limit=limit)
+
+    # ---- silences and maintenance windows (store/mutes.py) ----------------------------------
+
+    def create_silence(self, silence, *, via: str) -> int:
+        """A new silence (``core.muting.Silence``; its id is ignored), logged with who made it,
+        ``via`` what (api token, browser session) and why; returns its id."""
+        with self.db.write("creating a silence") as conn:
+            return mutes.create_silence(conn, silence, via)
+
+    def end_silence(self, silence_id: int, *, at: float, by: str, via: str, why: str):
+        """End a silence at ``at`` (logged); the silence as it is now, None if unknown."""
+        with self.db.write("ending a silence") as conn:
+            return mutes.end_silence(conn, silence_id, at, by, via, why)
+
+    def silences(self, *, ending_after: float, limit: int = 500) -> list:
+        """Silences in force, to come, or ended after ``ending_after``, newest first."""
+        with self.db.read("reading silences") as conn:
+            return mutes.silences(conn, ending_after=ending_after, limit=limit)
+
+    def create_maintenance_window(self, window, *, via: str) -> int:
+        """A new maintenance window (``core.maintenance.MaintenanceWindow``; its id is ignored),
+        logged as ``create_silence``; returns its id."""
+        with self.db.write("creating a maintenance window") as conn:
+            return mutes.create_window(conn, window, via)
+
+    def end_maintenance_window(self, window_id: int, *, at: float, by: str, via: str, why: str):
+        """End a maintenance window at ``at`` (a recurring one for good; logged); None if unknown."""
+        with self.db.write("ending a maintenance window") as conn:
+            return mutes.end_window(conn, window_id, at, by, via, why)
+
+    def maintenance_windows(self, *, ending_after: Optional[float] = None, limit: int = 500) -> list:
+        """Maintenance windows not over by ``ending_after`` (None: all of them, for a range's
+        ``core.maintenance.covered_intervals``), newest first."""
+        with self.db.read("reading maintenance windows") as conn:
+            return mutes.windows(conn, ending_after=ending_after, limit=limit)
+
+    def mute_changes(self, kind: str, item_ids: list[int]) -> dict:
+        """``"silence"`` or ``"maintenance"``: item id -> its changes (who, when, via, why), oldest first."""
+        with self.db.read("reading silence and maintenance changes") as conn:
+            return mutes.changes(conn, kind, list(item_ids))
+
+    # ---- pollers: the lease, the fence, who stands by (store/leases.py) ---------------------
+
+    def claim_poller_lease(self, me, lease_seconds: float, *, role_problem: Optional[str] = None,
+                           last_poll_at: Optional[float] = None, notify=None):
+        """One claim of the pollers' lease by ``me`` (``core.leadership.PollerId``): renew it, take it
+        if it is missing, expired or released (with its term, and the take-over's notice to the
+        webhooks ``notify(notice)`` names), or leave another's valid one; and ``me``'s report (its
+        role after the claim, ``role_problem``: what it cannot reach, its latest poll), in one
+        transaction. Returns the ``core.leadership.Grant``."""
+        with self.db.write("claiming the pollers' lease") as conn:
+            grant = leases.claim(conn, leadership.LEASE_NAME, me, lease_seconds, notify=notify)
+            leases.report(conn, me, leadership.LEADER if grant.held else leadership.STANDBY, problem=role_problem,
+                          last_poll_at=last_poll_at, now=grant.now)
+        return grant
+
+    def release_poller_lease(self, holder: str, epoch: int) -> bool:
+        """A leader that stops hands its lease over (a standby takes it at once, without a notice)."""
+        with self.db.write("releasing the pollers' lease") as conn:
+            return leases.release(conn, leadership.LEASE_NAME, holder, epoch)
+
+    def poller_status(self, *, members_within: float = 86400.0):
+        """Who leads, since when, the pollers seen within ``members_within`` seconds and the latest
+        terms (take-overs), as ``core.leadership.PollerStatus``."""
+        with self.db.read("reading the pollers' lease") as conn:
+            now = leases.clock_now(conn)
+            return leases.status(conn, leadership.LEASE_NAME, members_since=now - members_within)
+
+    def poller_takeovers_since(self, since: float) -> int:
+        """Take-overs (a standby replacing a leader) since ``since``."""
+        with self.db.read("counting take-overs") as conn:
+            return leases.takeovers_since(conn, leadership.LEASE_NAME, since)
+
+    def prune_pollers(self, before: float) -> dict[str, int]:
+        """Forget pollers not seen since ``before``, and older terms (the latest stays)."""
+        with self.db.write("pruning pollers") as conn:
+            return leases.prune(conn, before)
+
+    def fenced(self, token, *, idle_limit: float) -> "Store":
+        """A store on the same database whose every write first checks, in its own transaction,
+        that ``token()`` (``(holder, epoch)``, or None) holds the pollers' lease, and otherwise
+        raises ``NotLeader`` and writes nothing: the poller's jobs write through it. Its own engine
+        (the process's other writers, the chat and the web, are not fenced); ``idle_limit``: seconds
+        a write may sit idle on PostgreSQL (``leases.install_fence``)."""
+        if _sqlite_in_memory(self.db.url):
+            raise StoreError("an in-memory SQLite database cannot be shared by a fenced store: use a file")
+        store = Store(self.db.url.render_as_string(hide_password=False), timeout=self.db.timeout)
+        leases.install_fence(store.engine, leadership.LEASE_NAME, token, idle_limit=idle_limit)
+        return store
+
+    # ---- incident notes (store/notes.py) and the status page (store/status_history.py) ---------
+
+    def post_note(self, scope: str, target: Optional[str], text: str, *, author: str, via: str,
+                  at: Optional[float] = None) -> int:
+        """A new open incident note (checked by ``core.incidents``' rules first); returns its id."""
+        with self.db.write("posting an incident note") as conn:
+            return notes.post(conn, scope, target, text, author, via, time.time() if at is None else at)
+
+    def update_note(self, note_id: int, text: str, *, author: str, via: str, at: Optional[float] = None):
+        """New text for a note, kept in its history; the note as it is now, None if unknown."""
+        with self.db.write("updating an incident note") as conn:
+            return notes.update(conn, note_id, text, author, via, time.time() if at is None else at)
+
+    def resolve_note(self, note_id: int, *, text: Optional[str] = None, author: str, via: str,
+                     at: Optional[float] = None):
+        """Resolve a note (``text``: its last word); the note as it is now, None if unknown."""
+        with self.db.write("resolving an incident note") as conn:
+            return notes.resolve(conn, note_id, text, author, via, time.time() if at is None else at)
+
+    def note(self, note_id: int):
+        """One incident note (``core.incidents.Note``) with its history, None if unknown."""
+        with self.db.read("reading an incident note") as conn:
+            return notes.note(conn, note_id)
+
+    def notes(self, *, resolved_since: Optional[float] = None, limit: int = 200) -> list:
+        """Open notes, and those resolved since ``resolved_since``, newest change first."""
+        with self.db.read("reading incident notes") as conn:
+            return notes.notes(conn, resolved_since=resolved_since, limit=limit)
+
+    def note_changes(self, since: float, *, limit: int = 100) -> list:
+        """(note, change) of every change of a note since ``since``, newest first (the Atom feed)."""
+        with self.db.read("reading incident note changes") as conn:
+            return notes.changes(conn, since, limit=limit)
+
+    def notes_mark(self) -> tuple:
+        """A fingerprint of the notes: what shows them may be reused while it stays the same."""
+        with self.db.read("reading the notes' mark") as conn:
+            return notes.mark(conn)
+
+    def status_points(self, models: Iterable[str], since: float, until: float, *, poll_hold: float) -> dict:
+        """model -> its stored statuses in [since, until] as ``core.uptime.StatusPoint``s (hourly
+        rows before raw retention, polls after, each standing at most ``poll_hold`` seconds)."""
+        with self.db.read("reading the models' status history") as conn:
+            return status_history.status_points(conn, models, since, until, poll_hold)

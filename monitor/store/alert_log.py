@@ -64,14 +64,18 @@ def _alert_values(alert: Alert) -> dict:
             "label": _cut(alert.label, 400), "status": alert.status, "state": alert.state,
             "severity": alert.severity, "summary": _cut(alert.summary, 400), "details": jsonable(alert.details),
             "since": alert.since, "fired_at": alert.fired_at, "notified_at": alert.notified_at,
-            "next_state": alert.next_state, "next_since": alert.next_since}
+            "next_state": alert.next_state, "next_since": alert.next_since, "models": jsonable(alert.models),
+            "peer": _cut(alert.peer, 128), "peer_name": _cut(alert.peer_name, 200),
+            "held": jsonable([_cut(why, 300) for why in alert.held]), "announced_state": alert.announced_state}
 
 
 def _alert(row) -> Alert:
     return Alert(rule=row.rule, kind=row.kind, subject=row.subject, label=row.label, status=row.status,
                  state=row.state, severity=row.severity, summary=row.summary, since=row.since,
                  details=tuple(row.details or ()), fired_at=row.fired_at, notified_at=row.notified_at,
-                 next_state=row.next_state, next_since=row.next_since)
+                 next_state=row.next_state, next_since=row.next_since, models=tuple(row.models or ()),
+                 peer=row.peer, peer_name=row.peer_name, held=tuple(row.held or ()),
+                 announced_state=row.announced_state)
 
 
 def _notice(fields, prefix: str = "") -> Notice:
@@ -81,7 +85,8 @@ def _notice(fields, prefix: str = "") -> Notice:
 
     return Notice(rule=get("rule"), kind=get("kind"), subject=get("subject"), label=get("label"), event=get("event"),
                   state=get("state"), severity=get("severity"), summary=get("summary"), at=get("at"),
-                  since=get("since"), details=tuple(get("details") or ()), previous_state=get("previous_state"))
+                  since=get("since"), details=tuple(get("details") or ()), previous_state=get("previous_state"),
+                  models=tuple(get("models") or ()), peer=get("peer"), peer_name=get("peer_name"), held=get("held"))
 
 
 def load_alerts(conn: Connection) -> dict[tuple[str, str], Alert]:
@@ -98,9 +103,10 @@ def evaluated_at(conn: Connection) -> Optional[float]:
 
 
 def record_evaluation(conn: Connection, evaluation: Evaluation, webhooks_for: Callable[[Notice], Iterable[str]],
-                      now: float) -> list[int]:
+                      now: float, group_wait: float = 0.0) -> list[int]:
     """Store what one evaluation changed: alerts upserted and deleted, its notices, and one pending
-    delivery per notice and webhook (due now), and when it ran. Returns the notices' ids."""
+    delivery per notice and webhook (due ``group_wait`` from now), the notices it held (history
+    only, no delivery), and when it ran. Returns the sent notices' ids."""
     meta = insert(conn, StoreMetaRow.__table__).values(key=EVALUATED_AT, value=repr(now))
     conn.execute(meta.on_conflict_do_update(index_elements=["key"], set_={"value": meta.excluded.value}))
     alerts = AlertRow.__table__
@@ -111,17 +117,20 @@ def record_evaluation(conn: Connection, evaluation: Evaluation, webhooks_for: Ca
         conn.execute(sa.insert(alerts).values(**_alert_values(alert)))
     ids = []
     events, deliveries = AlertEventRow.__table__, AlertDeliveryRow.__table__
-    for notice in evaluation.notices:
+    for notice in (*evaluation.notices, *evaluation.held):
         event_id = conn.execute(sa.insert(events).values(
             at=notice.at, rule=_cut(notice.rule, 100), subject=_cut(notice.subject, 256), kind=notice.kind,
             label=_cut(notice.label, 400), event=notice.event, state=notice.state,
             previous_state=notice.previous_state, severity=notice.severity, summary=_cut(notice.summary, 400),
-            details=jsonable(notice.details), since=notice.since,
+            details=jsonable(notice.details), since=notice.since, models=jsonable(notice.models),
+            peer=_cut(notice.peer, 128), peer_name=_cut(notice.peer_name, 200), held=_cut(notice.held, 300),
         )).inserted_primary_key[0]
+        if notice.held is not None:
+            continue
         ids.append(event_id)
         for webhook in webhooks_for(notice):
             conn.execute(sa.insert(deliveries).values(event_id=event_id, webhook=webhook, status=PENDING, attempts=0,
-                                                      created_at=now, next_attempt_at=now))
+                                                      created_at=now, next_attempt_at=now + group_wait))
     return ids
 
 

@@ -237,7 +237,7 @@ class StoreMetaRow(SQLModel, table=True):
     value: str
 
 
-# ---- alerts (#15; revision 0006): the evaluator's memory, every notice, and its deliveries ------
+# ---- alerts (revision 0006): the evaluator's memory, every notice, and its deliveries ------
 
 
 class AlertRow(SQLModel, table=True):
@@ -259,6 +259,12 @@ class AlertRow(SQLModel, table=True):
     notified_at: Optional[float] = None
     next_state: Optional[str] = Field(default=None, max_length=32)
     next_since: Optional[float] = None
+    # added by revision 0013: what the alert concerns (labels), why it is held, what was told
+    models: Any = _json_field()  # list of DHT prefixes
+    peer: Optional[str] = Field(default=None, max_length=128)
+    peer_name: Optional[str] = Field(default=None, max_length=200)
+    held: Any = _json_field()  # list of reasons (``core/muting.py``)
+    announced_state: Optional[str] = Field(default=None, max_length=32)
 
 
 class AlertEventRow(SQLModel, table=True):
@@ -280,6 +286,11 @@ class AlertEventRow(SQLModel, table=True):
     summary: str = Field(max_length=400)
     details: Any = _json_field()
     since: float
+    # added by revision 0013
+    models: Any = _json_field()
+    peer: Optional[str] = Field(default=None, max_length=128)
+    peer_name: Optional[str] = Field(default=None, max_length=200)
+    held: Optional[str] = Field(default=None, max_length=300)  # why it was not sent (NULL: it was)
 
 
 class AlertDeliveryRow(SQLModel, table=True):
@@ -300,7 +311,7 @@ class AlertDeliveryRow(SQLModel, table=True):
     last_error: Optional[str] = Field(default=None, max_length=300)
 
 
-# ---- server probes (#14; revision 0007): measured speed and correctness of each server ----------
+# ---- server probes (revision 0007): measured speed and correctness of each server ----------
 
 
 class ServerProbeRow(SQLModel, table=True):
@@ -428,6 +439,63 @@ class GenerationCheckRow(SQLModel, table=True):
     route: Any = _json_field()  # [{peer_id, start, end, error}, ...]: the spans taken, then those that failed
 
 
+# ---- silences and maintenance windows (revision 0013): what holds alerts back, and who said so --
+
+
+class SilenceRow(SQLModel, table=True):
+    """An operator's silence (``core/muting.py``'s ``Silence``): matchers, from when to when, why."""
+
+    __tablename__ = "silences"
+    __table_args__ = (sa.Index(None, "ends_at"),)
+    id: Optional[int] = Field(default=None, primary_key=True)
+    matchers: Any = _json_field()  # [[name, op, value], ...]
+    starts_at: float
+    ends_at: float  # set to the moment an operator ends it early
+    comment: str = Field(max_length=500)
+    created_by: str = Field(max_length=100)
+    created_at: float
+    ended_at: Optional[float] = None
+    ended_by: Optional[str] = Field(default=None, max_length=100)
+
+
+class MaintenanceWindowRow(SQLModel, table=True):
+    """A maintenance window (``core/maintenance.py``): one-off, or recurring by weekdays and a
+    time of day or by cron, in a time zone."""
+
+    __tablename__ = "maintenance_windows"
+    __table_args__ = (sa.Index(None, "ends_at"),)
+    id: Optional[int] = Field(default=None, primary_key=True)
+    scope: str = Field(max_length=16)  # global | model | peer
+    target: Optional[str] = Field(default=None, max_length=256)
+    starts_at: float
+    ends_at: Optional[float] = None  # NULL: a recurring window for ever
+    reason: str = Field(max_length=500)
+    duration: Optional[float] = None  # recurring: seconds each occurrence lasts
+    timezone: Optional[str] = Field(default=None, max_length=64)
+    weekdays: Any = _json_field()  # [0 = Monday, ...]
+    at_time: Optional[str] = Field(default=None, max_length=5)  # "HH:MM"
+    cron: Optional[str] = Field(default=None, max_length=100)
+    created_by: str = Field(max_length=100)
+    created_at: float
+    ended_at: Optional[float] = None
+    ended_by: Optional[str] = Field(default=None, max_length=100)
+
+
+class MuteChangeRow(SQLModel, table=True):
+    """Every change to a silence or maintenance window: who, when, how they proved it, and why."""
+
+    __tablename__ = "mute_changes"
+    __table_args__ = (sa.Index(None, "kind", "item_id"), sa.Index(None, "at"))
+    id: Optional[int] = Field(default=None, primary_key=True)
+    at: float
+    kind: str = Field(max_length=16)  # silence | maintenance
+    item_id: int
+    action: str = Field(max_length=16)  # created | ended
+    by: str = Field(max_length=100)  # the name the operator gave
+    via: str = Field(max_length=32)  # api token | browser session
+    why: str = Field(max_length=500)
+
+
 # ---- pollers (revision 0012): which poller leads, who stands by, and every take-over ------------
 
 
@@ -483,3 +551,37 @@ class PollerTermRow(SQLModel, table=True):
     previous_host: Optional[str] = Field(default=None, max_length=200)
     previous_pid: Optional[int] = None
     previous_deadline: Optional[float] = None
+
+
+# ---- incident notes (revision 0014): what operators tell visitors beside the state ---------------
+
+
+class IncidentNoteRow(SQLModel, table=True):
+    """An operator's note on a model, a peer or the whole swarm ("server-7 is being upgraded, back
+    at 14:00"), as it reads now; open until resolved. Kept with its history (``incident_note_updates``)."""
+
+    __tablename__ = "incident_notes"
+    __table_args__ = (sa.Index(None, "resolved_at"), sa.Index(None, "updated_at"))
+    id: Optional[int] = Field(default=None, primary_key=True)
+    scope: str = Field(max_length=16)  # swarm | model | peer
+    target: Optional[str] = Field(default=None, max_length=256)  # the DHT prefix or peer id; NULL: swarm
+    text: str = Field(max_length=1000)
+    author: str = Field(max_length=80)  # the name the operator gave (else "operator")
+    created_at: float
+    updated_at: float
+    resolved_at: Optional[float] = None
+
+
+class IncidentNoteUpdateRow(SQLModel, table=True):
+    """Every change of a note (posted, updated, resolved) with its text then, who and when: the
+    note's history and the Atom feed's entries."""
+
+    __tablename__ = "incident_note_updates"
+    __table_args__ = (sa.Index(None, "note_id"), sa.Index(None, "at"))
+    id: Optional[int] = Field(default=None, primary_key=True)
+    note_id: int = Field(foreign_key="incident_notes.id")
+    at: float
+    action: str = Field(max_length=16)  # posted | updated | resolved
+    text: str = Field(max_length=1000)
+    author: str = Field(max_length=80)
+    via: str = Field(max_length=32)  # api token | browser session

@@ -124,9 +124,9 @@ def _extensions(app: Flask, settings: Settings):
 
 def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> None:
     """Every page and API; the demo panel with the demo; the chat's, each within the chat's rate limit."""
-    from monitor.web import alerts, api, assets, demo, health, limits, metrics, my_server, pages, search
+    from monitor.web import alerts, api, assets, demo, health, limits, metrics, mutes, my_server, pages, search
 
-    for module in (assets, pages, api, metrics, health, alerts, search, my_server):
+    for module in (assets, pages, api, metrics, health, alerts, mutes, search, my_server):
         app.register_blueprint(module.bp)
     app.extensions[metrics.REGISTRY] = metrics.registry_for(d)
     limits.limit_reachability(app, limiter)

@@ -1,5 +1,6 @@
-"""Alerts on the web: the /alerts page (active alerts, history, deliveries), ``/api/v1/alerts``, and
-the overview's small "active alerts" panel.
+"""Alerts on the web: the /alerts page (active alerts, history, deliveries, silences, maintenance
+windows), ``/api/v1/alerts``, and the overview's small "active alerts" panel. Silences and
+maintenance windows are created and ended in ``monitor/web/mutes.py``.
 
 Thin: the poller's alert jobs (``monitor/app/alerter.py``) evaluate and deliver; these views only
 read what they stored. Webhook URLs never appear (they often carry a secret): only webhook names,
@@ -19,7 +20,8 @@ from monitor.core.alert_rules import HEARTBEAT
 from monitor.core.alert_rules import FIRING, PENDING, Alert, Notice
 from monitor.core.common import DAY, HOUR
 from monitor.store import StoreError
-from monitor.web import auth, deps, timerange
+from monitor.core import muting
+from monitor.web import auth, deps, mutes, timerange
 from monitor.web.render import render
 
 log = logging.getLogger(__name__)
@@ -61,18 +63,25 @@ def _overview_helpers():
     return {"active_alerts": active_alerts}
 
 
+def held_dicts(reasons) -> list[dict]:
+    """Why an alert is held: ``{"by": "silence" | "maintenance" | "inhibited", "reason": ...}``."""
+    return [{"by": muting.hold_kind(why), "reason": why} for why in reasons]
+
+
 def alert_dict(alert: Alert) -> dict:
     return {"rule": alert.rule, "kind": alert.kind, "subject": alert.subject, "label": alert.label,
             "status": alert.status, "state": alert.state, "severity": alert.severity, "summary": alert.summary,
             "details": list(alert.details), "since": alert.since, "fired_at": alert.fired_at,
-            "notified_at": alert.notified_at, "next_state": alert.next_state}
+            "notified_at": alert.notified_at, "next_state": alert.next_state,
+            "labels": {name: list(values) for name, values in alert.labels.items()},
+            "held": held_dicts(alert.held), "announced_state": alert.announced_state}
 
 
 def notice_dict(notice_id: int, notice: Notice, deliveries=(), *, operator: bool = False) -> dict:
     return {"id": notice_id, "at": notice.at, "event": notice.event, "rule": notice.rule, "kind": notice.kind,
             "subject": notice.subject, "label": notice.label, "state": notice.state,
             "previous_state": notice.previous_state, "severity": notice.severity, "summary": notice.summary,
-            "details": list(notice.details), "since": notice.since,
+            "details": list(notice.details), "since": notice.since, "held": notice.held,
             "deliveries": [delivery_dict(d, operator=operator) for d in deliveries]}
 
 
@@ -121,6 +130,10 @@ def page():
         rules=rule_dicts(d.settings), webhooks=[h.name for h in d.settings.alerts.webhooks],
         enabled=d.settings.alerts.enabled, operator=operator, history_limit=HISTORY_LIMIT,
         evaluated_at=d.store.alerts_evaluated_at(), late_after=evaluation_deadline(d.settings),
+        silences=(mutes.listed_silences(d.store, time.time(), operator=operator)
+                  if operator or d.settings.alerts.public_silences else None),
+        maintenance=mutes.listed_windows(d.store, time.time(), operator=operator),
+        weekdays=mutes.mnt.WEEKDAYS, inhibit=d.settings.alerts.inhibit_in_force(),
     )
     return render("alerts.html", {"alerts-live": "partials/alerts_live.html"}, **context)
 

@@ -1,0 +1,462 @@
+"""Silences and maintenance windows on the web: operators create and end them (Alerts page forms
+and ``/api/v1/silences``, ``/api/v1/maintenance``); everyone else may at most read the silences
+in force, and only if ``alerts.public_silences`` allows it.
+
+This is the edge where what people typed enters: every field is checked here, once, into the
+core's types (``core.muting.Silence``, ``core.maintenance.MaintenanceWindow``), and anything out of
+bounds (a huge, negative or non-finite duration, an end before the start, an unknown time zone,
+a bad matcher, a reason too long) is a 400 that says what to change. Every creation and ending is
+logged by the store with who (the name the operator gives, ``by``), when, how (API token or
+browser session) and why.
+
+Operators prove who they are as everywhere (``web/auth.py``): scripts send the bearer token to the
+API; browsers post the Alerts page's forms with their session and its CSRF token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from typing import Any, Mapping, Optional
+
+from flask import Blueprint, abort, jsonify, redirect, request, url_for
+
+from monitor.alert_settings import parse_duration
+from monitor.core import maintenance as mnt
+from monitor.core import muting
+from monitor.core.common import DAY, MINUTE
+from monitor.core.maintenance import MaintenanceWindow, Recurrence
+from monitor.core.muting import Silence
+from monitor.web import auth, deps, security
+
+bp = Blueprint("mutes", __name__)
+
+MAX_SILENCE = 30 * DAY
+MAX_AHEAD = 366 * DAY  # how far ahead a silence or window may start
+REASON_CHARS, BY_CHARS = 500, 100
+RECENT = 7 * DAY  # ended silences and windows listed this long
+LISTED = 200
+
+
+class BadInput(ValueError):
+    """What is wrong with a request's fields, for the person who sent it (a 400)."""
+
+
+# ---- reading fields --------------------------------------------------------------------------------
+
+
+def _fields() -> Mapping[str, Any]:
+    """The request's JSON object or form."""
+    if request.is_json:
+        data = request.get_json(silent=True)
+        if not isinstance(data, dict):
+            raise BadInput("the body must be a JSON object")
+        return data
+    return request.form
+
+
+def _text(data: Mapping, name: str, limit: int, *, required: bool = False, default: Optional[str] = None
+          ) -> Optional[str]:
+    value = data.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise BadInput(f"`{name}` is required")
+        return default
+    if not isinstance(value, str):
+        raise BadInput(f"`{name}` must be text")
+    value = value.strip()
+    if len(value) > limit:
+        raise BadInput(f"`{name}` is {len(value)} characters long; at most {limit}")
+    if any(ord(c) < 32 and c not in "\t" for c in value):
+        raise BadInput(f"`{name}` must be one line of text")
+    return value
+
+
+def _seconds(data: Mapping, name: str, *, low: float, high: float) -> Optional[float]:
+    """A duration: seconds, or "90s", "5m", "2h", "1d"."""
+    value = data.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise BadInput(f"`{name}` must be a duration")
+    try:
+        seconds = float(parse_duration(value.strip() if isinstance(value, str) else value))
+    except (TypeError, ValueError):
+        raise BadInput(f"`{name}` must be a duration: seconds, or a number with s, m, h or d like \"2h\"") from None
+    if not math.isfinite(seconds) or not low <= seconds <= high:
+        raise BadInput(f"`{name}` must be between {_human(low)} and {_human(high)}")
+    return seconds
+
+
+def _human(seconds: float) -> str:
+    number, unit = ((seconds / DAY, "day") if seconds >= DAY else (seconds / MINUTE, "minute") if seconds >= 60
+                    else (seconds, "second"))
+    return f"{number:g} {unit}{'' if number == 1 else 's'}"
+
+
+def _moment(data: Mapping, name: str, now: float, tz: str = "UTC") -> Optional[float]:
+    """A moment: unix seconds, or ISO 8601 ("2026-12-01T14:00", "…Z", "…+01:00"; without an
+    offset, in ``tz``), within a year of now."""
+    value = data.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise BadInput(f"`{name}` must be a time")
+    if isinstance(value, (int, float)):
+        at = float(value)
+    elif isinstance(value, str) and len(value) <= 40:
+        text = value.strip()
+        try:
+            at = float(text)
+        except ValueError:
+            try:
+                parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                raise BadInput(f"`{name}` must be a time: unix seconds or ISO 8601 like 2026-12-01T14:00Z") from None
+            if parsed.tzinfo is None:
+                try:
+                    parsed = parsed.replace(tzinfo=mnt.zone(tz))
+                except ValueError as e:
+                    raise BadInput(str(e)) from None
+            at = parsed.timestamp()
+    else:
+        raise BadInput(f"`{name}` must be a time: unix seconds or ISO 8601 like 2026-12-01T14:00Z")
+    if not math.isfinite(at) or abs(at - now) > MAX_AHEAD:
+        raise BadInput(f"`{name}` must be within a year of now")
+    return at
+
+
+def _by(data: Mapping) -> str:
+    return _text(data, "by", BY_CHARS, default=None) or _text(data, "created_by", BY_CHARS, default="operator")
+
+
+def _via() -> str:
+    scheme = request.headers.get("Authorization", "").partition(" ")[0].lower()
+    return "api token" if scheme == "bearer" else "browser session"
+
+
+# ---- silences ---------------------------------------------------------------------------------------
+
+
+def _silence_matchers(data: Mapping) -> tuple[muting.Matcher, ...]:
+    """``matchers`` (a list of 'name="value"' strings, or text with one per line), plus the
+    shortcuts ``rule``, ``model`` and ``peer`` (an id, or a public name)."""
+    found: list[muting.Matcher] = []
+    raw = data.get("matchers")
+    if isinstance(raw, str):
+        raw = [line for line in raw.splitlines() if line.strip()]
+    if raw is not None:
+        if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+            raise BadInput("`matchers` must be a list of matchers like 'model=\"llama\"'")
+        if len(raw) > muting.MAX_MATCHERS:
+            raise BadInput(f"at most {muting.MAX_MATCHERS} matchers")
+        try:
+            found += [muting.parse_matcher(item) for item in raw]
+        except ValueError as e:
+            raise BadInput(f"matchers: {e}") from None
+    for name, label in (("rule", "rule"), ("model", "model")):
+        value = _text(data, name, 256)
+        if value is not None:
+            found.append(muting.matcher(label, "=", value))
+    peer = _text(data, "peer", 128)
+    if peer is not None:
+        found.append(muting.matcher("peer" if security.is_peer_id(peer) else "peer_name", "=", peer))
+    if not found:
+        raise BadInput("say what to silence: a `rule`, a `model`, a `peer`, or `matchers`")
+    if len(found) > muting.MAX_MATCHERS:
+        raise BadInput(f"at most {muting.MAX_MATCHERS} matchers")
+    if all(m.matches({}) for m in found):
+        raise BadInput("these matchers match every alert; name a rule, model or peer (for the whole swarm, "
+                       "use a global maintenance window)")
+    return tuple(found)
+
+
+def silence_from(data: Mapping, now: float, by: str) -> Silence:
+    """A new silence from a request's fields (BadInput says what is wrong)."""
+    try:
+        matchers = _silence_matchers(data)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    starts = _moment(data, "starts_at", now) or now
+    duration = _seconds(data, "duration", low=60, high=MAX_SILENCE)
+    ends = _moment(data, "ends_at", now)
+    if (duration is None) == (ends is None):
+        raise BadInput("give either `duration` (like \"2h\") or `ends_at`, not both")
+    ends = starts + duration if duration is not None else ends
+    if ends <= max(starts, now):
+        raise BadInput("the silence must end after it starts, and in the future")
+    if ends - starts > MAX_SILENCE:
+        raise BadInput(f"a silence lasts at most {_human(MAX_SILENCE)}")
+    comment = _text(data, "comment", REASON_CHARS) or _text(data, "reason", REASON_CHARS, required=True)
+    return Silence(id=0, matchers=matchers, starts_at=starts, ends_at=ends, comment=comment, created_by=by,
+                   created_at=now)
+
+
+def silence_dict(s: Silence, now: float, changes=(), *, operator: bool) -> dict:
+    return {"id": s.id, "matchers": [str(m) for m in s.matchers],
+            "matcher_parts": [{"name": m.name, "op": m.op, "value": m.value} for m in s.matchers],
+            "starts_at": s.starts_at, "ends_at": s.ends_at, "comment": s.comment,
+            "status": "active" if s.active(now) else "pending" if s.starts_at > now else "expired",
+            **({"created_by": s.created_by, "created_at": s.created_at, "ended_at": s.ended_at,
+                "ended_by": s.ended_by, "changes": [change_dict(c) for c in changes]} if operator else {})}
+
+
+def change_dict(c) -> dict:
+    return {"at": c.at, "action": c.action, "by": c.by, "via": c.via, "why": c.why}
+
+
+def listed_silences(store, now: float, *, operator: bool) -> list[tuple[Silence, list]]:
+    """Operators: silences in force, to come, or ended in the last week, with their changes;
+    others: those in force or to come."""
+    found = store.silences(ending_after=now - RECENT if operator else now, limit=LISTED)
+    changes = store.mute_changes("silence", [s.id for s in found]) if operator else {}
+    return [(s, changes.get(s.id, [])) for s in found]
+
+
+def _readers_may_see_silences() -> None:
+    if not auth.is_operator() and not deps().settings.alerts.public_silences:
+        abort(401, description="operators only: this monitor does not show its silences to everyone "
+                               "(alerts.public_silences); send 'Authorization: Bearer <token>'")
+
+
+@bp.get("/api/v1/silences")
+def api_silences():
+    """Silences in force and to come (operators: also those ended in the last 7 days, with who
+    created and ended them, when and why)."""
+    _readers_may_see_silences()
+    now = time.time()
+    operator = auth.is_operator()
+    return jsonify(silences=[silence_dict(s, now, changes, operator=operator)
+                             for s, changes in listed_silences(deps().store, now, operator=operator)])
+
+
+def _create_silence() -> tuple[Silence, int]:
+    now = time.time()
+    data = _fields()
+    silence = silence_from(data, now, _by(data))
+    return silence, deps().store.create_silence(silence, via=_via())
+
+
+@bp.post("/api/v1/silences")
+@auth.operator_required
+def api_create_silence():
+    try:
+        silence, new_id = _create_silence()
+    except BadInput as e:
+        abort(400, description=str(e))
+    stored, changes = next(item for item in listed_silences(deps().store, time.time(), operator=True)
+                           if item[0].id == new_id)
+    return jsonify(silence=silence_dict(stored, time.time(), changes, operator=True)), 201
+
+
+def _end(kind: str, item_id: int):
+    """End a silence or window now: (the item, None) or (None, the HTTP code and message)."""
+    now = time.time()
+    try:
+        data = _fields() if request.content_length or request.form else {}
+        why = _text(data, "reason", REASON_CHARS) or _text(data, "comment", REASON_CHARS, default="ended early")
+        by = _by(data)
+    except BadInput as e:
+        abort(400, description=str(e))
+    store = deps().store
+    end = store.end_silence if kind == "silence" else store.end_maintenance_window
+    found = end(item_id, at=now, by=by, via=_via(), why=why)
+    if found is None:
+        abort(404, description=f"there is no {'silence' if kind == 'silence' else 'maintenance window'} {item_id}")
+    return found
+
+
+@bp.route("/api/v1/silences/<int:silence_id>/end", methods=["POST"])
+@bp.route("/api/v1/silences/<int:silence_id>", methods=["DELETE"])
+@auth.operator_required
+def api_end_silence(silence_id: int):
+    """End a silence now (JSON ``{"reason": ..., "by": ...}``, both optional)."""
+    found = _end("silence", silence_id)
+    changes = deps().store.mute_changes("silence", [found.id]).get(found.id, [])
+    return jsonify(silence=silence_dict(found, time.time(), changes, operator=True))
+
+
+# ---- maintenance windows ----------------------------------------------------------------------------
+
+
+def window_from(data: Mapping, now: float, by: str) -> MaintenanceWindow:
+    """A new maintenance window from a request's fields (BadInput says what is wrong)."""
+    scope = _text(data, "scope", 16, required=True)
+    if scope not in mnt.SCOPES:
+        raise BadInput(f"`scope` must be one of {', '.join(mnt.SCOPES)}")
+    target = _text(data, "target", 256) or _text(data, scope, 256) if scope != mnt.GLOBAL else None
+    if scope == mnt.MODEL and (target is None or not security.is_dht_prefix(target)):
+        raise BadInput("a model's window needs `target`: the model's DHT prefix")
+    if scope == mnt.PEER and (target is None or len(target) > 128):
+        raise BadInput("a peer's window needs `target`: the peer's id or public name (at most 128 characters)")
+    tz = _text(data, "timezone", 64, default="UTC")
+    try:
+        mnt.zone(tz)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    reason = _text(data, "reason", REASON_CHARS, required=True)
+    starts = _moment(data, "starts_at", now, tz)
+    ends = _moment(data, "ends_at", now, tz)
+    weekdays, at, cron = data.get("weekdays"), _text(data, "at", 5), _text(data, "cron", 100)
+    if isinstance(weekdays, str):
+        weekdays = [day for day in weekdays.replace(",", " ").split() if day]
+    if hasattr(data, "getlist") and len(data.getlist("weekdays")) > 1:
+        weekdays = data.getlist("weekdays")
+    recurring = bool(weekdays or at or cron)
+    if not recurring:
+        starts = starts or now
+        duration = _seconds(data, "duration", low=60, high=mnt.MAX_ONE_OFF)
+        if (duration is None) == (ends is None):
+            raise BadInput("a one-off window needs either `duration` (like \"2h\") or `ends_at`, not both; a "
+                           "recurring one `weekdays` and `at`, or `cron`, with `duration`")
+        ends = starts + duration if duration is not None else ends
+        if ends <= max(starts, now):
+            raise BadInput("the window must end after it starts, and in the future")
+        if ends - starts > mnt.MAX_ONE_OFF:
+            raise BadInput(f"a one-off window lasts at most {_human(mnt.MAX_ONE_OFF)}")
+        return MaintenanceWindow(id=0, scope=scope, target=target, starts_at=starts, ends_at=ends, reason=reason,
+                                 created_at=now, created_by=by)
+    duration = _seconds(data, "duration", low=60, high=mnt.MAX_DURATION)
+    if duration is None:
+        raise BadInput("a recurring window needs `duration`: how long each occurrence lasts (like \"2h\")")
+    try:
+        if weekdays is not None and not isinstance(weekdays, list):
+            raise ValueError("`weekdays` must be a list of days like [\"Sat\", \"Sun\"]")
+        days = mnt.weekday_numbers(weekdays or [])
+        recurrence = mnt.check_recurrence(Recurrence(duration=duration, timezone=tz, weekdays=days, at=at, cron=cron))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    starts = starts or now
+    if ends is not None and ends <= max(starts, now):
+        raise BadInput("`ends_at` (the last day it applies) must be after `starts_at`, and in the future")
+    return MaintenanceWindow(id=0, scope=scope, target=target, starts_at=starts, ends_at=ends, reason=reason,
+                             recurrence=recurrence, created_at=now, created_by=by)
+
+
+def window_dict(w: MaintenanceWindow, now: float, changes=(), *, operator: bool = True) -> dict:
+    rec = w.recurrence
+    in_force = bool(mnt.active([w], now))
+    return {"id": w.id, "scope": w.scope, "target": w.target, "reason": w.reason, "starts_at": w.starts_at,
+            "ends_at": w.ends_at, "recurring": rec is not None,
+            "recurrence": None if rec is None else {
+                "duration": rec.duration, "timezone": rec.timezone, "cron": rec.cron, "at": rec.at,
+                "weekdays": [mnt.WEEKDAYS[d] for d in rec.weekdays], "description": rec.describe()},
+            "in_force": in_force, "current_end": mnt.current_end(w, now) if in_force else None,
+            "next_start": mnt.next_start(w, now),
+            "status": "active" if in_force else "expired" if w.ends_at is not None and w.ends_at <= now else "scheduled",
+            **({"created_by": w.created_by, "created_at": w.created_at, "ended_at": w.ended_at, "ended_by": w.ended_by,
+                "changes": [change_dict(c) for c in changes]} if operator else {})}
+
+
+def listed_windows(store, now: float, *, operator: bool) -> list[tuple[MaintenanceWindow, list]]:
+    found = store.maintenance_windows(ending_after=now - RECENT if operator else now, limit=LISTED)
+    changes = store.mute_changes("maintenance", [w.id for w in found]) if operator else {}
+    return [(w, changes.get(w.id, [])) for w in found]
+
+
+@bp.get("/api/v1/maintenance")
+def api_maintenance():
+    """Maintenance windows not over (operators: also those over in the last 7 days, with their
+    changes); anyone may read them: the pages say "maintenance" to everyone anyway."""
+    now = time.time()
+    operator = auth.is_operator()
+    return jsonify(maintenance=[window_dict(w, now, changes, operator=operator)
+                                for w, changes in listed_windows(deps().store, now, operator=operator)])
+
+
+def _create_window() -> tuple[MaintenanceWindow, int]:
+    now = time.time()
+    data = _fields()
+    window = window_from(data, now, _by(data))
+    return window, deps().store.create_maintenance_window(window, via=_via())
+
+
+@bp.post("/api/v1/maintenance")
+@auth.operator_required
+def api_create_window():
+    try:
+        _, new_id = _create_window()
+    except BadInput as e:
+        abort(400, description=str(e))
+    now = time.time()
+    stored, changes = next(item for item in listed_windows(deps().store, now, operator=True) if item[0].id == new_id)
+    return jsonify(maintenance=window_dict(stored, now, changes)), 201
+
+
+@bp.route("/api/v1/maintenance/<int:window_id>/end", methods=["POST"])
+@bp.route("/api/v1/maintenance/<int:window_id>", methods=["DELETE"])
+@auth.operator_required
+def api_end_window(window_id: int):
+    """End a maintenance window now (a recurring one for good)."""
+    found = _end("maintenance", window_id)
+    changes = deps().store.mute_changes("maintenance", [found.id]).get(found.id, [])
+    return jsonify(maintenance=window_dict(found, time.time(), changes))
+
+
+# ---- the Alerts page's forms (session + CSRF, or the bearer token) -----------------------------------
+
+
+def _back(anchor: str):
+    return redirect(url_for("alerts.page") + f"#{anchor}", code=303)
+
+
+@bp.post("/alerts/silences")
+@auth.operator_required
+def form_create_silence():
+    try:
+        _create_silence()
+    except BadInput as e:
+        abort(400, description=f"{e}. Go back and correct the form.")
+    return _back("silences-h")
+
+
+@bp.post("/alerts/silences/<int:silence_id>/end")
+@auth.operator_required
+def form_end_silence(silence_id: int):
+    _end("silence", silence_id)
+    return _back("silences-h")
+
+
+@bp.post("/alerts/maintenance")
+@auth.operator_required
+def form_create_window():
+    try:
+        _create_window()
+    except BadInput as e:
+        abort(400, description=f"{e}. Go back and correct the form.")
+    return _back("maintenance-h")
+
+
+@bp.post("/alerts/maintenance/<int:window_id>/end")
+@auth.operator_required
+def form_end_window(window_id: int):
+    _end("maintenance", window_id)
+    return _back("maintenance-h")
+
+
+# ---- what the pages show: maintenance in force -------------------------------------------------------
+
+
+def windows_in_force(now: Optional[float] = None) -> list[MaintenanceWindow]:
+    """Maintenance windows in force now (for the overview, model and peer pages); never raises:
+    a page renders without the mark while the database is away."""
+    from monitor.store import StoreError
+
+    now = time.time() if now is None else now
+    try:
+        return mnt.active(deps().store.maintenance_windows(ending_after=now), now)
+    except StoreError:
+        return []
+
+
+def maintenance_for(windows: list[MaintenanceWindow], *, model: Optional[str] = None,
+                    peers: tuple = ()) -> list[MaintenanceWindow]:
+    return [w for w in windows if w.covers(models=(model,) if model else (), peers=peers)]
+
+
+@bp.app_context_processor
+def _maintenance_helpers():
+    return {"maintenance_now": windows_in_force, "maintenance_for": maintenance_for,
+            "maintenance_until": lambda w, now: mnt.current_end(w, now)}
+
