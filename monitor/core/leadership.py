@@ -209,9 +209,16 @@ def renew_every(lease_seconds: float) -> float:
 
 
 def takeover_within(lease_seconds: float) -> float:
-    """The bound on a take-over after the leader's loss: its lease runs out at most a lease length
-    after its last renewal, and a standby looks once per renewal period."""
-    return lease_seconds + renew_every(lease_seconds)
+    """The bound on a take-over after the leader's loss (1.5 lease lengths): its lease runs out at
+    most a lease length after its last renewal, a standby looks once per renewal period, and a
+    leader frozen in the middle of a write holds the take-over up at most one more (the database
+    ends a write transaction idle that long: ``write_idle_limit``)."""
+    return lease_seconds + 2 * renew_every(lease_seconds)
+
+
+def write_idle_limit(lease_seconds: float) -> float:
+    """Seconds a poller's write transaction may sit idle before the database ends it."""
+    return max(1.0, renew_every(lease_seconds))
 
 
 def standby_window(lease_seconds: Optional[float]) -> float:
