@@ -164,7 +164,9 @@ def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: f
     annotations = {"summary": notice.summary, "description": "\n".join(notice.details),
                    "dashboard_url": url or "", "label": notice.label, "peer_name": notice.peer_name or ""}
     resolved = notice.event == RESOLVED
-    alert = {"labels": alertmanager_labels(notice), "startsAt": _rfc3339(notice.since),
+    # a recovery carries the severity of what it ends ("ok" would be another alert to Alertmanager)
+    severity = severity_for(notice.kind, notice.previous_state) if resolved and notice.previous_state else None
+    alert = {"labels": alertmanager_labels(notice, severity), "startsAt": _rfc3339(notice.since),
              "endsAt": _rfc3339(notice.at if resolved else now + ttl),
              "annotations": {name: value for name, value in annotations.items() if value}}
     if url:

@@ -25,6 +25,7 @@ from monitor.store.schema import (
     LatestDiagnosisRow,
     LatestProbeRow,
     ModelStatusRow,
+    MuteChangeRow,
     Peer,
     PeerPolicyRow,
     PeerScoreRow,
@@ -65,15 +66,16 @@ def last_poll(conn: Connection) -> Optional[PollSummary]:
 
 def change_marks(conn: Connection) -> tuple:
     """Fingerprints of everything the pages derive from the latest state (the last poll, the last
-    probe round, the last score refresh, the last diagnosis, the last generation check), in one
-    cheap query: a reader may reuse what it derived while they stay the same. Poll ids only grow;
-    the per-peer and per-model tables are counted too, as rows can leave them."""
+    probe round, the last score refresh, the last diagnosis, the last generation check, the last
+    change to a silence or maintenance window), in one cheap query: a reader may reuse what it
+    derived while they stay the same. Poll ids only grow; the per-peer and per-model tables are
+    counted too, as rows can leave them."""
     def scalar(expression, table):
         return sa.select(expression).select_from(table).scalar_subquery()
 
-    polls = Poll.__table__
+    polls, mute_changes = Poll.__table__, MuteChangeRow.__table__
     per_peer_or_model = [row.__table__ for row in (LatestProbeRow, PeerScoreRow, LatestDiagnosisRow, GenerationCheckRow)]
-    query = sa.select(scalar(sa.func.max(polls.c.id), polls), *(
+    query = sa.select(scalar(sa.func.max(polls.c.id), polls), scalar(sa.func.max(mute_changes.c.id), mute_changes), *(
         scalar(expression, table) for table in per_peer_or_model
         for expression in (sa.func.max(table.c.at), sa.func.count())))
     return tuple(conn.execute(query).one())

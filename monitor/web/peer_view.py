@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 from flask import request
 
-from monitor.core import server_check
+from monitor.core import maintenance, server_check
 from monitor.core.common import MINUTE
 from monitor.core.server_check import ServerFacts, ServerReport
 from monitor.core.snapshot import ReachabilityResult
@@ -87,6 +87,7 @@ def history(d, cur, peer_id: str, hours: float, now: float) -> dict:
         probes = downsample_probes(found.probes, since, now)
         return dict(
             history=replace(found, probes=probes),
+            uptime=peer_uptime(d.store, peer_id, found, since, now),
             figures=dict(
                 states=charts.peer_state_timeline(found.observations, since=since, until=now),
                 throughput=charts.peer_throughput(found.observations, since=since, until=now),
@@ -97,6 +98,14 @@ def history(d, cur, peer_id: str, hours: float, now: float) -> dict:
         )
 
     return cached(d, cur, ("history", peer_id, hours, int(now // MINUTE)), build)
+
+
+def peer_uptime(store, peer_id: str, found, since: float, until: float) -> maintenance.Uptime:
+    """The peer's time ONLINE in the window, the maintenance windows that cover it left out."""
+    record = store.peer_record(peer_id)
+    names = (peer_id, record.public_name if record else None)
+    windows = [w for w in store.maintenance_windows(ending_after=since) if w.covers(peers=names)]
+    return maintenance.uptime(found.observations, since, until, maintenance.covered_intervals(windows, since, until))
 
 
 def downsample_probes(probes: tuple, since: float, until: float, points: int = MAX_POINTS) -> tuple:

@@ -1,0 +1,219 @@
+"""Specs of the ``alertmanager`` webhook: what is pushed to ``POST /api/v2/alerts`` (stable labels,
+annotations, ``startsAt``/``endsAt``, ``generatorURL``), and a real Alertmanager (Debian's
+``prometheus-alertmanager``, on 127.0.0.1) that takes the alert, lists it through its own API,
+keeps it while it is re-sent, and resolves it — and tells its own receiver so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import replace
+from datetime import datetime
+
+import pytest
+
+from monitor.app import webhooks
+from monitor.app.alerter import Alerter
+from monitor.core import alert_rules as core
+from monitor.core.alert_rules import CHANGED, FIRED, RESOLVED
+from monitor.core.diagnosis import ModelHealth, Recommendation
+from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
+from monitor.harness.webhook_receiver import WebhookReceiver
+from monitor.settings import Settings
+from monitor.store import Store
+from support import free_port, wait_until
+
+PEER = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+
+def stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+# ---- the payload -----------------------------------------------------------------------------------
+
+
+def test_an_alert_is_pushed_with_stable_labels_annotations_and_its_times():
+    notice = core.Notice(rule="gpu-box", kind=core.PEER_OFFLINE, subject="my-box", label="peer my-box", event=FIRED,
+                         state="offline", severity="warning", summary="peer my-box is offline", at=2000.0, since=1000.0,
+                         details=("not announced in the latest poll",), models=("llama", "bloom"), peer=PEER,
+                         peer_name="my-box")
+    [alert] = json.loads(webhooks.group_payload([(1, notice)], "alertmanager", "https://mon.example", now=2000.0,
+                                                ttl=240.0))
+    assert alert["labels"] == {"alertname": "PetalsPeerOffline", "severity": "warning", "rule": "gpu-box",
+                               "kind": "peer_offline", "subject": "my-box", "model": "bloom,llama", "peer": PEER,
+                               "source": "petals-swarm-monitor"}
+    assert alert["annotations"] == {"summary": "peer my-box is offline",
+                                    "description": "not announced in the latest poll",
+                                    "dashboard_url": f"https://mon.example/peers/{PEER}", "label": "peer my-box",
+                                    "peer_name": "my-box"}
+    assert (stamp(alert["startsAt"]), stamp(alert["endsAt"])) == (1000.0, 2240.0)
+    assert alert["generatorURL"] == f"https://mon.example/peers/{PEER}"
+    over = replace(notice, event=RESOLVED, at=3000.0, state="ok", severity="ok", previous_state="offline")
+    resolved = json.loads(webhooks.group_payload([(2, over)], "alertmanager"))
+    assert stamp(resolved[0]["endsAt"]) == 3000.0 and "generatorURL" not in resolved[0]
+    assert resolved[0]["labels"] == alert["labels"]  # the same alert for Alertmanager
+
+
+def test_a_change_of_severity_resolves_the_alert_of_the_old_one():
+    notice = core.Notice(rule="model-health", kind=core.MODEL_DEGRADED, subject="llama", label="Llama", event=CHANGED,
+                         state="broken", severity="critical", summary="Llama is broken", at=500.0, since=100.0,
+                         previous_state="degraded", models=("llama",))
+    old, new = json.loads(webhooks.group_payload([(3, notice)], "alertmanager", now=500.0, ttl=240.0))
+    assert (old["labels"]["severity"], stamp(old["endsAt"])) == ("warning", 500.0)
+    assert (new["labels"]["severity"], stamp(new["endsAt"])) == ("critical", 740.0)
+    assert {k: v for k, v in old["labels"].items() if k != "severity"} == \
+        {k: v for k, v in new["labels"].items() if k != "severity"}
+
+
+def test_the_webhook_url_is_the_alertmanagers_base_url_or_its_endpoint():
+    from monitor.alert_settings import WebhookConfig
+
+    assert WebhookConfig(name="am", url="http://127.0.0.1:9093", format="alertmanager").endpoint == \
+        "http://127.0.0.1:9093/api/v2/alerts"
+    assert WebhookConfig(name="am", url="http://am:9093/prefix/api/v2/alerts", format="alertmanager").endpoint == \
+        "http://am:9093/prefix/api/v2/alerts"
+    assert WebhookConfig(name="x", url="http://am:9093/hook").endpoint == "http://am:9093/hook"
+
+
+# ---- a real Alertmanager ---------------------------------------------------------------------------
+
+
+def alertmanager_binary() -> str:
+    path = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if path is None:
+        pytest.fail("prometheus-alertmanager is missing: install Debian's prometheus-alertmanager package "
+                    "(scripts/system-deps does)", pytrace=False)
+    return path
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    """(API base URL, the receiver it notifies): a real Alertmanager on 127.0.0.1 with its own
+    webhook receiver (group_wait 1 s, resolved notifications on), stopped after by its PID."""
+    with WebhookReceiver() as receiver:
+        port = free_port()
+        config = tmp_path / "alertmanager.yml"
+        config.write_text(f"""
+route:
+  receiver: hook
+  group_by: ['alertname', 'subject']
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: hook
+    webhook_configs:
+      - url: {receiver.url}
+        send_resolved: true
+""")
+        storage = tmp_path / "alertmanager-data"
+        storage.mkdir()
+        log = open(tmp_path / "alertmanager.log", "w")
+        process = subprocess.Popen([alertmanager_binary(), f"--web.listen-address=127.0.0.1:{port}",
+                                    "--cluster.listen-address=", f"--config.file={config}",
+                                    f"--storage.path={storage}"], stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            def ready():
+                if process.poll() is not None:
+                    raise RuntimeError(f"alertmanager exited: {(tmp_path / 'alertmanager.log').read_text()[-2000:]}")
+                try:
+                    with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
+                        return response.status == 200
+                except OSError:
+                    return False
+
+            assert wait_until(ready, 60), (tmp_path / "alertmanager.log").read_text()[-2000:]
+            yield base, receiver
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+            log.close()
+
+
+def listed(base: str) -> list[dict]:
+    with urllib.request.urlopen(f"{base}/api/v2/alerts", timeout=10) as response:
+        return [a for a in json.loads(response.read()) if a["labels"].get("source") == "petals-swarm-monitor"]
+
+
+MODEL = ModelInfo("llama", 4, name="Llama 2", official=True)
+
+
+def record(store: Store, at: float, state: str) -> None:
+    health = ModelHealth(model="llama", state=state, reasons=() if state == "healthy" else ("blocks 0:4 have one server",),
+                         coverage_pct=100.0, servers_online=1, min_redundancy=1, blocks=(), missing_ranges=(),
+                         single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0,
+                         route=(), recommendation=Recommendation(0, 4, 4, "--block_indices 0:4", "redundancy"))
+    store.record_poll(Snapshot(taken_at=at, duration=1.0, models=(MODEL,), servers=(
+        ServerRow(peer_id=PEER, model="llama", start=0, end=4, state="ONLINE", public_name="a"),)), [health])
+
+
+@pytest.mark.timeout(300)
+def test_a_real_alertmanager_takes_the_alert_keeps_it_while_resent_and_resolves_it(alertmanager, tmp_path):
+    base, am_receiver = alertmanager
+    settings = Settings(data_dir=tmp_path, scrape_period=60, initial_peers=[], alerts={
+        "dashboard_url": "http://127.0.0.1:8080", "alertmanager_resend": 10,
+        "rules": [{"name": "model-health", "kind": "model_degraded", "for": 0}],
+        "webhooks": [{"name": "am", "url": base, "format": "alertmanager"}]})
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    try:
+        now = time.time()
+        alerter = Alerter(settings, store, watching_since=now - 100)
+        record(store, now, "degraded")
+        assert [n.event for n in alerter.evaluate(now).notices] == [FIRED]
+        assert alerter.deliver(now) == {"delivered": 1, "retry": 0, "failed": 0}
+        [alert] = listed(base)
+        assert alert["labels"] == {"alertname": "PetalsModelDegraded", "severity": "warning", "rule": "model-health",
+                                   "kind": "model_degraded", "subject": "llama", "model": "llama",
+                                   "source": "petals-swarm-monitor"}
+        assert alert["annotations"]["summary"] == "Llama 2 (llama) is degraded: blocks 0:4 have one server"
+        assert alert["annotations"]["dashboard_url"] == "http://127.0.0.1:8080/models/llama"
+        assert alert["generatorURL"] == "http://127.0.0.1:8080/models/llama"
+        assert alert["status"]["state"] == "active" and abs(stamp(alert["startsAt"]) - now) < 1
+        first_end = stamp(alert["endsAt"])
+        assert 39 < first_end - now <= 41  # four re-sends ahead
+        [notified] = am_receiver.wait_for(1, 30)
+        assert notified["status"] == "firing" and notified["alerts"][0]["labels"]["rule"] == "model-health"
+
+        # while it fires, it is re-sent: Alertmanager keeps it (its endsAt moves on)
+        time.sleep(1)
+        later = time.time()
+        alerter.deliver(later)
+        assert alerter.deliver(later + 1) == {"delivered": 0, "retry": 0, "failed": 0}
+        assert wait_until(lambda: (found := listed(base)) and stamp(found[0]["endsAt"]) > first_end, 10)
+        alerter.deliver(later + 11)
+        assert stamp(listed(base)[0]["endsAt"]) >= later + 11 + 39
+
+        # broken: the warning alert is resolved, a critical one fires
+        record(store, time.time(), "broken")
+        assert [n.event for n in alerter.evaluate(time.time()).notices] == [CHANGED]
+        alerter.deliver(time.time())
+        def only_one():
+            found = listed(base)
+            return len(found) == 1 and found
+
+        assert [a["labels"]["severity"] for a in wait_until(only_one, 10) or listed(base)] == ["critical"]
+
+        # resolved: Alertmanager no longer lists it as active and tells its receiver
+        record(store, time.time(), "healthy")
+        assert [n.event for n in alerter.evaluate(time.time()).notices] == [RESOLVED]
+        assert alerter.deliver(time.time())["delivered"] == 1
+        assert wait_until(lambda: not [a for a in listed(base) if a["status"]["state"] == "active"], 15), listed(base)
+        resolved = wait_until(lambda: [b for b in am_receiver.accepted() if b["status"] == "resolved"
+                                       and any(a["labels"]["severity"] == "critical" for a in b["alerts"])], 30)
+        assert resolved, am_receiver.accepted()
+        assert resolved[0]["alerts"][0]["labels"]["alertname"] == "PetalsModelDegraded"
+    finally:
+        store.close()
+

@@ -1,0 +1,379 @@
+"""Specs of silences: matchers over alert labels, a silenced alert that keeps its state and sends
+nothing, the notice it missed sent when the silence ends while it still fires, the store on SQLite
+and PostgreSQL (every change logged: who, when, how, why), the API and the Alerts page (operators
+only; anonymous readers only if allowed; hostile input refused), and a real swarm: a server
+stopped under a silence sends nothing, and the silence is shown.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from monitor.core import alert_rules as core
+from monitor.core import muting
+from monitor.core.alert_rules import CHANGED, FIRED, FIRING, RESOLVED, ModelView, PeerView, Rule, SwarmView
+from monitor.core.muting import Matcher, Mutes, Silence, matcher, parse_matcher
+from monitor.harness.webhook_receiver import WebhookReceiver
+from monitor.settings import Settings
+from monitor.store import Store
+from support import STORE_KINDS, wait_until
+
+T0 = 1_700_000_000.0
+PERIOD = 60.0
+PEER_A = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+
+def view(at: float, *, models=(), peers=()) -> SwarmView:
+    return SwarmView(at=at, scrape_period=PERIOD, last_ok_poll_at=at, watching_since=T0 - 3600,
+                     models=tuple(models), peers=tuple(peers))
+
+
+def model(state: str, prefix: str = "llama") -> ModelView:
+    return ModelView(prefix, "Llama 2", state, () if state == "healthy" else (f"blocks 0:4 make it {state}",))
+
+
+class Run:
+    """Evaluations in sequence with the memory carried over and the silences of the moment."""
+
+    def __init__(self, *rules: Rule):
+        self.rules = rules
+        self.memory: dict = {}
+        self.silences: list[Silence] = []
+        self.sent: list[core.Notice] = []
+        self.held: list[core.Notice] = []
+
+    def at(self, t: float, **kwargs) -> list[core.Notice]:
+        result = core.evaluate(self.rules, view(t, **kwargs), self.memory, t, Mutes(silences=tuple(self.silences)))
+        self.memory = result.alerts
+        self.sent += result.notices
+        self.held += result.held
+        return list(result.notices)
+
+
+def silence(*matchers: Matcher, start: float = T0, end: float = T0 + 3600, sid: int = 1) -> Silence:
+    return Silence(id=sid, matchers=matchers, starts_at=start, ends_at=end, comment="upgrading petals",
+                   created_by="alice", created_at=start)
+
+
+HEALTH = Rule("model-health", core.MODEL_DEGRADED, for_seconds=0, repeat_seconds=0)
+
+
+# ---- matchers ------------------------------------------------------------------------------------
+
+
+def test_matchers_parse_as_alertmanager_writes_them_and_match_any_value_of_a_label():
+    labels = muting.labels(rule="box", kind="peer_offline", severity="warning", subject="my-box",
+                           models=("llama", "bloom"), peer=PEER_A, peer_name="my-box")
+    assert labels["alertname"] == ("PetalsPeerOffline",) and labels["model"] == ("bloom", "llama")
+    assert parse_matcher('model="llama"').matches(labels)  # one of the peer's two models
+    assert parse_matcher("model=bloom").matches(labels)
+    assert not parse_matcher('model!="llama"').matches(labels)
+    assert parse_matcher('peer_name=~"my-.*"').matches(labels)
+    assert not parse_matcher('peer_name=~"my"').matches(labels)  # anchored
+    assert parse_matcher('kind!~"model_.*"').matches(labels)
+    assert parse_matcher('severity="warning"') == Matcher("severity", "=", "warning")
+    assert parse_matcher('peer=""').matches(muting.labels(rule="r", kind="model_broken", severity="critical",
+                                                           subject="llama"))  # absent: the empty string
+    assert str(parse_matcher(' rule = "a \\"b\\"" ')) == 'rule="a "b""'
+
+
+@pytest.mark.parametrize("text, message", [
+    ('colour="red"', "unknown label 'colour'"),
+    ('model=~"("', "not a regular expression"),
+    ("model", "is not a matcher"),
+    ('model="' + "x" * 300 + '"', "one short line"),
+    ('model="a\nb"', "must be one line"),
+])
+def test_bad_matchers_say_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_matcher(text)
+
+
+# ---- a silenced alert ----------------------------------------------------------------------------
+
+
+def test_a_silenced_alert_keeps_its_state_sends_nothing_and_fires_when_the_silence_ends():
+    run = Run(HEALTH)
+    run.silences = [silence(matcher("model", "=", "llama"), end=T0 + 600)]
+    assert run.at(T0, models=[model("degraded")]) == []
+    alert = run.memory[("model-health", "llama")]
+    assert alert.status == FIRING and alert.state == "degraded" and alert.announced_state is None
+    assert alert.held == ("silence 1: upgrading petals",)
+    [held] = run.held
+    assert (held.event, held.held) == (FIRED, "silence 1: upgrading petals")
+    assert run.at(T0 + 60, models=[model("broken")]) == []  # changes under the silence: nothing
+    assert run.memory[("model-health", "llama")].state == "broken"
+    # the silence ends while it still fires: the receivers hear of it now, in its current state
+    [fired] = run.at(T0 + 600, models=[model("broken")])
+    assert (fired.event, fired.state, fired.severity, fired.since) == (FIRED, "broken", "critical", T0)
+    assert run.memory[("model-health", "llama")].held == ()
+    [resolved] = run.at(T0 + 660, models=[model("healthy")])
+    assert (resolved.event, resolved.previous_state) == (RESOLVED, "broken")
+    assert [n.event for n in run.sent] == [FIRED, RESOLVED]
+
+
+def test_an_alert_over_before_its_silence_ends_sends_nothing_at_all():
+    run = Run(HEALTH)
+    run.silences = [silence(matcher("rule", "=", "model-health"))]
+    run.at(T0, models=[model("degraded")])
+    run.at(T0 + 60, models=[model("healthy")])
+    run.at(T0 + 7200, models=[model("healthy")])
+    assert run.sent == [] and [n.event for n in run.held] == [FIRED, RESOLVED]
+    assert run.held[1].held == "silence 1: upgrading petals"
+
+
+def test_a_silence_made_after_an_alert_fired_holds_its_reminders_but_not_its_recovery():
+    run = Run(Rule("model-health", core.MODEL_DEGRADED, for_seconds=0, repeat_seconds=600))
+    [fired] = run.at(T0, models=[model("degraded")])
+    run.silences = [silence(matcher("model", "=", "llama"), start=T0 + 60, end=T0 + 7200)]
+    for minute in range(1, 30):
+        assert run.at(T0 + 60 * minute, models=[model("degraded")]) == []  # no repeats while silenced
+    [resolved] = run.at(T0 + 1800, models=[model("healthy")])  # they were told it fired: they hear it is over
+    assert resolved.event == RESOLVED and resolved.previous_state == "degraded"
+
+
+def test_a_change_made_under_a_silence_is_told_once_it_ends():
+    run = Run(HEALTH)
+    run.at(T0, models=[model("degraded")])
+    run.silences = [silence(matcher("model", "=", "llama"), start=T0 + 30, end=T0 + 300)]
+    assert run.at(T0 + 60, models=[model("broken")]) == []
+    [changed] = run.at(T0 + 300, models=[model("broken")])
+    assert (changed.event, changed.previous_state, changed.state) == (CHANGED, "degraded", "broken")
+    # back to what they were told while silenced: nothing to tell
+    run.silences = [silence(matcher("model", "=", "llama"), start=T0 + 330, end=T0 + 600, sid=2)]
+    run.at(T0 + 360, models=[model("degraded")])
+    run.at(T0 + 420, models=[model("broken")])
+    assert run.at(T0 + 600, models=[model("broken")]) == []
+
+
+def test_silences_match_only_their_alerts():
+    rules = (HEALTH, Rule("box", core.PEER_OFFLINE, for_seconds=0, peers=("my-box",)))
+    run = Run(*rules)
+    run.silences = [silence(matcher("peer_name", "=", "my-box"))]
+    other = [PeerView("12D3KooWBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", public_name="other", state="ONLINE")]
+    sent = run.at(T0, models=[model("degraded")], peers=other)  # my-box is not announced: offline
+    assert [n.rule for n in sent] == ["model-health"]
+    assert [n.rule for n in run.held] == ["box"]
+
+
+# ---- the store -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request, tmp_path):
+    url = f"sqlite:///{tmp_path / 'monitor.db'}" if request.param == "sqlite" else request.getfixturevalue(
+        "postgres_url")
+    s = Store(url)
+    s.migrate()
+    yield s
+    s.close()
+
+
+def test_silences_are_stored_ended_and_every_change_is_logged(store):
+    now = time.time()
+    sid = store.create_silence(silence(matcher("model", "=", "llama"), parse_matcher('peer_name=~"gpu-.*"'),
+                                       start=now, end=now + 3600), via="api token")
+    [stored] = store.silences(ending_after=now)
+    assert stored.id == sid and [str(m) for m in stored.matchers] == ['model="llama"', 'peer_name=~"gpu-.*"']
+    assert (stored.comment, stored.created_by, stored.active(now + 1)) == ("upgrading petals", "alice", True)
+    ended = store.end_silence(sid, at=now + 60, by="bob", via="browser session", why="upgrade done")
+    assert (ended.ends_at, ended.ended_at, ended.ended_by, ended.active(now + 61)) == (now + 60, now + 60, "bob", False)
+    assert store.end_silence(sid, at=now + 120, by="eve", via="api token", why="again") == ended  # already over
+    assert store.end_silence(sid + 100, at=now, by="eve", via="api token", why="none") is None
+    assert store.silences(ending_after=now + 61) == []
+    assert [s.id for s in store.silences(ending_after=now - 3600)] == [sid]
+    changes = store.mute_changes("silence", [sid])[sid]
+    assert [(c.action, c.by, c.via, c.why) for c in changes] == [
+        ("created", "alice", "api token", "upgrading petals"), ("ended", "bob", "browser session", "upgrade done")]
+
+
+# ---- the web -------------------------------------------------------------------------------------
+
+
+def web(tmp_path, **alerts):
+    from monitor.web import create_app
+
+    settings = Settings(data_dir=tmp_path, scrape_period=PERIOD, initial_peers=[], alerts=alerts)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    app = create_app(settings, store)
+    token = app.extensions["operator_token"]
+    return app.test_client(), store, {"Authorization": f"Bearer {token}"}
+
+
+GOOD = {"model": "llama", "duration": "2h", "comment": "upgrading petals", "by": "alice"}
+
+
+def test_only_operators_create_and_end_silences_and_anonymous_readers_only_if_allowed(tmp_path):
+    client, store, operator = web(tmp_path)
+    assert client.post("/api/v1/silences", json=GOOD).status_code == 401
+    assert client.post("/api/v1/silences", json=GOOD, headers={"Authorization": "Bearer wrong-token-xxxxxxxx"}
+                       ).status_code == 401
+    assert store.silences(ending_after=0) == []
+    assert client.get("/api/v1/silences").status_code == 401  # not public unless allowed
+    created = client.post("/api/v1/silences", json=GOOD, headers=operator)
+    assert created.status_code == 201
+    body = created.get_json()["silence"]
+    assert (body["matchers"], body["status"], body["created_by"]) == (['model="llama"'], "active", "alice")
+    assert body["changes"][0]["via"] == "api token"
+    assert 7190 < body["ends_at"] - body["starts_at"] <= 7200
+    sid = body["id"]
+    # anonymous clients never end one, not even with a browser form (no session, no CSRF token)
+    assert client.post(f"/api/v1/silences/{sid}/end").status_code == 401
+    assert client.delete(f"/api/v1/silences/{sid}").status_code == 401
+    assert client.post(f"/alerts/silences/{sid}/end").status_code in (400, 401, 403)
+    assert store.silences(ending_after=time.time())[0].ended_at is None
+    # a browser session without a CSRF token cannot either
+    assert client.get(f"/login?token={operator['Authorization'][7:]}").status_code == 303
+    assert client.post(f"/alerts/silences/{sid}/end").status_code == 403
+    assert store.silences(ending_after=time.time())[0].ended_at is None
+    page = client.get("/alerts").get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    assert f'data-silence="{sid}" data-status="active"' in page and "upgrading petals" in page
+    assert client.post(f"/alerts/silences/{sid}/end", data={"csrf_token": csrf, "reason": "done early"}
+                       ).status_code == 303
+    [ended] = store.silences(ending_after=time.time() - 60)
+    assert ended.ended_at is not None
+    changes = store.mute_changes("silence", [sid])[sid]
+    assert [(c.action, c.via, c.why) for c in changes] == [("created", "api token", "upgrading petals"),
+                                                          ("ended", "browser session", "done early")]
+    # a silence made through the page's form
+    assert client.post("/alerts/silences", data={"csrf_token": csrf, "peer": "my-box", "duration": "30m",
+                                                  "comment": "moving racks", "by": "carol"}).status_code == 303
+    newest = store.silences(ending_after=time.time())[0]
+    assert [str(m) for m in newest.matchers] == ['peer_name="my-box"'] and newest.created_by == "carol"
+
+
+def test_anonymous_readers_see_the_silences_in_force_without_who_made_them_if_allowed(tmp_path):
+    client, store, operator = web(tmp_path, public_silences=True)
+    client.post("/api/v1/silences", json=GOOD, headers=operator)
+    ended = client.post("/api/v1/silences", json={**GOOD, "model": "bloom"}, headers=operator).get_json()["silence"]
+    client.post(f"/api/v1/silences/{ended['id']}/end", json={"reason": "not needed"}, headers=operator)
+    [public] = client.get("/api/v1/silences").get_json()["silences"]
+    assert public["matchers"] == ['model="llama"'] and "created_by" not in public and "changes" not in public
+    assert len(client.get("/api/v1/silences", headers=operator).get_json()["silences"]) == 2
+    assert "upgrading petals" in client.get("/alerts").get_data(as_text=True)
+    assert client.post("/api/v1/silences", json=GOOD).status_code == 401  # reading is all they may do
+
+
+HOSTILE = [
+    ({**GOOD, "duration": "1e9"}, "`duration` must be a duration"),
+    ({**GOOD, "duration": 10 ** 12}, "`duration` must be between 1 minute and 30 days"),
+    ({**GOOD, "duration": -60}, "`duration` must be between"),
+    ({**GOOD, "duration": "nan"}, "`duration` must be a duration"),
+    ({**GOOD, "duration": float("inf")}, "`duration`"),
+    ({**GOOD, "duration": True}, "`duration` must be a duration"),
+    ({**GOOD, "duration": None, "ends_at": 1e300}, "`ends_at` must be within a year of now"),
+    ({**GOOD, "duration": None, "ends_at": "yesterday"}, "`ends_at` must be a time"),
+    ({**GOOD, "duration": None, "ends_at": 1000.0}, "`ends_at` must be within a year"),
+    ({**GOOD, "ends_at": time.time() + 60}, "either `duration`"),
+    ({**GOOD, "comment": "x" * 501}, "`comment` is 501 characters long; at most 500"),
+    ({**GOOD, "comment": ""}, "`reason` is required"),
+    ({**GOOD, "by": "x" * 101}, "`by` is 101 characters long"),
+    ({"duration": "1h", "comment": "c"}, "say what to silence"),
+    ({**GOOD, "model": None, "matchers": ['colour="red"']}, "unknown label 'colour'"),
+    ({**GOOD, "model": None, "matchers": ['model=~"(("']}, "not a regular expression"),
+    ({**GOOD, "model": None, "matchers": ['model=~".*"']}, "match every alert"),
+    ({**GOOD, "model": None, "matchers": "rule"}, "is not a matcher"),
+    ({**GOOD, "model": None, "matchers": [{"name": "model"}]}, "must be a list of matchers"),
+    ({**GOOD, "model": None, "matchers": [f'rule="r{i}"' for i in range(25)]}, "at most 20 matchers"),
+    ({**GOOD, "model": "x" * 300}, "`model` is 300 characters long"),
+    ({**GOOD, "model": ["llama"]}, "`model` must be text"),
+]
+
+
+@pytest.mark.parametrize("body, message", HOSTILE)
+def test_hostile_silences_are_refused_with_what_to_change(tmp_path, body, message):
+    client, store, operator = web(tmp_path)
+    response = client.post("/api/v1/silences", json={k: v for k, v in body.items() if v is not None}, headers=operator)
+    assert response.status_code == 400, response.get_json()
+    assert message in response.get_json()["error"]
+    assert store.silences(ending_after=0) == []
+
+
+def test_a_body_that_is_not_a_json_object_is_refused(tmp_path):
+    client, store, operator = web(tmp_path)
+    for body in ('["model=llama"]', '"x"', "{", "null"):
+        response = client.post("/api/v1/silences", data=body, headers={**operator, "Content-Type": "application/json"})
+        assert response.status_code == 400, body
+    assert client.post("/api/v1/silences/notanumber/end", headers=operator).status_code == 404
+    assert client.post("/api/v1/silences/999/end", headers=operator).status_code == 404
+    assert store.silences(ending_after=0) == []
+
+
+# ---- a real swarm --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown(make_swarm, tmp_path):
+    """An operator silences server-2 for 10 minutes and stops it: its offline alert and the model's
+    degraded one fire on the dashboard, marked silenced, and the webhook stays quiet; when the
+    operator ends the silence while the server is still down, the notices go out then."""
+    from monitor.app.jobs import Poller
+    from monitor.harness.demo_swarm import demo_layout
+    from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+    from monitor.settings import ModelConfig
+    from monitor.web import create_app
+
+    swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # server-1 0:8, server-2 0:4, server-3 4:8
+    server_2 = swarm.peer_id("server-2")
+    with WebhookReceiver() as ops:
+        settings = Settings(
+            data_dir=tmp_path, initial_peers=swarm.initial_peers,
+            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
+            scrape_period=2, reachability_period=2, reachability_timeout=2, score_period=600,
+            alerts={"check_period": 1, "retry_backoff": 1, "default_inhibit": False,
+                    "webhooks": [{"name": "ops", "url": ops.url}],
+                    "rules": [{"name": "model-health", "kind": "model_degraded", "for": 4},
+                              {"name": "server-2", "kind": "peer_offline", "peers": [server_2], "for": 4}]})
+        store = Store(settings.resolved_database_url)
+        store.migrate()
+        client = create_app(settings, store).test_client()
+        token = client.application.extensions["operator_token"]
+        poller = Poller(settings, store, swarm.dht)
+        poller.start()
+        try:
+            assert wait_until(lambda: (store.latest_diagnoses().get(TINY_DHT_PREFIX) or
+                                       type("x", (), {"state": None})).state == "healthy", 90)
+            made = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
+                "peer": server_2, "duration": "10m", "comment": "upgrading petals on server-2", "by": "operator"})
+            model_silence = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
+                "model": TINY_DHT_PREFIX, "duration": "10m", "comment": "server-2 is down for the upgrade"})
+            assert made.status_code == model_silence.status_code == 201
+            swarm.stop("server-2")
+
+            def both_firing():
+                alerts = store.alerts()
+                keys = {("server-2", server_2), ("model-health", TINY_DHT_PREFIX)}
+                return all(k in alerts and alerts[k].status == "firing" for k in keys) and alerts
+
+            alerts = wait_until(both_firing, 120)
+            assert alerts, store.alerts()
+            assert alerts[("server-2", server_2)].held[0].startswith("silence ")
+            assert alerts[("server-2", server_2)].models == (TINY_DHT_PREFIX,)
+            time.sleep(6)
+            assert ops.received == []  # the webhook stays quiet
+            page = client.get("/alerts").get_data(as_text=True)
+            assert f'data-alert="server-2/{server_2}" data-status="firing"' in page
+            assert "held, nothing is sent: silence" in page and "upgrading petals on server-2" in page
+            api = {(a["rule"], a["subject"]): a for a in client.get("/api/v1/alerts").get_json()["active"]}
+            assert api[("server-2", server_2)]["held"][0]["by"] == "silence"
+            held = [e for e in client.get("/api/v1/alerts").get_json()["events"] if e["held"]]
+            assert {e["rule"] for e in held} == {"server-2", "model-health"} and all(not e["deliveries"] for e in held)
+            overview = client.get("/").get_data(as_text=True)
+            assert "held: silence" in overview
+
+            for sid in (made.get_json()["silence"]["id"], model_silence.get_json()["silence"]["id"]):
+                assert client.post(f"/api/v1/silences/{sid}/end", headers={"Authorization": f"Bearer {token}"},
+                                   json={"reason": "want to hear of it"}).status_code == 200
+            got = ops.wait_for(1, 60)
+            time.sleep(3)
+            told = [n for body in ops.accepted() for n in (body.get("notices") or [body])]
+            assert sorted((n["rule"], n["event"]) for n in told) == [("model-health", "firing"), ("server-2", "firing")]
+            assert got
+        finally:
+            poller.shutdown()
+            store.close()
