@@ -7,8 +7,9 @@ server processes. On it: the monitor finds the model in the DHT and diagnoses it
 block covered twice; its speed and correctness probes come back ok and agree with the monitor's
 own reference blocks (BLOOM's ALiBi and Falcon's rotary positions and shared key/value heads are
 computed by each server from its attention cache, by the reference from the whole input); a
-server that corrupts its outputs is judged wrong; and the chat answers through the OpenAI API with
-exactly what local transformers' greedy decoding of the same checkpoint gives.
+server that corrupts its outputs is judged wrong; the chat answers through the OpenAI API with
+exactly what local transformers' greedy decoding of the same checkpoint gives, and the generation
+check (through the chat's engine) generates that answer too.
 
 One swarm per family at a time (a module-scoped parametrized fixture), a real SQLite store, the
 real poller and prober run by hand.
@@ -17,6 +18,7 @@ real poller and prober run by hand.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -34,6 +36,7 @@ from chat.engine import ChatEngine
 from chat.feedback import store_coverage_check
 from chat.http import create_blueprint
 from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.app.generation_check import GenerationChecker
 from monitor.app.jobs import Poller
 from monitor.app.probing import ServerProber
 from monitor.core.coverage import HEALTHY
@@ -179,6 +182,15 @@ def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family)
         verdicts = {p.peer_id: p.verdict for p in judged}
         assert verdicts[corrupted] == "wrong", judged
         assert verdicts.get(honest, "ok") == "ok"
+        health = family.store.latest_diagnoses()[family.model.dht_prefix]
+        assert health.state != HEALTHY and corrupted not in {peer for peer, _, _ in health.route}, health.reasons
+
+        family.swarm.uncorrupt("server-2")  # honest again: its next probe clears the verdict
+        since = time.time()
+        wait_until(lambda: any(p.peer_id == corrupted and p.at > since and p.verdict == "ok"
+                               for p in prober.run_once()), 30)
+        health = family.store.latest_diagnoses()[family.model.dht_prefix]
+        assert health.state == HEALTHY, health.reasons
     finally:
         family.swarm.uncorrupt("server-2")
         prober.close()
@@ -202,31 +214,67 @@ def test_a_span_probed_from_the_middle_of_the_model_matches_the_reference(family
     assert relative_error(reference.input_for(3), reference.expected(3, TINY_NUM_BLOCKS)) > 0.1
 
 
-def test_the_chat_answers_through_the_openai_api_as_local_transformers_do(family):
+@pytest.fixture(scope="module")
+def engine(family):
+    """The chat's engine on the family's swarm, refusing by the monitor's stored verdict."""
     if family.store.latest_snapshot() is None:
         family.poller.poll_once()
+    engine = ChatEngine(family.swarm.dht, family.settings.models, coverage_check=store_coverage_check(family.store),
+                        max_sessions=1, queue_size=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def greedy(family):
+    """Local transformers' greedy answer to a conversation: (token ids, text)."""
     tokenizer = AutoTokenizer.from_pretrained(family.model.path)
     local = AutoModelForCausalLM.from_pretrained(family.model.path, torch_dtype=torch.float32)
-    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
-    with torch.no_grad():
-        greedy = local.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(prompt):]
-    assert len(greedy) == MAX_TOKENS  # (no end of text within MAX_TOKENS for this prompt)
-    expected = tokenizer.decode(greedy, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    engine = ChatEngine(family.swarm.dht, [ModelConfig(dht_prefix=family.model.dht_prefix, path=family.model.path,
-                                                       name=family.model.name)],
-                        coverage_check=store_coverage_check(family.store), max_sessions=1, queue_size=0)
+    def answer(messages, max_new_tokens: int) -> tuple[list[int], str]:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        with torch.no_grad():
+            out = local.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+        new = out[0, len(prompt):].tolist()
+        return new, tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    return answer
+
+
+def test_the_chat_answers_through_the_openai_api_as_local_transformers_do(family, engine, greedy):
+    ids, expected = greedy(MESSAGES, MAX_TOKENS)
+    assert len(ids) == MAX_TOKENS  # (no end of text within MAX_TOKENS for this prompt)
     app = Flask(__name__)
     app.register_blueprint(create_blueprint(engine))
-    try:
-        with serve(app) as url:
-            client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-            reply = client.chat.completions.create(model=family.model.dht_prefix, messages=MESSAGES,
-                                                   temperature=0, max_tokens=MAX_TOKENS)
-    finally:
-        engine.close()
+    with serve(app) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model=family.model.dht_prefix, messages=MESSAGES,
+                                               temperature=0, max_tokens=MAX_TOKENS)
     assert reply.choices[0].message.content == expected
     assert reply.usage.completion_tokens == MAX_TOKENS and reply.choices[0].finish_reason == "length"
     route = reply.model_extra["petals"]["route"]
     assert route[0]["start"] == 0 and route[-1]["end"] == TINY_NUM_BLOCKS
     assert {hop["peer_id"] for hop in route} <= {family.swarm.peer_id(spec.name) for spec in SPECS}
+
+
+def test_the_generation_check_generates_through_the_chats_engine(family, engine, greedy):
+    """The generation check job, through the same engine: the family's greedy answer, stored, and
+    judged by the model's expected pattern (an answer that does not match is a failure)."""
+    settings = family.settings
+    _, expected = greedy([{"role": "user", "content": settings.generation_check_prompt}],
+                         settings.generation_check_tokens)
+    matching = ModelConfig(dht_prefix=family.model.dht_prefix, path=family.model.path, expect=re.escape(expected))
+    checker = GenerationChecker(settings.model_copy(update={"models": [matching]}), family.store,
+                                engine=lambda: engine, after_round=family.poller.rediagnose_latest)
+    [check] = checker.run_once()
+    assert check.ok and check.matched, check
+    assert check.answer == expected and check.tokens == settings.generation_check_tokens
+    assert check.time_to_first_token > 0 and check.tokens_per_second > 0
+    assert check.route_peers and set(check.route_peers) <= {family.swarm.peer_id(spec.name) for spec in SPECS}
+    assert family.store.latest_generation_checks()[family.model.dht_prefix].answer == expected
+    health = family.store.latest_diagnoses()[family.model.dht_prefix]
+    assert health.state == HEALTHY, health.reasons
+
+    other = matching.model_copy(update={"expect": "Paris"})  # not what a random model answers
+    mismatch = checker.check(engine, other)
+    assert not mismatch.ok and mismatch.matched is False and "did not match" in mismatch.error
