@@ -15,10 +15,22 @@ from chat.policy import RouteHop
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token and its log-probability under the model (the head's raw logits, before repetition
+    penalty, temperature, top-k or top-p), with the ``top`` most likely tokens at its place."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationParams:
     """temperature 0 means greedy decoding; top_k 0 and top_p 1 switch those filters off.
     ``stop_mode`` "exclude" cuts the text before a stop sequence (OpenAI), "include" keeps it
-    (chat.petals.dev)."""
+    (chat.petals.dev). ``logprobs``: each generated token's log-probability, with ``top_logprobs``
+    alternatives; ``prompt_logprobs``: the same for every prompt token after the first (scoring:
+    OpenAI's ``echo`` with ``logprobs``); ``max_new_tokens`` 0 only scores."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -28,16 +40,13 @@ class GenerationParams:
     stop_sequences: tuple[str, ...] = ()
     stop_mode: str = "exclude"
     skip_special_tokens: bool = True
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
 
-    def generate_kwargs(self) -> dict:
-        """The sampling arguments of transformers' ``generate``."""
-        do_sample = self.temperature > 0
-        kwargs: dict = {"do_sample": do_sample}
-        if do_sample:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        if self.repetition_penalty != 1.0:
-            kwargs["repetition_penalty"] = self.repetition_penalty
-        return kwargs
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,7 @@ class Delta:
 
     text: str
     token_count: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # of those tokens, when asked for
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,9 @@ class Finished:
     time_to_first_token: Optional[float]  # seconds from the start of the answer
     tokens_per_second: Optional[float]  # after the first token
     elapsed: float
+    logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when asked for
+    prompt_ids: tuple[int, ...] = ()  # the row's prompt, when its logprobs were asked for
+    prompt_logprobs: tuple[Optional[TokenLogprob], ...] = ()  # of prompt_ids (None for the first)
 
     @property
     def completion_tokens(self) -> int:
@@ -100,6 +113,7 @@ class StreamDecoder:
         self.emitted = ""
         self.stopped = False
         self._pending_tokens = 0
+        self._pending_logprobs: list[TokenLogprob] = []
 
     def _decode(self) -> str:
         return self._tokenizer.decode(self.ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
@@ -114,11 +128,13 @@ class StreamDecoder:
                     break
         return longest
 
-    def feed(self, token_id: int) -> Optional[Delta]:
+    def feed(self, token_id: int, logprob: Optional[TokenLogprob] = None) -> Optional[Delta]:
         if self.stopped:
             return None
         self.ids.append(int(token_id))
         self._pending_tokens += 1
+        if logprob is not None:
+            self._pending_logprobs.append(logprob)
         text = self._decode()
         found = [(text.find(stop), stop) for stop in self._stops if stop in text]
         if found:
@@ -138,7 +154,8 @@ class StreamDecoder:
     def _emit(self, final: str, force: bool = False) -> Optional[Delta]:
         if len(final) <= len(self.emitted) and not (force and self._pending_tokens):
             return None
-        delta = Delta(final[len(self.emitted):], self._pending_tokens)
+        delta = Delta(final[len(self.emitted):], self._pending_tokens, tuple(self._pending_logprobs))
         self.emitted = final if len(final) > len(self.emitted) else self.emitted
         self._pending_tokens = 0
+        self._pending_logprobs = []
         return delta

@@ -1,26 +1,36 @@
-"""Chat generation through the swarm: the configured models, and a bounded pool of sessions.
+"""Chat generation through the swarm: the configured models, generation slots, open sessions, batches.
 
 One ``ChatEngine`` per process. Models load lazily (client side only: embeddings, head,
-tokenizer) with the health-aware sequence manager (``chat.sequence``). Every answer runs in its
-own petals inference session (``chat.session``) inside a bounded pool of sessions with a bounded
-waiting queue; a full queue is a ``Busy`` error, not a hang. Everything that can be refused
-(unknown model, prompt too long, model not served, busy) is refused before the first token, so
-the HTTP side can answer with a status instead of a broken stream.
+tokenizer) with the health-aware sequence manager (``chat.sequence``). Every answer is computed in
+a petals inference session (``chat.session``) while it holds one of the engine's generation slots,
+shared per client in turn (``chat.capacity``); sessions kept open between turns (chat.petals.dev's
+WebSocket) are bounded apart and hold no slot while idle. A batch (``n`` samples, a list of
+prompts) runs its rows of one length as one petals session — the batch dimension of each step —
+and its groups of other lengths side by side, in slots that are free now, else one after the other
+in its own. Everything that can be refused (unknown model, prompt too long, model not served,
+busy) is refused before the first token, so the HTTP side can answer with a status instead of a
+broken stream.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import queue
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.core.diagnosis import format_ranges, ranges
 
-from chat.decoding import Delta, Finished, GenerationParams
-from chat.errors import Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, UnknownModel
+from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slot, Slots, SlotsLoad
+from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
+from chat.errors import (
+    Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired, UnknownModel,
+)
 from chat.policy import OutcomeSink, RoutingSettings, ScoreSource
 from chat.remote_model import load_remote_model, sequence_manager_of
 from chat.sequence import HealthAwareSequenceManager
@@ -31,9 +41,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONTEXT = 2048  # for configs that name no context length (e.g. BLOOM's ALiBi)
 CoverageCheck = Callable[[str], tuple[bool, str]]  # dht_prefix -> (served?, why not, for people)
 
+DEFAULT_MAX_BATCH_ROWS = 16
+DEFAULT_MAX_LOGPROBS = 20
+
 __all__ = [  # what the HTTP side and the service use, in one import
-    "Answer", "Busy", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta", "Finished",
-    "GenerationFailed", "GenerationParams", "InvalidRequest", "ModelNotServed", "ModelStatus", "UnknownModel",
+    "Answer", "BatchAnswer", "Busy", "Capacity", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta",
+    "EngineLoad", "Finished", "GenerationFailed", "GenerationParams", "InvalidRequest", "MaxLengthExceeded",
+    "ModelNotServed", "ModelStatus", "SessionExpired", "TokenLogprob", "UnknownModel",
 ]
 
 
@@ -46,41 +60,107 @@ class ModelStatus:
     missing_blocks: tuple[int, ...] = ()
 
 
-class _Gate:
-    """At most ``limit`` sessions at once; at most ``queue_size`` callers wait for a place."""
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds now (``chat.metrics`` shows it on /metrics)."""
 
-    def __init__(self, limit: int, queue_size: int, timeout: float, retry_after: int):
-        self.limit, self.queue_size, self.timeout, self.retry_after = limit, queue_size, timeout, retry_after
-        self.active = self.waiting = 0
-        self._cond = threading.Condition()
+    slots: SlotsLoad
+    sessions: SessionsLoad
 
-    def acquire(self) -> None:
-        with self._cond:
-            if self.active < self.limit:
-                self.active += 1
-                return
-            if self.waiting >= self.queue_size:
-                raise Busy(
-                    f"all {self.limit} chat sessions are in use and {self.waiting} requests are waiting; "
-                    f"retry in {self.retry_after} s",
-                    self.retry_after,
-                )
-            self.waiting += 1
-            try:
-                if not self._cond.wait_for(lambda: self.active < self.limit, timeout=self.timeout):
-                    raise Busy(
-                        f"no chat session became free within {self.timeout:.0f} s "
-                        f"(all {self.limit} in use); retry in {self.retry_after} s",
-                        self.retry_after,
-                    )
-                self.active += 1
-            finally:
-                self.waiting -= 1
 
-    def release(self) -> None:
-        with self._cond:
-            self.active -= 1
-            self._cond.notify()
+class BatchAnswer:
+    """A batch being answered: ``(row, Delta)`` events as each row's text comes, then ``(row,
+    Finished)`` for each row. ``groups`` are (row indices, their prompts, their parameters), each a
+    petals session of its own; they run in the ``slots`` held, side by side when there are several
+    (a thread each), else one after the other in the caller's thread. Closing it (or leaving the
+    ``with``) stops every row and gives the slots back."""
+
+    def __init__(self, open_group: Callable[[list[list[int]], GenerationParams], ChatSession],
+                 groups: Sequence[tuple[list[int], list[list[int]], GenerationParams]], slots: Sequence[Slot],
+                 stop_event: Optional[threading.Event] = None):
+        self._open_group = open_group
+        self._groups = deque(groups)
+        self._slots = list(slots)
+        self._lock = threading.Lock()
+        self._stop = stop_event  # the caller's: a row stopped by it ends "cancelled"
+        self._cancel = threading.Event()  # the consumer left: every row stops after its current token
+        self._events: queue.Queue = queue.Queue()
+        self._runners: list[threading.Thread] = []
+        self.sessions: list[ChatSession] = []  # the groups' sessions, as they open
+        if len(self._slots) > 1:
+            self._runners = [threading.Thread(target=self._forward, args=(slot,), name="chat-batch", daemon=True)
+                             for slot in self._slots]
+            for runner in self._runners:
+                runner.start()
+        self._iterator = self._merged() if self._runners else self._in_turn(self._slots[0])
+
+    def _next_group(self):
+        with self._lock:
+            return self._groups.popleft() if self._groups and not self._cancel.is_set() else None
+
+    def _in_turn(self, slot: Slot) -> Iterator[tuple[int, Union[Delta, Finished]]]:
+        """The groups this slot takes, one after the other; gives the slot back at the end."""
+        try:
+            while True:
+                group = self._next_group()
+                if group is None:
+                    return
+                indices, rows, params = group
+                session = self._open_group(rows, params)
+                self.sessions.append(session)
+                events = session.generate_rows(rows, params, stop_event=self._stop)
+                try:
+                    for row, event in events:
+                        yield indices[row], event
+                finally:
+                    events.close()
+                    session.close()
+        finally:
+            slot.release()
+
+    def _forward(self, slot: Slot) -> None:
+        items = self._in_turn(slot)
+        try:
+            for item in items:
+                if self._cancel.is_set():
+                    break
+                self._events.put(item)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self._events.put(("error", e))
+        finally:
+            items.close()
+            slot.release()  # (also if the generator never started)
+            self._events.put(("done", None))
+
+    def _merged(self) -> Iterator[tuple[int, Union[Delta, Finished]]]:
+        running = len(self._runners)
+        while running:
+            kind, payload = self._events.get()
+            if kind == "done":
+                running -= 1
+            elif kind == "error":
+                raise payload
+            else:
+                yield kind, payload
+
+    def __iter__(self) -> Iterator[tuple[int, Union[Delta, Finished]]]:
+        return self._iterator
+
+    def close(self) -> None:
+        self._cancel.set()
+        try:
+            self._iterator.close()
+        finally:
+            for runner in self._runners:
+                runner.join(60)
+            for slot in self._slots:  # (idempotent; also when the answer never started)
+                slot.release()
+
+    def __enter__(self) -> "BatchAnswer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @dataclass
@@ -130,6 +210,11 @@ class ChatEngine:
     ``models``: monitor.settings.ModelConfig-like objects (dht_prefix, path, name,
     repository). ``score_source`` and ``outcome_sink`` link routing to the monitor (see
     chat.feedback); ``coverage_check`` refuses a model the monitor saw broken before loading it.
+    ``capacity`` bounds slots, queue and open sessions (``chat.capacity``; without it, from
+    ``max_sessions``, ``queue_size``, ``queue_timeout`` and ``retry_after`` with the other bounds'
+    defaults); ``max_batch_rows`` bounds the rows of one request, ``max_logprobs`` the alternatives
+    per token. ``client`` (the caller's address) is who a slot or session is for; None is this
+    process itself (a spec, a benchmark), to which no per-client share applies.
     """
 
     def __init__(
@@ -141,10 +226,13 @@ class ChatEngine:
         outcome_sink: Optional[OutcomeSink] = None,
         coverage_check: Optional[CoverageCheck] = None,
         routing: Optional[RoutingSettings] = None,
+        capacity: Optional[Capacity] = None,
         max_sessions: int = 4,
         queue_size: int = 8,
         queue_timeout: float = 60.0,
         retry_after: int = 5,
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
         max_retries: int = 3,
         request_timeout: float = 60.0,
         client_config: Optional[dict] = None,
@@ -161,7 +249,12 @@ class ChatEngine:
                                **(client_config or {})}
         # no token for this long means something below us hangs: give up on the answer
         self.stall_timeout = self._client_config["request_timeout"] * (max_retries + 1) + 60
-        self._gate = _Gate(max_sessions, queue_size, queue_timeout, retry_after)
+        self.capacity = capacity or Capacity(slots=max_sessions, queue_size=queue_size, queue_timeout=queue_timeout,
+                                             retry_after=retry_after)
+        self.slots = Slots(self.capacity)
+        self.sessions = OpenSessions(self.capacity)
+        self.sessions.estimate_with(self.slots.estimate)
+        self.max_batch_rows, self.max_logprobs = max_batch_rows, max_logprobs
         self._models: dict[str, _Model] = {}
         for config in models:
             name = config.dht_prefix
@@ -291,45 +384,93 @@ class ChatEngine:
         return self.encode(name, text), ("\nUser:", "\nSystem:")
 
     # -- sessions --------------------------------------------------------------------------------
-    def open_session(self, name: str, max_length: int) -> ChatSession:
-        """A petals inference session for up to ``max_length`` tokens in all, holding one of the
-        engine's places until closed. Raises Busy, UnknownModel, ModelNotServed, InvalidRequest."""
+    def open_session(self, name: str, max_length: int, *, client: Optional[str] = None) -> ChatSession:
+        """A petals inference session for up to ``max_length`` tokens in all, kept open for
+        ``client`` until closed (or expired to make room: ``chat.capacity.OpenSessions``). It holds
+        no generation slot while idle; each answer in it takes one. Raises Busy (no idle session
+        to make room with), UnknownModel, ModelNotServed, InvalidRequest."""
         model = self._model(name)
         self._client_files(model)
         if not 0 < max_length <= model.context_length:
             raise InvalidRequest("max_length", f"max_length must be between 1 and the model's context "
                                                f"length {model.context_length}, got {max_length}")
-        self._gate.acquire()
+        self._check_served(model)
+        session = ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
+                              stall_timeout=self.stall_timeout, registry=self.sessions,
+                              acquire_slot=lambda: self.slots.acquire(client))
         try:
-            self._check_served(model)
-            return ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                               stall_timeout=self.stall_timeout, release=self._gate.release)
+            self.sessions.admit(session, client)
         except BaseException:
-            self._gate.release()
+            session.expire("it was never opened")  # (nothing reached a server yet)
             raise
+        return session
 
     def answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
-               stop_event: Optional[threading.Event] = None, prompt_param: str = "prompt") -> Answer:
-        """Start one answer in its own session. Everything that can be refused (unknown model,
-        prompt too long, model not served, busy) raises here, before any token; iterate the
-        Answer for Delta events and one Finished. max_new_tokens is cut to what the model's
-        context leaves after the prompt."""
+               client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
+               prompt_param: str = "prompt") -> Answer:
+        """Start one answer in its own session (a batch of one row, see ``answer_batch``);
+        iterate the Answer for Delta events and one Finished."""
+        batch = self.answer_batch(name, [input_ids], params, client=client, stop_event=stop_event,
+                                  prompt_param=prompt_param)
+        events = (event for _, event in batch)
+        return Answer(events, batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
+
+    def answer_batch(self, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
+                     client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
+                     prompt_param: str = "prompt") -> BatchAnswer:
+        """Start answering every row (a prompt's token ids) in one request. Rows of one length run
+        as one petals session (its batch dimension), other lengths as sessions of their own: side
+        by side in slots that are free now, else in turn in the request's one slot. Everything that
+        can be refused (unknown model, prompt too long, too many rows, model not served, busy)
+        raises here, before any token. max_new_tokens is cut to what the model's context leaves
+        after each prompt."""
         context = self.context_length(name)
-        if not input_ids:
+        model = self._model(name)
+        if not rows:
             raise InvalidRequest(prompt_param, f"{prompt_param} is empty")
-        if len(input_ids) >= context:
-            raise InvalidRequest(prompt_param, f"{prompt_param} has {len(input_ids)} tokens; the model's context "
-                                               f"is {context} tokens, so it must be shorter than that")
-        max_new = min(params.max_new_tokens, context - len(input_ids))
-        session = self.open_session(name, len(input_ids) + max_new)
-        return Answer(session, session.generate(input_ids, params, stop_event=stop_event))
+        if len(rows) > self.max_batch_rows:
+            raise InvalidRequest("n", f"the request asks for {len(rows)} answers; at most {self.max_batch_rows} "
+                                      f"(prompts × n) are computed per request")
+        if params.top_logprobs > self.max_logprobs:
+            raise InvalidRequest("top_logprobs", f"at most {self.max_logprobs} alternatives per token, "
+                                                 f"got {params.top_logprobs}")
+        groups: dict[int, tuple[list[int], list[list[int]]]] = {}
+        for index, ids in enumerate(rows):
+            if not ids:
+                raise InvalidRequest(prompt_param, f"{prompt_param} is empty")
+            if len(ids) >= context:
+                raise InvalidRequest(prompt_param, f"{prompt_param} has {len(ids)} tokens; the model's context is "
+                                                   f"{context} tokens, so it must be shorter than that")
+            indices, prompts = groups.setdefault(len(ids), ([], []))
+            indices.append(index)
+            prompts.append(list(ids))
+        planned = [(indices, prompts, dataclasses.replace(
+            params, max_new_tokens=min(params.max_new_tokens, context - len(prompts[0]))))
+            for indices, prompts in groups.values()]
+        self._check_served(model)
+        slots = [self.slots.acquire(client)]
+        for _ in planned[1:]:
+            extra = self.slots.try_acquire(client)
+            if extra is None:
+                break
+            slots.append(extra)
+
+        def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
+            return ChatSession(self._remote(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
+                               tokenizer=model.tokenizer, stall_timeout=self.stall_timeout, rows=len(prompts))
+
+        return BatchAnswer(open_group, planned, slots, stop_event)
+
+    def load(self) -> EngineLoad:
+        """Slots, queue and open sessions now."""
+        return EngineLoad(self.slots.load(), self.sessions.load())
 
     # -- the monitor's generation checks ----------------------------------------------------------
     def check_answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                      outcome_sink: Optional[OutcomeSink] = None) -> Answer:
         """An answer as ``answer`` starts one, through the same model, routing and session code, for
         the monitor's generation check (``monitor.app.generation_check``): it neither takes nor waits
-        for one of the users' places, it skips the coverage check (the check is how a model the
+        for one of the users' slots, it skips the coverage check (the check is how a model the
         monitor called broken is seen to work again; petals' own view of the blocks still applies),
         and each server's outcome goes to ``outcome_sink`` instead of the chat's, so none counts as
         a user's chat."""
@@ -341,9 +482,9 @@ class ChatEngine:
         self._check_served(model, coverage=False)
         max_length = len(input_ids) + min(params.max_new_tokens, model.context_length - len(input_ids))
         session = ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                              stall_timeout=self.stall_timeout, release=lambda: None)
+                              stall_timeout=self.stall_timeout)
         session._petals.recorder._sink = outcome_sink  # not the chat's sink, which the recorder was given
-        return Answer(session, session.generate(input_ids, params))
+        return Answer(session.generate(input_ids, params), session.close, session)
 
     def close(self) -> None:
         """Stop the loaded models' background routing threads (the DHT belongs to the caller)."""

@@ -26,6 +26,14 @@ class InvalidRequest(ChatError):
         self.param = param
 
 
+class MaxLengthExceeded(InvalidRequest):
+    """A session's ``max_length`` is used up. The message starts with petals' own words, "Maximum
+    length exceeded", on which chat.petals.dev's page opens a longer session by itself."""
+
+    def __init__(self, detail: str):
+        super().__init__("max_length", f"Maximum length exceeded: {detail}")
+
+
 class UnknownModel(ChatError):
     status = 404
 
@@ -52,6 +60,18 @@ class Busy(ChatError):
     def __init__(self, message: str, retry_after: int):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class SessionExpired(ChatError):
+    """A kept-open session was ended by the chat (idle, evicted to make room, or too old). The
+    message has chat.petals.dev's shape, "Session <id> expired: <why>", on which its page opens a
+    new session by itself and carries on."""
+
+    status = 410
+
+    def __init__(self, label: str, detail: str):
+        super().__init__(f"Session {label} expired: {detail}")
+        self.label, self.detail = label, detail
 
 
 class GenerationFailed(ChatError):

@@ -1,23 +1,35 @@
-"""One petals inference session and the answers generated in it.
+"""One petals inference session and the answers generated in it, one row or a batch of rows.
 
-An answer runs transformers' ``generate`` on a worker thread (petals' client is blocking) and
-hands each token to the caller through a queue, so the caller can stream it, stop it, and give up
-on a swarm that stalls. The session keeps one of the engine's places until it is closed; the
-route each answer took and every peer's outcome come from ``chat.sequence``.
+A petals inference session runs a batch through the swarm in one pass: its rows are the batch
+dimension of every step (``input_ids`` of shape [rows, tokens]), so ``n`` samples of one prompt, or
+prompts of equal length, cost about one row's time. The decoding loop is ours, not transformers'
+``generate``, because a batch needs what ``generate`` cannot give per row: each row's own stop
+sequences and end, its tokens streamed as they come, and the log-probabilities of its tokens (and of
+its prompt's, for scoring) from the model's head, which runs here. The loop runs on a worker thread
+(petals' client is blocking) and hands each row's text to the caller through a queue, so the caller
+can stream it, stop it, and give up on a swarm that stalls. Sampling uses transformers' own logits
+processors (repetition penalty, then temperature, top-k, top-p, as ``generate`` orders them), so a
+greedy row is exactly what ``generate`` would give.
+
+A session the chat keeps open between turns (chat.petals.dev's WebSocket) takes a generation slot
+for each turn only (``chat.capacity``); the route each answer took and every peer's outcome come
+from ``chat.sequence``.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from monitor.core.common import short_error
 
-from chat.decoding import Delta, Finished, GenerationParams, StreamDecoder
-from chat.errors import ChatError, GenerationFailed, InvalidRequest, ModelNotServed
+from chat.capacity import GENERATING, IDLE, WAITING, OpenSessions, Slot
+from chat.decoding import Delta, Finished, GenerationParams, StreamDecoder, TokenLogprob
+from chat.errors import ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired
 from chat.policy import RouteHop
 from chat.remote_model import sequence_manager_of
 from chat.sequence import TimedInferenceSession
@@ -25,101 +37,143 @@ from chat.sequence import TimedInferenceSession
 logger = logging.getLogger(__name__)
 
 Event = Union[Delta, Finished]
+SCORE_CHUNK = 64  # prompt positions whose logits are computed at once when scoring a prompt
 
 
-class _Streamer:
-    """transformers' streamer protocol: ``put`` gets the prompt once, then every new token."""
+class _Row:
+    """One row of an answer: its decoder, its token clock and its log-probabilities."""
 
-    def __init__(self, on_token: Callable[[int], None]):
-        self._on_token = on_token
-        self._prompt_seen = False
+    def __init__(self, tokenizer: Any, params: GenerationParams):
+        self.decoder = StreamDecoder(tokenizer, stop_sequences=params.stop_sequences, stop_mode=params.stop_mode,
+                                     skip_special_tokens=params.skip_special_tokens)
+        self.first: Optional[float] = None  # when its first token came
+        self.last: Optional[float] = None  # when its latest token came
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[Optional[TokenLogprob]] = []
+        self.ended = False  # EOS or a stop sequence
 
-    def put(self, value) -> None:
-        if not self._prompt_seen:
-            self._prompt_seen = True
-            return
-        for token_id in value.reshape(-1).tolist():
-            self._on_token(token_id)
-
-    def end(self) -> None:
-        pass
+    def timings(self, started: float) -> tuple[Optional[float], Optional[float]]:
+        """(seconds to the first token, tokens per second after it; over the whole answer when
+        only one token came)."""
+        n, first, last = len(self.decoder.ids), self.first, self.last
+        ttft = first - started if first else None
+        if n >= 2 and last > first:
+            return ttft, (n - 1) / (last - first)
+        if n and first:
+            return ttft, n / (first - started)
+        return ttft, None
 
 
 class _AnswerRun:
-    """What one answer's worker thread and its consumer share: the decoder, the queue of events,
-    the token clock and the two ways to stop (the caller's ``stop_event``; ``cancel`` when the
-    consumer leaves)."""
+    """What one answer's worker thread and its consumer share: the rows, the queue of events and
+    the two ways to stop (the caller's ``stop_event``; ``cancel`` when the consumer leaves)."""
 
-    def __init__(self, tokenizer: Any, params: GenerationParams, stop_event: Optional[threading.Event]):
-        self.decoder = StreamDecoder(tokenizer, stop_sequences=params.stop_sequences, stop_mode=params.stop_mode,
-                                     skip_special_tokens=params.skip_special_tokens)
+    def __init__(self, tokenizer: Any, params: GenerationParams, n_rows: int, stop_event: Optional[threading.Event]):
+        self.rows = [_Row(tokenizer, params) for _ in range(n_rows)]
         self.events: queue.Queue = queue.Queue()
         self.stop_event = stop_event or threading.Event()
         self.cancel = threading.Event()
         self.started = time.perf_counter()
-        self.first: Optional[float] = None  # when the first token came
-        self.last: Optional[float] = None  # when the latest token came
 
-    def on_token(self, token_id: int) -> None:
+    def on_token(self, index: int, token_id: int, logprob: Optional[TokenLogprob], eos: frozenset) -> None:
+        row = self.rows[index]
         now = time.perf_counter()
-        self.first = self.first or now
-        self.last = now
-        delta = self.decoder.feed(token_id)
+        row.first = row.first or now
+        row.last = now
+        if logprob is not None:
+            row.logprobs.append(logprob)
+        delta = row.decoder.feed(token_id, logprob)
         if delta is not None:
-            self.events.put(delta)
+            self.events.put((index, delta))
+        row.ended = row.decoder.stopped or token_id in eos
 
     def should_stop(self) -> bool:
-        return self.decoder.stopped or self.stop_event.is_set() or self.cancel.is_set()
+        return all(row.ended for row in self.rows) or self.stop_event.is_set() or self.cancel.is_set()
 
-    def finish_reason(self, budget: int, eos_token_id: Optional[int]) -> str:
-        ids = self.decoder.ids
-        if self.decoder.stopped or (ids and ids[-1] == eos_token_id):
+    def finish_reason(self, index: int, budget: int) -> str:
+        row = self.rows[index]
+        if row.ended:
             return "stop"
         if self.stop_event.is_set():
             return "cancelled"
-        if len(ids) >= budget:
+        if len(row.decoder.ids) >= budget:
             return "length"
         return "stop"
 
-    def timings(self) -> tuple[Optional[float], Optional[float]]:
-        """(seconds to the first token, tokens per second after it; over the whole answer when
-        only one token came)."""
-        n, first, last = len(self.decoder.ids), self.first, self.last
-        ttft = first - self.started if first else None
-        if n >= 2 and last > first:
-            return ttft, (n - 1) / (last - first)
-        if n and first:
-            return ttft, n / (first - self.started)
-        return ttft, None
+
+class _Sampler:
+    """The next token of every row from the head's logits: transformers' repetition penalty, then
+    argmax (greedy) or temperature, top-k and top-p and a draw (``generate``'s order)."""
+
+    def __init__(self, params: GenerationParams):
+        from transformers import (
+            RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+        )
+
+        self.greedy = params.greedy
+        self.processors = [RepetitionPenaltyLogitsProcessor(params.repetition_penalty)] \
+            if params.repetition_penalty != 1.0 else []
+        self.warpers = []
+        if not self.greedy:
+            if params.temperature != 1.0:
+                self.warpers.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k:
+                self.warpers.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(params.top_p))
+
+    def __call__(self, history, logits):
+        import torch
+
+        scores = logits
+        for processor in self.processors:
+            scores = processor(history, scores)
+        if self.greedy:
+            return torch.argmax(scores, dim=-1)
+        for warper in self.warpers:
+            scores = warper(history, scores)
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
 
 
-def _stopping_criteria(run: _AnswerRun) -> Any:
-    """transformers' stopping criteria that end ``generate`` after the token when ``run`` should stop."""
-    from transformers import StoppingCriteria, StoppingCriteriaList
+def _logprob_of(logprobs_row, token_id: int, top: int) -> TokenLogprob:
+    """A token's log-probability in one row of log-softmaxed logits, with the ``top`` alternatives."""
+    import torch
 
-    class _Stop(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs) -> bool:
-            return run.should_stop()
-
-    return StoppingCriteriaList([_Stop()])
+    alternatives: tuple = ()
+    if top:
+        values, ids = torch.topk(logprobs_row, top)
+        alternatives = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(int(token_id), float(logprobs_row[token_id]), alternatives)
 
 
 class ChatSession:
-    """One petals inference session: one or more answers that continue the same text.
+    """One petals inference session of ``rows`` rows: one or more answers that continue the same text.
 
-    ``release`` gives the engine's place back when the session closes; ``stall_timeout`` is how
-    long an answer waits for its next token before it gives up."""
+    A session the chat keeps open (``registry``) is listed there, idle between answers, and takes a
+    generation slot from ``acquire_slot`` for each answer; ``expire`` ends it from outside (the
+    registry making room), after which its next answer is refused with chat.petals.dev's "Session …
+    expired". A one-answer session (HTTP) gets its slot from its caller and is not listed.
+    ``stall_timeout`` is how long an answer waits for its next token before it gives up."""
 
     def __init__(self, remote: Any, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
-                 release: Callable[[], None]):
-        self.model, self.tokenizer, self.remote, self.max_length = model, tokenizer, remote, max_length
+                 rows: int = 1, registry: Optional[OpenSessions] = None,
+                 acquire_slot: Optional[Callable[[], Slot]] = None):
+        self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
+        self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
         self._petals = TimedInferenceSession(self._manager, max_length)
         self._stall_timeout = stall_timeout
-        self._release = release
+        self._registry, self._acquire_slot = registry, acquire_slot
         self._closed = False
+        self.expired_detail: Optional[str] = None
         self._lock = threading.Lock()
         self._route: tuple[RouteHop, ...] = ()
+        eos = getattr(getattr(remote, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self._eos = frozenset(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        pad = tokenizer.pad_token_id
+        self._pad = pad if pad is not None else (min(self._eos) if self._eos else 0)
 
     @property
     def used(self) -> int:
@@ -141,65 +195,153 @@ class ChatSession:
         if self._petals.output_ids is not None:
             self._petals.output_ids[:, -1:] = token_id
 
+    # -- answers -------------------------------------------------------------------------------
     def generate(self, input_ids: Optional[Sequence[int]], params: GenerationParams,
                  *, stop_event: Optional[threading.Event] = None) -> Iterator[Event]:
-        """Continue the session with ``input_ids`` (None: continue from the last token) and stream
-        the answer. Stopping (the event, or leaving the iterator) ends generation after the
+        """Continue a one-row session with ``input_ids`` (None: continue from the last token) and
+        stream the answer. Stopping (the event, or leaving the iterator) ends generation after the
         current token."""
-        n_input, budget = self._checked_budget(input_ids, params)
-        run = _AnswerRun(self.tokenizer, params, stop_event)
-        prompt_tokens = self.used + n_input
-        with self._lock:
-            worker = threading.Thread(target=self._generate_on_worker, name=f"chat-{self.model}", daemon=True,
-                                      args=(run, list(input_ids) if n_input else None, budget, params))
-            worker.start()
-            try:
-                yield from self._deltas(run)
-                tail = run.decoder.finish()
-                if tail is not None:
-                    yield tail
-                yield self._finished(run, prompt_tokens, budget)
-            finally:
-                run.cancel.set()
-                worker.join(self._stall_timeout)
+        events = self.generate_rows([list(input_ids)] if input_ids else None, params, stop_event=stop_event)
+        try:
+            for _, event in events:
+                yield event
+        finally:
+            events.close()
 
-    def _checked_budget(self, input_ids: Optional[Sequence[int]], params: GenerationParams) -> tuple[int, int]:
-        """(new input tokens, tokens the answer may generate), or why the session cannot answer."""
+    def generate_rows(self, rows: Optional[Sequence[Sequence[int]]], params: GenerationParams,
+                      *, stop_event: Optional[threading.Event] = None) -> Iterator[tuple[int, Event]]:
+        """Continue every row with its new input (all of one length; None: from the last token) and
+        stream ``(row, Delta)`` as text comes, then ``(row, Finished)`` for every row."""
+        n_input, budget = self._checked_budget(rows, params)
+        prompt_tokens = self.used + n_input
+        self._set_state(WAITING)
+        try:
+            slot = self._acquire_slot() if self._acquire_slot is not None else None
+            self._set_state(GENERATING)
+            run = _AnswerRun(self.tokenizer, params, self.rows, stop_event)
+            with self._lock:
+                worker = threading.Thread(target=self._work, name=f"chat-{self.model}", daemon=True,
+                                          args=(run, [list(r) for r in rows] if n_input else None, budget, params, slot))
+                worker.start()
+                try:
+                    yield from self._deltas(run)
+                    for index, row in enumerate(run.rows):
+                        tail = row.decoder.finish()
+                        if tail is not None:
+                            yield index, tail
+                    for index in range(self.rows):
+                        yield index, self._finished(run, index, prompt_tokens, budget, rows, params)
+                finally:
+                    run.cancel.set()
+                    worker.join(self._stall_timeout)
+        finally:
+            self._set_state(IDLE)
+
+    def _set_state(self, state: str) -> None:
+        if self._registry is None:
+            return
+        if self.expired_detail is not None:
+            if state == IDLE:
+                return
+            raise SessionExpired(self.label, self.expired_detail)
+        try:
+            self._registry.set_state(self, state)
+        except SessionExpired:
+            if state != IDLE:
+                raise
+
+    def _checked_budget(self, rows: Optional[Sequence[Sequence[int]]], params: GenerationParams) -> tuple[int, int]:
+        """(new input tokens per row, tokens each row may generate), or why the session cannot answer."""
+        if self.expired_detail is not None:
+            raise SessionExpired(self.label, self.expired_detail)
         if self._closed:
             raise GenerationFailed("the inference session is closed")
-        n_input = len(input_ids) if input_ids else 0
+        if rows is not None and (len(rows) != self.rows or len({len(r) for r in rows}) != 1):
+            raise InvalidRequest(None, f"a session of {self.rows} rows continues with {self.rows} inputs of one "
+                                       f"length")
+        n_input = len(rows[0]) if rows else 0
         if not n_input and self._petals.output_ids is None:
             raise InvalidRequest("inputs", "the first request of a session needs inputs")
         budget = min(params.max_new_tokens, self.room(n_input))
-        if budget <= 0:
-            raise InvalidRequest("max_length", f"the session's max_length {self.max_length} is used up "
-                                               f"({self.used} tokens so far, {n_input} new); open a longer session")
-        return n_input, budget
+        if budget <= 0 and not (params.max_new_tokens == 0 and params.prompt_logprobs and self.room(n_input) >= 0):
+            raise MaxLengthExceeded(f"the session's max_length {self.max_length} is used up ({self.used} tokens so "
+                                    f"far, {n_input} new); open a session with a larger max_length")
+        return n_input, max(0, budget)
 
-    def _generate_on_worker(self, run: "_AnswerRun", input_ids: Optional[list[int]], budget: int,
-                            params: GenerationParams) -> None:
-        """transformers' ``generate`` through the petals session (blocking); every token, then
-        ("done", None) or ("error", exception), goes into ``run.events``."""
+    def _work(self, run: _AnswerRun, rows: Optional[list[list[int]]], budget: int, params: GenerationParams,
+              slot: Optional[Slot]) -> None:
+        """The decoding loop through the petals session (blocking); every row's text, then
+        ("done", None) or ("error", exception), goes into ``run.events``. Gives the slot back."""
         try:
             import torch
 
-            inputs = torch.tensor([input_ids], dtype=torch.long) if input_ids else None
-            pad = self.tokenizer.pad_token_id
-            with torch.no_grad():
-                self.remote.generate(
-                    inputs, session=self._petals, max_new_tokens=budget,
-                    streamer=_Streamer(run.on_token), stopping_criteria=_stopping_criteria(run),
-                    pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
-                    **params.generate_kwargs(),
-                )
+            with torch.no_grad(), self.remote.use_session(self._petals):
+                self._decode(run, rows, budget, params)
             self._route = self.route()
             self._petals.recorder.flush()
             run.events.put(("done", None))
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
             self._petals.recorder.flush()
             run.events.put(("error", e))
+        finally:
+            if slot is not None:
+                slot.release()
 
-    def _deltas(self, run: "_AnswerRun") -> Iterator[Delta]:
+    def _decode(self, run: _AnswerRun, rows: Optional[list[list[int]]], budget: int, params: GenerationParams) -> None:
+        """Step the session: the new input (after the last token, which was generated but not yet
+        sent, as petals' ``generate`` does), then one token per step for every row until each row
+        ended, the budget is spent or the answer is stopped."""
+        import torch
+
+        petals, base, head = self._petals, self.remote.base_model, self.remote.lm_head
+        new = torch.tensor(rows, dtype=torch.long) if rows else torch.zeros((self.rows, 0), dtype=torch.long)
+        if petals.output_ids is None:
+            history = feed = new
+        else:
+            history = torch.cat([petals.output_ids, new], dim=1)
+            feed = history[:, petals.output_ids.shape[1] - 1:]
+        score_prompt = params.prompt_logprobs and petals.output_ids is None
+        sampler = _Sampler(params) if budget else None
+        ended = torch.zeros(self.rows, dtype=torch.bool)
+        for step in range(max(budget, 1)):
+            hidden = base(input_ids=feed).last_hidden_state
+            if step == 0 and score_prompt:
+                self._score_prompt(run, hidden, history, params.top_logprobs)
+            if not budget:
+                petals.output_ids = history
+                return
+            logits = head(hidden[:, -1:, :])[:, -1, :].float()
+            logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs else None
+            next_ids = sampler(history, logits)
+            next_ids = torch.where(ended, torch.full_like(next_ids, self._pad), next_ids)
+            history = torch.cat([history, next_ids[:, None]], dim=1)
+            petals.output_ids = history
+            for index, token_id in enumerate(next_ids.tolist()):
+                if not run.rows[index].ended:
+                    logprob = _logprob_of(logprobs[index], token_id, params.top_logprobs) if logprobs is not None else None
+                    run.on_token(index, token_id, logprob, self._eos)
+            ended = torch.tensor([row.ended for row in run.rows])
+            if run.should_stop():
+                return
+            feed = next_ids[:, None]
+
+    def _score_prompt(self, run: _AnswerRun, hidden, history, top: int) -> None:
+        """Each prompt token's log-probability given the ones before it (the first has none), a few
+        positions at a time so that a long prompt never holds all its logits at once."""
+        import torch
+
+        head = self.remote.lm_head
+        length = history.shape[1]
+        for row in run.rows:
+            row.prompt_logprobs.append(None)
+        for start in range(0, length - 1, SCORE_CHUNK):
+            end = min(length - 1, start + SCORE_CHUNK)
+            logprobs = torch.log_softmax(head(hidden[:, start:end, :]).float(), dim=-1)
+            for index, row in enumerate(run.rows):
+                targets = history[index, start + 1:end + 1].tolist()
+                row.prompt_logprobs.extend(_logprob_of(logprobs[index, i], t, top) for i, t in enumerate(targets))
+
+    def _deltas(self, run: _AnswerRun) -> Iterator[tuple[int, Delta]]:
         """The worker's text as it comes, until it is done; its failure, or a stall, as a ChatError."""
         while True:
             try:
@@ -207,24 +349,42 @@ class ChatSession:
             except queue.Empty:
                 raise GenerationFailed(f"the swarm sent no token for {self._stall_timeout:.0f} s; "
                                        f"try again") from None
-            if isinstance(item, Delta):
-                yield item
+            kind, payload = item
+            if isinstance(kind, int):
+                yield kind, payload
                 continue
-            kind, error = item
             if kind == "error":
-                raise _as_chat_error(self.model, error)
+                raise _as_chat_error(self.model, payload)
             return
 
-    def _finished(self, run: "_AnswerRun", prompt_tokens: int, budget: int) -> Finished:
+    def _finished(self, run: _AnswerRun, index: int, prompt_tokens: int, budget: int,
+                  rows: Optional[Sequence[Sequence[int]]], params: GenerationParams) -> Finished:
         end = time.perf_counter()
-        ids = run.decoder.ids
-        ttft, speed = run.timings()
-        return Finished(text=run.decoder.emitted, token_ids=tuple(ids), prompt_tokens=prompt_tokens,
-                        finish_reason=run.finish_reason(budget, self.tokenizer.eos_token_id), route=self._route,
-                        time_to_first_token=ttft, tokens_per_second=speed, elapsed=end - run.started)
+        row = run.rows[index]
+        ttft, speed = row.timings(run.started)
+        scored = params.prompt_logprobs and bool(row.prompt_logprobs)
+        return Finished(text=row.decoder.emitted, token_ids=tuple(row.decoder.ids), prompt_tokens=prompt_tokens,
+                        finish_reason=run.finish_reason(index, budget), route=self._route,
+                        time_to_first_token=ttft, tokens_per_second=speed, elapsed=end - run.started,
+                        logprobs=tuple(row.logprobs),
+                        prompt_ids=tuple(rows[index]) if scored and rows else (),
+                        prompt_logprobs=tuple(row.prompt_logprobs) if scored else ())
 
-    def close(self) -> None:
-        """End the inference session on its servers and give the engine's place back (idempotent)."""
+    # -- the end -------------------------------------------------------------------------------
+    def expire(self, detail: str) -> None:
+        """End the session from outside (the registry made room with it): its servers' caches are
+        freed now, its owner is told "Session … expired: <detail>" at its next request."""
+        self.expired_detail = detail
+        self._close_petals()
+
+    def close(self, reason: Optional[str] = None) -> None:
+        """End the inference session on its servers and leave the registry (idempotent);
+        ``reason``: why the chat ended it ("idle", "lifetime"), None when its owner did."""
+        if self._registry is not None:
+            self._registry.remove(self, reason)
+        self._close_petals()
+
+    def _close_petals(self) -> None:
         if self._closed:
             return
         self._closed = True
@@ -232,16 +392,22 @@ class ChatSession:
             self._petals.close()
         except Exception as e:  # noqa: BLE001
             logger.debug("closing the inference session failed: %r", e)
-        finally:
-            self._release()
 
 
 class Answer:
-    """An answer being generated; closing it (or leaving the ``with``) stops it and frees its place."""
+    """An answer being generated, one row; closing it (or leaving the ``with``) stops it and ends
+    what it holds (its session, its slot). ``session``: the petals session answering it (its live
+    route), once there is one."""
 
-    def __init__(self, session: ChatSession, events: Iterator[Event]):
-        self.session = session
+    def __init__(self, events: Iterator[Event], close: Callable[[], None],
+                 session: Union[ChatSession, Callable[[], Optional[ChatSession]], None] = None):
+        self._session = session
         self._events = events
+        self._close = close
+
+    @property
+    def session(self) -> Optional[ChatSession]:
+        return self._session() if callable(self._session) else self._session
 
     def __iter__(self) -> Iterator[Event]:
         return self._events
@@ -250,7 +416,7 @@ class Answer:
         try:
             self._events.close()
         finally:
-            self.session.close()
+            self._close()
 
     def __enter__(self) -> "Answer":
         return self

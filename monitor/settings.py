@@ -148,8 +148,17 @@ class Settings(BaseModel):
     min_peer_score: float = Field(default=30, ge=0, le=100)
     pinned_peers: list[str] = []
     blocked_peers: list[str] = []
-    max_chat_sessions: int = Field(default=4, gt=0)
-    chat_queue_size: int = Field(default=8, ge=0)
+    # Chat capacity (README: Chat capacity; chat/capacity.py): generation slots are held only while
+    # an answer is computed, kept-open sessions (chat.petals.dev's WebSocket, one per tab) are bounded
+    # apart; waiting requests are served per client in turn
+    max_chat_sessions: int = Field(default=4, gt=0, le=1024)  # generation slots: answers computed at once
+    chat_queue_size: int = Field(default=8, ge=0, le=100_000)  # requests waiting for a slot
+    chat_queue_timeout: float = Field(default=60, gt=0, le=3600)  # seconds one may wait, then 429
+    max_slots_share: float = Field(default=0.5, gt=0, le=1)  # of the slots (and queue) one client holds
+    max_open_sessions: int = Field(default=32, ge=1, le=100_000)  # kept open; the LRU idle one makes room
+    max_sessions_per_client: int = Field(default=4, ge=1, le=10_000)  # kept open by one client
+    max_batch_rows: int = Field(default=16, ge=1, le=256)  # answers of one request (prompts × n)
+    max_logprobs: int = Field(default=20, ge=0, le=100)  # alternatives per token (top_logprobs)
 
     @model_validator(mode="before")
     @classmethod

@@ -18,7 +18,7 @@ from openai import OpenAI
 from simple_websocket import Client as WsClient
 
 from chat.http import create_blueprint
-from chat.engine import ChatEngine
+from chat.engine import ChatEngine, GenerationParams
 from monitor.core.coverage import BROKEN, diagnose
 from monitor.settings import ModelConfig
 from monitor.core.snapshot import ModelInfo
@@ -152,15 +152,19 @@ def test_ws_v2_streams_token_by_token_and_equals_local_greedy(base_url, local):
         # this one never does, so generation runs to the session's max_length (or to EOS)
         ws.send(json.dumps({"type": "generate", "inputs": PROMPT, "max_new_tokens": 1, "stop_sequence": "\x00never"}))
         replies = []
-        while not replies or not replies[-1]["stop"]:
+        while not replies or (replies[-1]["ok"] and not replies[-1]["stop"]):
             replies.append(json.loads(ws.receive(timeout=60)))
-            assert replies[-1]["ok"], replies[-1]
     finally:
         ws.close()
     expected_ids, expected = greedy(prompt_ids, 48 - len(prompt_ids), skip_special_tokens=False)
     if tokenizer.eos_token_id in expected_ids:
         expected_ids = expected_ids[: expected_ids.index(tokenizer.eos_token_id) + 1]
         expected = tokenizer.decode(expected_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert replies[-1]["ok"] and replies[-1]["stop"]
+    else:  # the session's end came before the stop sequence: petals' words, on which chat.petals.dev's page grows it
+        assert replies[-1]["ok"] is False and replies[-1]["traceback"].startswith("Maximum length exceeded")
+        replies.pop()
+    assert all(r["ok"] for r in replies)
     assert "".join(r["outputs"] for r in replies) == expected
     assert sum(r["token_count"] for r in replies) == len(expected_ids)
     assert len(replies) > len(expected_ids) // 2, "not streamed token by token"
@@ -204,7 +208,7 @@ BAD_INPUTS = [
     ("/v1/chat/completions", {**CHAT, "max_tokens": 0}, None, 400, ["max_tokens"]),
     ("/v1/chat/completions", {**CHAT, "max_tokens": 10**9}, None, 400, ["max_tokens", "512"]),
     ("/v1/chat/completions", {**CHAT, "max_tokens": 2.5}, None, 400, ["max_tokens"]),
-    ("/v1/chat/completions", {**CHAT, "n": 2}, None, 400, ["n"]),
+    ("/v1/chat/completions", {**CHAT, "n": 17}, None, 400, ["n", "16"]),
     ("/v1/chat/completions", {**CHAT, "stop": 5}, None, 400, ["stop"]),
     ("/v1/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, None, 400, ["stop"]),
     ("/v1/chat/completions", {**CHAT, "presence_penalty": 1}, None, 400, ["presence_penalty"]),
@@ -291,17 +295,19 @@ def test_a_model_the_coverage_check_calls_broken_is_refused_before_generation(ba
 
 
 def test_a_full_engine_answers_429_with_retry_after(base_url, engine):
-    held = [engine.open_session(TINY_DHT_PREFIX, 16) for _ in range(2)]  # max_sessions=2, no queue
+    ids = engine.encode(TINY_DHT_PREFIX, PROMPT)
+    held = [engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=400)) for _ in range(2)]  # both slots
     try:
         busy = requests.post(f"{base_url}/v1/completions", json={**CMPL, "max_tokens": 2}, timeout=30)
         busy_v1 = requests.post(f"{base_url}/api/v1/generate", data=V1, timeout=30)
     finally:
-        for session in held:
-            session.close()
+        for answer in held:
+            answer.close()
     for response in (busy, busy_v1):
         assert response.status_code == 429
-        assert response.headers["Retry-After"] == "7"
-    assert "retry in 7 s" in busy.json()["error"]["message"]
+        assert 1 <= int(response.headers["Retry-After"]) <= 600
+    # the wait it says is the one it estimates from how long slots were held (not a constant)
+    assert f"retry in {busy.headers['Retry-After']} s" in busy.json()["error"]["message"]
     after = requests.post(f"{base_url}/v1/completions", json={**CMPL, "max_tokens": 2}, timeout=60)
     assert after.status_code == 200, after.text
 

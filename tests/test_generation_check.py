@@ -164,10 +164,11 @@ def test_a_check_generates_through_the_swarm_and_is_stored_with_its_figures_and_
 
 def test_the_check_runs_while_every_chat_place_is_held(checked):
     _, engine, _, _ = checked
-    held = engine.open_session(TINY_DHT_PREFIX, 32)  # the engine's only place
+    ids = engine.encode(TINY_DHT_PREFIX, "Once upon a time")
+    held = engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=400))  # the engine's only slot
     try:
         with pytest.raises(Busy):
-            engine.open_session(TINY_DHT_PREFIX, 32)  # a user now waits (here: is refused at once)
+            engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=2))  # a user now waits (here: is refused)
         began = time.monotonic()
         (check,) = checker_for(checked).run_once()
         assert check.ok, check.error

@@ -4,7 +4,9 @@ blueprint named "chat" (templates link its endpoints as ``chat.<view>``).
 Thin views: each reads and checks its parameters (``params``; a bad one is a 400 that names
 it), hands the work to ``chat.engine.ChatEngine`` and maps its errors to statuses (unknown model
 404, model not fully served 503, busy 429 with Retry-After). What a visitor may send and keep is
-bounded by ``limits.ChatLimits``. Errors the web server raises around a view (413 for a body too
+bounded by ``limits.ChatLimits``. The blueprint carries the chat's Prometheus collector
+(``metric_collectors``: slots, queue, open sessions), which the web app adds to its /metrics. Errors
+the web server raises around a view (413 for a body too
 large, 429 past the rate limit, 500) come in each API's own shape too; nobody gets a Python
 traceback or an exception's text.
 """
@@ -19,6 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from chat.engine import ChatEngine
 from chat.http import openai_api, page, petals_api
+from chat.metrics import ChatCollector
 from chat.http.limits import ChatLimits
 from chat.http.responses import INTERNAL_ERROR, openai_error, petals_error
 
@@ -39,6 +42,7 @@ def create_blueprint(engine: ChatEngine, limits: Optional[ChatLimits] = None) ->
     page.register(bp, engine, limits)
     for code in WRAPPED_CODES:
         bp.register_error_handler(code, _http_error)
+    bp.metric_collectors = [ChatCollector(engine)]
     return bp
 
 

@@ -7,7 +7,8 @@ session, and the chat page keeps conversations in memory. So, for every API alik
 - a prompt's characters are counted before it is tokenized (``ChatLimits.check_prompt_chars``),
   and a list of token ids is bounded by the model's context before it is read (``check_token_ids``);
 - a WebSocket session ends after ``ws_idle_timeout`` seconds without a request, and after
-  ``ws_max_lifetime`` seconds in all, and the client is told why (``WsClock``);
+  ``ws_max_lifetime`` seconds in all, and the client is told why (``WsClock``) in chat.petals.dev's
+  own words for it, "Session <id> expired: <why>", on which its page opens a new session by itself;
 - the chat page keeps each visitor's conversations apart, at most ``conversations_per_visitor``
   per visitor and ``max_visitors`` visitors (``chat.http.page``).
 """
@@ -51,12 +52,17 @@ def check_token_ids(param: str, ids: Sequence[Any], context: int) -> None:
 
 
 class WsClosing(Exception):
-    """The server ends a WebSocket session; ``str(e)`` tells the client why."""
+    """The server ends a WebSocket session; ``str(e)`` tells the client why, ``reason`` is the
+    limit it reached ("idle", "lifetime", "evicted") as /metrics counts it."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class WsClock:
     """A WebSocket session's time limits: idle (no request for ``ws_idle_timeout`` s) and lifetime
-    (``ws_max_lifetime`` s since it opened)."""
+    (``ws_max_lifetime`` s since it opened). ``label`` names the session in what the client is told."""
 
     def __init__(self, limits: ChatLimits, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
@@ -70,13 +76,13 @@ class WsClock:
     def expired(self) -> bool:
         return self._clock() >= self.deadline
 
-    def closing(self) -> WsClosing:
+    def closing(self, label: str) -> WsClosing:
         """Why a receive that timed out ends the session."""
         if self.expired():
-            return self.over()
-        return WsClosing(f"no request for {self.idle:g} s: the session is closed (idle timeout); "
-                         f"open a new one when you need it")
+            return self.over(label)
+        return WsClosing(f"Session {label} expired: no request for {self.idle:g} s (idle timeout); "
+                         f"open a new session to go on", "idle")
 
-    def over(self) -> WsClosing:
-        return WsClosing(f"the session reached its maximum lifetime of {self.lifetime:g} s and is closed; "
-                         f"open a new one to go on")
+    def over(self, label: str) -> WsClosing:
+        return WsClosing(f"Session {label} expired: it reached its maximum lifetime of {self.lifetime:g} s; "
+                         f"open a new session to go on", "lifetime")

@@ -1,11 +1,20 @@
 """The OpenAI API (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``), so that
 OpenAI's clients and tools chat through the swarm.
 
+A request may ask for several answers: ``n`` samples of each prompt, and on ``/v1/completions`` a
+list of prompts (strings or token id lists); choices are numbered prompt by prompt (prompt ``i``'s
+``j``-th sample is choice ``i × n + j``), streamed chunks carry their choice's ``index``, and
+``usage`` counts every row the swarm computed (each sample's prompt and answer). At most
+``max_batch_rows`` rows per request; rows of one length run as one petals session
+(``chat.engine.answer_batch``). ``logprobs`` (``top_logprobs`` alternatives on the chat; an integer
+on completions) come from the model's head, which runs here; ``echo`` with ``logprobs`` scores the
+prompt too (``max_tokens`` 0: only scores it), as evaluation harnesses ask.
+
 Parameters OpenAI defines but the swarm cannot honour (penalties other than repetition, logit
-bias, logprobs, tools, n > 1) are refused with a 400 naming them rather than silently ignored.
-Each answer carries a ``petals`` extension: its route and speed. Errors have OpenAI's shape, also
-mid-stream. Prompts are bounded before they are tokenized (``chat.http.limits``): characters over
-all messages, token ids by the model's context.
+bias, tools, best_of) are refused with a 400 naming them rather than silently ignored. Each answer
+carries a ``petals`` extension: its route and speed. Errors have OpenAI's shape, also mid-stream.
+Prompts are bounded before they are tokenized (``chat.http.limits``): characters over all messages
+or prompts, token ids by the model's context.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 from flask import Blueprint, Response, jsonify, stream_with_context
@@ -22,7 +31,7 @@ from flask import Blueprint, Response, jsonify, stream_with_context
 from monitor.http_errors import openai_error_body
 
 from chat.engine import (
-    Answer,
+    BatchAnswer,
     ChatEngine,
     ChatError,
     Delta,
@@ -31,12 +40,12 @@ from chat.engine import (
     InvalidRequest,
     ModelStatus,
 )
+from chat.http import logprobs as lp
 from chat.http.limits import ChatLimits, check_token_ids
-from chat.http.params import Params, request_params
+from chat.http.params import Params, client_address, request_params
 from chat.http.responses import (
     INTERNAL_ERROR,
     guarded,
-    last_finished,
     openai_chat_error,
     openai_chat_error_body,
     openai_error,
@@ -49,8 +58,33 @@ MAX_MESSAGES = 512
 MAX_CONTENT_PARTS = 64  # text parts of one message
 
 
-def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: int, *,
-                       default_max: int, extra_stops: Sequence[str] = ()) -> GenerationParams:
+@dataclass(frozen=True)
+class _Logprobs:
+    """What a request asks of log-probabilities: ``top`` alternatives per token; ``echo``: the prompt's too."""
+
+    top: int
+    echo: bool = False
+
+
+def _logprobs(engine: ChatEngine, params: Params, *, chat: bool, echo: bool) -> Optional[_Logprobs]:
+    """The chat's ``logprobs`` (true/false) and ``top_logprobs`` (0 to max_logprobs), or the text
+    completions' ``logprobs`` (null, or 0 to max_logprobs alternatives)."""
+    bound = engine.max_logprobs
+    if chat:
+        wanted = params.boolean("logprobs")
+        top = params.integer("top_logprobs", lo=0, hi=bound)
+        if top and not wanted:
+            raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
+        return _Logprobs(top or 0) if wanted else None
+    if isinstance(params.raw("logprobs"), bool):
+        raise InvalidRequest("logprobs", f"logprobs must be null or an integer between 0 and {bound} here")
+    top = params.integer("logprobs", lo=0, hi=bound)
+    return None if top is None else _Logprobs(top, echo=echo)
+
+
+def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: int, *, chat: bool,
+                       default_max: int, extra_stops: Sequence[str] = (),
+                       logprobs: Optional[_Logprobs] = None) -> GenerationParams:
     context = engine.context_length(model)
     for name in ("presence_penalty", "frequency_penalty"):
         value = params.number(name, default=0.0, lo=-2, hi=2)
@@ -58,22 +92,25 @@ def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt:
             raise InvalidRequest(name, f"{name} is not supported here (only 0); use repetition_penalty instead")
     if params.raw("logit_bias"):
         raise InvalidRequest("logit_bias", "logit_bias is not supported here")
-    if params.raw("logprobs") not in (None, False, 0):
-        raise InvalidRequest("logprobs", "logprobs are not supported here")
     if params.raw("tools") or params.raw("functions"):
         raise InvalidRequest("tools" if params.raw("tools") else "functions", "tool and function calls are not supported here")
     response_format = params.raw("response_format")
     if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
         raise InvalidRequest("response_format", "only response_format {\"type\": \"text\"} is supported here")
     params.integer("seed")  # accepted (checked), not used: the swarm gives no reproducible sampling
-    params.boolean("stream")
+    stream = params.boolean("stream")
     stream_options = params.raw("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise InvalidRequest("stream_options", "stream_options must be an object")
     temperature = params.number("temperature", default=1.0, lo=0, hi=2)
     sampling = params.sampling(top_p=1.0, top_k=0, repetition_penalty=1.0)
     limit_name = "max_completion_tokens" if params.present("max_completion_tokens") else "max_tokens"
-    max_tokens = params.integer(limit_name, lo=1, hi=context)
+    scoring = logprobs is not None and logprobs.echo
+    max_tokens = params.integer(limit_name, lo=0 if scoring else 1, hi=context)
+    if max_tokens == 0 and stream:
+        raise InvalidRequest(limit_name, f"{limit_name} 0 (scoring the prompt) is answered whole: set stream to false")
+    if scoring and stream:
+        raise InvalidRequest("echo", "echo with logprobs is answered whole: set stream to false")
     if n_prompt >= context:
         raise InvalidRequest("messages" if params.present("messages") else "prompt",
                              f"the prompt is {n_prompt} tokens; the model's context is {context} tokens")
@@ -81,7 +118,8 @@ def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt:
         max_tokens = min(default_max, context - n_prompt) if default_max else context - n_prompt
     stops = params.strings("stop") + tuple(extra_stops)
     return GenerationParams(max_new_tokens=max_tokens, temperature=temperature, **sampling, stop_sequences=stops,
-                            stop_mode="exclude", skip_special_tokens=True)
+                            stop_mode="exclude", skip_special_tokens=True, logprobs=logprobs is not None,
+                            top_logprobs=logprobs.top if logprobs else 0, prompt_logprobs=scoring)
 
 
 def _messages(params: Params, limits: ChatLimits) -> list[dict]:
@@ -120,21 +158,43 @@ def _messages(params: Params, limits: ChatLimits) -> list[dict]:
     return result
 
 
-def _completion_prompt(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> tuple[list[int], str]:
+def _token_ids(engine: ChatEngine, model: str, ids: list, param: str) -> list[int]:
+    check_token_ids(param, ids, engine.context_length(model))
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise InvalidRequest(param, f"{param} must be a string, a list of token ids, or a list of those")
+    vocab = len(engine.tokenizer(model))
+    if any(not 0 <= t < vocab for t in ids):
+        raise InvalidRequest(param, f"{param} token ids must be between 0 and {vocab - 1}")
+    return list(ids)
+
+
+def _completion_prompts(engine: ChatEngine, model: str, params: Params,
+                        limits: ChatLimits) -> list[tuple[list[int], str]]:
+    """(token ids, text) of every prompt: a string, a list of token ids, or a list of either."""
     prompt = params.raw("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
     if isinstance(prompt, str):
-        limits.check_prompt_chars("prompt", len(prompt))
-        return engine.encode(model, prompt), prompt
-    if isinstance(prompt, list) and prompt:
-        check_token_ids("prompt", prompt, engine.context_length(model))
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        vocab = len(engine.tokenizer(model))
-        if any(not 0 <= t < vocab for t in prompt):
-            raise InvalidRequest("prompt", f"prompt token ids must be between 0 and {vocab - 1}")
-        return list(prompt), engine.tokenizer(model).decode(prompt)
-    raise InvalidRequest("prompt", "prompt must be a string, or a list of token ids (one prompt per request)")
+        prompts: list = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        prompts = prompt
+    elif isinstance(prompt, list) and prompt:
+        prompts = [prompt]  # one prompt of token ids
+    else:
+        raise InvalidRequest("prompt", "prompt must be a string, a list of token ids, or a list of those")
+    if len(prompts) > engine.max_batch_rows:
+        raise InvalidRequest("prompt", f"prompt has {len(prompts)} prompts; at most {engine.max_batch_rows} "
+                                       f"are answered per request")
+    limits.check_prompt_chars("prompt", sum(len(p) for p in prompts if isinstance(p, str)),
+                              what="prompt" if len(prompts) == 1 else "the prompts, all together,")
+    result = []
+    for p in prompts:
+        if isinstance(p, str):
+            result.append((engine.encode(model, p), p))
+        elif p:
+            ids = _token_ids(engine, model, p, "prompt")
+            result.append((ids, engine.tokenizer(model).decode(ids)))
+        else:
+            raise InvalidRequest("prompt", "prompt has an empty list of token ids")
+    return result
 
 
 def _petals_extension(finished: Finished) -> dict:
@@ -143,9 +203,11 @@ def _petals_extension(finished: Finished) -> dict:
             "tokens_per_second": stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
 
 
-def _usage(finished: Finished) -> dict:
-    return {"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.completion_tokens,
-            "total_tokens": finished.prompt_tokens + finished.completion_tokens}
+def _usage(finished: Sequence[Finished]) -> dict:
+    """Every row the swarm computed: each sample's prompt and answer."""
+    prompt = sum(f.prompt_tokens for f in finished)
+    completion = sum(f.completion_tokens for f in finished)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _finish_reason(finished: Finished) -> str:
@@ -158,47 +220,63 @@ def _model_card(status: ModelStatus) -> dict:
 
 
 @dataclass(frozen=True)
-class _Prompt:
-    """What a request asks to continue: its token ids, how to generate, the parameter that holds
-    it (named in errors) and the text to echo before the answer (text completions' ``echo``)."""
+class _Request:
+    """What a completion asks for: its rows (token ids; prompt by prompt, ``n`` samples each), how
+    to generate, the parameter that holds the prompts (named in errors), each row's ``echo`` text
+    (text completions' ``echo``) and the log-probabilities it wants."""
 
-    input_ids: list[int]
+    rows: list[list[int]]
     generation: GenerationParams
     param: str
-    echo: str = ""
+    echoes: list[str]
+    logprobs: Optional[_Logprobs] = None
 
 
-def _chat_prompt(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Prompt:
+def _samples(params: Params, engine: ChatEngine, n_prompts: int) -> int:
+    n = params.integer("n", default=1, lo=1, hi=engine.max_batch_rows)
+    if n * n_prompts > engine.max_batch_rows:
+        raise InvalidRequest("n", f"{n_prompts} prompts × n = {n} asks for {n * n_prompts} answers; at most "
+                                  f"{engine.max_batch_rows} are computed per request")
+    return n
+
+
+def _chat_request(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Request:
     messages = _messages(params, limits)
+    n = _samples(params, engine, 1)
     input_ids, extra_stops = engine.encode_chat(model, messages)
-    generation = _generation_params(engine, model, params, len(input_ids), default_max=0, extra_stops=extra_stops)
-    return _Prompt(input_ids, generation, "messages")
+    logprobs = _logprobs(engine, params, chat=True, echo=False)
+    generation = _generation_params(engine, model, params, len(input_ids), chat=True, default_max=0,
+                                    extra_stops=extra_stops, logprobs=logprobs)
+    return _Request([input_ids] * n, generation, "messages", [""] * n, logprobs)
 
 
-def _text_prompt(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Prompt:
+def _text_request(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Request:
     if params.raw("suffix"):
         raise InvalidRequest("suffix", "suffix is not supported here")
-    input_ids, prompt_text = _completion_prompt(engine, model, params, limits)
-    echo = prompt_text if params.boolean("echo") else ""
-    generation = _generation_params(engine, model, params, len(input_ids), default_max=16)
-    return _Prompt(input_ids, generation, "prompt", echo)
+    prompts = _completion_prompts(engine, model, params, limits)
+    n = _samples(params, engine, len(prompts))
+    echo = params.boolean("echo")
+    logprobs = _logprobs(engine, params, chat=False, echo=echo)
+    generation = _generation_params(engine, model, params, max(len(ids) for ids, _ in prompts), chat=False,
+                                    default_max=16, logprobs=logprobs)
+    rows = [ids for ids, _ in prompts for _ in range(n)]
+    echoes = [text if echo else "" for _, text in prompts for _ in range(n)]
+    return _Request(rows, generation, "prompt", echoes, logprobs)
 
 
 def _requested_model(engine: ChatEngine, params: Params) -> tuple[str, str]:
     """(the model's name as asked, the engine's name for it), after the checks every completion
-    shares: a JSON body, one choice."""
+    shares: a JSON body, best_of 1."""
     if params.form:
         raise InvalidRequest(None, "send the request as JSON (Content-Type: application/json)")
     name = params.string("model", required=True, max_chars=500)
     model = engine.resolve(name)
-    if params.integer("n", default=1, lo=1) != 1:
-        raise InvalidRequest("n", "only n = 1 is supported here")
     if params.integer("best_of", default=1, lo=1) != 1:
-        raise InvalidRequest("best_of", "only best_of = 1 is supported here")
+        raise InvalidRequest("best_of", "only best_of = 1 is supported here (use n for several answers)")
     return name, model
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Reply:
     """The objects of one completion in OpenAI's shape, whole or as stream chunks."""
 
@@ -206,29 +284,80 @@ class _Reply:
     model: str  # as the client named it
     ident: str
     created: int
+    request: _Request
+    texts: lp.TokenTexts
+    sent: dict = field(default_factory=dict)  # choice -> (token ids whose logprobs were streamed, characters sent)
 
     @classmethod
-    def new(cls, chat: bool, model: str) -> "_Reply":
-        return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), int(time.time()))
+    def new(cls, chat: bool, model: str, request: _Request, tokenizer) -> "_Reply":
+        return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), int(time.time()),
+                   request, lp.TokenTexts(tokenizer))
 
-    def whole(self, finished: Finished, echo: str) -> dict:
-        text = echo + finished.text
-        reason = _finish_reason(finished)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
-                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+    # -- log-probabilities ----------------------------------------------------------------------
+    def _chat_logprobs(self, index: int, logprobs: Sequence, before: Sequence[int]) -> Optional[dict]:
+        if self.request.logprobs is None:
+            return None
+        return {"content": lp.chat_content(self.texts, logprobs, before, self.request.logprobs.top), "refusal": None}
+
+    def _text_logprobs(self, index: int, finished: Finished, echo: str) -> Optional[dict]:
+        wanted = self.request.logprobs
+        if wanted is None:
+            return None
+        prompt = self.request.rows[index]
+        echoed = None
+        if wanted.echo and finished.prompt_logprobs:
+            echoed = lp.completion_logprobs(self.texts, finished.prompt_logprobs, finished.prompt_ids, (), wanted.top)
+        answer = lp.completion_logprobs(self.texts, finished.logprobs, finished.token_ids, prompt, wanted.top,
+                                        offset=len(echo))
+        return lp.merged(echoed, answer)
+
+    # -- whole ----------------------------------------------------------------------------------
+    def whole(self, finished: Sequence[Finished]) -> dict:
+        choices = []
+        for index, done in enumerate(finished):
+            echo = self.request.echoes[index]
+            reason = _finish_reason(done)
+            if self.chat:
+                choices.append({"index": index, "message": {"role": "assistant", "content": done.text},
+                                "logprobs": self._chat_logprobs(index, done.logprobs, self.request.rows[index]),
+                                "finish_reason": reason})
+            else:
+                choices.append({"index": index, "text": echo + done.text,
+                                "logprobs": self._text_logprobs(index, done, echo), "finish_reason": reason})
         return {"id": self.ident, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice], "usage": _usage(finished),
-                "petals": _petals_extension(finished)}
+                "created": self.created, "model": self.model, "choices": choices, "usage": _usage(finished),
+                "petals": _petals_extension(finished[0])}
 
-    def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False, **extra) -> str:
+    # -- streamed -------------------------------------------------------------------------------
+    def role_chunk(self, index: int) -> str:
+        return self._event(choices=[{"index": index, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}])
+
+    def chunk(self, index: int, text: Optional[str], logprobs: Sequence = (), finish: Optional[str] = None,
+              **extra) -> str:
+        """A chunk of choice ``index``: its new text and the log-probabilities of its new tokens."""
+        ids, chars = self.sent.setdefault(index, ([], 0))
+        before = self.request.rows[index] + ids
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
-            choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
+            delta = {"content": text} if text is not None else {}
+            chunk_lp = self._chat_logprobs(index, logprobs, before) if logprobs else None
+            choices = [{"index": index, "delta": delta, "logprobs": chunk_lp, "finish_reason": finish}]
         else:
-            choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+            chunk_lp = None
+            if logprobs and self.request.logprobs is not None:
+                chunk_lp = lp.completion_logprobs(self.texts, logprobs, [t.token_id for t in logprobs], before,
+                                                  self.request.logprobs.top, offset=chars)
+            choices = [{"index": index, "text": text or "", "logprobs": chunk_lp, "finish_reason": finish}]
+        self.sent[index] = (ids + [t.token_id for t in logprobs], chars + len(text or ""))
         return self._event(choices=choices, **extra)
 
-    def usage_chunk(self, finished: Finished) -> str:
+    def finish_chunk(self, index: int, finished: Finished) -> str:
+        """The choice's end: its finish reason, the log-probabilities not sent yet, its route."""
+        sent = len(self.sent.get(index, ([], 0))[0])
+        rest = finished.logprobs[sent:] if self.request.logprobs is not None else ()
+        return self.chunk(index, None, rest, _finish_reason(finished), petals=_petals_extension(finished))
+
+    def usage_chunk(self, finished: Sequence[Finished]) -> str:
         return self._event(choices=[], usage=_usage(finished))
 
     def _event(self, **fields) -> str:
@@ -236,22 +365,35 @@ class _Reply:
                                "created": self.created, "model": self.model, **fields}))
 
 
-def _stream_events(answer: Answer, reply: _Reply, echo: str, include_usage: bool) -> Iterator[str]:
-    """The answer as server-sent events, ending with ``[DONE]``; an error after the status line
+def _collect(batch: BatchAnswer, rows: int) -> list[Finished]:
+    finished: dict[int, Finished] = {}
+    with batch:
+        for index, event in batch:
+            if isinstance(event, Finished):
+                finished[index] = event
+    return [finished[i] for i in range(rows)]
+
+
+def _stream_events(batch: BatchAnswer, reply: _Reply, include_usage: bool) -> Iterator[str]:
+    """The answers as server-sent events, ending with ``[DONE]``; an error after the status line
     goes into the stream, in OpenAI's shape."""
-    with answer:
+    rows = len(reply.request.rows)
+    finished: dict[int, Finished] = {}
+    with batch:
         try:
-            if reply.chat:
-                yield reply.chunk(None, role=True)
-            if echo:
-                yield reply.chunk(echo)
-            for event in answer:
-                if isinstance(event, Delta) and event.text:
-                    yield reply.chunk(event.text)
+            for index in range(rows):
+                if reply.chat:
+                    yield reply.role_chunk(index)
+                elif reply.request.echoes[index]:
+                    yield reply.chunk(index, reply.request.echoes[index])
+            for index, event in batch:
+                if isinstance(event, Delta) and (event.text or event.logprobs):
+                    yield reply.chunk(index, event.text, event.logprobs if reply.request.logprobs else ())
                 elif isinstance(event, Finished):
-                    yield reply.chunk(None, _finish_reason(event), petals=_petals_extension(event))
-                    if include_usage:
-                        yield reply.usage_chunk(event)
+                    finished[index] = event
+                    yield reply.finish_chunk(index, event)
+            if include_usage:
+                yield reply.usage_chunk([finished[i] for i in range(rows)])
         except ChatError as e:
             yield sse(json.dumps(openai_chat_error_body(e)))
         except Exception:  # noqa: BLE001 - never an exception's text to the user
@@ -261,19 +403,18 @@ def _stream_events(answer: Answer, reply: _Reply, echo: str, include_usage: bool
 
 
 def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
-    """A chat completion (``chat``) or a text completion, whole or streamed."""
+    """A chat completion (``chat``) or a text completion, whole or streamed, of one or more choices."""
     params = request_params()
     name, model = _requested_model(engine, params)
-    prompt = (_chat_prompt if chat else _text_prompt)(engine, model, params, limits)
+    request = (_chat_request if chat else _text_request)(engine, model, params, limits)
     stream = params.boolean("stream")
     include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
-    answer = engine.answer(model, prompt.input_ids, prompt.generation, prompt_param=prompt.param)
-    reply = _Reply.new(chat, name)
+    batch = engine.answer_batch(model, request.rows, request.generation, client=client_address(),
+                                prompt_param=request.param)
+    reply = _Reply.new(chat, name, request, engine.tokenizer(model))
     if not stream:
-        with answer:
-            finished = last_finished(answer)
-        return jsonify(reply.whole(finished, prompt.echo))
-    return Response(stream_with_context(_stream_events(answer, reply, prompt.echo, include_usage)),
+        return jsonify(reply.whole(_collect(batch, len(request.rows))))
+    return Response(stream_with_context(_stream_events(batch, reply, include_usage)),
                     mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -39,7 +39,7 @@ from chat.engine import (
     ModelNotServed,
 )
 from chat.http.limits import ChatLimits
-from chat.http.params import Params
+from chat.http.params import Params, client_address
 from chat.http.responses import INTERNAL_ERROR, error_status, sse
 
 logger = logging.getLogger(__name__)
@@ -250,11 +250,11 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
                            title=engine.title(model), max_prompt_chars=limits.max_prompt_chars)
 
 
-def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn) -> Iterator[str]:
+def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn, client: str) -> Iterator[str]:
     """The turn's answer as server-sent events: "token" (plain text), "failed", then one "done"."""
     answer_text = None
     try:
-        with engine.answer(turn.model, turn.input_ids, turn.params, stop_event=turn.stop_event,
+        with engine.answer(turn.model, turn.input_ids, turn.params, client=client, stop_event=turn.stop_event,
                            prompt_param="message") as answer:
             for event in answer:
                 if isinstance(event, Delta) and event.text:
@@ -310,7 +310,8 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
         turn = conversations.claim(_visitor_id(create=False), turn_id)
         if turn is None:
             return Response(status=204)  # finished, unknown or not yours: tells EventSource not to reconnect
-        return Response(stream_with_context(_answer_events(engine, conversations, turn)), mimetype="text/event-stream",
+        return Response(stream_with_context(_answer_events(engine, conversations, turn, client_address())),
+                        mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @bp.post("/chat/turns/<turn_id>/stop")

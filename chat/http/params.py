@@ -146,6 +146,12 @@ def _in_range(name: str, value: Number, lo: Optional[Number], hi: Optional[Numbe
     return value
 
 
+def client_address() -> str:
+    """Who is asking: the client's address (behind ``proxy_hops`` proxies, the one they forward),
+    as the rate limits count it. Slots, queue places and open sessions are shared per address."""
+    return request.remote_addr or "unknown"
+
+
 def request_params() -> Params:
     """The current request's parameters: its JSON body, or its form / query values."""
     if request.is_json:

@@ -3,10 +3,17 @@
 connection, continued request after request).
 
 Errors keep that API's shape, ``{"ok": false, "traceback": ...}``, but the "traceback" is a short
-message for people, never a Python traceback, an exception's text or a path. A WebSocket session
-ends after ``ws_idle_timeout`` seconds without a request and after ``ws_max_lifetime`` seconds in
-all (``chat.http.limits.WsClock``): the client gets that error message, then a close frame that
-says the same.
+message for people, never a Python traceback, an exception's text or a path. The two messages
+chat.petals.dev's page acts on keep petals' words: "Maximum length exceeded: …" when a session's
+``max_length`` is used up (also when an answer streams to the session's end before its stop
+sequence: the page opens a longer session and resends the conversation), and "Session <id>
+expired: …" when the chat ends a session — after ``ws_idle_timeout`` seconds without a request,
+after ``ws_max_lifetime`` seconds in all (``chat.http.limits.WsClock``), or when an idle session is
+closed to make room for another (``chat.capacity.OpenSessions``) — on which the page opens a new
+session by itself. Those endings come with a close frame that says the same.
+
+A session holds a generation slot only while it answers (``chat.capacity``): between turns, while
+its user reads and types, it holds none.
 """
 
 from __future__ import annotations
@@ -14,20 +21,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any, Sequence
+import time
+from typing import Any, Optional, Sequence
 
 from flask import Blueprint, Response, jsonify
 from simple_websocket import ConnectionClosed
 
-from chat.engine import ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest
+from chat.engine import (
+    ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest, MaxLengthExceeded,
+    SessionExpired,
+)
 from chat.http.limits import ChatLimits, WsClock, WsClosing
-from chat.http.params import Params, request_params
+from chat.http.params import Params, client_address, request_params
 from chat.http.responses import INTERNAL_ERROR, guarded, last_finished, petals_chat_error, petals_error
 
 logger = logging.getLogger(__name__)
 
-WS_CLOSE_NORMAL = 1000  # the close code when a session ends on a time limit (the reason says which)
+WS_CLOSE_NORMAL = 1000  # the close code when the chat ends a session (the reason says why)
 MAX_CLOSE_REASON_BYTES = 123  # what a close frame can carry
+EXPIRY_POLL = 1.0  # seconds between looks, while waiting for a request, at whether the session was expired
 
 
 def generation_params(engine: ChatEngine, model: str, params: Params, *, n_input: int, used: int, room: int,
@@ -71,7 +83,7 @@ def http_generate(engine: ChatEngine, limits: ChatLimits) -> Response:
         raise InvalidRequest("inputs", f"inputs has {len(input_ids)} tokens; the model's context is {context}")
     generation = generation_params(engine, model, params, n_input=len(input_ids), used=0,
                                    room=context - len(input_ids), stop_mode="exclude")
-    with engine.answer(model, input_ids, generation, prompt_param="inputs") as answer:
+    with engine.answer(model, input_ids, generation, client=client_address(), prompt_param="inputs") as answer:
         finished = last_finished(answer)
     return jsonify(ok=True, outputs=finished.text, token_count=finished.completion_tokens,
                    route=[hop.to_dict() for hop in finished.route])
@@ -81,8 +93,9 @@ def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:
     """/api/v2/generate: one ws connection = one inference session, within the time limits."""
     clock = WsClock(limits)
     session = None
+    closed_because = None  # why the chat ended the session, as /metrics counts it
     try:
-        message = _ws_receive(ws, clock)
+        message = _ws_receive(ws, clock, None)
         if message.get("type") != "open_inference_session":
             raise InvalidRequest("type", f"the first request must have type 'open_inference_session', "
                                          f"got {message.get('type')!r}")
@@ -92,14 +105,18 @@ def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:
         max_length = params.integer("max_length", lo=1, hi=context)
         if max_length is None:
             raise InvalidRequest("max_length", f"max_length is required (1 to {context})")
-        session = engine.open_session(model, max_length)
+        session = engine.open_session(model, max_length, client=client_address())
         ws.send(json.dumps({"ok": True}))
         while True:
-            message = _ws_receive(ws, clock)
+            message = _ws_receive(ws, clock, session)
             if message.get("type") != "generate":
                 raise InvalidRequest("type", f"expected a request of type 'generate', got {message.get('type')!r}")
             _ws_step(engine, ws, session, model, Params(message), limits, clock)
     except WsClosing as e:
+        closed_because = e.reason
+        _ws_send_error(ws, str(e))
+        _ws_close(ws, str(e))
+    except SessionExpired as e:  # made room with: the registry counted it
         _ws_send_error(ws, str(e))
         _ws_close(ws, str(e))
     except ChatError as e:
@@ -111,13 +128,22 @@ def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:
         _ws_send_error(ws, INTERNAL_ERROR)
     finally:
         if session is not None:
-            session.close()
+            session.close(closed_because)
 
 
-def _ws_receive(ws: Any, clock: WsClock) -> dict:
-    raw = ws.receive(timeout=clock.receive_timeout())
-    if raw is None:
-        raise clock.closing()
+def _ws_receive(ws: Any, clock: WsClock, session: Optional[ChatSession]) -> dict:
+    """The next request; meanwhile, a look every EXPIRY_POLL seconds at whether the session was
+    expired to make room (then its owner is told at once, and the connection's thread is free)."""
+    until = time.monotonic() + clock.receive_timeout()
+    while True:
+        wait = max(0.0, until - time.monotonic())
+        raw = ws.receive(timeout=min(wait, EXPIRY_POLL))
+        if raw is not None:
+            break
+        if session is not None and session.expired_detail is not None:
+            raise SessionExpired(session.label, session.expired_detail)
+        if wait <= EXPIRY_POLL:
+            raise clock.closing(session.label if session is not None else "(not opened)")
     try:
         data = json.loads(raw)
     except (TypeError, ValueError):
@@ -165,8 +191,8 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
         cont_token = ids[0]
     room = session.room(len(input_ids))
     if room <= 0:
-        raise InvalidRequest("max_length", f"the session's max_length {session.max_length} is used up; "
-                                           f"open a new session with a larger max_length")
+        raise MaxLengthExceeded(f"prefix {session.used} + current {len(input_ids)} tokens leave no room in the "
+                                f"session's max_length {session.max_length}; open a session with a larger max_length")
     streaming = stop_sequence is not None
     stops = ((stop_sequence,) if stop_sequence else ()) + extra
     generation = generation_params(engine, model, params, n_input=len(input_ids), used=session.used, room=room,
@@ -179,13 +205,18 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
     for event in events:
         if clock.expired():  # leaving the generator stops the answer after the current token
             events.close()
-            raise clock.over()
+            raise clock.over(session.label)
         if isinstance(event, Delta):
             text, count = text + event.text, count + event.token_count
             if streaming and count >= chunk:
                 ws.send(json.dumps({"ok": True, "outputs": text, "stop": False, "token_count": count}))
                 text, count = "", 0
         elif isinstance(event, Finished):
+            if streaming and event.finish_reason == "length":  # the session ended before the stop sequence
+                if count:
+                    ws.send(json.dumps({"ok": True, "outputs": text, "stop": False, "token_count": count}))
+                raise MaxLengthExceeded(f"the answer reached the session's max_length {session.max_length} "
+                                        f"before its stop sequence; open a session with a larger max_length")
             if cont_token is not None and event.finish_reason == "stop" and event.text and \
                     any(event.text.endswith(seq) for seq in extra):
                 session.replace_last_token(cont_token)

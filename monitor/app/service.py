@@ -54,7 +54,7 @@ class Service:
         return self
 
     def _make_chat_engine(self):
-        from chat.engine import ChatEngine
+        from chat.engine import Capacity, ChatEngine
         from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
         from chat.policy import RoutingSettings
 
@@ -65,8 +65,9 @@ class Service:
             outcome_sink=store_outcome_sink(self.store, self.weights),
             coverage_check=store_coverage_check(self.store),
             routing=RoutingSettings.from_settings(self.settings),
-            max_sessions=self.settings.max_chat_sessions,
-            queue_size=self.settings.chat_queue_size,
+            capacity=Capacity.from_settings(self.settings),
+            max_batch_rows=self.settings.max_batch_rows,
+            max_logprobs=self.settings.max_logprobs,
         )
 
     def _make_app(self):

@@ -135,6 +135,8 @@ def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> N
     for blueprint in chat_blueprints:
         limits.limit_chat(limiter, blueprint)
         app.register_blueprint(blueprint)
+        for collector in getattr(blueprint, "metric_collectors", ()):  # the chat's own load, on /metrics
+            app.extensions[metrics.REGISTRY].register(collector)
 
 
 def _page_context(app: Flask, settings: Settings, *, demo_enabled: bool) -> None:

@@ -1,0 +1,362 @@
+"""What the chat's users share, bounded and shared fairly: generation slots and open sessions.
+
+Two scarce things, bounded apart, because they cost different things:
+
+- a **generation slot** is one answer being computed: a petals inference session stepping through
+  the swarm, and this process running the model's head. It is held only while that work runs — an
+  HTTP answer from its first step to its last token, one turn of a WebSocket session — never while
+  a person reads or types. ``Slots`` hands out ``slots`` of them; past that, requests wait in a
+  bounded queue and are served **per client in turn** (each client's own requests in order, the
+  clients round robin), so one client with many requests does not push everyone else back. One
+  client holds at most ``slots_share`` of the slots and of the queue. A request that finds the
+  queue full, or waits longer than ``queue_timeout``, is refused with a ``Retry-After`` estimated
+  from how long slots were recently held and how many requests wait ahead.
+- an **open session** is a petals inference session kept between turns (chat.petals.dev's
+  WebSocket: one per browser tab), holding attention caches on its servers but no slot while idle.
+  ``OpenSessions`` keeps at most ``open_sessions`` of them, ``sessions_per_client`` per client; when
+  room is needed the least recently used idle one is expired (its owner is told "Session … expired",
+  on which chat.petals.dev's page opens a new one by itself), and only when none is idle is the
+  newcomer refused.
+
+Pure: threads and clocks only (no petals, no torch, no Flask), so the rules are specified without a
+swarm. Counters and the wait histogram are what /metrics shows (``chat.metrics``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from chat.errors import Busy, SessionExpired
+
+# seconds a request waited for its slot: the histogram's upper bounds (and +Inf)
+WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+RECENT_HOLDS = 64  # slot hold times the Retry-After estimate is taken from
+MAX_RETRY_AFTER = 600
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The bounds (``monitor.settings``: max_chat_sessions, chat_queue_size, chat_queue_timeout,
+    max_slots_share, max_open_sessions, max_sessions_per_client)."""
+
+    slots: int = 4
+    queue_size: int = 8
+    queue_timeout: float = 60.0
+    slots_share: float = 0.5  # of the slots (and of the queue) one client may hold, at least one
+    open_sessions: int = 32
+    sessions_per_client: int = 4
+    retry_after: int = 5  # seconds to suggest before any slot was ever held
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "Capacity":
+        return cls(slots=settings.max_chat_sessions, queue_size=settings.chat_queue_size,
+                   queue_timeout=settings.chat_queue_timeout, slots_share=settings.max_slots_share,
+                   open_sessions=settings.max_open_sessions, sessions_per_client=settings.max_sessions_per_client)
+
+    @property
+    def slots_per_client(self) -> int:
+        return max(1, math.floor(self.slots * self.slots_share + 1e-9))
+
+    @property
+    def waiting_per_client(self) -> int:
+        return max(1, math.ceil(self.queue_size * self.slots_share - 1e-9)) if self.queue_size else 0
+
+
+class WaitHistogram:
+    """Prometheus-style cumulative buckets of waits, with their count and sum."""
+
+    def __init__(self, bounds: tuple[float, ...] = WAIT_BUCKETS):
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.sum += seconds
+        for i, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.counts[i] += 1
+
+    def buckets(self) -> list[tuple[str, int]]:
+        return [(f"{bound:g}", n) for bound, n in zip(self.bounds, self.counts)] + [("+Inf", self.count)]
+
+
+@dataclass(frozen=True)
+class SlotsLoad:
+    limit: int
+    busy: int
+    waiting: int
+    waiting_clients: int
+    retry_after: int  # what a refused request would be told now
+    waits: list  # WaitHistogram.buckets()
+    waits_count: int
+    waits_sum: float
+    refused: dict  # reason -> count
+
+
+class _Waiter:
+    __slots__ = ("client", "asked", "event", "slot")
+
+    def __init__(self, client: str, asked: float):
+        self.client, self.asked = client, asked
+        self.event = threading.Event()
+        self.slot: Optional[Slot] = None
+
+
+class Slot:
+    """One generation slot, held by ``client`` until ``release`` (idempotent; also as a context)."""
+
+    def __init__(self, slots: "Slots", client: str, granted: float, waited: float):
+        self._slots, self.client, self.granted, self.waited = slots, client, granted, waited
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._slots._release(self)
+
+    def __enter__(self) -> "Slot":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class Slots:
+    """``capacity.slots`` generation slots, shared per client in turn (see the module's docstring)."""
+
+    def __init__(self, capacity: Capacity, clock: Callable[[], float] = time.monotonic):
+        self.capacity = capacity
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._busy: Counter = Counter()  # client -> slots held
+        self._queues: "OrderedDict[str, deque[_Waiter]]" = OrderedDict()  # in turn order
+        self._holds: deque = deque(maxlen=RECENT_HOLDS)
+        self._waits = WaitHistogram()
+        self._refused: Counter = Counter()
+
+    # -- taking and giving back -------------------------------------------------------------------
+    def acquire(self, client: Optional[str], timeout: Optional[float] = None) -> Slot:
+        """A slot for ``client`` (None: this process itself, e.g. a benchmark or a spec, which no
+        share applies to): at once if one is free for it, else after waiting its turn (at
+        most ``timeout``, by default the capacity's queue_timeout). Raises Busy, with a realistic
+        Retry-After, when the queue (or the client's share of it) is full or the wait too long."""
+        timeout = self.capacity.queue_timeout if timeout is None else timeout
+        with self._lock:
+            now = self._clock()
+            if self._free_for(client) and client not in self._queues:
+                return self._grant(client, now, now)
+            waiting = self._waiting()
+            if waiting >= self.capacity.queue_size:
+                raise self._refuse("queue_full", f"all {self.capacity.slots} generation slots are busy and "
+                                                 f"{waiting} requests are waiting", ahead=waiting)
+            mine = len(self._queues.get(client, ()))
+            if client is not None and mine >= self.capacity.waiting_per_client:
+                raise self._refuse("client_share", f"you already have {mine} requests waiting for a generation "
+                                                   f"slot (at most {self.capacity.waiting_per_client} per client)",
+                                   ahead=waiting)
+            waiter = _Waiter(client, now)
+            self._queues.setdefault(client, deque()).append(waiter)
+        if not waiter.event.wait(timeout):
+            with self._lock:
+                if waiter.slot is None:  # not granted meanwhile: leave the queue
+                    queue = self._queues.get(client)
+                    if queue is not None and waiter in queue:
+                        queue.remove(waiter)
+                        if not queue:
+                            del self._queues[client]
+                    raise self._refuse("timeout", f"no generation slot became free within {timeout:.0f} s "
+                                                  f"(all {self.capacity.slots} busy, {self._waiting()} requests "
+                                                  f"waiting)", ahead=self._waiting())
+        return waiter.slot
+
+    def try_acquire(self, client: Optional[str]) -> Optional[Slot]:
+        """A slot that is free for ``client`` now and that nobody waits for, else None (never waits)."""
+        with self._lock:
+            now = self._clock()
+            if self._free_for(client) and not self._queues:
+                return self._grant(client, now, now)
+            return None
+
+    def _release(self, slot: Slot) -> None:
+        with self._lock:
+            now = self._clock()
+            self._busy[slot.client] -= 1
+            if self._busy[slot.client] <= 0:
+                del self._busy[slot.client]
+            self._holds.append(now - slot.granted)
+            self._dispatch(now)
+
+    # -- the rules (called with the lock held) --------------------------------------------------------
+    def _total_busy(self) -> int:
+        return sum(self._busy.values())
+
+    def _waiting(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def _cap(self, client: Optional[str]) -> int:
+        return self.capacity.slots if client is None else self.capacity.slots_per_client
+
+    def _free_for(self, client: Optional[str]) -> bool:
+        return self._total_busy() < self.capacity.slots and self._busy[client] < self._cap(client)
+
+    def _grant(self, client: str, asked: float, now: float) -> Slot:
+        self._busy[client] += 1
+        self._waits.observe(now - asked)
+        return Slot(self, client, now, now - asked)
+
+    def _dispatch(self, now: float) -> None:
+        """Free slots to waiting clients in turn: the first client in turn order that may take one
+        gets it for its oldest request, then goes to the back of the turn order."""
+        while self._total_busy() < self.capacity.slots:
+            turn = [c for c in self._queues if self._busy[c] < self._cap(c)]
+            if not turn:
+                return
+            client = turn[0]
+            queue = self._queues[client]
+            waiter = queue.popleft()
+            if queue:
+                self._queues.move_to_end(client)
+            else:
+                del self._queues[client]
+            waiter.slot = self._grant(client, waiter.asked, now)
+            waiter.event.set()
+
+    def _refuse(self, reason: str, what: str, *, ahead: int) -> Busy:
+        self._refused[reason] += 1
+        seconds = self._estimate(ahead)
+        return Busy(f"{what}; retry in {seconds} s", seconds)
+
+    def _estimate(self, ahead: int) -> int:
+        """Seconds until a request behind ``ahead`` others would likely get a slot: the median of
+        recent hold times, once per round of ``slots`` requests ahead of it."""
+        hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
+        rounds = ahead // max(1, self.capacity.slots) + 1
+        return int(min(MAX_RETRY_AFTER, max(1, math.ceil(rounds * hold))))
+
+    # -- what /metrics shows ----------------------------------------------------------------------
+    def load(self) -> SlotsLoad:
+        with self._lock:
+            waiting = self._waiting()
+            return SlotsLoad(limit=self.capacity.slots, busy=self._total_busy(), waiting=waiting,
+                             waiting_clients=len(self._queues), retry_after=self._estimate(waiting),
+                             waits=self._waits.buckets(), waits_count=self._waits.count, waits_sum=self._waits.sum,
+                             refused=dict(self._refused))
+
+    def estimate(self) -> int:
+        """Seconds a request arriving now would likely wait for its slot (what Retry-After says)."""
+        with self._lock:
+            return self._estimate(self._waiting())
+
+    def held_by(self, client: Optional[str]) -> int:
+        with self._lock:
+            return self._busy[client]
+
+
+# ---- open sessions ---------------------------------------------------------------------------------
+
+
+IDLE, WAITING, GENERATING = "idle", "waiting", "generating"
+
+
+@dataclass
+class _Open:
+    member: Any  # has .label and .expire(detail)
+    client: Optional[str]
+    state: str = IDLE
+    last_used: float = 0.0
+
+
+@dataclass(frozen=True)
+class SessionsLoad:
+    limit: int
+    per_client: int
+    states: dict  # idle / waiting / generating -> open sessions
+    expired: dict  # reason -> sessions the chat ended (evicted, idle, lifetime)
+    refused: int  # opens refused: no idle session to make room with
+
+
+class OpenSessions:
+    """Kept-open sessions, at most ``capacity.open_sessions`` (``sessions_per_client`` per client).
+
+    A member is anything with a ``label`` and an ``expire(detail)`` method (``chat.session.ChatSession``);
+    ``expire`` is called outside the lock, after the member left the registry."""
+
+    def __init__(self, capacity: Capacity, clock: Callable[[], float] = time.monotonic):
+        self.capacity = capacity
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._open: "OrderedDict[int, _Open]" = OrderedDict()  # id(member) -> entry, least recently used first
+        self._expired: Counter = Counter()
+        self._refused = 0
+        self._retry_after: Callable[[], int] = lambda: capacity.retry_after
+
+    def estimate_with(self, retry_after: Callable[[], int]) -> None:
+        """Where Retry-After comes from when no session can be made room for (the slots' estimate)."""
+        self._retry_after = retry_after
+
+    def admit(self, member: Any, client: Optional[str]) -> None:
+        """Register ``member`` for ``client`` (None: this process itself, no per-client bound), expiring the least recently used idle session of the
+        client (at its own bound) or of anyone (at the total bound). Raises Busy if none is idle."""
+        victims = []
+        with self._lock:
+            now = self._clock()
+            mine = [e for e in self._open.values() if e.client == client]
+            if client is not None and len(mine) >= self.capacity.sessions_per_client:
+                victim = next((e for e in mine if e.state == IDLE), None)
+                if victim is None:
+                    raise self._refuse(f"you have {len(mine)} sessions open and none is idle (at most "
+                                       f"{self.capacity.sessions_per_client} per client); close one or retry")
+                victims.append(self._evict(victim, now, f"{self.capacity.sessions_per_client} sessions per client"))
+            if len(self._open) >= self.capacity.open_sessions:  # (never after the client's own made room)
+                victim = next((e for e in self._open.values() if e.state == IDLE), None)
+                if victim is None:
+                    raise self._refuse(f"all {self.capacity.open_sessions} chat sessions are answering or waiting "
+                                       f"for an answer, none is idle")
+                victims.append(self._evict(victim, now, f"{self.capacity.open_sessions} open sessions"))
+            self._open[id(member)] = _Open(member, client, IDLE, now)
+        for entry, detail in victims:
+            entry.member.expire(detail)
+
+    def _evict(self, entry: _Open, now: float, bound: str) -> tuple[_Open, str]:
+        del self._open[id(entry.member)]
+        self._expired["evicted"] += 1
+        return entry, (f"it was idle for {now - entry.last_used:.0f} s and was closed to make room for another "
+                       f"session (at most {bound}); open a new session to go on")
+
+    def _refuse(self, what: str) -> Busy:
+        self._refused += 1
+        seconds = self._retry_after()
+        return Busy(f"{what}; retry in {seconds} s", seconds)
+
+    def set_state(self, member: Any, state: str) -> None:
+        """``member`` is now idle, waiting for a slot, or generating. Raises SessionExpired if it was
+        expired (a turn arriving just after its session was made room with)."""
+        with self._lock:
+            entry = self._open.get(id(member))
+            if entry is None:
+                raise SessionExpired(member.label, getattr(member, "expired_detail", None) or "it is closed")
+            entry.state = state
+            if state == IDLE:
+                entry.last_used = self._clock()
+                self._open.move_to_end(id(member))
+
+    def remove(self, member: Any, reason: Optional[str] = None) -> None:
+        """``member`` closed (``reason``: why the chat ended it: "idle", "lifetime"; None: its owner did)."""
+        with self._lock:
+            if self._open.pop(id(member), None) is not None and reason:
+                self._expired[reason] += 1
+
+    def load(self) -> SessionsLoad:
+        with self._lock:
+            states = Counter(e.state for e in self._open.values())
+            return SessionsLoad(limit=self.capacity.open_sessions, per_client=self.capacity.sessions_per_client,
+                                states={s: states.get(s, 0) for s in (IDLE, WAITING, GENERATING)},
+                                expired={k: v for k, v in self._expired.items() if v}, refused=self._refused)

@@ -1,0 +1,254 @@
+"""Spec: chat.petals.dev's own page chats here without an error shown, under real use (README: Chat
+capacity) — on the session swarm, through the real web app and a real WebSocket server.
+
+``PetalsPage`` is chat.petals.dev's ``static/chat.js`` (petals-infra/chat.petals.dev), message for
+message: it opens a session of ``max_length`` 512, sends the conversation from its last position
+(human turns end with the model's separator, earlier answers with its stop token), streams an
+answer with ``max_new_tokens`` 1 until the stop sequence, and on a failure while its user waits it
+retries by itself when the message says ``Session … expired`` (a new session, the whole
+conversation again) or ``Maximum length exceeded`` (a session four times as long, up to the
+model's longest), else shows the error box. While its user reads, a message or a closed socket
+only resets its session.
+
+- a conversation past 512 tokens: open 512 → generate → "Maximum length exceeded" → open 2048 →
+  generate, and the answer comes (the tiny model with its context declared 4096 tokens: a RoPE
+  Llama, the same weights; the servers allot up to 2048);
+- five pages, room for four open sessions: the fifth chats at once, the least recently used idle
+  page's session is closed with "Session … expired" (its page told at once), and all four go on
+  chatting without an error shown, each reopening when its idle session made room for another.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+
+import pytest
+from simple_websocket import Client as WsClient, ConnectionClosed
+
+from chat.capacity import Capacity
+from chat.engine import ChatEngine
+from chat.http import create_blueprint
+from chat.http.limits import ChatLimits
+from monitor.harness.tiny_model import TINY_DHT_PREFIX
+from monitor.settings import ModelConfig, Settings
+from monitor.store import Store
+from monitor.web import create_app
+from support import serve, wait_until
+
+LONG_CONTEXT = 4096
+# the page's description of a model (its ``models`` table); "e" ends the tiny model's answers soon
+MODEL = {"maxSessionLength": 8192, "sepToken": "\n", "stopToken": "e", "extraStopSequences": None}
+GENERATION_PARAMS = {"do_sample": 1, "temperature": 0.9, "top_p": 0.6}  # the page's
+TURN = "Tell me more about the servers of the swarm and the blocks they hold. "  # ~32 tiny-tokenizer tokens
+
+
+class PetalsPage:
+    """chat.petals.dev's chat page (CHATBOT regime), driven synchronously: ``say`` is the user
+    pressing Enter; the page's event handlers run as their messages come."""
+
+    def __init__(self, ws_url: str, address: str, model: str = TINY_DHT_PREFIX):
+        self.ws_url, self.headers, self.model = ws_url, {"X-Forwarded-For": address}, model
+        self.replicas: list[list[str]] = []  # [kind, text]: "human" / "ai"
+        self.ws = None
+        self.position = 0
+        self.session_length = 512
+        self.sent: list[tuple] = []  # what the page sent: ("open", max_length) / ("generate",)
+        self.received_errors: list[str] = []  # every {"ok": false} message it got
+        self.shown: list[str] = []  # what its error box showed
+        self.waiting_for_inputs = True
+
+    # -- the user ---------------------------------------------------------------------------------
+    def say(self, text: str, timeout: float = 120) -> str:
+        """Type ``text`` and press Enter; the answer, once the page shows it whole (or the error box)."""
+        self._events_while_reading()
+        self.replicas += [["human", "Human: " + text], ["ai", "Assistant:"]]
+        self.waiting_for_inputs = False
+        deadline = time.monotonic() + timeout
+        self._send_replica()
+        while not self.waiting_for_inputs and not self.shown:
+            assert time.monotonic() < deadline, "no answer in time"
+            self._receive()
+        return self.replicas[-1][1]
+
+    def _events_while_reading(self) -> None:
+        """What the page's handlers did while its user read: a message or a close resets the session."""
+        if self.ws is None:
+            return
+        try:
+            while True:
+                raw = self.ws.receive(timeout=0)
+                if raw is None:
+                    return
+                response = json.loads(raw)
+                if not response["ok"]:
+                    self.received_errors.append(response["traceback"])
+                    self._handle_failure(response["traceback"])
+                    return
+        except ConnectionClosed:  # ws.onclose: "Connection was closed", with autoRetry
+            self._handle_failure("Connection was closed", auto_retry=True)
+
+    # -- chat.js ----------------------------------------------------------------------------------
+    def _open_session(self) -> None:
+        self.ws = WsClient.connect(self.ws_url, headers=self.headers)
+        self._send({"type": "open_inference_session", "model": self.model, "max_length": self.session_length})
+        self.sent.append(("open", self.session_length))
+        self._on_message = self._on_open
+
+    def _on_open(self, response: dict) -> None:
+        if not response["ok"]:
+            self._handle_failure(response["traceback"])
+            return
+        self._send_replica()
+
+    def _send_replica(self) -> None:
+        if self.ws is None:
+            self._open_session()
+            return
+        phrases = []
+        for i in range(self.position, len(self.replicas)):
+            kind, phrase = self.replicas[i]
+            if kind == "human":
+                phrase += MODEL["sepToken"]
+            elif i < len(self.replicas) - 1:
+                phrase += MODEL["stopToken"]
+            phrases.append(phrase)
+        self.position = len(self.replicas)
+        self._send({"type": "generate", "inputs": "".join(phrases), "max_new_tokens": 1,
+                    "stop_sequence": MODEL["stopToken"], "extra_stop_sequences": MODEL["extraStopSequences"],
+                    **GENERATION_PARAMS})
+        self.sent.append(("generate",))
+        self._on_message = self._on_reply
+
+    def _on_reply(self, response: dict) -> None:
+        if not response["ok"]:
+            self._handle_failure(response["traceback"])
+            return
+        text = (self.replicas[-1][1] + response["outputs"]).replace(MODEL["stopToken"], "", 1)
+        self.replicas[-1][1] = text
+        if response["stop"]:
+            self.waiting_for_inputs = True  # appendTextArea()
+
+    def _handle_failure(self, message: str, auto_retry: bool = False) -> None:
+        self._reset_session()
+        if self.waiting_for_inputs:
+            return  # the error and the retry button only for a user waiting for an answer
+        if re.search(r"Session .+ expired", message):
+            auto_retry = True
+        if "Maximum length exceeded" in message and self.session_length < MODEL["maxSessionLength"]:
+            self.session_length = min(self.session_length * 4, MODEL["maxSessionLength"])
+            auto_retry = True
+        if auto_retry:
+            self._send_replica()  # retry()
+        else:
+            self.shown.append(message)
+
+    def _reset_session(self) -> None:
+        if self.ws is not None:
+            try:
+                self.ws.close()
+            except ConnectionClosed:
+                pass
+        self.ws = None
+        self.position = 0
+
+    # -- the socket -------------------------------------------------------------------------------
+    def _send(self, message: dict) -> None:
+        self.ws.send(json.dumps(message))
+
+    def _receive(self) -> None:
+        try:
+            raw = self.ws.receive(timeout=60)
+        except ConnectionClosed:
+            self._handle_failure("Connection was closed", auto_retry=True)
+            return
+        assert raw is not None, "the server sent nothing for 60 s"
+        response = json.loads(raw)
+        if not response["ok"]:
+            self.received_errors.append(response["traceback"])
+        self._on_message(response)
+
+    def close(self) -> None:
+        self._reset_session()
+
+
+@pytest.fixture(scope="module")
+def long_model(tiny_model, tmp_path_factory):
+    """The tiny checkpoint with its context declared LONG_CONTEXT tokens (the client's copy)."""
+    path = tmp_path_factory.mktemp("tiny-long") / "model"
+    shutil.copytree(tiny_model, path)
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = LONG_CONTEXT
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def make_server(swarm, long_model, tmp_path_factory):
+    """``make_server(capacity)``: the chat over the session swarm, behind one trusted proxy (each
+    page has its own address), on a real server; yields its WebSocket URL and its engine."""
+    made = []
+
+    def make(capacity: Capacity):
+        data_dir = tmp_path_factory.mktemp("page-flow")
+        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+        store.migrate()
+        engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=long_model)], capacity=capacity)
+        settings = Settings(data_dir=data_dir, chat_rate_limit="1000 per minute", proxy_hops=1)
+        app = create_app(settings, store, chat_blueprints=[create_blueprint(engine, ChatLimits.from_settings(settings))])
+        server = serve(app)
+        url = server.__enter__()
+        made.append((server, engine, store))
+        return url.replace("http://", "ws://") + "/api/v2/generate", engine
+
+    yield make
+    for server, engine, store in made:
+        server.__exit__(None, None, None)
+        engine.close()
+        store.close()
+
+
+def test_a_conversation_past_512_tokens_grows_its_session_as_chat_petals_devs_page_does(make_server):
+    ws_url, engine = make_server(Capacity())
+    page = PetalsPage(ws_url, "10.3.0.1")
+    try:
+        first = page.say(TURN * 7)  # ~230 tokens: fits the page's first session of 512
+        assert first.startswith("Assistant:") and page.sent == [("open", 512), ("generate",)]
+        second = page.say(TURN * 9)  # the conversation is now past 512 tokens
+    finally:
+        page.close()
+    assert page.shown == [], page.shown  # no error box: the page recovered by itself
+    assert page.sent == [("open", 512), ("generate",), ("generate",), ("open", 2048), ("generate",)], page.sent
+    assert len(page.received_errors) == 1 and page.received_errors[0].startswith("Maximum length exceeded: ")
+    assert len(second) > len("Assistant:")  # and the answer came
+    conversation = "".join(text for _, text in page.replicas)
+    assert len(engine.encode(TINY_DHT_PREFIX, conversation)) > 512
+
+
+def test_five_pages_and_room_for_four_sessions_every_page_keeps_chatting_without_an_error(make_server):
+    ws_url, engine = make_server(Capacity(slots=4, open_sessions=4, sessions_per_client=2))
+    pages = [PetalsPage(ws_url, f"10.4.0.{i}") for i in range(1, 6)]
+    try:
+        for page in pages[:4]:
+            page.say("Hello there")
+        assert engine.load().sessions.states["idle"] == 4 and engine.load().slots.busy == 0
+        began = time.monotonic()
+        pages[4].say("Hello, I am new")  # a fifth: the least recently used idle session makes room
+        took = time.monotonic() - began
+        assert engine.load().sessions.expired.get("evicted") == 1
+        evicted = pages[0]  # the least recently used
+        assert wait_until(lambda: not evicted.ws.connected, 10), "its owner was not told at once"
+        for page in pages[:4]:
+            assert page.say("And what else?").startswith("Assistant:")
+    finally:
+        for page in pages:
+            page.close()
+    assert took < 30
+    assert all(page.shown == [] for page in pages), [page.shown for page in pages]
+    assert re.match(r"Session [0-9a-f]+ expired: it was idle for \d+ s", evicted.received_errors[0])
+    assert evicted.sent == [("open", 512), ("generate",), ("open", 512), ("generate",)], evicted.sent
+    for page in pages[:4]:  # each reopened when its session had made room (told while reading, or on asking)
+        assert page.sent[:2] == [("open", 512), ("generate",)] and page.sent[-2:] == [("open", 512), ("generate",)]
+        assert all(re.match(r"Session [0-9a-f]+ expired: ", m) for m in page.received_errors), page.received_errors

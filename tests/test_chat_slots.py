@@ -1,0 +1,336 @@
+"""Spec: the chat's capacity rules (README: Chat capacity; ``chat.capacity``), pure first, then on a
+real swarm through the real web app.
+
+- generation slots are shared per client in turn, not first come first served; one client holds at
+  most its share of the slots and of the queue; a refusal's Retry-After is estimated from how long
+  slots were held and how many wait ahead;
+- kept-open sessions are bounded in all and per client; the least recently used idle one makes
+  room, and only when none is idle is a newcomer refused; its owner learns it at once;
+- on the swarm: open WebSocket sessions that sit idle hold no slot (four of them, and an HTTP
+  completion is answered as soon as ever); one client's many requests never take every slot; the
+  queue and its waits, the slots and the open sessions are on /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+from simple_websocket import Client as WsClient
+
+from chat.capacity import IDLE, Capacity, OpenSessions, Slots
+from chat.engine import Busy, ChatEngine, SessionExpired
+from chat.http import create_blueprint
+from chat.http.limits import ChatLimits
+from monitor.harness.tiny_model import TINY_DHT_PREFIX
+from monitor.settings import ModelConfig, Settings
+from monitor.store import Store
+from monitor.web import create_app
+from support import serve, wait_until
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def waiting_thread(slots, client, results, timeout=5.0):
+    """acquire() on a thread of its own; the slot (or the Busy) lands in ``results`` as (client, slot)."""
+    def run():
+        try:
+            results.append((client, slots.acquire(client, timeout=timeout)))
+        except Busy as e:
+            results.append((client, e))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def queued(slots, n):
+    assert wait_until(lambda: slots.load().waiting == n, 5, step=0.01), slots.load()
+
+
+# ---- slots: pure --------------------------------------------------------------------------------
+
+
+def test_waiting_requests_are_served_per_client_in_turn_not_first_come_first_served():
+    slots = Slots(Capacity(slots=1, queue_size=10, slots_share=1.0))
+    running = slots.acquire("alice")
+    served: list = []
+    threads = []
+    for client in ("alice", "alice", "alice", "bob", "carol"):  # alice asks three times before bob and carol
+        threads.append(waiting_thread(slots, client, served))
+        queued(slots, len(threads))
+    running.release()
+    for _ in range(5):
+        assert wait_until(lambda: served and served[-1][1] is not None, 5, step=0.01)
+        count = len(served)
+        served[-1][1].release()
+        wait_until(lambda: len(served) > count or len(served) == 5, 5, step=0.01)
+    order = [client for client, _ in served]
+    assert order == ["alice", "bob", "carol", "alice", "alice"], order  # in turn, each client's own in order
+
+
+def test_one_client_holds_at_most_its_share_of_the_slots_and_of_the_queue():
+    slots = Slots(Capacity(slots=4, queue_size=4, slots_share=0.5))
+    mine = [slots.acquire("alice"), slots.acquire("alice")]
+    results: list = []
+    third = waiting_thread(slots, "alice", results)  # two slots free, but alice holds her share
+    queued(slots, 1)
+    assert slots.held_by("alice") == 2 and not results
+    bob = slots.acquire("bob", timeout=0.1)  # others are served at once
+    assert slots.held_by("bob") == 1
+    waiting_thread(slots, "alice", results)
+    queued(slots, 2)
+    with pytest.raises(Busy, match=r"you already have 2 requests waiting .*at most 2 per client"):
+        slots.acquire("alice", timeout=0.1)  # her share of the queue (4 × 0.5) is used up
+    mine[0].release()
+    third.join(5)
+    assert results and results[0][0] == "alice" and slots.held_by("alice") == 2
+    for slot in [mine[1], bob, results[0][1]]:
+        slot.release()
+    assert wait_until(lambda: len(results) == 2, 5, step=0.01)
+    results[1][1].release()
+    assert slots.load().busy == 0
+
+
+def test_a_refusal_says_a_realistic_retry_after_from_recent_hold_times_and_the_queue():
+    clock = Clock()
+    slots = Slots(Capacity(slots=2, queue_size=0, retry_after=5), clock=clock)
+    first, second = slots.acquire(None), slots.acquire(None)
+    with pytest.raises(Busy) as before:  # nothing timed yet: the configured guess
+        slots.acquire(None)
+    assert before.value.retry_after == 5
+    second.release()
+    for seconds in (12.0, 14.0, 13.0, 13.0):  # answers took 12 to 14 s
+        held = slots.acquire(None)
+        clock.now += seconds
+        held.release()
+    other = slots.acquire(None)
+    with pytest.raises(Busy) as full:
+        slots.acquire(None)
+    assert full.value.retry_after == 13 and "retry in 13 s" in str(full.value)
+    assert slots.load().refused == {"queue_full": 2}
+    for slot in (first, other):
+        slot.release()
+
+    deep_slots = Slots(Capacity(slots=2, queue_size=4, retry_after=10), clock=clock)
+    held = [deep_slots.acquire(c) for c in ("a", "b")]
+    results: list = []
+    for client in ("c", "d", "e", "f"):
+        waiting_thread(deep_slots, client, results, timeout=30)
+    queued(deep_slots, 4)
+    with pytest.raises(Busy) as deep:  # 4 ahead, 2 slots: 3 rounds of the 10 s guess
+        deep_slots.acquire("g")
+    assert deep.value.retry_after == 30
+    for slot in held:
+        slot.release()
+    released = 0
+    while released < 4:  # each waiter is served once a slot is given back
+        assert wait_until(lambda: len(results) > released, 5, step=0.01)
+        results[released][1].release()
+        released += 1
+
+
+def test_a_request_that_waits_too_long_leaves_the_queue_with_a_busy():
+    slots = Slots(Capacity(slots=1, queue_size=2, queue_timeout=0.2))
+    held = slots.acquire("a")
+    began = time.monotonic()
+    with pytest.raises(Busy, match="no generation slot became free within 0 s"):
+        slots.acquire("b")
+    assert 0.15 < time.monotonic() - began < 2
+    assert slots.load().waiting == 0 and slots.load().refused == {"timeout": 1}
+    held.release()
+    assert slots.try_acquire("b") is not None
+
+
+# ---- open sessions: pure -------------------------------------------------------------------------
+
+
+class Member:
+    def __init__(self, label):
+        self.label = label
+        self.expired_detail = None
+
+    def expire(self, detail):
+        self.expired_detail = detail
+
+
+def test_the_least_recently_used_idle_session_makes_room_and_its_owner_is_told():
+    clock = Clock()
+    sessions = OpenSessions(Capacity(open_sessions=3, sessions_per_client=2), clock=clock)
+    a, b, c = Member("a"), Member("b"), Member("c")
+    for member, client in ((a, "alice"), (b, "bob"), (c, "carol")):
+        sessions.admit(member, client)
+        clock.now += 10
+    sessions.set_state(a, "generating")  # alice is being answered: never taken
+    d = Member("d")
+    sessions.admit(d, "dave")
+    assert b.expired_detail and "idle for 20 s" in b.expired_detail and a.expired_detail is None
+    with pytest.raises(SessionExpired, match=r"^Session b expired: it was idle"):
+        sessions.set_state(b, "waiting")  # bob's next turn: chat.petals.dev's page reopens on this
+    sessions.set_state(a, IDLE)
+    assert sessions.load().states == {"idle": 3, "waiting": 0, "generating": 0}
+    assert sessions.load().expired == {"evicted": 1}
+
+
+def test_a_client_at_its_bound_makes_room_with_its_own_idle_session_and_nobody_elses():
+    sessions = OpenSessions(Capacity(open_sessions=10, sessions_per_client=2))
+    first, second, other = Member("1"), Member("2"), Member("o")
+    sessions.admit(other, "bob")
+    sessions.admit(first, "alice")
+    sessions.admit(second, "alice")
+    sessions.admit(Member("3"), "alice")
+    assert first.expired_detail and "2 sessions per client" in first.expired_detail
+    assert other.expired_detail is None and second.expired_detail is None
+
+
+def test_with_no_idle_session_a_newcomer_is_refused_and_nothing_is_taken():
+    sessions = OpenSessions(Capacity(open_sessions=2, sessions_per_client=2))
+    sessions.estimate_with(lambda: 9)
+    busy = [Member("x"), Member("y")]
+    for member in busy:
+        sessions.admit(member, "alice" if member.label == "x" else "bob")
+        sessions.set_state(member, "waiting")
+    with pytest.raises(Busy) as refused:
+        sessions.admit(Member("z"), "carol")
+    assert refused.value.retry_after == 9 and "none is idle" in str(refused.value)
+    assert all(m.expired_detail is None for m in busy) and sessions.load().refused == 1
+
+
+# ---- on the swarm --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(swarm, tiny_model):
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                        capacity=Capacity(slots=4, queue_size=8, queue_timeout=60, slots_share=0.5, open_sessions=8))
+    engine.sequence_manager(TINY_DHT_PREFIX)  # loaded now: timings below exclude it
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def app(engine, tmp_path_factory):
+    """The dashboard app with the chat, behind one trusted proxy: each spec client has its own address."""
+    data_dir = tmp_path_factory.mktemp("chat-slots")
+    store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+    store.migrate()
+    settings = Settings(data_dir=data_dir, chat_rate_limit="1000 per minute", proxy_hops=1)
+    yield create_app(settings, store, chat_blueprints=[create_blueprint(engine, ChatLimits.from_settings(settings))])
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(app):
+    with serve(app) as url:
+        yield url
+
+
+def as_client(address):
+    return {"X-Forwarded-For": address}
+
+
+def ws_session(base_url, address, max_length=256):
+    ws = WsClient.connect(base_url.replace("http://", "ws://") + "/api/v2/generate", headers=as_client(address))
+    ws.send(json.dumps({"type": "open_inference_session", "model": TINY_DHT_PREFIX, "max_length": max_length}))
+    assert json.loads(ws.receive(timeout=60)) == {"ok": True}
+    return ws
+
+
+def ws_turn(ws, inputs, tokens=4):
+    ws.send(json.dumps({"type": "generate", "inputs": inputs, "max_new_tokens": tokens}))
+    reply = json.loads(ws.receive(timeout=60))
+    assert reply["ok"], reply
+    return reply
+
+
+def complete(base_url, address, tokens=8):
+    started = time.monotonic()
+    response = requests.post(f"{base_url}/v1/completions", headers=as_client(address), timeout=120,
+                             json={"model": TINY_DHT_PREFIX, "prompt": "The capital of France is", "max_tokens": tokens,
+                                   "temperature": 0})
+    return response, time.monotonic() - started
+
+
+def test_four_idle_websocket_sessions_hold_no_slot_and_a_fifth_client_is_answered_at_once(base_url, engine):
+    """The issue's "four people reading": four chat.petals.dev sessions, asked once and left idle,
+    then an HTTP completion from someone else: answered in its usual time, without waiting; the
+    four go on chatting afterwards."""
+    _, usual = complete(base_url, "10.0.0.99")
+    readers = [ws_session(base_url, f"10.0.0.{i}") for i in range(1, 5)]
+    try:
+        for ws in readers:
+            ws_turn(ws, "Once upon a time")
+        load = engine.load()
+        assert load.sessions.states["idle"] >= 4 and load.slots.busy == 0  # reading: no slot held
+        response, took = complete(base_url, "10.0.0.50")
+        assert response.status_code == 200, response.text
+        assert took < max(3 * usual, usual + 2.0), (took, usual)
+        for ws in readers:  # and they keep chatting, in the same sessions
+            assert ws_turn(ws, " and then")["outputs"]
+    finally:
+        for ws in readers:
+            ws.close()
+
+
+def test_one_client_cannot_take_every_slot(base_url, engine):
+    """Alice sends six completions at once; she never holds more than her share (2 of 4 slots), so
+    Bob, who asks while hers run, is answered without queueing behind them."""
+    held_by_alice: list[int] = []
+    alice_done: list = []
+
+    def alice():
+        alice_done.append(complete(base_url, "10.1.0.1", tokens=96)[0].status_code)
+
+    threads = [threading.Thread(target=alice, daemon=True) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    watching = True
+
+    def watch():
+        while watching:
+            held_by_alice.append(engine.slots.held_by("10.1.0.1"))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        assert wait_until(lambda: engine.slots.held_by("10.1.0.1") == 2, 30, step=0.01)
+        assert engine.load().slots.waiting >= 1  # her others wait, though two slots are free
+        bob, took = complete(base_url, "10.1.0.2", tokens=4)
+        assert bob.status_code == 200 and engine.load().slots.waiting >= 1, "Bob went before Alice's queue emptied"
+    finally:
+        for thread in threads:
+            thread.join(120)
+        watching = False
+        watcher.join(5)
+    assert alice_done == [200] * 6
+    assert max(held_by_alice) == 2
+
+
+def test_metrics_show_slots_queue_waits_and_open_sessions(base_url, engine):
+    ws = ws_session(base_url, "10.2.0.1")
+    try:
+        ws_turn(ws, "Hello")
+        text = requests.get(f"{base_url}/metrics", timeout=30).text
+    finally:
+        ws.close()
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("swarm_monitor_chat_")}
+    assert samples['swarm_monitor_chat_slots{state="busy"}'] + samples['swarm_monitor_chat_slots{state="free"}'] == 4
+    assert samples['swarm_monitor_chat_sessions_open{state="idle"}'] >= 1
+    assert {'swarm_monitor_chat_sessions_open{state="waiting"}', 'swarm_monitor_chat_sessions_open{state="generating"}',
+            "swarm_monitor_chat_queue_requests", "swarm_monitor_chat_queue_clients",
+            "swarm_monitor_chat_retry_after_seconds", 'swarm_monitor_chat_refused_total{reason="queue_full"}',
+            'swarm_monitor_chat_sessions_expired_total{reason="evicted"}'} <= set(samples)
+    assert samples["swarm_monitor_chat_queue_wait_seconds_count"] >= 1
+    assert samples['swarm_monitor_chat_queue_wait_seconds_bucket{le="+Inf"}'] == \
+        samples["swarm_monitor_chat_queue_wait_seconds_count"]
