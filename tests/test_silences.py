@@ -31,8 +31,9 @@ def view(at: float, *, models=(), peers=()) -> SwarmView:
                      models=tuple(models), peers=tuple(peers))
 
 
-def model(state: str, prefix: str = "llama") -> ModelView:
-    return ModelView(prefix, "Llama 2", state, () if state == "healthy" else (f"blocks 0:4 make it {state}",))
+def model(state: str, prefix: str = "llama", lost=()) -> ModelView:
+    return ModelView(prefix, "Llama 2", state, () if state == "healthy" else (f"blocks 0:4 make it {state}",),
+                     troubled=tuple(lost))
 
 
 class Run:
@@ -157,6 +158,25 @@ def test_silences_match_only_their_alerts():
     sent = run.at(T0, models=[model("degraded")], peers=other)  # my-box is not announced: offline
     assert [n.rule for n in sent] == ["model-health"]
     assert [n.rule for n in run.held] == ["box"]
+
+
+SERVER_2 = ("12D3KooWBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "server-2")
+SERVER_3 = ("12D3KooWCccccccccccccccccccccccccccccccccccccccccccccc", "server-3")
+
+
+def test_a_model_alert_is_held_while_everything_the_model_lost_is_silenced():
+    run = Run(HEALTH)
+    run.silences = [silence(matcher("peer_name", "=", "server-2"))]
+    assert run.at(T0, models=[model("degraded", lost=[SERVER_2])]) == []
+    assert run.memory[("model-health", "llama")].held == (
+        "silence 1: upgrading petals (what the model lost: server-2)",)
+    # server-3 fails too, and nobody silenced it: the model's alert goes out
+    [fired] = run.at(T0 + 60, models=[model("broken", lost=[SERVER_2, SERVER_3])])
+    assert (fired.event, fired.state) == (FIRED, "broken")
+    # a degraded model that lost nothing silenced is not held by a peer's silence
+    other = Run(HEALTH)
+    other.silences = run.silences
+    assert [n.event for n in other.at(T0, models=[model("degraded")])] == [FIRED]
 
 
 # ---- the store -----------------------------------------------------------------------------------
@@ -310,8 +330,9 @@ def test_a_body_that_is_not_a_json_object_is_refused(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown(make_swarm, tmp_path):
     """An operator silences server-2 for 10 minutes and stops it: its offline alert and the model's
-    degraded one fire on the dashboard, marked silenced, and the webhook stays quiet; when the
-    operator ends the silence while the server is still down, the notices go out then."""
+    degraded one (what the model lost is server-2) fire on the dashboard, marked silenced, and the
+    webhook stays quiet; when the operator ends the silence while the server is still down, the
+    notices go out then."""
     from monitor.app.jobs import Poller
     from monitor.harness.demo_swarm import demo_layout
     from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -340,9 +361,7 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
                                        type("x", (), {"state": None})).state == "healthy", 90)
             made = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
                 "peer": server_2, "duration": "10m", "comment": "upgrading petals on server-2", "by": "operator"})
-            model_silence = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
-                "model": TINY_DHT_PREFIX, "duration": "10m", "comment": "server-2 is down for the upgrade"})
-            assert made.status_code == model_silence.status_code == 201
+            assert made.status_code == 201
             swarm.stop("server-2")
 
             def both_firing():
@@ -354,6 +373,9 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
             assert alerts, store.alerts()
             assert alerts[("server-2", server_2)].held[0].startswith("silence ")
             assert alerts[("server-2", server_2)].models == (TINY_DHT_PREFIX,)
+            name = store.peer_record(server_2).public_name or server_2
+            assert alerts[("model-health", TINY_DHT_PREFIX)].held == (
+                f"silence 1: upgrading petals on server-2 (what the model lost: {name})",)
             time.sleep(6)
             assert ops.received == []  # the webhook stays quiet
             page = client.get("/alerts").get_data(as_text=True)
@@ -366,9 +388,9 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
             overview = client.get("/").get_data(as_text=True)
             assert "held: silence" in overview
 
-            for sid in (made.get_json()["silence"]["id"], model_silence.get_json()["silence"]["id"]):
-                assert client.post(f"/api/v1/silences/{sid}/end", headers={"Authorization": f"Bearer {token}"},
-                                   json={"reason": "want to hear of it"}).status_code == 200
+            sid = made.get_json()["silence"]["id"]
+            assert client.post(f"/api/v1/silences/{sid}/end", headers={"Authorization": f"Bearer {token}"},
+                               json={"reason": "want to hear of it"}).status_code == 200
             got = ops.wait_for(1, 60)
             time.sleep(3)
             told = [n for body in ops.accepted() for n in (body.get("notices") or [body])]

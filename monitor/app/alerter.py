@@ -60,13 +60,18 @@ def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
     return probe.ok
 
 
+LOST_WITHIN = HOUR  # a server that served a model this recently and does not now is one it lost
+
+
 class PeerMemory:
-    """What the alert job remembers of peers a poll no longer shows: their public name and the
-    models they served (a stopped server's alerts still concern its model: labels, inhibition).
-    Learned from every poll; a peer not seen since the job started is looked up once."""
+    """What the alert job remembers of peers a poll no longer shows: their public name, the
+    models they served (a stopped server's alerts still concern its model: labels, inhibition)
+    and when a poll last saw each serve them (what a model lost lately: ``lost``). Learned from
+    every poll; a watched peer not seen since the job started is looked up once."""
 
     def __init__(self) -> None:
         self.known: dict[str, tuple[Optional[str], tuple[str, ...]]] = {}  # peer id -> (name, models)
+        self.serving: dict[tuple[str, str], float] = {}  # (model, peer id) -> last poll that saw it ONLINE
         self._looked_up: set[str] = set()
 
     def learn(self, snapshot: Optional[Snapshot]) -> None:
@@ -76,8 +81,18 @@ class PeerMemory:
             models.add(row.model)
             if name is None and row.public_name:
                 seen[row.peer_id] = (row.public_name, models)
+            if row.state == ONLINE:
+                self.serving[(row.model, row.peer_id)] = snapshot.taken_at
         for peer, (name, models) in seen.items():
             self.known[peer] = (name, tuple(sorted(models)))
+        if snapshot is not None:
+            for key in [k for k, at in self.serving.items() if snapshot.taken_at - at > LOST_WITHIN]:
+                del self.serving[key]
+
+    def lost(self, model: str, serving_now: set[str]) -> tuple[tuple[str, Optional[str]], ...]:
+        """(peer id, name) of the model's servers of the last hour not in ``serving_now``."""
+        return tuple((peer, self.known.get(peer, (None, ()))[0])
+                     for (m, peer), _ in sorted(self.serving.items()) if m == model and peer not in serving_now)
 
     def look_up(self, store, targets, present: set[str]) -> None:
         """Watched targets (ids or names) no poll showed since the start: from the store, once."""
@@ -127,15 +142,21 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
     """The latest successful poll, its diagnoses, the latest probes and scores, as a SwarmView;
     ``memory`` learns the poll's peers and looks up the watched ``targets`` it does not show."""
     snapshot = store.latest_snapshot()
-    if memory is not None and needs_peers:
+    if memory is not None:
         memory.learn(snapshot)
         present = {v for row in (snapshot.servers if snapshot else ()) for v in (row.peer_id, row.public_name) if v}
         memory.look_up(store, targets, present)
     probes = store.latest_reachability()
     diagnoses = store.latest_diagnoses() if snapshot is not None else {}
+    def serving(prefix: str) -> set[str]:
+        excluded = diagnoses[prefix].excluded_peers
+        return {row.peer_id for row in snapshot.servers
+                if row.model == prefix and row.state == ONLINE and row.peer_id not in excluded}
+
     models = tuple(
         core.ModelView(dht_prefix=model.dht_prefix, name=model.name or model.dht_prefix,
-                       state=diagnoses[model.dht_prefix].state, reasons=tuple(diagnoses[model.dht_prefix].reasons))
+                       state=diagnoses[model.dht_prefix].state, reasons=tuple(diagnoses[model.dht_prefix].reasons),
+                       troubled=memory.lost(model.dht_prefix, serving(model.dht_prefix)) if memory is not None else ())
         for model in (snapshot.models if snapshot else ()) if model.dht_prefix in diagnoses
     )
     configured = set(settings.resolved_initial_peers)

@@ -88,6 +88,7 @@ class ModelView:
     name: str
     state: str  # healthy | degraded | broken (``diagnosis``)
     reasons: tuple[str, ...] = ()
+    troubled: tuple[tuple[str, Optional[str]], ...] = ()  # (peer id, name) of its recent servers not serving now
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class Condition:
     models: tuple[str, ...] = ()  # the model, or the models a peer serves (labels, inhibition)
     peer: Optional[str] = None  # the peer's id, when known
     peer_name: Optional[str] = None
+    causes: tuple[tuple[str, Optional[str]], ...] = ()  # a model's: the servers it lost (``muting.holds``)
 
 
 # ---- the memory and the output --------------------------------------------------------------
@@ -173,6 +175,7 @@ class Alert:
     peer_name: Optional[str] = None
     held: tuple[str, ...] = ()  # why its notices are held now (``muting.holds``); empty: they are not
     announced_state: Optional[str] = None  # the state its receivers were last told; None: told nothing
+    causes: tuple[tuple[str, Optional[str]], ...] = ()  # a model alert's: the servers it lost
 
     @property
     def key(self) -> tuple[str, str]:
@@ -271,7 +274,8 @@ def _model_condition(rule: Rule, dht_prefix: str, model: Optional[ModelView]) ->
         summary = f"{label} is {state} again" if state == HEALTHY else f"{label} is {state}"
     return Condition(subject=dht_prefix, label=label, active=active, state=state if active else "ok",
                      severity=severity_for(rule.kind, state if active else "ok"),
-                     summary=short_error(summary, SUMMARY_CHARS), details=_details(reasons), models=(dht_prefix,))
+                     summary=short_error(summary, SUMMARY_CHARS), details=_details(reasons), models=(dht_prefix,),
+                     causes=model.troubled if active and model is not None else ())
 
 
 def _model_conditions(rule: Rule, view: SwarmView) -> dict[str, Condition]:
@@ -419,7 +423,8 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
                 # a peer no poll sees any more still concerns what it served
                 models=condition.models or (alert.models if alert is not None else ()),
                 peer=condition.peer or (alert.peer if alert is not None else None),
-                peer_name=condition.peer_name or (alert.peer_name if alert is not None else None))
+                peer_name=condition.peer_name or (alert.peer_name if alert is not None else None),
+                causes=condition.causes or (alert.causes if alert is not None else ()))
     if alert is None or alert.status == PENDING:
         since = alert.since if alert is not None else now
         alert = Alert(rule=rule.name, kind=rule.kind, subject=condition.subject, status=PENDING,
@@ -490,7 +495,7 @@ def _tell(memory: Mapping[tuple[str, str], Alert], alerts: dict[tuple[str, str],
 
 
 def _subjects(alerts: Mapping[tuple[str, str], Alert]) -> list[muting.Subject]:
-    return [muting.Subject(key, alert.labels, alert.status == FIRING) for key, alert in alerts.items()]
+    return [muting.Subject(key, alert.labels, alert.status == FIRING, alert.causes) for key, alert in alerts.items()]
 
 
 def evaluate(rules: Iterable[Rule], view: SwarmView, memory: Mapping[tuple[str, str], Alert],

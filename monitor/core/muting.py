@@ -12,6 +12,11 @@ decides what is then told, and when). Three things hold an alert, as in Promethe
   with it are held. The default rule holds the per-peer alerts of a model's servers while one of
   the model's alerts fires: one cause, one notice.
 
+A model's alert is also held when everything it lost is held: every server of the model that
+served it lately and does not now (its *causes*) is under a silence or a maintenance window (an
+operator who silences server-2 and stops it hears nothing of the model degrading because of it;
+a second server failing meanwhile is not silenced, and the model's alert goes out).
+
 Labels (what matchers see; ``labels``): ``alertname`` (``Petals`` + the kind, as the Prometheus
 rules name them), ``rule``, ``kind``, ``severity``, ``subject``, ``model`` (the model; for a peer
 alert every model the peer serves), ``peer`` (its id when known) and ``peer_name``. A label may
@@ -183,6 +188,7 @@ class Subject:
     key: tuple[str, str]
     labels: Labels
     firing: bool
+    causes: tuple[tuple[str, Optional[str]], ...] = ()  # a model alert's lost servers: (peer id, name)
 
 
 def _shares(a: Labels, b: Labels, names: Sequence[str]) -> bool:
@@ -196,17 +202,27 @@ def holds(subjects: Sequence[Subject], mutes: Mutes, now: float) -> dict[tuple[s
     silences = [s for s in mutes.silences if s.active(now)]
     windows = windows_in_force(mutes.windows, now) if mutes.windows else []
     sources = [(rule, s) for rule in mutes.inhibit for s in subjects if s.firing and matches_all(rule.source, s.labels)]
+    def silenced_or_maintained(found: Labels) -> list[str]:
+        why = [f"{SILENCE} {s.id}: {s.comment}" for s in silences if s.matches(found)]
+        return why + [f"{MAINTENANCE} {w.id}: {w.reason}" for w in windows if w.covers(
+            models=found.get("model", ()), peers=(*found.get("peer", ()), *found.get("peer_name", ())))]
+
     held: dict[tuple[str, str], tuple[str, ...]] = {}
     for subject in subjects:
-        why = [f"{SILENCE} {s.id}: {s.comment}" for s in silences if s.matches(subject.labels)]
         found = subject.labels
-        why += [f"{MAINTENANCE} {w.id}: {w.reason}" for w in windows
-                if w.covers(models=found.get("model", ()), peers=(*found.get("peer", ()), *found.get("peer_name", ())))]
+        why = silenced_or_maintained(found)
         for rule, source in sources:
             if source.key != subject.key and matches_all(rule.target, found) and _shares(source.labels, found,
                                                                                          rule.equal):
                 why.append(f"{INHIBITED} by {source.key[0]}/{source.key[1]}")
                 break
+        if not why and subject.causes:
+            per_cause = [silenced_or_maintained({"model": found.get("model", ()), "peer": (peer,),
+                                                 **({"peer_name": (name,)} if name else {})})
+                         for peer, name in subject.causes]
+            if all(per_cause):
+                names = ", ".join(name or peer for peer, name in subject.causes)
+                why = [f"{reasons[0]} (what the model lost: {names})" for reasons in per_cause[:1]]
         if why:
             held[subject.key] = tuple(why)
     return held

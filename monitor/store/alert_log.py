@@ -27,6 +27,7 @@ from monitor.store.schema import AlertDeliveryRow, AlertEventRow, AlertRow, Stor
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"  # a delivery's status
 EVALUATED_AT = "alerts_evaluated_at"  # store_meta key: the alert job's latest evaluation (a heartbeat)
 DELIVERY_STATUSES = (PENDING, DELIVERED, FAILED)
+MAX_CAUSES = 500  # a model alert's lost servers kept (a whole swarm's)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def _alert_values(alert: Alert) -> dict:
             "since": alert.since, "fired_at": alert.fired_at, "notified_at": alert.notified_at,
             "next_state": alert.next_state, "next_since": alert.next_since, "models": jsonable(alert.models),
             "peer": _cut(alert.peer, 128), "peer_name": _cut(alert.peer_name, 200),
-            "held": jsonable([_cut(why, 300) for why in alert.held]), "announced_state": alert.announced_state}
+            "held": jsonable([_cut(why, 300) for why in alert.held]), "announced_state": alert.announced_state,
+            "causes": jsonable([[peer, name] for peer, name in alert.causes[:MAX_CAUSES]])}
 
 
 def _alert(row) -> Alert:
@@ -75,7 +77,7 @@ def _alert(row) -> Alert:
                  details=tuple(row.details or ()), fired_at=row.fired_at, notified_at=row.notified_at,
                  next_state=row.next_state, next_since=row.next_since, models=tuple(row.models or ()),
                  peer=row.peer, peer_name=row.peer_name, held=tuple(row.held or ()),
-                 announced_state=row.announced_state)
+                 announced_state=row.announced_state, causes=tuple((p, n) for p, n in (row.causes or ())))
 
 
 def _notice(fields, prefix: str = "") -> Notice:

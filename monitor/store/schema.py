@@ -265,6 +265,7 @@ class AlertRow(SQLModel, table=True):
     peer_name: Optional[str] = Field(default=None, max_length=200)
     held: Any = _json_field()  # list of reasons (``core/muting.py``)
     announced_state: Optional[str] = Field(default=None, max_length=32)
+    causes: Any = _json_field()  # a model alert's lost servers: [[peer id, name], ...]
 
 
 class AlertEventRow(SQLModel, table=True):

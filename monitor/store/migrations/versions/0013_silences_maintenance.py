@@ -4,8 +4,8 @@
 (one-off or recurring by weekdays and a time, or by cron, in a time zone; global, per model or
 per peer) and ``mute_changes`` (every creation and ending: who, when, how, why). ``alerts`` and
 ``alert_events`` learn what an alert concerns (``models``, ``peer``, ``peer_name``: its labels),
-why it is held (``held``) and what its receivers were told (``announced_state``: firing alerts
-of before this revision were told their state).
+why it is held (``held``), what its receivers were told (``announced_state``: firing alerts of
+before this revision were told their state) and, for a model's, the servers it lost (``causes``).
 
 Revision ID: 0013
 Revises: 0012
@@ -32,6 +32,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("peer_name", sa.String(length=200), nullable=True))
         batch.add_column(sa.Column("held", _json(), nullable=True))
         batch.add_column(sa.Column("announced_state", sa.String(length=32), nullable=True))
+        batch.add_column(sa.Column("causes", _json(), nullable=True))
     op.execute("UPDATE alerts SET announced_state = state WHERE status = 'firing'")
     with op.batch_alter_table("alert_events") as batch:
         batch.add_column(sa.Column("models", _json(), nullable=True))
@@ -100,5 +101,5 @@ def downgrade() -> None:
         for column in ("held", "peer_name", "peer", "models"):
             batch.drop_column(column)
     with op.batch_alter_table("alerts") as batch:
-        for column in ("announced_state", "held", "peer_name", "peer", "models"):
+        for column in ("causes", "announced_state", "held", "peer_name", "peer", "models"):
             batch.drop_column(column)
