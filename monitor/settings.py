@@ -106,6 +106,9 @@ class Settings(BaseModel):
     admin_token_file: Optional[Path] = None  # else <data_dir>/admin_token, generated at first start
     # Host headers accepted; empty: the listen address, localhost, 127.0.0.1 and [::1]
     trusted_hosts: list[str] = []
+    # Origins whose pages may call the chat APIs from a browser (CORS, no credentials): "*" (any,
+    # as chat.petals.dev) or "https://example.org"; read-only APIs, badges and feeds answer any origin
+    chat_cors_origins: list[str] = ["*"]
     proxy_hops: int = Field(default=0, ge=0, le=8)  # >0: behind that many TLS reverse proxies (ProxyFix)
     max_request_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)  # bodies and WebSocket messages
     chat_rate_limit: str = "30 per minute; 300 per hour"  # per client, on every chat API
@@ -204,7 +207,7 @@ class Settings(BaseModel):
         return self.database_url or f"sqlite:///{self.data_dir / 'monitor.db'}"
 
 
-_LIST_FIELDS = {"initial_peers", "pinned_peers", "blocked_peers", "trusted_hosts"}
+_LIST_FIELDS = {"initial_peers", "pinned_peers", "blocked_peers", "trusted_hosts", "chat_cors_origins"}
 
 
 def _from_env(environ) -> dict[str, Any]:

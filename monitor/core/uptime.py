@@ -83,7 +83,7 @@ class Day:
     up: float
     observed: float
     maintenance: float
-    outages: tuple[tuple[float, float], ...] = ()  # broken stretches, clipped to the day
+    outages: tuple[tuple[float, float], ...] = ()  # broken stretches, clipped to the day, maintenance left out
     states: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -191,11 +191,27 @@ def days(points: Sequence[StatusPoint], now: float, *, count: int = 90,
     found = []
     for index, t in enumerate(tallies):
         lo, hi = first + index * DAY, min(first + (index + 1) * DAY, now)
-        clipped = tuple((max(a, lo), min(b if b is not None else now, hi)) for a, b in outages
-                        if a < hi and (b is None or b > lo))
+        clipped = [(max(a, lo), min(b if b is not None else now, hi)) for a, b in outages
+                   if a < hi and (b is None or b > lo)]
         found.append(Day(start=lo, end=hi, state=day_state(t), up=t.up, observed=t.observed,
-                         maintenance=t.maintenance, outages=tuple((a, b) for a, b in clipped if b > a),
+                         maintenance=t.maintenance, outages=tuple(_outside(clipped, overlap.intervals)),
                          states=dict(t.states)))
+    return found
+
+
+def _outside(intervals: Sequence[tuple[float, float]], held: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of ``intervals`` outside the merged intervals ``held`` (an outage during
+    maintenance is not an outage)."""
+    found = []
+    for a, b in intervals:
+        for lo, hi in held:
+            if hi <= a or lo >= b:
+                continue
+            if lo > a:
+                found.append((a, lo))
+            a = max(a, hi)
+        if b > a:
+            found.append((a, b))
     return found
 
 

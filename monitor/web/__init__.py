@@ -113,12 +113,14 @@ def _refuse_foreign_hosts(app: Flask) -> None:
 
 
 def _extensions(app: Flask, settings: Settings):
-    """htmx, the templates' filters, operator auth (sessions, CSRF) and the app's rate limiter."""
-    from monitor.web import auth, filters, limits
+    """htmx, the templates' filters, operator auth (sessions, CSRF), cross-origin reads (CORS) and
+    the app's rate limiter."""
+    from monitor.web import auth, cors, filters, limits
 
     HTMX(app)
     filters.register(app)
     auth.init_app(app, settings)
+    cors.init_app(app, settings)
     return limits.init_app(app, settings)
 
 
@@ -127,6 +129,10 @@ def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> N
     from monitor.web import alerts, api, assets, demo, health, limits, metrics, mutes, my_server, pages, search
 
     for module in (assets, pages, api, metrics, health, alerts, mutes, search, my_server):
+        app.register_blueprint(module.bp)
+    from monitor.web import badges, notes, status
+
+    for module in (badges, status, notes):
         app.register_blueprint(module.bp)
     app.extensions[metrics.REGISTRY] = metrics.registry_for(d)
     limits.limit_reachability(app, limiter)

@@ -215,41 +215,93 @@ def _peer_layout(traces: Sequence[dict], times: Sequence[float], since: float, u
     )
 
 
-def peer_state_timeline(observations: Sequence, *, since: float, until: float) -> dict:
-    """The peer's announced state per model over time (a step line: offline / joining / online)."""
+def _by_model(observations: Sequence) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for o in sorted(observations, key=lambda o: o.at):
+        found.setdefault(o.model, []).append(o)
+    return dict(sorted(found.items()))
+
+
+def run_ends(observations: Sequence, latest: Optional[float]) -> list[float]:
+    """When each of one model's observations (oldest first; merged runs) stops holding: at the
+    next one, and the last at ``latest`` (the latest observation's time: the last poll that saw
+    or missed the peer), so a series runs to its latest observation instead of stopping at the
+    peer's last change."""
+    ends = [following.at for following in observations[1:]]
+    if observations:
+        last = observations[-1].at
+        ends.append(max(last, latest) if latest is not None else last)
+    return ends
+
+
+def peer_state_timeline(observations: Sequence, *, since: float, until: float,
+                        latest: Optional[float] = None) -> dict:
+    """The peer's announced state per model over time (a step line: offline / joining / online),
+    each model's line running to ``latest`` (``run_ends``)."""
     traces = []
-    for model in sorted({o.model for o in observations}):
-        obs = [o for o in observations if o.model == model]
+    for model, obs in _by_model(observations).items():
+        x = [utc(o.at) for o in obs]
+        y = [STATE_LEVEL.get(o.state, 0) for o in obs]
+        text = [o.state.lower() + ("" if o.seen else " (not announced)") for o in obs]
+        end = run_ends(obs, latest)[-1]
+        if end > obs[-1].at:  # the last state holds to the latest observation
+            x.append(utc(end))
+            y.append(y[-1])
+            text.append(text[-1] + ", as of the latest poll")
         traces.append(dict(
             type="scatter",
-            x=[utc(o.at) for o in obs], y=[STATE_LEVEL.get(o.state, 0) for o in obs], name=plain(model),
+            x=x, y=y, name=plain(model),
             mode="lines+markers", line=dict(shape="hv", width=2), marker=dict(size=4),
-            text=[o.state.lower() + ("" if o.seen else " (not announced)") for o in obs],
+            text=text,
             hovertemplate="%{x} UTC: %{text}<extra>" + plain(model) + "</extra>",
         ))
     states = dict(tickvals=[0, 1, 2], ticktext=["offline", "joining", "online"], range=[-0.3, 2.3])
-    return _figure(traces, _peer_layout(traces, [o.at for o in observations], since, until, yaxis=states))
+    times = [o.at for o in observations] + ([latest] if latest is not None and observations else [])
+    return _figure(traces, _peer_layout(traces, times, since, until, yaxis=states))
 
 
-def peer_throughput(observations: Sequence, *, since: float, until: float) -> dict:
-    """Announced throughput (tokens/s) and measured inference RPS over time."""
-    seen = [o for o in observations if o.seen and o.throughput is not None]
+def _held(observations: Sequence, value, latest: Optional[float]) -> tuple[list, list]:
+    """(x, y) of a value announced while the peer was seen, each model's runs held until they end
+    (``run_ends``), a gap (None) where the peer was not seen or announced no value."""
+    x: list = []
+    y: list = []
+    for obs in _by_model(observations).values():
+        if x:
+            x.append(x[-1])
+            y.append(None)
+        for o, end in zip(obs, run_ends(obs, latest)):
+            v = value(o) if o.seen else None
+            if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                if y and y[-1] is not None:
+                    x.append(utc(o.at))
+                    y.append(None)
+                continue
+            x += [utc(o.at), utc(end)] if end > o.at else [utc(o.at)]
+            y += [v, v] if end > o.at else [v]
+    return x, y
+
+
+def peer_throughput(observations: Sequence, *, since: float, until: float, latest: Optional[float] = None) -> dict:
+    """Announced throughput (tokens/s) and measured inference RPS over time, each value held
+    while it was announced and the last one to ``latest`` (``run_ends``)."""
+    x, y = _held(observations, lambda o: o.throughput, latest)
     traces = [dict(
         type="scatter",
-        x=[utc(o.at) for o in seen], y=_clean(o.throughput for o in seen), name="announced throughput",
+        x=x, y=y, name="announced throughput",
         mode="lines+markers", line=dict(color=COLORS["accent"], width=2), marker=dict(size=3),
         hovertemplate="%{x} UTC: %{y:.1f} tokens/s<extra></extra>",
     )]
-    rps = [o for o in seen if o.inference_rps is not None]
-    if rps:
+    rx, ry = _held(observations, lambda o: o.inference_rps, latest)
+    if any(v is not None for v in ry):
         traces.append(dict(
             type="scatter",
-            x=[utc(o.at) for o in rps], y=_clean(o.inference_rps for o in rps), name="inference rps",
+            x=rx, y=ry, name="inference rps",
             mode="lines", line=dict(color=COLORS["online"], width=1, dash="dot"),
             hovertemplate="%{x} UTC: %{y:.1f} inference rps<extra></extra>",
         ))
-    return _figure(traces, _peer_layout(traces, [o.at for o in seen], since, until,
-                                        yaxis=dict(title=dict(text="tokens/s"), rangemode="tozero")))
+    seen = [o.at for o in observations if o.seen and o.throughput is not None]
+    return _figure(traces, _peer_layout(traces, seen + ([latest] if latest is not None and seen else []), since,
+                                        until, yaxis=dict(title=dict(text="tokens/s"), rangemode="tozero")))
 
 
 def peer_probes(probes: Sequence[tuple], *, since: float, until: float) -> dict:

@@ -44,9 +44,10 @@ def cached(d, cur, key: tuple, compute: Callable[[], Any]):
 def rendered(d, cur, key: tuple, now: float, render: Callable[[], Any]):
     """HTML shared by every visitor, once per store state, ``key`` and ``LIVE_SECONDS``: nothing
     of one visitor may be in it (operator controls, CSRF tokens). Its links start with the
-    request's script root (a proxy's ``X-Forwarded-Prefix``), so that is part of the key: one
-    visitor's forwarded prefix never reaches another's page."""
-    return d.cache.now(cur.marks, now, ("html", request.script_root, key), render)
+    request's script root (a proxy's ``X-Forwarded-Prefix``) and the badges' Markdown with its
+    host, so both are part of the key (``request.url_root``): one visitor's forwarded prefix or
+    host name never reaches another's page."""
+    return d.cache.now(cur.marks, now, ("html", request.url_root, key), render)
 
 
 # ---- "my server" ------------------------------------------------------------------------------
@@ -84,13 +85,16 @@ def history(d, cur, peer_id: str, hours: float, now: float) -> dict:
     def build() -> dict:
         since = now - hours * 3600
         found = d.store.peer_history(peer_id, since, now, merge_runs=True)
+        # every ok poll since the peer appeared observed it (seen or not), so its series run to the
+        # latest poll: merged runs say only when each run began
+        latest = min(cur.snapshot.taken_at, now) if cur.snapshot is not None else None
         probes = downsample_probes(found.probes, since, now)
         return dict(
             history=replace(found, probes=probes),
             uptime=peer_uptime(d.store, peer_id, found, since, now),
             figures=dict(
-                states=charts.peer_state_timeline(found.observations, since=since, until=now),
-                throughput=charts.peer_throughput(found.observations, since=since, until=now),
+                states=charts.peer_state_timeline(found.observations, since=since, until=now, latest=latest),
+                throughput=charts.peer_throughput(found.observations, since=since, until=now, latest=latest),
                 probes=charts.peer_probes(probes, since=since, until=now),
                 chats=charts.peer_chat_outcomes(found.outcomes, since=since, until=now),
             ),

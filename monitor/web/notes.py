@@ -1,0 +1,158 @@
+"""Incident notes over HTTP: operators post, update and resolve them; everyone reads them.
+
+- ``GET /api/v1/notes`` (``?days=``: resolved ones of the last days too, default 7, at most 90) and
+  ``GET /api/v1/notes/<id>`` — notes with their history, for anyone;
+- ``POST /api/v1/notes`` (``scope`` swarm | model | peer, ``target``, ``text``, ``author``),
+  ``POST /api/v1/notes/<id>`` (new ``text``) and ``POST /api/v1/notes/<id>/resolve`` (optional
+  last ``text``) — operators only, with ``Authorization: Bearer <token>``; JSON or a form;
+- the same three under ``/notes`` for the status page's forms (a logged-in session and its CSRF
+  token); they answer with a redirect to the status page (or a same-site ``next``).
+
+Everything sent is checked here, where it enters (``core.incidents``' rules for the text and
+author, ``security`` for the target): an anonymous request gets 401 (403 without a CSRF token),
+a bad field, a text too long or with control characters, or an id that is not a number 400, an
+unknown id 404 — and the store is left as it was. Templates escape the text; it is never markup.
+The overview, the model page and the status page show the notes (``incident_notes``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from flask import Blueprint, abort, jsonify, redirect, request, url_for
+
+from monitor.core import incidents
+from monitor.core.common import DAY
+from monitor.core.incidents import MODEL, PEER, Note
+from monitor.store import StoreError
+from monitor.web import auth, deps, security
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("notes", __name__)
+
+MAX_ID_DIGITS = 15
+MAX_DAYS = 90
+
+
+def _fields() -> dict:
+    body = request.get_json(silent=True) if request.is_json else None
+    if request.is_json and not isinstance(body, dict):
+        abort(400, description="send a JSON object with scope, target and text (or a form)")
+    return body if body is not None else request.form.to_dict()
+
+
+def _note_id(raw: str) -> int:
+    if not raw.isdigit() or len(raw) > MAX_ID_DIGITS:
+        abort(400, description=f"{raw[:40]!r} is not a note id (a positive number)")
+    return int(raw)
+
+
+def _checked(check, value):
+    try:
+        return check(value)
+    except ValueError as e:
+        abort(400, description=str(e))
+
+
+def _target(scope: str, target: Optional[str]) -> Optional[str]:
+    if scope == MODEL:
+        security.require_dht_prefix(target or "")
+    elif scope == PEER:
+        security.require_peer_id(target or "")
+    return target
+
+
+def _via() -> str:
+    return "api token" if request.headers.get("Authorization", "").lower().startswith("bearer ") else "browser session"
+
+
+def _is_api() -> bool:
+    return request.path.startswith("/api/")
+
+
+def _answer(note: Note, status: int = 200):
+    if _is_api():
+        return jsonify(note=note.to_dict()), status
+    target = request.form.get("next") or ""
+    safe = target.startswith("/") and not target.startswith("//") and "\\" not in target
+    return redirect(target if safe else url_for("status.page") + f"#note-{note.id}", code=303)
+
+
+@bp.get("/api/v1/notes")
+def list_api():
+    """Open notes, and those resolved within ``?days=`` (default 7), newest change first."""
+    raw = request.args.get("days", "7")
+    if not raw.isdigit() or not 0 <= int(raw) <= MAX_DAYS:
+        abort(400, description=f"days must be a whole number from 0 to {MAX_DAYS}, got {raw[:20]!r}")
+    found = deps().store.notes(resolved_since=time.time() - int(raw) * DAY)
+    return jsonify(notes=[n.to_dict() for n in found])
+
+
+@bp.get("/api/v1/notes/<note_id>")
+def one_api(note_id: str):
+    note = deps().store.note(_note_id(note_id))
+    if note is None:
+        abort(404, description=f"no note {note_id}")
+    return jsonify(note=note.to_dict())
+
+
+@bp.post("/api/v1/notes")
+@bp.post("/notes")
+@auth.operator_required
+def post():
+    fields = _fields()
+    scope, target = _checked(lambda v: incidents.check_scope(*v), (fields.get("scope"), fields.get("target") or None))
+    target = _target(scope, target)
+    text = _checked(incidents.check_text, fields.get("text"))
+    author = _checked(incidents.check_author, fields.get("author"))
+    store = deps().store
+    note_id = store.post_note(scope, target, text, author=author, via=_via())
+    return _answer(store.note(note_id), 201)
+
+
+@bp.post("/api/v1/notes/<note_id>")
+@bp.post("/notes/<note_id>")
+@auth.operator_required
+def update(note_id: str):
+    key = _note_id(note_id)
+    fields = _fields()
+    text = _checked(incidents.check_text, fields.get("text"))
+    author = _checked(incidents.check_author, fields.get("author"))
+    note = deps().store.update_note(key, text, author=author, via=_via())
+    if note is None:
+        abort(404, description=f"no note {note_id}")
+    return _answer(note)
+
+
+@bp.post("/api/v1/notes/<note_id>/resolve")
+@bp.post("/notes/<note_id>/resolve")
+@auth.operator_required
+def resolve(note_id: str):
+    key = _note_id(note_id)
+    fields = _fields()
+    text = _checked(incidents.check_text, fields["text"]) if (fields.get("text") or "").strip() else None
+    author = _checked(incidents.check_author, fields.get("author"))
+    note = deps().store.resolve_note(key, text=text, author=author, via=_via())
+    if note is None:
+        abort(404, description=f"no note {note_id}")
+    return _answer(note)
+
+
+def incident_notes(model: Optional[str] = None, peers: tuple[str, ...] = (), *, everything: bool = False) -> list[Note]:
+    """Open notes for a page: all of them (``everything``: the overview), else the swarm's and
+    those about ``model`` or ``peers``. Never raises: while the database is away the pages show
+    the last state they read, without notes."""
+    try:
+        found = [n for n in deps().store.notes(resolved_since=None) if n.open]
+    except StoreError as e:
+        log.warning("incident notes unavailable: %s", e)
+        return []
+    return found if everything else [n for n in found if n.about(model=model, peers=tuple(peers))]
+
+
+@bp.app_context_processor
+def _helpers():
+    return {"incident_notes": incident_notes}

@@ -1,0 +1,195 @@
+"""Spec: the status page (README: Dashboard, Status page) — per model, a bar of the last 90 UTC days
+coloured by each day's worst state, with the day's uptime, outages and maintenance on hover and on
+keyboard focus; uptime over 24 h, 7 d and 30 d with maintenance left out (and said so); the Atom
+feed of state changes and notes.
+
+The history is written through the store's own write path (``Store.record_poll`` with each poll's
+diagnosis, then ``rollup_and_prune`` as the scheduler runs it, so older days are hourly rollups and
+the last two are raw polls), with a known state per day; a maintenance window is made through the
+store as the operators' API makes it. The page is rendered by the real app and drawn by Chromium.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+
+import pytest
+
+from monitor.core import uptime
+from monitor.core.common import DAY, HOUR
+from monitor.core.diagnosis import ModelHealth
+from monitor.core.maintenance import MaintenanceWindow
+from monitor.core.snapshot import Snapshot
+from monitor.core.uptime import StatusPoint
+from monitor.store import Store
+from monitor.web import create_app
+from support import TINY, serve, web_settings
+
+POLL_EVERY = 3 * HOUR
+# days ago -> the state of each of its polls (every 3 h, from 00:10 UTC); a missing day: no poll
+PLAN = {
+    9: ["healthy"] * 8,
+    8: ["healthy"] * 4 + ["degraded"] + ["healthy"] * 3,
+    7: ["healthy"] * 2 + ["broken"] + ["healthy"] * 5,
+    6: ["broken"] * 4 + ["healthy"] * 4,  # the broken half inside a maintenance window
+    4: ["healthy"] * 8,
+    3: ["healthy"] * 8,
+    2: ["healthy"] * 8,
+    1: ["healthy"] * 8,  # raw polls from here on (raw retention: 2 days)
+    0: ["degraded"] * 8,
+}
+EXPECTED = {9: "healthy", 8: "degraded", 7: "broken", 6: "maintenance", 5: "no data", 4: "healthy", 1: "healthy",
+            0: "degraded", 20: "no data"}
+# the page's colours (static/app.css, light scheme)
+COLOURS = {"healthy": "rgb(46, 157, 87)", "degraded": "rgb(212, 154, 22)", "broken": "rgb(214, 69, 69)",
+           "maintenance": "rgb(59, 111, 212)", "no data": "rgb(201, 206, 214)"}
+
+
+def health(state: str) -> ModelHealth:
+    base = ModelHealth.not_diagnosed(TINY.dht_prefix, TINY.num_blocks, "unused")
+    return replace(base, state=state, reasons=() if state == "healthy" else (f"the model is {state}",),
+                   coverage_pct=100.0 if state != "broken" else 50.0, servers_online=2)
+
+
+def day_start(now: float, days_ago: int) -> float:
+    return math.floor(now / DAY) * DAY - days_ago * DAY
+
+
+def write_history(store: Store, now: float) -> None:
+    """``PLAN`` through the poller's write path, then the hourly rollup and retention."""
+    last = None
+    for days_ago in sorted(PLAN, reverse=True):
+        for k, state in enumerate(PLAN[days_ago]):
+            at = day_start(now, days_ago) + k * POLL_EVERY + 600
+            if at > now - 120:
+                break
+            store.record_poll(Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=()), [health(state)])
+            last = state
+    # today's last poll, a minute ago (today always has one, whatever the hour now)
+    store.record_poll(Snapshot(taken_at=now - 60, duration=0.5, models=(TINY,), servers=()), [health(last)])
+    store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=90)
+
+
+@pytest.fixture
+def status_app(tmp_path):
+    now = time.time()
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    write_history(store, now)
+    six = day_start(now, 6)
+    store.create_maintenance_window(MaintenanceWindow(
+        id=0, scope="model", target=TINY.dht_prefix, starts_at=six, ends_at=six + 12 * HOUR,
+        reason="upgrading every server to petals 2.3", created_at=now, created_by="spec"), via="api token")
+    settings = web_settings(data_dir=tmp_path, admin_token="t" * 32)
+    app = create_app(settings, store)
+    yield app, store, now
+    store.close()
+
+
+def test_uptime_spreads_each_point_over_its_time_and_leaves_maintenance_out():
+    """The arithmetic, by hand: an hourly row half broken, two polls of a few minutes."""
+    points = [StatusPoint(0, {"healthy": 60}, HOUR), StatusPoint(HOUR, {"broken": 30, "healthy": 30}, HOUR),
+              StatusPoint(2 * HOUR, {"healthy": 1}, 180), StatusPoint(2 * HOUR + 60, {"broken": 1}, 180)]
+    t = uptime.tally(points, 0, 2 * HOUR + 100)
+    assert (t.up, t.observed, t.maintenance) == (3600 + 1800 + 60, 2 * HOUR + 100, 0)
+    assert t.worst == "broken"
+    held = uptime.tally(points, 0, 2 * HOUR + 100, maintenance=[(HOUR, HOUR + 1800)])
+    assert (held.up, held.observed, held.maintenance) == (3600 + 900 + 60, 3600 + 1800 + 100, 1800)
+    # a poll stands at most its hold: a poller down for an hour leaves a gap, not a stretched state
+    gap = uptime.tally([StatusPoint(0, {"broken": 1}, 180), StatusPoint(HOUR, {"healthy": 1}, 180)], 0, HOUR + 180)
+    assert (gap.up, gap.observed) == (180, 360)
+    assert uptime.percent(0.99999) == "99.99%" and uptime.percent(1.0) == "100%" and uptime.percent(None) == "no data"
+
+
+def test_each_day_says_its_worst_state_maintenance_or_no_data(status_app):
+    app, store, now = status_app
+    with app.app_context():
+        from monitor.web import deps, queries, status
+
+        d = deps()
+        [row] = status.model_statuses(d, queries.current(d), now)
+    assert len(row.days) == 90 and row.days[-1].end == pytest.approx((now // 60) * 60)
+    by_age = {round((day_start(now, 0) - day.start) / DAY): day for day in row.days}
+    assert {age: by_age[age].state for age in EXPECTED} == EXPECTED
+    six = by_age[6]
+    assert six.maintenance == pytest.approx(4 * HOUR) and six.observed == pytest.approx(4 * HOUR)
+    # outages come from the state changes (polls every 3 h here: broken from 06:10 to 09:10), and
+    # leave out what a maintenance window covers (day 6: broken until 12:10, the window until 12:00)
+    seven = day_start(now, 7)
+    assert by_age[7].outages == ((seven + 6 * HOUR + 600, seven + 9 * HOUR + 600),)
+    assert by_age[7].states["broken"] == pytest.approx(HOUR)  # the hourly row of its one broken poll
+    assert six.outages == ((day_start(now, 6) + 12 * HOUR, day_start(now, 6) + 12 * HOUR + 600),)
+    assert row.uptimes["30d"].maintenance == pytest.approx(4 * HOUR)  # said on the page, below
+    assert 0 < row.uptimes["30d"].share < 1 and row.uptimes["24h"].share == 1.0  # degraded counts as up
+
+
+def test_the_bars_render_in_chromium_with_the_right_colours_and_say_each_day_on_hover_and_focus(status_app, browser,
+                                                                                                artifacts_dir):
+    app, store, now = status_app
+    with serve(app) as base:
+        page = browser.new_page(color_scheme="light", viewport={"width": 1280, "height": 900})
+        page.goto(base + "/status")
+        bar = page.locator(f'section[data-model="{TINY.dht_prefix}"] ol.days')
+        assert bar.locator("li.day").count() == 90
+        for age, state in EXPECTED.items():
+            day = time.strftime("%Y-%m-%d", time.gmtime(day_start(now, age)))
+            cell = bar.locator(f'li[data-day="{day}"]')
+            assert cell.get_attribute("data-state") == state, day
+            colour = cell.evaluate("el => getComputedStyle(el).backgroundColor")
+            assert colour == COLOURS[state], (day, state, colour)
+        # hover: the day's figures appear beside it
+        broken = bar.locator(f'li[data-day="{time.strftime("%Y-%m-%d", time.gmtime(day_start(now, 7)))}"]')
+        broken.hover()
+        tip = broken.locator(".tip")
+        assert tip.bounding_box()["width"] > 100
+        assert "broken" in tip.inner_text() and "up" in tip.inner_text()
+        held = bar.locator(f'li[data-day="{time.strftime("%Y-%m-%d", time.gmtime(day_start(now, 6)))}"] .tip')
+        assert "maintenance 4 h (left out of uptime)" in held.text_content()
+        # the keyboard reaches the days, and a focused day shows its figures too
+        page.mouse.move(0, 0)
+        for _ in range(60):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.classList.contains('day')"):
+                break
+        focused = page.locator("li.day:focus")
+        assert focused.count() == 1 and focused.locator(".tip").bounding_box()["width"] > 100
+        page.screenshot(path=str(artifacts_dir / "status-page.png"), full_page=True)
+        # uptime figures, with the maintenance left out said so
+        section = page.locator(f'section[data-model="{TINY.dht_prefix}"]')
+        assert section.locator('[data-uptime="24h"] dd').inner_text().startswith("100%")
+        assert "4 h maintenance left out" in section.locator('[data-uptime="30d"] dd').inner_text()
+        page.close()
+
+
+def test_the_status_page_shows_open_notes_and_maintenance_in_force(status_app):
+    app, store, now = status_app
+    store.post_note("model", TINY.dht_prefix, "server-7 is being upgraded, back at 14:00 <b>UTC</b>", author="ops",
+                    via="api token")
+    store.create_maintenance_window(MaintenanceWindow(
+        id=0, scope="global", target=None, starts_at=now - 600, ends_at=now + 3600, reason="moving the bootstrap peer",
+        created_at=now, created_by="spec"), via="api token")
+    html = app.test_client().get("/status").get_data(as_text=True)
+    assert "server-7 is being upgraded, back at 14:00 &lt;b&gt;UTC&lt;/b&gt;" in html and "<b>UTC</b>" not in html
+    assert "moving the bootstrap peer" in html and 'data-state="maintenance"' in html
+
+
+def test_the_atom_feed_lists_state_changes_and_notes_newest_first(status_app):
+    app, store, now = status_app
+    store.post_note("swarm", None, "We are moving the monitor to a new host & database", author="ops", via="api token")
+    response = app.test_client().get("/status/feed.atom", headers={"Origin": "https://widgets.example"})
+    assert response.status_code == 200 and response.mimetype == "application/atom+xml"
+    assert response.headers["Access-Control-Allow-Origin"] == "*"
+    ns = {"a": "http://www.w3.org/2005/Atom"}
+    feed = ET.fromstring(response.data)
+    entries = feed.findall("a:entry", ns)
+    titles = [e.findtext("a:title", namespaces=ns) for e in entries]
+    updated = [e.findtext("a:updated", namespaces=ns) for e in entries]
+    assert updated == sorted(updated, reverse=True)
+    assert titles[0] == "Note posted on the swarm"
+    assert entries[0].findtext("a:content", namespaces=ns) == "We are moving the monitor to a new host & database"
+    assert "Tiny Llama: healthy → broken" in titles and "Tiny Llama: broken → healthy" in titles
+    assert all(e.findtext("a:id", namespaces=ns) for e in entries)
+    assert len({e.findtext("a:id", namespaces=ns) for e in entries}) == len(entries)
