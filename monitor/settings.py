@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from monitor.alert_settings import AlertSettings
 from monitor.core.generation import compile_expect
+from monitor.core.leadership import default_lease_seconds
 
 ENV_PREFIX = "SWARM_MONITOR_"
 
@@ -89,6 +90,13 @@ class Settings(BaseModel):
     rollup_period: float = Field(default=3600, gt=0)
 
     database_url: Optional[str] = None  # default: SQLite file in data_dir
+    # Several pollers on one PostgreSQL database (README: High availability): the leader holds a
+    # lease this long, renewed every quarter of it; a standby takes over within 1.5 leases of the
+    # leader's loss. Default: half a scrape period (at least 2 s)
+    leader_lease_seconds: Optional[float] = Field(default=None, gt=0, le=3600)
+    # A dead man's switch: the leader requests this URL (GET) after each successful poll, so an
+    # outside service (healthchecks.io, Uptime Kuma's push monitors, ...) pages when the pings stop
+    heartbeat_url: Optional[str] = Field(default=None, max_length=2000)
     raw_retention_days: float = Field(default=2, gt=0)
     rollup_retention_days: float = Field(default=90, gt=0)
 
@@ -191,6 +199,17 @@ class Settings(BaseModel):
         if self.initial_peers == ["public"]:
             return list(PUBLIC_INITIAL_PEERS)
         return list(self.initial_peers)
+
+    @field_validator("heartbeat_url")
+    @classmethod
+    def _check_heartbeat_url(cls, url: Optional[str]) -> Optional[str]:
+        if url and not (url.startswith("http://") or url.startswith("https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return url or None
+
+    @property
+    def resolved_leader_lease_seconds(self) -> float:
+        return self.leader_lease_seconds or default_lease_seconds(self.scrape_period)
 
     @property
     def resolved_trusted_hosts(self) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Optional
 import click
 
 from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.core import leadership as lease_rules
 from monitor.harness.tiny_model import DEFAULT_FAMILY, FAMILIES
 from monitor.settings import ModelConfig, Settings, SettingsError, load_settings
 
@@ -64,6 +65,8 @@ def main(verbose: bool) -> None:
     """Swarm monitor for Petals: coverage, history, diagnosis, peer scores, and chat."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:  # Alembic's plugin and per-revision lines: the start-up says in one line what it did
+        logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 @main.command()
@@ -88,13 +91,28 @@ def migrate(config_file, database_url) -> None:
     finally:
         store.close()
         alembic_log.setLevel(level)
-    where = store.db.display_url
+    click.echo(_migration_line(store.db.display_url, done))
+
+
+def _migration_line(where: str, done) -> str:
     if done.before == done.after:
-        click.echo(f"The schema of {where} is up to date: revision {done.after}.")
-    elif done.before is None:
-        click.echo(f"Created the schema of {where}: revision {done.after}.")
-    else:
-        click.echo(f"Upgraded the schema of {where} from revision {done.before} to {done.after}.")
+        return f"The schema of {where} is up to date: revision {done.after}."
+    if done.before is None:
+        return f"Created the schema of {where}: revision {done.after}."
+    return f"Upgraded the schema of {where} from revision {done.before} to {done.after}."
+
+
+def _open_store(settings: Settings):
+    """The settings' store, migrated, with one line saying so (a database that is down: one line too)."""
+    from monitor.store import Store, StoreError
+
+    store = Store.from_settings(settings)
+    try:
+        click.echo(_migration_line(store.db.display_url, store.migrate()))
+    except StoreError as e:
+        store.close()
+        raise click.ClickException(str(e)) from None
+    return store
 
 
 @main.command()
@@ -105,26 +123,36 @@ def migrate(config_file, database_url) -> None:
 def poll(config_file, once, initial_peers, models) -> None:
     """Run the poller alone (scrape, probe, rollup on schedule), or poll once and print a report.
 
-    Run it as its own process when several web workers serve the dashboard (see README)."""
+    Run it as its own process when several web workers serve the dashboard, and as several (on
+    several machines, one PostgreSQL database) for a standby that takes over (see README). It
+    starts whether or not a bootstrap peer answers, and keeps trying; `--once` fails at once."""
     settings = _settings(config_file, initial_peers=list(initial_peers) or None, models=_model_option(models))
     if not settings.resolved_initial_peers:
         raise click.ClickException("no initial peers: pass --initial-peers (or 'public'), "
                                    "or set SWARM_MONITOR_INITIAL_PEERS")
     from monitor.app.jobs import Poller
-    from monitor.store import Store
-    from monitor.swarm import start_dht
+    from monitor.app.leadership import for_settings
+    from monitor.swarm import BootstrapUnreachable, DhtClient
 
-    store = Store.from_settings(settings)
-    store.migrate()
-    dht = start_dht(settings.resolved_initial_peers)
-    poller = Poller(settings, store, dht)
+    store = _open_store(settings)
+    dht = DhtClient(settings.resolved_initial_peers)
+    try:
+        dht.start(retry=not once)
+    except BootstrapUnreachable as e:
+        store.close()
+        raise click.ClickException(f"{e}: is the swarm up, and are these its initial peers? "
+                                   "(`swarm-monitor poll` without --once starts anyway and keeps trying)") from None
+    poller = Poller(settings, store, dht, leadership=for_settings(store, settings))
     try:
         if once:
             click.echo(_poll_once_report(poller))
             return
         _sigterm_as_interrupt()
         poller.start()
-        click.echo(f"Polling every {settings.scrape_period:g} s into {settings.resolved_database_url}; Ctrl-C stops.")
+        click.echo(f"Polling every {settings.scrape_period:g} s into {store.db.display_url}; Ctrl-C stops.")
+        click.echo(_role_line(poller))
+        if dht.problem:
+            click.echo(f"Swarm: {dht.problem}; polling starts by itself once a bootstrap peer answers.")
         _wait_for_interrupt()
     finally:
         poller.shutdown()
@@ -132,9 +160,26 @@ def poll(config_file, once, initial_peers, models) -> None:
         store.close()
 
 
+def _role_line(poller) -> str:
+    """Whether this poller leads, or which one does (several may share a database)."""
+    lease = poller.leadership.lease if poller.leadership is not None else None
+    if poller.leads():
+        return (f"Leading: this poller ({poller.leadership.me.label}) scrapes, probes, scores and alerts; "
+                f"a standby on the same database takes over within "
+                f"{lease_rules.takeover_within(poller.leadership.lease_seconds):g} s if it stops.")
+    who = f"poller {lease.label}" if lease is not None else "another poller"
+    return f"Standing by: {who} leads; this one takes over if it stops (its DHT client kept warm)."
+
+
 def _poll_once_report(poller) -> str:
     from monitor.core.report import poll_report
 
+    poller.leadership.start()  # (renewed while it polls)
+    if not poller.leads():
+        lease = poller.leadership.lease
+        who = f"poller {lease.label}" if lease is not None else "another poller"
+        raise click.ClickException(f"{who} leads this database: `poll --once` would poll beside it. "
+                                   "Its dashboard shows the latest poll; or point --once at another database")
     poller.check_reachability_once()  # probes first, so reachability counts in the diagnosis
     snapshot = poller.poll_once()
     if snapshot is None:
@@ -179,6 +224,12 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
     service = Service(settings, run_poller=run_poller, demo_controls=demo_controls)
     try:
         service.start()
+        click.echo(_migration_line(service.store.db.display_url, service.migration))
+        if service.dht is None:
+            click.echo(f"Swarm:     {service.dht_client.problem}; the dashboard says so, and polling starts "
+                       "by itself once a bootstrap peer answers.")
+        if service.poller is not None:
+            click.echo(_role_line(service.poller))
         port = service.serve_in_thread()
         base = f"http://{settings.host}:{port}"
         click.echo(f"Dashboard: {base}/")

@@ -1,7 +1,18 @@
 """The scheduler: scrape, probe, generation check, score and rollup/retention jobs, and nothing else.
 
 Each job is one method of ``Poller`` that can also run once by hand (``swarm-monitor poll --once``,
-tests). A job that fails logs, is counted, and leaves the last good state in the store untouched;
+tests). With a ``Leadership`` (``swarm-monitor poll`` and ``serve``: several pollers may share one
+database), only the leader runs them: each job starts only while this poller holds the lease, every
+write goes through a store fenced by it (``Store.fenced``: a write of a poller that lost the lease
+is refused, ``NotLeader``), the probe rounds and generation checks run only while it leads, and a
+standby only keeps its DHT client warm (``stand_by``). A poller that becomes leader polls at once.
+The leader requests ``heartbeat_url`` after each stored poll (``app/heartbeat.py``).
+
+The DHT client may not be up yet (no bootstrap peer answered at start: ``swarm.DhtClient`` retries
+in the background): meanwhile each scrape is recorded as a failed poll and each reachability check
+finds the bootstrap peers unreachable, both with the client's own words ("cannot reach any
+bootstrap peer (…), retrying"), so the dashboard, /metrics and the alerts say so; polling starts by
+itself once it is up. A job that fails logs, is counted, and leaves the last good state in the store untouched;
 a database that is down or locked makes the poll retry once, then skip with the error recorded,
 and writing resumes by itself when the database is back. A poll that is scraped but cannot be
 stored (the database refuses its data, or is away) is recorded as a failed poll with that cause,
@@ -19,13 +30,13 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from monitor.core import coverage, generation, scores
+from monitor.core import coverage, generation, leadership as lease_rules, scores
 from monitor.core.common import short_error
 from monitor.core.diagnosis import ModelHealth
 from monitor import swarm
 from monitor.settings import Settings
 from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResult, Snapshot
-from monitor.store import StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
+from monitor.store import NotLeader, StoreDataError, StoreError, StoreSchemaError, StoreUnavailable
 from monitor.store.engine import data_error_text
 
 log = logging.getLogger(__name__)
@@ -67,13 +78,30 @@ def watched_models(settings: Settings) -> list[ModelInfo]:
 
 
 class Poller:
-    """Polls one swarm into one store. One per process: the process's DHT client is shared."""
+    """Polls one swarm into one store. One per process: the process's DHT client is shared.
 
-    def __init__(self, settings: Settings, store, dht):
+    ``dht``: the hivemind DHT, or the process's ``swarm.DhtClient`` (which may not be up yet).
+    ``leadership``: this poller's place among the pollers of the database (``app/leadership.py``,
+    started and stopped with the poller); None: it leads alone, unfenced (specs, ``poll --once``
+    without it)."""
+
+    def __init__(self, settings: Settings, store, dht, *, leadership=None):
         self.settings = settings
-        self.store = store
-        self.dht = dht
+        self.leadership = leadership
+        self.lease_store = store  # the claims go through the store without the fence
+        self.store = store if leadership is None else store.fenced(
+            leadership.token, idle_limit=lease_rules.write_idle_limit(leadership.lease_seconds))
+        self.dht_client = dht if isinstance(dht, swarm.DhtClient) else None
+        self.dht = dht.dht if self.dht_client is not None else dht  # None until the DHT client is up
         self.stats = JobStats()
+        self.heartbeat = None
+        if settings.heartbeat_url:
+            from monitor.app.heartbeat import Heartbeat
+
+            self.heartbeat = Heartbeat(settings.heartbeat_url, may_ping=self.leads, counted=self._count_heartbeat)
+        self.prober = self.generation_checker = self.alerter = None
+        self._run_now = True
+        self._rounds_lock = threading.Lock()  # starting and stopping the probe rounds, one at a time
         self._scheduler: Optional[BackgroundScheduler] = None
         self._last_snapshot: Optional[Snapshot] = None
         self.chat_engine = None  # the process's chat engine, if it serves a chat: the generation checks use it
@@ -82,10 +110,29 @@ class Poller:
         # (with the round's probes, stored before the re-diagnosis began)
         self._lock = threading.RLock()
 
+    # ---- who runs the jobs -----------------------------------------------------------------------
+    def leads(self) -> bool:
+        """This poller runs the jobs now: it holds the lease (or polls alone, without one)."""
+        return self.leadership is None or self.leadership.held()
+
+    def swarm_problem(self) -> Optional[str]:
+        """Why this poller cannot use the DHT now (None: it can)."""
+        if self.dht is not None:
+            return None
+        return self.dht_client.problem if self.dht_client is not None else "no DHT client"
+
     # ---- jobs --------------------------------------------------------------------------------
     def poll_once(self) -> Optional[Snapshot]:
         """Scrape, diagnose, record. Returns the snapshot. A poll that cannot be stored is recorded
-        as a failed poll with the cause (``unstored_cause``)."""
+        as a failed poll with the cause (``unstored_cause``). Only while this poller leads; while
+        the DHT client is not up, a failed poll with its reason."""
+        if not self.leads():
+            return None
+        problem = self.swarm_problem()
+        if problem is not None:
+            self.stats.failed("scrape", swarm.BootstrapUnreachable(problem))
+            self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), problem), job="scrape")
+            return None
         try:
             snapshot = swarm.scrape(
                 self.dht, watched_models(self.settings),
@@ -101,11 +148,16 @@ class Poller:
             snapshot, healths = self.analyse_poll(snapshot)
             stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, healths), job="scrape")
             if not stored.ok:
-                self._record_unstored(snapshot, stored.error)
+                if not isinstance(stored.error, NotLeader):  # (a poller that lost the lease records nothing)
+                    self._record_unstored(snapshot, stored.error)
                 return snapshot
             # without its diagnoses, the probe round re-reads the poll as stored (bounded) and diagnoses that
             self._last_snapshot = snapshot if healths or not snapshot.models else None
         self.stats.ok("scrape")
+        if self.leadership is not None:
+            self.leadership.last_poll_at = snapshot.taken_at
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
         return snapshot
 
     def analyse_poll(self, snapshot: Snapshot) -> tuple[Snapshot, list[ModelHealth]]:
@@ -163,12 +215,17 @@ class Poller:
 
     def refresh_scores(self, now: Optional[float] = None) -> dict[str, scores.PeerScore]:
         """Score every peer from a week of history, counted by the database (``Store.peer_aggregates``)."""
+        if not self.leads():
+            return {}
         now = now or time.time()
         try:
-            from monitor.app.probing import scoring_inputs  # (#14) speed and correctness probes
+            from monitor.app.probing import scoring_inputs  # speed and correctness probes
 
             result = scores.score_all(self.store.peer_aggregates(now), now, **scoring_inputs(self.store, self.settings, now))
             self.store.record_scores(result.values())
+        except NotLeader as e:
+            log.info("scores: %s", e)
+            return {}
         except Exception as e:  # noqa: BLE001
             log.exception("score refresh failed")
             self.stats.failed("scores", e)
@@ -177,19 +234,28 @@ class Poller:
         return result
 
     def check_reachability_once(self) -> Optional[ReachabilityBatch]:
-        snapshot = self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="reachability").value
+        """Check the latest poll's online servers and the bootstrap peers (only the latter, found
+        unreachable with the DHT client's reason, while it is not up); only while this poller leads."""
+        if not self.leads():
+            return None
+        problem = self.swarm_problem()
+        snapshot = None if problem else (
+            self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="reachability").value)
         online = sorted({row.peer_id for row in (snapshot.servers if snapshot else ()) if row.state == "ONLINE"})
         try:
-            batch = swarm.check_servers(self.dht, online, timeout=self.settings.reachability_timeout,
-                                        concurrency=self.settings.reachability_concurrency)
+            started = time.time()
+            batch = ReachabilityBatch(taken_at=started, duration=0.0, results=()) if problem else swarm.check_servers(
+                self.dht, online, timeout=self.settings.reachability_timeout,
+                concurrency=self.settings.reachability_concurrency)
             boot = swarm.check_bootstrap(self.dht, self.settings.resolved_initial_peers,
-                                         timeout=self.settings.reachability_timeout)
+                                         timeout=self.settings.reachability_timeout, down=problem)
             batch = ReachabilityBatch(taken_at=batch.taken_at, duration=batch.duration,
                                results=tuple(batch.results) + tuple(boot))
         except Exception as e:  # noqa: BLE001
             log.exception("reachability check failed")
             self.stats.failed("reachability", e)
             return None
+        self._note_bootstrap(boot)
         if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
             self.stats.ok("reachability")
             # unreachable peers change the diagnosis: redo it with these probes
@@ -228,6 +294,11 @@ class Poller:
             return False
 
     def rollup_once(self, now: Optional[float] = None):
+        if not self.leads():
+            return None
+        if self.leadership is not None:  # pollers long gone, terms older than the rollups
+            self._with_db_retry(lambda: self.store.prune_pollers(
+                (now or time.time()) - self.settings.rollup_retention_days * 86400), job="rollup")
         done = self._with_db_retry(lambda: self.store.rollup_and_prune(
             now or time.time(),
             raw_retention_days=self.settings.raw_retention_days,
@@ -249,6 +320,9 @@ class Poller:
         for attempt in (1, 2):
             try:
                 return StoreCall(True, call())
+            except NotLeader as e:  # the lease was lost meanwhile: nothing was written, nothing to count
+                log.info("%s: %s", job, e)
+                return StoreCall(False, None, e)
             except StoreUnavailable as e:
                 if attempt == 1:
                     time.sleep(DB_RETRY_DELAY)
@@ -271,6 +345,8 @@ class Poller:
     # ---- scheduling --------------------------------------------------------------------------
     def start(self, *, run_now: bool = True) -> BackgroundScheduler:
         s = self.settings
+        self._run_now = run_now
+        _quiet_runs()
         scheduler = BackgroundScheduler(
             job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": 30},
         )
@@ -279,29 +355,127 @@ class Poller:
         scheduler.add_job(self.check_reachability_once, "interval", seconds=s.reachability_period, id="reachability", **first)
         scheduler.add_job(self.refresh_scores, "interval", seconds=s.score_period, id="scores", **first)
         scheduler.add_job(self.rollup_once, "interval", seconds=s.rollup_period, id="rollup")
-        from monitor.app.alerter import schedule_alerts  # Alerts (#15): rules after every round, webhooks
+        if self.leadership is not None:
+            scheduler.add_job(self.stand_by, "interval", seconds=s.reachability_period, id="standby", **first)
+        from monitor.app.alerter import schedule_alerts  # Alerts: rules after every round, webhooks
 
         self.alerter = schedule_alerts(scheduler, self)
-        from monitor.app.probing import start_probing  # Measured speed and correctness (#14)
-
-        self.prober = start_probing(self, run_now=run_now)
-        from monitor.app.generation_check import start_generation_checks  # end to end, through the chat's engine
-
-        self.generation_checker = start_generation_checks(self, run_now=run_now)
+        if self.alerter is not None and self.leadership is not None:
+            stopping = self.alerter.stopping  # a standby neither judges nor sends: the leader does
+            self.alerter.stopping = lambda: stopping() or not self.leads()
         scheduler.start()
         self._scheduler = scheduler
+        if self.leadership is not None:
+            self.leadership.on_lead, self.leadership.on_standby = self._became_leader, self._became_standby
+            self.leadership.start()  # claims now: a lone poller leads (and starts its rounds) at once
+        else:
+            self._start_rounds()
+        if self.dht_client is not None:
+            self.dht_client.on_up(self._dht_up)
         return scheduler
 
+    def _start_rounds(self) -> None:
+        """The probe rounds and generation checks: threads of their own, while this poller leads
+        and its DHT client is up."""
+        from monitor.app.generation_check import start_generation_checks  # end to end, through the chat's engine
+        from monitor.app.probing import start_probing  # measured speed and correctness
+
+        with self._rounds_lock:
+            if self.dht is None or not self.leads():
+                return
+            if self.prober is None:
+                self.prober = start_probing(self, run_now=self._run_now)
+            if self.generation_checker is None:
+                self.generation_checker = start_generation_checks(self, run_now=self._run_now)
+
+    def _stop_rounds(self) -> None:
+        with self._rounds_lock:
+            prober, checker, self.prober, self.generation_checker = self.prober, self.generation_checker, None, None
+            if prober is not None:  # its probe loop and P2P replica
+                prober.close()
+            if checker is not None:  # its thread, and an engine of its own
+                checker.close()
+
+    def _run_soon(self, *jobs: str) -> None:
+        """Run these jobs now (a poller that just became leader, or whose DHT client just came up)."""
+        scheduler = self._scheduler
+        if scheduler is None or not self._run_now:
+            return
+        for job in jobs:
+            try:
+                scheduler.modify_job(job, next_run_time=_now_datetime())
+            except Exception:  # noqa: BLE001 - no such job (alerts off), or the scheduler is stopping
+                pass
+
+    def _became_leader(self, term) -> None:
+        self._start_rounds()
+        self._run_soon("scrape", "reachability", "alerts", "alert-delivery")
+
+    def _became_standby(self, why: str) -> None:
+        self._last_snapshot = None  # the next leader may have polled since
+        self._stop_rounds()
+
+    def _dht_up(self, dht) -> None:
+        self.dht = dht
+        self._start_rounds()
+        self._run_soon("scrape", "reachability", "standby")
+
+    def stand_by(self) -> None:
+        """A standby's job: keep the DHT client warm (connect to the bootstrap peers and ping their
+        DHT) and say what it cannot reach, so that it can poll the moment it takes over."""
+        if self.leads() or self.leadership is None:
+            return
+        problem = self.swarm_problem()
+        boot = swarm.check_bootstrap(self.dht, self.settings.resolved_initial_peers,
+                                     timeout=self.settings.reachability_timeout, down=problem)
+        self._note_bootstrap(boot)
+
+    def _note_bootstrap(self, boot) -> None:
+        """What this poller reports it cannot reach: every bootstrap peer, or none of them."""
+        if self.leadership is None:
+            return
+        down = [r for r in boot if not r.ok]
+        if boot and len(down) == len(boot):
+            self.leadership.problem = self.swarm_problem() or (
+                f"cannot reach any bootstrap peer ({down[0].error or 'unreachable'})")
+        else:
+            self.leadership.problem = self.swarm_problem()
+
+    def _count_heartbeat(self, error: Optional[str]) -> None:
+        if error is None:
+            self.stats.ok("heartbeat")
+        else:
+            self.stats.failed("heartbeat", RuntimeError(error))
+
     def shutdown(self) -> None:
+        """Stop the jobs, then hand the lease over (a standby takes over at once)."""
+        if self.leadership is not None:
+            self.leadership.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
-        if getattr(self, "prober", None) is not None:  # (#14) its probe loop and P2P replica
-            self.prober.close()
-            self.prober = None
-        if getattr(self, "generation_checker", None) is not None:  # its thread, and an engine of its own
-            self.generation_checker.close()
-            self.generation_checker = None
+        self._stop_rounds()
+        if self.leadership is not None:
+            self.leadership.release()
+            self.store.close()  # the fenced store is the poller's own
+
+
+class _QuietRuns(logging.Filter):
+    """APScheduler logs every run of every job at INFO: the poller's run every few seconds (a
+    standby's do nothing), and would drown what the poller says itself; their warnings and errors
+    stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or "Poller." not in record.getMessage()
+
+
+_QUIET = _QuietRuns()
+
+
+def _quiet_runs() -> None:
+    for name in ("apscheduler.executors.default", "apscheduler.scheduler"):
+        if _QUIET not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_QUIET)
 
 
 def unstored_cause(error: Optional[BaseException]) -> str:

@@ -4,6 +4,12 @@
 (``monitor.web.wsgi``) builds only the web part, ``swarm-monitor poll`` only the poller, so
 several web workers never run several schedulers, and the chat's gunicorn entry
 (``monitor.app.chat_wsgi``) a Service without the poller: DHT client, chat engine and web app.
+
+A Service starts whether or not the swarm answers: the DHT client keeps trying in the background
+(``swarm.DhtClient``) while the dashboard and /metrics say why nothing is polled, and whatever
+needs the DHT (the chat engine, the poller, live reachability checks) gets it once it is up. Its
+poller takes its place among the pollers of the database (``app/leadership.py``): it leads, or
+stands by while another does.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ class Service:
         self.enable_chat = enable_chat
         self.demo_controls = demo_controls
         self.store = None
-        self.dht = None
+        self.dht_client = None
+        self.dht = None  # the hivemind DHT, once the DHT client is up
+        self.migration = None
         self.poller = None
         self.engine = None
         self.weights = None
@@ -37,17 +45,21 @@ class Service:
 
     def start(self) -> "Service":
         from monitor.store import Store
-        from monitor.swarm import start_dht
+        from monitor.swarm import DhtClient
 
         self.store = Store.from_settings(self.settings)
-        self.store.migrate()
-        self.dht = start_dht(self.settings.resolved_initial_peers)
+        self.migration = self.store.migrate()
+        self.dht_client = DhtClient(self.settings.resolved_initial_peers).start()
+        self.dht = self.dht_client.dht
         if self.enable_chat and any(m.path for m in self.settings.models):
             self.engine = self._make_chat_engine()
+        self.dht_client.on_up(self._dht_up)
         if self.run_poller:
             from monitor.app.jobs import Poller
+            from monitor.app.leadership import for_settings
 
-            self.poller = Poller(self.settings, self.store, self.dht)
+            self.poller = Poller(self.settings, self.store, self.dht_client,
+                                 leadership=for_settings(self.store, self.settings))
             self.poller.chat_engine = self.engine  # the generation checks generate through the chat's own engine
             self.poller.start()
         self.app = self._make_app()
@@ -87,9 +99,17 @@ class Service:
         gc.freeze()
         return app
 
+    def _dht_up(self, dht) -> None:
+        self.dht = dht
+        if self.engine is not None:
+            self.engine.dht = dht  # (petals' client takes the hivemind DHT itself)
+
     def reachability_check(self, peer_id: str):
+        from monitor.core.snapshot import ReachabilityResult
         from monitor.swarm import check_servers
 
+        if self.dht is None:
+            return ReachabilityResult(peer_id=peer_id, kind="server", ok=False, error=self.dht_client.problem)
         batch = check_servers(self.dht, [peer_id], timeout=self.settings.reachability_timeout, concurrency=1)
         return batch.results[0] if batch.results else None
 
@@ -113,8 +133,8 @@ class Service:
             self.engine.close()
         if self.weights is not None:
             self.weights.close()
-        if self.dht is not None:
-            self.dht.shutdown()
-            self.dht = None
+        if self.dht_client is not None:
+            self.dht_client.shutdown()
+            self.dht_client = self.dht = None
         if self.store is not None:
             self.store.close()

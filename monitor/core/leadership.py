@@ -167,9 +167,14 @@ class PollerStatus:
         return self.lease if self.lease is not None and self.lease.valid(self.now) else None
 
     @property
-    def leader_member(self) -> Optional[Member]:
-        lease = self.leader
+    def holder_member(self) -> Optional[Member]:
+        """The report of the lease's holder (leading now or not): its latest poll, its problem."""
+        lease = self.lease
         return next((m for m in self.members if lease is not None and m.holder == lease.holder), None)
+
+    @property
+    def leader_member(self) -> Optional[Member]:
+        return self.holder_member if self.leader is not None else None
 
     def standbys(self) -> tuple[Member, ...]:
         """Pollers other than the leader seen recently, most recently seen first."""

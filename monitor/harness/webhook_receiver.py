@@ -1,8 +1,9 @@
 """A webhook receiver on 127.0.0.1: what the alert tests and the detection benchmark point the
 monitor's webhooks at, so notices are received for real (HTTP, JSON) without leaving loopback.
 
-It records every request (arrival time, path, headers, parsed JSON body) and answers with the
-next status of ``plan`` (then 200): a plan of ``[503, 503]`` makes the first two attempts fail.
+It records every request (arrival time, path, headers, parsed JSON body; a GET, as a heartbeat's
+ping, with none) and answers with the next status of ``plan`` (then 200): a plan of
+``[503, 503]`` makes the first two attempts fail.
 """
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ class WebhookReceiver:
                     self.wfile.write(b"ok" if status < 300 else b"receiver says no")
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the sender gave up waiting (a slow receiver's test)
+
+            def do_GET(self):  # noqa: N802 - a heartbeat's ping (healthchecks-style): no body
+                status = receiver._next_status()
+                with receiver._lock:
+                    receiver.received.append(Received(time.time(), self.path, dict(self.headers), None, status))
+                    receiver._arrived.notify_all()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
             def log_message(self, *args):  # quiet
                 pass

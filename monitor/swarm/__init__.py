@@ -1,11 +1,12 @@
-"""The DHT edge: the process's DHT client (NAT traversal off), validation of what peers announce
-(untrusted: every field bounded), the scrape and the reachability probes.
+"""The DHT edge: the process's DHT client (NAT traversal off, started whether or not the swarm
+answers), validation of what peers announce (untrusted: every field bounded), the scrape and the
+reachability probes.
 
 Importing this package imports petals (and so torch): the web layer never does.
 """
 
-from monitor.swarm.client import start_dht
+from monitor.swarm.client import BootstrapUnreachable, DhtClient, start_dht
 from monitor.swarm.reachability import check_bootstrap, check_servers
 from monitor.swarm.scrape import scrape
 
-__all__ = ["start_dht", "scrape", "check_servers", "check_bootstrap"]
+__all__ = ["BootstrapUnreachable", "DhtClient", "start_dht", "scrape", "check_servers", "check_bootstrap"]

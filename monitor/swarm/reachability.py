@@ -13,7 +13,7 @@ import math
 import re
 import time
 from functools import partial
-from typing import Sequence
+from typing import Optional, Sequence
 
 from monitor.core.common import short_error
 from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
@@ -133,8 +133,10 @@ def check_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurr
     return ReachabilityBatch(taken_at=taken_at, duration=time.perf_counter() - started, results=ordered)
 
 
-def check_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0) -> list[ReachabilityResult]:
-    """Connect to each bootstrap multiaddr and ping its DHT, all at once."""
+def check_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0, *,
+                    down: Optional[str] = None) -> list[ReachabilityResult]:
+    """Connect to each bootstrap multiaddr and ping its DHT, all at once. ``down``: the DHT client
+    could not start, for this reason (``DhtClient.problem``): every peer is unreachable with it."""
     from hivemind.utils.multiaddr import Multiaddr
 
     results: dict[str, ReachabilityResult] = {}
@@ -148,7 +150,11 @@ def check_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0) -> 
                 peer_id="", kind="bootstrap", ok=False, address=clean_text(address[:MAX_RAW_TEXT_CHARS]),
                 error=f"not a multiaddr ending in /p2p/<peer id>: {short_error(e)}",
             )
-    if targets:
+    if targets and down is not None:
+        for peer, address in targets:
+            results[address] = ReachabilityResult(peer_id=peer, kind="bootstrap", ok=False, error=down,
+                                                  address=address)
+    elif targets:
         future = submit(dht, partial(_check_bootstrap, targets=targets, timeout=timeout))
         try:
             answers = future.result(timeout + 30)

@@ -27,9 +27,13 @@ def _current():
     return d, queries.current(d)
 
 
-def _no_poll_yet():
-    return jsonify(error="no poll has completed yet; the poller (swarm-monitor poll) writes the first one "
-                         "within one scrape period", status=503), 503
+def _no_poll_yet(cur: Optional[queries.Current] = None):
+    last = cur.last_poll if cur is not None else None
+    if last is not None and not last.ok:  # e.g. "cannot reach any bootstrap peer (…), retrying"
+        why = f"no poll has completed yet; the last one failed: {'; '.join(last.errors) or 'unknown error'}"
+    else:
+        why = "no poll has completed yet; the poller (swarm-monitor poll) writes the first one within one scrape period"
+    return jsonify(error=why, status=503), 503
 
 
 def _range() -> timerange.TimeRange:
@@ -40,8 +44,8 @@ def _range() -> timerange.TimeRange:
 def state():
     d, cur = _current()
     if cur.snapshot is None:
-        return _no_poll_yet()
-    return jsonify(queries.state_dict(cur, d.settings))
+        return _no_poll_yet(cur)
+    return jsonify({**queries.state_dict(cur, d.settings), "poller": queries.pollers(d, cur, time.time())})
 
 
 def _live_check(d, peer_id: str):

@@ -228,16 +228,21 @@ def peer_families(cur: queries.Current, initial_peers: Sequence[str]) -> Iterabl
     yield score
     yield GaugeMetricFamily("swarm_monitor_peer_health_score_left_out",
                             f"Scored peers of the latest poll beyond the {MAX_PEER_SERIES} reported", value=left_out)
+    bootstrap = state_api.bootstrap_addresses(initial_peers, cur.reachability)
+    yield GaugeMetricFamily("swarm_monitor_unreachable_peers", "Peers whose latest probe failed",
+                            value=len(state_api.unreachable_peers(cur.snapshot, cur.reachability, bootstrap)))
+
+
+def bootstrap_family(cur: queries.Current, initial_peers: Sequence[str]) -> GaugeMetricFamily:
+    """Each bootstrap peer's latest check, also before the first successful poll (a monitor whose
+    DHT client cannot start finds them all down)."""
     boot = GaugeMetricFamily("swarm_monitor_bootstrap_peer_up", "1 if the bootstrap peer answered its latest probe",
                              labels=["peer_id"])
-    bootstrap = state_api.bootstrap_addresses(initial_peers, cur.reachability)
-    for peer in bootstrap:
+    for peer in state_api.bootstrap_addresses(initial_peers, cur.reachability):
         check = cur.reachability.get(peer)
         if check is not None:
             boot.add_metric([label(peer)], 1.0 if check.ok else 0.0)
-    yield boot
-    yield GaugeMetricFamily("swarm_monitor_unreachable_peers", "Peers whose latest probe failed",
-                            value=len(state_api.unreachable_peers(cur.snapshot, cur.reachability, bootstrap)))
+    return boot
 
 
 def poll_families(cur: queries.Current, stats: queries.PollStats) -> Iterable:
@@ -304,6 +309,49 @@ def alert_families(store) -> Iterable:
                                 value=evaluated)
 
 
+def poller_families(pollers: dict) -> Iterable:
+    """Who polls the store (``state_api.poller_section``): the leader (host, start, since when, its
+    lease, its latest poll), the standbys seen recently, take-overs, and what each poller cannot
+    reach. The leader's latest poll is the Prometheus rules' dead man's switch: it stops moving
+    when every poller is gone."""
+    leader, lapsed = pollers.get("leader"), pollers.get("lapsed")
+    info = GaugeMetricFamily("swarm_monitor_poller_leader", "1 for the poller that leads now (its lease holds)",
+                             labels=["host", "pid", "epoch"])
+    started = GaugeMetricFamily("swarm_monitor_poller_leader_started_timestamp_seconds",
+                                "When the leading poller's process started (unix seconds)")
+    since = GaugeMetricFamily("swarm_monitor_poller_leader_since_timestamp_seconds",
+                              "When the leading poller took the lease (unix seconds)")
+    last_poll = GaugeMetricFamily("swarm_monitor_poller_leader_last_poll_timestamp_seconds",
+                                  "The latest successful poll of the leading poller (of the last one, while none "
+                                  "leads): it stops moving when no poller polls")
+    expires = GaugeMetricFamily("swarm_monitor_poller_lease_expiry_timestamp_seconds",
+                                "When the leader's lease runs out unless renewed (of the last leader's, while none leads)")
+    if leader is not None:
+        info.add_metric([label(leader["host"]), str(leader["pid"]), str(leader["epoch"])], 1.0)
+        started.add_metric([], leader["started_at"])
+        since.add_metric([], leader["since"])
+        expires.add_metric([], leader["lease_expires_at"])
+    elif lapsed is not None:
+        expires.add_metric([], lapsed["lease_expired_at"])
+    polled = (leader or lapsed or {}).get("last_poll_at")
+    if polled is not None:
+        last_poll.add_metric([], polled)
+    yield from (info, started, since, last_poll, expires)
+    yield GaugeMetricFamily("swarm_monitor_poller_leading", "1 if a poller leads now (its lease holds), else 0",
+                            value=1.0 if leader is not None else 0.0)
+    yield GaugeMetricFamily("swarm_monitor_poller_standbys", "Standby pollers seen recently (they take over if "
+                            "the leader stops)", value=pollers.get("standbys_seen", 0))
+    yield GaugeMetricFamily("swarm_monitor_poller_takeovers", "Recent take-overs (a standby replacing a leader it "
+                            "lost) among the latest terms", value=len(pollers.get("takeovers", ())))
+    problems = GaugeMetricFamily("swarm_monitor_poller_problem", "1 per poller seen recently that cannot reach "
+                                 "something (the DHT, the bootstrap peers), with what it says",
+                                 labels=["host", "pid", "role", "problem"])
+    for role, member in [("leader", leader)] + [("standby", m) for m in pollers.get("standbys", ())]:
+        if member is not None and member.get("problem"):
+            problems.add_metric([label(member["host"]), str(member["pid"]), role, label(member["problem"])], 1.0)
+    yield problems
+
+
 class StoreCollector:
     """Reads the store on every scrape (the latest state through the app's cache: once per change)."""
 
@@ -320,6 +368,8 @@ class StoreCollector:
         yield from poll_families(cur, queries.poll_stats(self.store))
         yield from alert_families(self.store)
         yield from probe_views.metric_families(self.store, self.settings)  # server probes
+        yield from poller_families(queries.pollers(self.d, cur, time.time()))
+        yield bootstrap_family(cur, self.settings.resolved_initial_peers)
         if cur.snapshot is None:
             return
         yield from server_families(cur)

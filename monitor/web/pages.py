@@ -28,7 +28,7 @@ def overview():
     d = deps()
     cur = queries.current(d)
     now = time.time()
-    context = dict(now=now, cur=cur, poll=queries.poll_info(cur, d.settings, now),
+    context = dict(now=now, cur=cur, poll=queries.poll_info(cur, d.settings, now), pollers=queries.pollers(d, cur, now),
                    demo_servers=d.demo_controls.servers() if d.demo_controls is not None else None)
     if cur.snapshot is not None:
         state = queries.state_dict(cur, d.settings)

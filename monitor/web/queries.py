@@ -99,8 +99,8 @@ def current(d) -> Current:
 def _read_current(store, settings: Settings, marks: tuple) -> Current:
     snapshot = store.latest_snapshot()
     last_poll = store.last_poll()
-    if snapshot is None:
-        return Current(snapshot=None, last_poll=last_poll, marks=marks)
+    if snapshot is None:  # (the bootstrap peers' checks still count: a DHT client that cannot start finds them down)
+        return Current(snapshot=None, reachability=store.latest_reachability(), last_poll=last_poll, marks=marks)
     return Current(
         snapshot=snapshot,
         reachability=store.latest_reachability(),
@@ -215,3 +215,17 @@ def poll_stats(store) -> PollStats:
         database_size_bytes=store.database_size_bytes(),
         last_day=store.poll_counts(time.time() - DAY),
     )
+
+
+def pollers(d, cur: Current, now: float) -> dict:
+    """Who polls the store (``state_api.poller_section`` of ``Store.poller_status``), read once per
+    store change and ``LIVE_SECONDS``: a standby's report or a lease that runs out shows within
+    seconds, without a query per page view."""
+    def read() -> dict:
+        try:
+            status = d.store.poller_status()
+        except StoreError:
+            status = None
+        return state_api.poller_section(status, database=d.store.db.dialect)
+
+    return d.cache.now(cur.marks, now, ("pollers",), read)

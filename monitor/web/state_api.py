@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from monitor.core.common import finite
 from monitor.core.diagnosis import BROKEN, DEGRADED, ModelHealth
 from monitor.core.generation import GenerationCheck
+from monitor.core.leadership import PollerStatus, takeover_within
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, Snapshot, unreachable
 
@@ -256,4 +257,43 @@ def build_state(
         "recommendations": {r["dht_prefix"]: r["recommendation"] for r in reports if r["recommendation"]},
         "poll": {"taken_at": snapshot.taken_at, "duration": snapshot.duration,
                  "invalid_records": snapshot.invalid_records, "errors": list(snapshot.errors)},
+    }
+
+
+def poller_section(status: Optional[PollerStatus], *, database: str) -> dict:
+    """Who polls the store, as the state API, the overview and /metrics say it: the leader (host,
+    pid, start, since when, its lease), the standbys seen recently (each with what it cannot
+    reach), the recent take-overs, and on SQLite that one poller is all it takes (high availability
+    needs PostgreSQL). ``status``: None while the database does not say."""
+    single = None if database == "postgresql" else (
+        "SQLite: one poller per database file (a standby on the same file works, but a frozen leader "
+        "holds the file's lock); several pollers on several machines need PostgreSQL")
+    if status is None:
+        return {"summary": "unknown: the database did not answer", "leading": False, "leader": None,
+                "lapsed": None, "standbys": [], "standbys_seen": 0, "takeovers": [], "lease_seconds": None,
+                "takeover_within": None, "single": single}
+    lease, member = status.leader, status.holder_member
+    leader = None if lease is None else {
+        "host": lease.host, "pid": lease.pid, "started_at": lease.started_at, "since": lease.since,
+        "epoch": lease.epoch, "lease_expires_at": lease.deadline,
+        "last_poll_at": member.last_poll_at if member else None, "problem": member.problem if member else None}
+    last = status.lease
+    standbys = [{"host": m.host, "pid": m.pid, "started_at": m.started_at, "seen_at": m.seen_at, "problem": m.problem}
+                for m in status.standbys()]
+    return {
+        "summary": status.summary(),
+        "leading": leader is not None,
+        "leader": leader,
+        # the last leader whose lease ran out (None while one leads)
+        "lapsed": None if leader is not None or last is None else {
+            "host": last.host, "pid": last.pid, "epoch": last.epoch, "lease_expired_at": last.deadline,
+            "last_poll_at": member.last_poll_at if member else None},
+        "standbys": standbys,
+        "standbys_seen": len(standbys),
+        "takeovers": [{"at": t.since, "epoch": t.epoch, "host": t.host, "pid": t.pid, "reason": t.reason,
+                       "previous_host": t.previous_host, "previous_pid": t.previous_pid, "summary": t.summary()}
+                      for t in status.takeovers],
+        "lease_seconds": status.lease_seconds,
+        "takeover_within": takeover_within(status.lease_seconds) if status.lease_seconds else None,
+        "single": single,
     }

@@ -1,0 +1,129 @@
+"""Two pollers on one PostgreSQL database and a real swarm, as the README's production layout runs
+them: real ``swarm-monitor poll`` processes (``monitor/harness/pollers.py``), one leading, one
+standing by. Killed (SIGKILL) or frozen (SIGSTOP of its whole process group) the leader is replaced
+within the bound (``core.leadership.takeover_within``); polls go on with no gap beyond it and none
+stored twice; the frozen leader, woken, steps down without writing; a server stopped during a
+take-over is one notice; the take-overs are one notice each, naming the leader replaced; and the
+heartbeat URL's pings stop once every poller is gone."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from monitor.core import leadership as core
+from monitor.harness.demo_swarm import demo_layout
+from monitor.harness.pollers import PollerProcess, gaps, leader_pid, poll_times, write_config
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.harness.webhook_receiver import WebhookReceiver
+from monitor.store import Store
+from support import wait_until
+
+PERIOD = 10.0  # scrape period of the pollers
+LEASE = core.default_lease_seconds(PERIOD)  # 5 s
+BOUND = core.takeover_within(LEASE)  # 7.5 s
+SLACK = 5.0  # a loaded 2-core machine: a claim, a poll or a process start may lag this much
+START = 180  # seconds a poller process may take to start (torch, petals, the DHT) on a loaded machine
+
+
+def notices(hook: WebhookReceiver, event: str, rule: str | None = None) -> list[dict]:
+    """The notices received (those made together come as one message: a group)."""
+    every = [notice for body in hook.accepted() if body for notice in body.get("notices", [body])]
+    return [n for n in every if n.get("event") == event and (rule is None or n.get("rule") == rule)]
+
+
+def member(store: Store, poller: PollerProcess):
+    return next((m for m in store.poller_status().members if m.pid == poller.pid), None)
+
+
+def seen_as_standby(store: Store, poller: PollerProcess) -> bool:
+    found = member(store, poller)
+    return found is not None and found.role == core.STANDBY and time.time() - found.seen_at < 3 * LEASE
+
+
+def takeover(store: Store, poller: PollerProcess, lost_at: float) -> float:
+    """Wait until ``poller`` leads; seconds from ``lost_at`` (the leader's loss) to its term's start."""
+    assert wait_until(lambda: leader_pid(store) == poller.pid or not poller.alive(), BOUND + 3 * SLACK, step=0.2), \
+        f"{poller.name} did not take over:\n{poller.log()[-3000:]}"
+    assert poller.alive(), poller.log()[-3000:]
+    term = store.poller_status().terms[0]
+    assert term.pid == poller.pid
+    return term.since - lost_at
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_double_poll_or_a_repeated_notice(
+        make_swarm, postgres_url, tmp_path):
+    swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # 0:8, 0:4, 4:8: stopping server-2 degrades the model
+    store = Store(postgres_url)
+    store.migrate()
+    pollers: list[PollerProcess] = []
+    with WebhookReceiver() as ops, WebhookReceiver() as beat:
+        config = write_config(tmp_path / "poller.toml", initial_peers=swarm.initial_peers,
+                              models=[(TINY_DHT_PREFIX, TINY_NUM_BLOCKS)], scrape_period=PERIOD,
+                              heartbeat_url=beat.url.replace("/hook", "/ping/abc"), webhook_url=ops.url)
+
+        def start(name: str) -> PollerProcess:
+            poller = PollerProcess(name, config, postgres_url, tmp_path / name).start()
+            pollers.append(poller)
+            return poller
+
+        try:
+            first = start("first")
+            assert wait_until(lambda: leader_pid(store) == first.pid and len(poll_times(store)) >= 2
+                              or not first.alive(), START + 3 * PERIOD), first.log()[-3000:]
+            second = start("second")
+            assert wait_until(lambda: seen_as_standby(store, second) or not second.alive(), START), second.log()[-3000:]
+            assert "Standing by: poller" in second.log()
+            assert leader_pid(store) == first.pid
+            assert len(beat.received) >= 2 and all(r.path == "/ping/abc" for r in beat.received)
+
+            # ---- kill -9 the leader ----
+            killed_at = first.kill()
+            assert takeover(store, second, killed_at) <= BOUND + SLACK
+            [took] = wait_until(lambda: notices(ops, core.TAKEOVER_EVENT), 30)  # one notice, naming whom it replaced
+            assert re.fullmatch(rf"poller \S+ \(pid {second.pid}\) took over from poller \S+ \(pid {first.pid}\), "
+                                r"whose lease ran out at .* UTC \(killed, frozen, or cut off from the database\)",
+                                took["summary"]), took["summary"]
+            polled_after = len(poll_times(store, killed_at))
+            assert wait_until(lambda: len(poll_times(store, killed_at)) >= polled_after + 2, 3 * PERIOD + SLACK)
+
+            # ---- SIGSTOP the new leader, and stop a server while a standby takes over ----
+            third = start("third")
+            assert wait_until(lambda: seen_as_standby(store, third) or not third.alive(), START), third.log()[-3000:]
+            assert wait_until(lambda: store.latest_diagnoses()[TINY_DHT_PREFIX].state == "healthy", 60)
+            frozen_at = second.freeze()
+            swarm.stop("server-2")
+            assert takeover(store, third, frozen_at) <= BOUND + SLACK
+            [degraded] = wait_until(lambda: notices(ops, "firing", "model-health"), 120)
+            assert (degraded["state"], degraded["subject"]) == ("degraded", TINY_DHT_PREFIX)
+
+            # ---- wake the frozen one: it steps down without writing ----
+            woken_at = second.wake()
+            assert wait_until(lambda: "this poller stops leading" in second.log(), 3 * LEASE), second.log()[-3000:]
+            assert wait_until(lambda: seen_as_standby(store, second) and member(store, second).seen_at > woken_at,
+                              3 * LEASE)
+            time.sleep(PERIOD + 2 * LEASE)  # whatever it was about to do when frozen, it had time to try
+            assert leader_pid(store) == third.pid
+            assert len(notices(ops, "firing", "model-health")) == 1  # the server's stop: one notice, whoever sent it
+            assert len(notices(ops, core.TAKEOVER_EVENT)) == 2  # first -> second, second -> third
+            assert "Traceback" not in second.log(), second.log()[-3000:]
+
+            # ---- polls: no gap beyond the bound, none stored twice ----
+            times = poll_times(store, first.started_at)
+            longest, shortest = max(gaps(times)), min(gaps(times))
+            assert longest <= PERIOD + BOUND + SLACK, gaps(times)
+            assert shortest >= 0.3 * PERIOD, gaps(times)  # two pollers storing one round would be ~0 s apart
+
+            # ---- every poller gone: the heartbeat stops ----
+            assert abs(len(beat.received) - len(times)) <= 3  # one ping per stored poll, give or take those under way
+            gone_at = max(second.kill(), third.kill())
+            pings = len(beat.received)
+            time.sleep(2 * PERIOD)
+            assert len(beat.received) <= pings + 1 and all(r.at <= gone_at + 5 for r in beat.received)
+        finally:
+            for poller in pollers:
+                poller.close()
+            store.close()
