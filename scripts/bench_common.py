@@ -225,17 +225,20 @@ def service(initial_peers: Sequence[str], *, models: Sequence[str] = (), env: di
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeout: float = 300.0) -> dict:
-    """POST /v1/completions with stream=true; client-side time to first token and decode speed.
+def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeout: float = 300.0, *,
+                      chat: bool = False) -> dict:
+    """POST /v1/completions (``chat``: /v1/chat/completions, the prompt as the user's message, in the
+    model's chat format) with stream=true; client-side time to first token and decode speed.
 
     Returns {ok, error, ttft, tokens, tokens_per_s, elapsed, text, route (petals extension)}."""
     import json
     import urllib.error
     import urllib.request
 
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+    ask = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    body = json.dumps({"model": model, **ask, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
-    request = urllib.request.Request(base + "/v1/completions", data=body,
+    request = urllib.request.Request(base + ("/v1/chat/completions" if chat else "/v1/completions"), data=body,
                                      headers={"Content-Type": "application/json"})
     started = time.perf_counter()
     first = last = None
@@ -254,11 +257,12 @@ def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeo
                     error = event["error"].get("message")
                     continue
                 for choice in event.get("choices") or ():
-                    if choice.get("text"):
+                    piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+                    if piece:
                         now = time.perf_counter()
                         first = first or now
                         last = now
-                        text += choice["text"]
+                        text += piece
                 extension = event.get("petals") or extension
                 usage = event.get("usage") or usage
     except urllib.error.HTTPError as e:
