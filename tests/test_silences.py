@@ -314,6 +314,29 @@ def test_hostile_silences_are_refused_with_what_to_change(tmp_path, body, messag
     assert store.silences(ending_after=0) == []
 
 
+def test_a_silenced_alert_shows_its_silence_only_to_those_who_may_read_silences(tmp_path):
+    client, store, operator = web(tmp_path)
+    alert = core.Alert(rule="model-health", kind=core.MODEL_DEGRADED, subject="llama", label="Llama", status=FIRING,
+                       state="degraded", severity="warning", summary="Llama is degraded", since=T0, fired_at=T0,
+                       models=("llama",), held=("silence 7: the secret upgrade plan",))
+    notice = core.Notice(rule="model-health", kind=core.MODEL_DEGRADED, subject="llama", label="Llama", event=FIRED,
+                         state="degraded", severity="warning", summary="Llama is degraded", at=time.time(), since=T0,
+                         held="silence 7: the secret upgrade plan")
+    store.record_alert_evaluation(core.Evaluation(alerts={alert.key: alert}, changed=(alert,), held=(notice,)),
+                                  lambda n: ["ops"], time.time())
+    anonymous = client.get("/api/v1/alerts").get_json()
+    assert anonymous["active"][0]["held"] == [{"by": "silence", "reason": "silence"}]
+    assert anonymous["events"][0]["held"] == "silence" and anonymous["events"][0]["deliveries"] == []
+    for path in ("/", "/alerts"):
+        page = client.get(path).get_data(as_text=True)
+        assert "secret upgrade plan" not in page and "held" in page
+    told = client.get("/api/v1/alerts", headers=operator).get_json()
+    assert told["active"][0]["held"][0]["reason"] == "silence 7: the secret upgrade plan"
+    public, _, _ = web(tmp_path / "public", public_silences=True)
+    public.application.extensions["swarm_monitor"].store = store
+    assert "secret upgrade plan" in public.get("/alerts").get_data(as_text=True)
+
+
 def test_a_body_that_is_not_a_json_object_is_refused(tmp_path):
     client, store, operator = web(tmp_path)
     for body in ('["model=llama"]', '"x"', "{", "null"):
@@ -378,9 +401,11 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
                 f"silence 1: upgrading petals on server-2 (what the model lost: {name})",)
             time.sleep(6)
             assert ops.received == []  # the webhook stays quiet
-            page = client.get("/alerts").get_data(as_text=True)
+            page = client.get("/alerts", headers={"Authorization": f"Bearer {token}"}).get_data(as_text=True)
             assert f'data-alert="server-2/{server_2}" data-status="firing"' in page
-            assert "held, nothing is sent: silence" in page and "upgrading petals on server-2" in page
+            assert "held, nothing is sent: silence 1: upgrading petals on server-2" in page
+            anonymous = client.get("/alerts").get_data(as_text=True)
+            assert "held, nothing is sent: silence" in anonymous and "upgrading petals" not in anonymous
             api = {(a["rule"], a["subject"]): a for a in client.get("/api/v1/alerts").get_json()["active"]}
             assert api[("server-2", server_2)]["held"][0]["by"] == "silence"
             held = [e for e in client.get("/api/v1/alerts").get_json()["events"] if e["held"]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from flask import Blueprint, jsonify, request
@@ -46,7 +46,7 @@ def active_alerts() -> ActiveAlerts:
     overview must render while the database is away)."""
     store = deps().store
     try:
-        alerts = list(store.alerts().values())
+        alerts = [shown(a) for a in store.alerts().values()]
         counts = store.alert_delivery_counts(time.time() - DAY)
     except StoreError as e:
         log.warning("active alerts unavailable: %s", e)
@@ -61,6 +61,25 @@ def active_alerts() -> ActiveAlerts:
 @bp.app_context_processor
 def _overview_helpers():
     return {"active_alerts": active_alerts}
+
+
+def _private_silences() -> bool:
+    return not auth.is_operator() and not deps().settings.alerts.public_silences
+
+
+def _hide(reason: Optional[str]) -> Optional[str]:
+    """A silence's reason names it and its comment: only "silence" for those who may not read silences."""
+    return "silence" if reason is not None and muting.hold_kind(reason) == muting.SILENCE else reason
+
+
+def shown(item):
+    """An alert or notice as this visitor may see it: a silence behind a hold is only named
+    "silence" unless they may read silences (operators; everyone with ``public_silences``)."""
+    if not _private_silences():
+        return item
+    if isinstance(item, Alert):
+        return replace(item, held=tuple(_hide(why) for why in item.held))
+    return replace(item, held=_hide(item.held))
 
 
 def held_dicts(reasons) -> list[dict]:
@@ -124,7 +143,7 @@ def page():
     operator = auth.is_operator()
     context = dict(
         now=time.time(), hours=hours or 24, windows=timerange.WINDOWS, active=active_alerts(),
-        history=d.store.alert_events(since, until, limit=HISTORY_LIMIT),
+        history=[replace(e, notice=shown(e.notice)) for e in d.store.alert_events(since, until, limit=HISTORY_LIMIT)],
         failed=d.store.alert_deliveries(status="failed", limit=FAILED_SHOWN),
         counts=d.store.alert_delivery_counts(time.time() - DAY),
         rules=rule_dicts(d.settings), webhooks=[h.name for h in d.settings.alerts.webhooks],
@@ -145,8 +164,8 @@ def api():
     d = deps()
     since, until, _ = _window()
     operator = auth.is_operator()
-    active = sorted(d.store.alerts().values(), key=lambda a: (a.status != FIRING, a.since))
-    events = d.store.alert_events(since, until, limit=HISTORY_LIMIT)
+    active = sorted((shown(a) for a in d.store.alerts().values()), key=lambda a: (a.status != FIRING, a.since))
+    events = [replace(e, notice=shown(e.notice)) for e in d.store.alert_events(since, until, limit=HISTORY_LIMIT)]
     return jsonify(
         enabled=d.settings.alerts.enabled, evaluated_at=d.store.alerts_evaluated_at(),
         active=[alert_dict(a) for a in active],
