@@ -328,3 +328,27 @@ def test_a_window_on_a_peer_holds_its_alerts_and_leaves_the_window_out_of_its_up
         finally:
             poller.shutdown()
             store.close()
+
+
+def test_an_operator_plans_weekly_maintenance_with_the_alerts_pages_form(populated):
+    import re
+
+    app, store, _, _ = populated
+    client = app.test_client()
+    form = {"scope": "peer", "target": "first-half", "timezone": "Europe/Berlin", "weekdays": ["Sat", "Sun"],
+            "at": "03:00", "duration": "2h", "reason": "weekly upgrade", "by": "dana"}
+    assert client.post("/alerts/maintenance", data=form).status_code in (400, 401, 403)  # no session, no CSRF
+    assert client.get(f"/login?token={app.extensions['operator_token']}").status_code == 303
+    assert client.post("/alerts/maintenance", data=form).status_code == 403  # a session without the CSRF token
+    assert store.maintenance_windows() == []
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/alerts").get_data(as_text=True)).group(1)
+    assert client.post("/alerts/maintenance", data={**form, "csrf_token": csrf}).status_code == 303
+    [made] = store.maintenance_windows()
+    assert (made.scope, made.target, made.recurrence.weekdays, made.recurrence.at, made.recurrence.timezone) == (
+        "peer", "first-half", (5, 6), "03:00", "Europe/Berlin")
+    assert made.created_by == "dana"
+    assert store.mute_changes("maintenance", [made.id])[made.id][0].via == "browser session"
+    bad = client.post("/alerts/maintenance", data={**form, "csrf_token": csrf, "at": "27:00"})
+    assert bad.status_code == 400 and "HH:MM" in bad.get_data(as_text=True)
+    assert client.post(f"/alerts/maintenance/{made.id}/end", data={"csrf_token": csrf}).status_code == 303
+    assert store.maintenance_windows(ending_after=time.time()) == []
