@@ -85,6 +85,7 @@ def test_covered_intervals_merge_what_windows_share_and_filter_by_what_they_cove
     (Recurrence(duration=3600, timezone="../../etc/passwd", weekdays=(0,), at="02:00"), "not an IANA time zone"),
     (Recurrence(duration=3600, cron="*/10 * * * *"), "more often than once an hour"),
     (Recurrence(duration=3600, cron="61 * * * *"), "is not a cron expression"),
+    (Recurrence(duration=3600, cron="0 0 31 2 *"), "never fires"),
     (Recurrence(duration=3600, cron="0 2 * * sun", weekdays=(0,), at="02:00"), "not both"),
     (Recurrence(duration=3600, weekdays=(0,), at="25:00"), "HH:MM"),
     (Recurrence(duration=3600, weekdays=(9,), at="02:00"), "Mon … Sun"),

@@ -150,7 +150,10 @@ def _check_cron(expression: str, tz: str) -> None:
     if len(expression) > 100 or len(expression.split()) != 5 or not croniter.is_valid(expression):
         raise ValueError(f"{expression[:100]!r} is not a cron expression of five fields (minute hour day month "
                          f"weekday), e.g. '0 2 * * sun'")
-    starts = _cron_starts(expression, tz, 1_700_000_000.0, 1_700_000_000.0 + 30 * DAY, 200)
+    try:
+        starts = _cron_starts(expression, tz, 1_700_000_000.0, 1_700_000_000.0 + 1500 * DAY, 200)  # leap days too
+    except (ValueError, KeyError, OverflowError):  # croniter's "failed to find next date"
+        starts = []
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     if not starts:
         raise ValueError(f"cron {expression!r} never fires")
