@@ -104,6 +104,32 @@ def test_uptime_spreads_each_point_over_its_time_and_leaves_maintenance_out():
     assert uptime.percent(0.99999) == "99.99%" and uptime.percent(1.0) == "100%" and uptime.percent(None) == "no data"
 
 
+def test_compacted_points_give_the_same_days_and_uptimes():
+    """``compact`` (a run of polls in one state as one point) changes no figure: random polls with
+    gaps longer than their hold, hourly rows between, a maintenance window across them."""
+    import random
+
+    rng = random.Random(7)
+    now = 40 * DAY + 1234.0
+    points = [StatusPoint(h * HOUR, {"healthy": 50, rng.choice(["broken", "degraded", "unknown"]): 10}, HOUR)
+              for h in range(0, 24 * 30, 3)]
+    at = 30 * DAY
+    while at < now:
+        points.append(StatusPoint(at, {rng.choice(["healthy"] * 8 + ["degraded", "broken", "unknown"]): 1}, 180))
+        at += rng.choice([60, 60, 60, 120, 400])
+    held = [(31 * DAY + 500, 31 * DAY + 20_000), (5 * DAY, 6 * DAY)]
+    compacted = uptime.compact(points)
+    assert len(compacted) < 0.7 * len(points)
+    for a, b in zip(uptime.days(points, now, maintenance=held), uptime.days(compacted, now, maintenance=held)):
+        assert (a.start, a.state, a.outages) == (b.start, b.state, b.outages)
+        assert a.up == pytest.approx(b.up) and a.observed == pytest.approx(b.observed)
+        assert a.maintenance == pytest.approx(b.maintenance)
+    for name, t in uptime.uptimes(points, now, held).items():
+        c = uptime.uptimes(compacted, now, held)[name]
+        assert (t.up, t.observed, t.maintenance) == pytest.approx((c.up, c.observed, c.maintenance)), name
+        assert t.up == pytest.approx(uptime.tally(points, now - uptime.WINDOWS[name], now, held).up)
+
+
 def test_each_day_says_its_worst_state_maintenance_or_no_data(status_app):
     app, store, now = status_app
     with app.app_context():

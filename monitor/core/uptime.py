@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Mapping, Optional, Sequence
 
 from monitor.core.common import DAY
@@ -46,10 +47,20 @@ class StatusPoint:
     states: Mapping[str, int]
     hold: float
 
-    @property
+    @cached_property
     def worst(self) -> Optional[str]:
         known = [s for s, n in self.states.items() if n > 0 and s in KNOWN_STATES]
         return max(known, key=lambda s: STATE_SEVERITY[s]) if known else None
+
+    @cached_property
+    def shares(self) -> tuple[float, float, tuple[tuple[str, float], ...]]:
+        """(known, up, ((state, share), ...)): the shares of its polls that were diagnosed, up,
+        and in each known state (computed once: a page folds each point into several tallies)."""
+        total = sum(n for n in self.states.values() if n > 0)
+        if total <= 0:
+            return 0.0, 0.0, ()
+        each = tuple((s, n / total) for s, n in self.states.items() if n > 0 and s in KNOWN_STATES)
+        return (sum(share for _, share in each), sum(share for s, share in each if s in UP_STATES), each)
 
 
 @dataclass
@@ -124,6 +135,27 @@ class _Overlap:
         return total
 
 
+def compact(points: Sequence[StatusPoint]) -> list[StatusPoint]:
+    """The same time, in fewer points: a run of consecutive points with the same states, each
+    starting within the previous one's hold, is one point holding from the first to the last one's
+    end (a model healthy for two days of polls is one point, not 2,880). Every tally and day is
+    the same over the compacted points (``_segments`` cuts a point at the next one)."""
+    found: list[StatusPoint] = []
+    ordered = sorted(points, key=lambda p: p.at)
+    run_start: Optional[StatusPoint] = None
+    run_end = -math.inf
+    for point in ordered:
+        if run_start is not None and point.states == run_start.states and point.at <= run_end:
+            run_end = max(run_end, point.at + point.hold)
+            continue
+        if run_start is not None:
+            found.append(StatusPoint(run_start.at, run_start.states, run_end - run_start.at))
+        run_start, run_end = point, point.at + point.hold
+    if run_start is not None:
+        found.append(StatusPoint(run_start.at, run_start.states, run_end - run_start.at))
+    return found
+
+
 def _segments(points: Sequence[StatusPoint], since: float, until: float):
     """(start, end, point) of the time each point stands for, clipped to [since, until]."""
     ordered = sorted(points, key=lambda p: p.at)
@@ -134,22 +166,20 @@ def _segments(points: Sequence[StatusPoint], since: float, until: float):
             yield start, end, point
 
 
-def _add(tally: Tally, start: float, end: float, point: StatusPoint, inside: float) -> None:
-    """One segment into ``tally``, ``inside`` of its seconds in maintenance. Its worst state counts
-    if any of it is outside (an hourly row is judged whole: its states are not placed in time)."""
-    total = sum(n for n in point.states.values() if n > 0)
-    if total <= 0:
+def _add(tally: Tally, start: float, end: float, point: StatusPoint, inside: float, by_state: bool = True) -> None:
+    """One segment into ``tally``, ``inside`` of its seconds in maintenance (``by_state``: also the
+    seconds per state). Its worst state counts if any of it is outside (an hourly row is judged
+    whole: its states are not placed in time)."""
+    known, up, each = point.shares
+    if not each:
         return
-    length = end - start
-    outside = max(0.0, length - inside)
-    known = sum(n for s, n in point.states.items() if s in KNOWN_STATES and n > 0)
-    up = sum(n for s, n in point.states.items() if s in UP_STATES and n > 0)
-    tally.observed += outside * known / total
-    tally.up += outside * up / total
-    tally.maintenance += inside * known / total
-    for state, n in point.states.items():
-        if n > 0 and state in KNOWN_STATES:
-            tally.states[state] = tally.states.get(state, 0.0) + outside * n / total
+    outside = max(0.0, end - start - inside)
+    tally.observed += outside * known
+    tally.up += outside * up
+    tally.maintenance += inside * known
+    if by_state:
+        for state, share in each:
+            tally.states[state] = tally.states.get(state, 0.0) + outside * share
     if outside > 0:
         tally._see(point.worst)
 
@@ -166,8 +196,21 @@ def tally(points: Sequence[StatusPoint], since: float, until: float,
 
 def uptimes(points: Sequence[StatusPoint], now: float,
             maintenance: Sequence[tuple[float, float]] = ()) -> dict[str, Tally]:
-    """``WINDOWS`` ("24h", "7d", "30d") -> the tally over the last that long, to ``now``."""
-    return {name: tally(points, now - seconds, now, maintenance) for name, seconds in WINDOWS.items()}
+    """``WINDOWS`` ("24h", "7d", "30d") -> the tally over the last that long, to ``now`` (one pass:
+    each segment goes into every window it overlaps, cut at the window's start)."""
+    overlap = _Overlap(maintenance)
+    starts = {name: now - seconds for name, seconds in WINDOWS.items()}
+    found = {name: Tally() for name in WINDOWS}
+    for start, end, point in _segments(points, min(starts.values()), now):
+        whole = overlap(start, end)
+        for name, since in starts.items():
+            if end <= since:
+                continue
+            if start >= since:
+                _add(found[name], start, end, point, whole, by_state=False)
+            else:
+                _add(found[name], since, end, point, overlap(since, end), by_state=False)
+    return found
 
 
 def day_start(at: float) -> float:

@@ -34,6 +34,6 @@ def status_points(conn: Connection, models: Iterable[str], since: float, until: 
         found[model].append(StatusPoint(at=hour, states=dict(states) if states else {worst: samples}, hold=HOUR))
     raw = conn.execute(sa.select(s.model, s.at, s.state).where(
         s.model.in_(wanted), s.at >= since - poll_hold, s.at <= until).order_by(s.at, s.id))
-    for model, at, state in raw:
+    for model, at, state in raw:  # (a window function finding runs of polls costs SQLite more than this)
         found[model].append(StatusPoint(at=at, states={state: 1}, hold=poll_hold))
     return found

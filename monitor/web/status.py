@@ -94,7 +94,7 @@ def model_statuses(d, cur, now: float) -> list[ModelStatus]:
             covering = model_windows(windows, model.dht_prefix)
             left_out = maintenance.covered_intervals(covering, since, minute)
             outages = d.store.outage_intervals(model.dht_prefix, since, minute)
-            mine = points.get(model.dht_prefix, [])
+            mine = uptime.compact(points.get(model.dht_prefix, []))
             in_force = maintenance.active(covering, now)
             health = cur.healths.get(model.dht_prefix)
             found.append(ModelStatus(
