@@ -18,7 +18,9 @@ from monitor.harness.demo_swarm import demo_layout
 from monitor.harness.pollers import PollerProcess, gaps, leader_pid, poll_times, write_config
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
+from monitor.settings import Settings
 from monitor.store import Store
+from monitor.web import create_app
 from support import wait_until
 
 PERIOD = 10.0  # scrape period of the pollers
@@ -87,6 +89,12 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
             assert re.fullmatch(rf"poller \S+ \(pid {second.pid}\) took over from poller \S+ \(pid {first.pid}\), "
                                 r"whose lease ran out at .* UTC \(killed, frozen, or cut off from the database\)",
                                 took["summary"]), took["summary"]
+            web = create_app(Settings(data_dir=tmp_path / "web", initial_peers=swarm.initial_peers,
+                                      scrape_period=PERIOD), store).test_client()
+            section = wait_until(lambda: (lambda p: p if p["leader"] and p["leader"]["pid"] == second.pid else None)(
+                web.get("/api/v1/state").get_json()["poller"]), 15)  # what the pages read is kept 10 s at most
+            assert (section["takeovers"][0]["pid"], section["takeovers"][0]["previous_pid"]) == (second.pid, first.pid)
+            assert f'data-leader="{section["leader"]["host"]}:{second.pid}"' in web.get("/").get_data(as_text=True)
             polled_after = len(poll_times(store, killed_at))
             assert wait_until(lambda: len(poll_times(store, killed_at)) >= polled_after + 2, 3 * PERIOD + SLACK)
 

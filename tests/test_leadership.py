@@ -310,3 +310,47 @@ def test_the_settings_send_a_takeover_notice_to_every_webhook_unless_alerts_are_
     assert keeper.lease_seconds == 5.0
     assert keeper.notify(core.takeover_notice(core.next_term(lease_of(B, deadline=1.0), A, 2.0))) == ["ops"]
     assert for_settings(store, Settings(data_dir=tmp_path, alerts={**hooks, "enabled": False})).notify is None
+
+
+# ---- what the pages, the state API and /metrics say ---------------------------------------------
+
+
+def test_the_overview_the_state_api_and_metrics_name_the_leader_its_standbys_and_the_takeovers(populated):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    app, store, settings, now = populated
+    client = app.test_client()
+    store.claim_poller_lease(A, 30.0, last_poll_at=now)
+    store.claim_poller_lease(B, 30.0, role_problem="cannot reach any bootstrap peer (x:1), retrying")
+
+    poller = client.get("/api/v1/state").get_json()["poller"]
+    assert poller["leading"] and (poller["leader"]["host"], poller["leader"]["pid"]) == ("host-a", 1)
+    assert poller["leader"]["last_poll_at"] == now and poller["standbys_seen"] == 1
+    assert poller["standbys"][0]["problem"] == "cannot reach any bootstrap peer (x:1), retrying"
+    assert poller["takeovers"] == [] and poller["takeover_within"] == 45.0
+    assert poller["single"].startswith("SQLite: one poller per database file")
+    page = client.get("/").get_data(as_text=True)
+    assert 'data-leader="host-a:1"' in page and 'data-standbys="1"' in page and "data-no-leader" not in page
+    assert "cannot reach any bootstrap peer (x:1), retrying" in page
+
+    expire(store)  # the leader is lost; the standby takes over at its next look
+    store.claim_poller_lease(B, 30.0, notify=lambda notice: [])
+    fresh = app.test_client()  # (what the pages read is kept ten seconds at most)
+    poller = wait_until(lambda: (lambda p: p if p["leader"]["pid"] == 2 else None)(
+        fresh.get("/api/v1/state").get_json()["poller"]), 12)
+    assert [t["summary"] for t in poller["takeovers"]][0].startswith(
+        "poller host-b (pid 2) took over from poller host-a (pid 1), whose lease ran out")
+    metrics = {f.name: f for f in text_string_to_metric_families(fresh.get("/metrics").get_data(as_text=True))}
+    [leader] = metrics["swarm_monitor_poller_leader"].samples
+    assert (leader.labels["host"], leader.labels["pid"], leader.labels["epoch"], leader.value) == ("host-b", "2", "2", 1)
+    assert metrics["swarm_monitor_poller_leading"].samples[0].value == 1
+    assert metrics["swarm_monitor_poller_takeovers"].samples[0].value == 1
+
+    expire(store)  # and now nobody leads: the overview says so, /metrics too
+    poller = wait_until(lambda: (lambda p: p if not p["leading"] else None)(
+        fresh.get("/api/v1/state").get_json()["poller"]), 12)
+    assert (poller["lapsed"]["host"], poller["lapsed"]["pid"]) == ("host-b", 2)
+    assert "data-no-leader" in fresh.get("/").get_data(as_text=True)
+    metrics = {f.name: f for f in text_string_to_metric_families(fresh.get("/metrics").get_data(as_text=True))}
+    assert metrics["swarm_monitor_poller_leading"].samples[0].value == 0
+    assert metrics["swarm_monitor_poller_leader"].samples == []

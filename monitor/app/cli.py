@@ -164,6 +164,9 @@ def _role_line(poller) -> str:
     """Whether this poller leads, or which one does (several may share a database)."""
     lease = poller.leadership.lease if poller.leadership is not None else None
     if poller.leads():
+        if poller.store.db.dialect == "sqlite":
+            return (f"Leading: this poller ({poller.leadership.me.label}) scrapes, probes, scores and alerts "
+                    "(SQLite: one poller; for a standby on another machine, use PostgreSQL).")
         return (f"Leading: this poller ({poller.leadership.me.label}) scrapes, probes, scores and alerts; "
                 f"a standby on the same database takes over within "
                 f"{lease_rules.takeover_within(poller.leadership.lease_seconds):g} s if it stops.")

@@ -416,6 +416,8 @@ class Poller:
         self._stop_rounds()
 
     def _dht_up(self, dht) -> None:
+        if self.dht is dht:  # (up before this poller started: its jobs use it from the start)
+            return
         self.dht = dht
         self._start_rounds()
         self._run_soon("scrape", "reachability", "standby")
@@ -461,12 +463,12 @@ class Poller:
 
 
 class _QuietRuns(logging.Filter):
-    """APScheduler logs every run of every job at INFO: the poller's run every few seconds (a
-    standby's do nothing), and would drown what the poller says itself; their warnings and errors
-    stay."""
+    """APScheduler logs at INFO every job it adds and every run of every job: the poller's run every
+    few seconds (a standby's do nothing), and would drown what the poller says itself; its warnings
+    and errors stay."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or "Poller." not in record.getMessage()
+        return record.levelno > logging.INFO
 
 
 _QUIET = _QuietRuns()
