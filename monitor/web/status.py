@@ -139,10 +139,15 @@ def overall(statuses: list[ModelStatus]) -> tuple[str, str]:
     states = [s.state for s in statuses]
     if not states:
         return uptime.NO_DATA, "No model is watched yet."
+
+    def some(state: str) -> str:
+        n = states.count(state)
+        return f"{n} of {len(states)} model{'s' if len(states) != 1 else ''} {'is' if n == 1 else 'are'}"
+
     if "broken" in states:
-        return "broken", f"{states.count('broken')} of {len(states)} models are down."
+        return "broken", f"{some('broken')} down."
     if "degraded" in states:
-        return "degraded", f"{states.count('degraded')} of {len(states)} models are degraded (still usable)."
+        return "degraded", f"{some('degraded')} degraded (still usable)."
     if uptime.MAINTENANCE in states:
         return uptime.MAINTENANCE, "Some models are under maintenance."
     if all(s == "healthy" for s in states):
