@@ -101,6 +101,7 @@ class Poller:
             self.heartbeat = Heartbeat(settings.heartbeat_url, may_ping=self.leads, counted=self._count_heartbeat)
         self.prober = self.generation_checker = self.alerter = None
         self._run_now = True
+        self._stopping = False
         self._rounds_lock = threading.Lock()  # starting and stopping the probe rounds, one at a time
         self._scheduler: Optional[BackgroundScheduler] = None
         self._last_snapshot: Optional[Snapshot] = None
@@ -381,7 +382,7 @@ class Poller:
         from monitor.app.probing import start_probing  # measured speed and correctness
 
         with self._rounds_lock:
-            if self.dht is None or not self.leads():
+            if self.dht is None or not self.leads() or self._stopping:
                 return
             if self.prober is None:
                 self.prober = start_probing(self, run_now=self._run_now)
@@ -450,14 +451,15 @@ class Poller:
             self.stats.failed("heartbeat", RuntimeError(error))
 
     def shutdown(self) -> None:
-        """Stop the jobs, then hand the lease over (a standby takes over at once)."""
-        if self.leadership is not None:
-            self.leadership.stop()
+        """Stop the jobs (the lease still renewed, so what they are writing lands), then hand the
+        lease over: a standby takes over at its next look, without a take-over notice."""
+        self._stopping = True
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
         self._stop_rounds()
         if self.leadership is not None:
+            self.leadership.stop()
             self.leadership.release()
             self.store.close()  # the fenced store is the poller's own
 
