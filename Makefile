@@ -11,8 +11,13 @@ system-deps:
 demo: setup
 	.venv/bin/swarm-monitor demo $(ARGS)
 
+# Spec modules run on WORKERS processes (pytest-xdist; a module stays on one, with its fixtures);
+# WORKERS=0 runs them in this process, one after another.
+WORKERS ?= 2
+PYTEST = .venv/bin/python -m pytest -n $(WORKERS) --dist loadfile
+
 test: setup system-deps
-	.venv/bin/python -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: setup
-	.venv/bin/python -m pytest -m "not swarm and not postgres and not browser" $(ARGS)
+	$(PYTEST) -m "not swarm and not postgres and not browser" $(ARGS)

@@ -34,7 +34,7 @@ from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, ensure_tiny_model
 from monitor.store import Store
-from support import SESSION_SPECS, populate, swarm_processes, web_settings
+from support import SESSION_SPECS, populate, swarm_processes, wait_until, web_settings
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -45,6 +45,7 @@ POSTGRES_FIXTURES = frozenset({"postgres", "postgres_url", "populated_postgres_u
 BROWSER_FIXTURES = frozenset({"browser"})
 
 
+@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist's workers report what they collected)
 def pytest_collection_modifyitems(config, items):
     """Mark each spec by what its fixtures (the whole closure) start; a ``"postgresql"`` parameter
     (a store fixture run on both databases) counts as PostgreSQL."""
@@ -127,17 +128,28 @@ def artifacts_dir() -> Path:
     return ARTIFACTS
 
 
+LEFTOVERS = "leftover_swarm_processes"  # what an xdist worker tells its controller
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """The suite fails if any swarm process it started outlives it."""
-    deadline = time.time() + 15
-    left = swarm_processes()
-    while left and time.time() < deadline:
-        time.sleep(0.5)
-        left = swarm_processes()
-    if left:
-        lines = "\n".join(f"  pid {p.pid}: {p.info['cmdline']}"[:200] for p in left)
-        print(f"\nLEFTOVER SWARM PROCESSES after the test session:\n{lines}")
+    """The suite fails if any swarm process it started outlives it. Under pytest-xdist (``make
+    test``) each worker checks its own and tells the controller, whose exit status counts."""
+    gone = wait_until(lambda: not swarm_processes(), 15)
+    lines = [] if gone else [f"  pid {p.pid}: {' '.join(p.info['cmdline'] or [])}"[:200] for p in swarm_processes()]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[LEFTOVERS] = lines
+    lines += getattr(session.config, LEFTOVERS, [])
+    if lines:
+        print("\nLEFTOVER SWARM PROCESSES after the test session:\n" + "\n".join(lines))
         session.exitstatus = 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(pytest-xdist's controller) remember what a finished worker left running."""
+    left = getattr(node, "workeroutput", {}).get(LEFTOVERS) or []
+    setattr(node.config, LEFTOVERS, getattr(node.config, LEFTOVERS, []) + list(left))
 
 
 # ---- PostgreSQL (tests/postgres.py) ------------------------------------------------------------
