@@ -11,10 +11,10 @@ system-deps:
 demo: setup
 	.venv/bin/swarm-monitor demo $(ARGS)
 
-# Spec modules run on WORKERS processes (pytest-xdist; a module stays on one, with its fixtures);
-# WORKERS=0 runs them in this process, one after another.
+# Spec modules run on WORKERS processes (pytest-xdist; a module stays on one, with its fixtures,
+# the longest first: tests/conftest.py); WORKERS=0 runs them in this process, one after another.
 WORKERS ?= 2
-PYTEST = .venv/bin/python -m pytest -n $(WORKERS) --dist loadfile
+PYTEST = .venv/bin/python -m pytest $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup system-deps
 	$(PYTEST) $(ARGS)
