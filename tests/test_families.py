@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -30,7 +28,6 @@ from flask import Flask
 from openai import OpenAI
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from werkzeug.serving import make_server
 
 from chat.engine import ChatEngine
 from chat.feedback import store_coverage_check
@@ -47,6 +44,7 @@ from monitor.settings import ModelConfig, Settings
 from monitor.store import Store
 from monitor.swarm.correctness import ReferenceModel, relative_error
 from monitor.swarm.speed import ProbeLoop, SpanTarget
+from support import serve, wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -87,28 +85,6 @@ def family(request, data_dir, tmp_path_factory) -> FamilySwarm:
             yield FamilySwarm(model, swarm, settings, store, Poller(settings, store, swarm.dht))
         finally:
             store.close()
-
-
-@contextmanager
-def serve(app):
-    """The app on a real threaded HTTP server on 127.0.0.1 (a free port); yields its base URL."""
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(10)
-
-
-def wait_until(predicate, timeout: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
 
 
 # ---- the checkpoints -----------------------------------------------------------------------------
