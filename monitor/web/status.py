@@ -24,6 +24,7 @@ from typing import Optional
 from xml.sax.saxutils import escape, quoteattr
 
 from flask import Blueprint, Response, render_template, request, url_for
+from markupsafe import Markup
 
 from monitor.core import maintenance, uptime
 from monitor.core.common import DAY, MINUTE, STALE_PERIODS
@@ -31,7 +32,7 @@ from monitor.core.incidents import MODEL, PEER, SWARM, Note
 from monitor.core.maintenance import MaintenanceWindow
 from monitor.core.uptime import Day, Tally
 from monitor.web import deps, queries, state_api
-from monitor.web.render import render
+from monitor.web.render import htmx_target
 
 bp = Blueprint("status", __name__)
 
@@ -160,19 +161,29 @@ def overall(statuses: list[ModelStatus]) -> tuple[str, str]:
 
 @bp.get("/status")
 def page():
+    """The page; its live part (everything but the operators' forms) is rendered once per store
+    change, notes, maintenance windows and ``LIVE_SECONDS`` for every visitor (``WebCache.now``:
+    nothing of one visitor is in it), and is what the page's htmx refresh asks for."""
     d = deps()
     cur = queries.current(d)
     now = time.time()
-    statuses = model_statuses(d, cur, now) if cur.snapshot is not None else []
     notes = notes_shown(d, now)
     windows = [w for w in windows_since(d, now) if maintenance.active([w], now) or
                (maintenance.next_start(w, now) or now + 8 * DAY) < now + 7 * DAY]
-    state, sentence = overall(statuses)
-    return render("status.html", {"status-live": "partials/status_live.html"}, now=now, cur=cur,
-                  poll=queries.poll_info(cur, d.settings, now), statuses=statuses, notes=notes,
-                  swarm_notes=[n for n in notes if n.scope == SWARM],
-                  peer_notes=[n for n in notes if n.scope == PEER], windows=windows, overall_state=state,
-                  overall_sentence=sentence, days=DAYS, maintenance=maintenance)
+
+    def live() -> Markup:
+        statuses = model_statuses(d, cur, now) if cur.snapshot is not None else []
+        state, sentence = overall(statuses)
+        return Markup(render_template(
+            "partials/status_live.html", now=now, cur=cur, poll=queries.poll_info(cur, d.settings, now),
+            statuses=statuses, notes=notes, windows=windows, overall_state=state, overall_sentence=sentence,
+            days=DAYS, maintenance=maintenance))
+
+    key = ("html", request.url_root, "status-live", tuple((n.id, n.updated_at) for n in notes), _fingerprint(windows))
+    status_live = d.cache.now(cur.marks, now, key, live)
+    if htmx_target() == "status-live":
+        return status_live
+    return render_template("status.html", status_live=status_live, notes=notes, days=DAYS)
 
 
 # ---- the Atom feed -------------------------------------------------------------------------------
