@@ -8,7 +8,9 @@ Two scarce things, bounded apart, because they cost different things:
   a person reads or types. ``Slots`` hands out ``slots`` of them; past that, requests wait in a
   bounded queue and are served **per client in turn** (each client's own requests in order, the
   clients round robin), so one client with many requests does not push everyone else back. One
-  client holds at most ``slots_share`` of the slots and of the queue. A request that finds the
+  client holds at most ``slots_share`` of the slots and of the queue. A turn of a kept-open session
+  waits in turn too, but outside the queue's bound (open sessions are bounded themselves, and its
+  connection already holds a thread), so a person mid-conversation is not refused for a full queue. A request that finds the
   queue full, or waits longer than ``queue_timeout``, is refused with a ``Retry-After`` estimated
   from how long slots were recently held and how many requests wait ahead.
 - an **open session** is a petals inference session kept between turns (chat.petals.dev's
@@ -46,7 +48,7 @@ class Capacity:
     max_slots_share, max_open_sessions, max_sessions_per_client)."""
 
     slots: int = 4
-    queue_size: int = 8
+    queue_size: int = 32
     queue_timeout: float = 60.0
     slots_share: float = 0.5  # of the slots (and of the queue) one client may hold, at least one
     open_sessions: int = 32
@@ -102,10 +104,10 @@ class SlotsLoad:
 
 
 class _Waiter:
-    __slots__ = ("client", "asked", "event", "slot")
+    __slots__ = ("client", "asked", "event", "slot", "queued")
 
-    def __init__(self, client: str, asked: float):
-        self.client, self.asked = client, asked
+    def __init__(self, client: str, asked: float, queued: bool):
+        self.client, self.asked, self.queued = client, asked, queued
         self.event = threading.Event()
         self.slot: Optional[Slot] = None
 
@@ -143,26 +145,31 @@ class Slots:
         self._refused: Counter = Counter()
 
     # -- taking and giving back -------------------------------------------------------------------
-    def acquire(self, client: Optional[str], timeout: Optional[float] = None) -> Slot:
+    def acquire(self, client: Optional[str], timeout: Optional[float] = None, *, queued: bool = True) -> Slot:
         """A slot for ``client`` (None: this process itself, e.g. a benchmark or a spec, which no
         share applies to): at once if one is free for it, else after waiting its turn (at
         most ``timeout``, by default the capacity's queue_timeout). Raises Busy, with a realistic
-        Retry-After, when the queue (or the client's share of it) is full or the wait too long."""
+        Retry-After, when the queue (or the client's share of it) is full or the wait too long.
+        ``queued`` False: a turn of a kept-open session, which waits in turn like any request but
+        takes no place in the bounded queue (its connection and thread exist anyway, and open
+        sessions are bounded on their own); it is refused only when it waited too long."""
         timeout = self.capacity.queue_timeout if timeout is None else timeout
         with self._lock:
             now = self._clock()
             if self._free_for(client) and client not in self._queues:
                 return self._grant(client, now, now)
             waiting = self._waiting()
-            if waiting >= self.capacity.queue_size:
-                raise self._refuse("queue_full", f"all {self.capacity.slots} generation slots are busy and "
-                                                 f"{waiting} requests are waiting", ahead=waiting)
-            mine = len(self._queues.get(client, ()))
-            if client is not None and mine >= self.capacity.waiting_per_client:
-                raise self._refuse("client_share", f"you already have {mine} requests waiting for a generation "
-                                                   f"slot (at most {self.capacity.waiting_per_client} per client)",
-                                   ahead=waiting)
-            waiter = _Waiter(client, now)
+            if queued:
+                in_queue = self._waiting(queued_only=True)
+                if in_queue >= self.capacity.queue_size:
+                    raise self._refuse("queue_full", f"all {self.capacity.slots} generation slots are busy and "
+                                                     f"{waiting} requests are waiting", ahead=waiting)
+                mine = sum(1 for w in self._queues.get(client, ()) if w.queued)
+                if client is not None and mine >= self.capacity.waiting_per_client:
+                    raise self._refuse("client_share", f"you already have {mine} requests waiting for a "
+                                                       f"generation slot (at most {self.capacity.waiting_per_client} "
+                                                       f"per client)", ahead=waiting)
+            waiter = _Waiter(client, now, queued)
             self._queues.setdefault(client, deque()).append(waiter)
         if not waiter.event.wait(timeout):
             with self._lock:
@@ -198,8 +205,8 @@ class Slots:
     def _total_busy(self) -> int:
         return sum(self._busy.values())
 
-    def _waiting(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+    def _waiting(self, *, queued_only: bool = False) -> int:
+        return sum(sum(1 for w in q if w.queued or not queued_only) for q in self._queues.values())
 
     def _cap(self, client: Optional[str]) -> int:
         return self.capacity.slots if client is None else self.capacity.slots_per_client

@@ -228,7 +228,7 @@ class ChatEngine:
         routing: Optional[RoutingSettings] = None,
         capacity: Optional[Capacity] = None,
         max_sessions: int = 4,
-        queue_size: int = 8,
+        queue_size: int = 32,
         queue_timeout: float = 60.0,
         retry_after: int = 5,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
@@ -387,8 +387,9 @@ class ChatEngine:
     def open_session(self, name: str, max_length: int, *, client: Optional[str] = None) -> ChatSession:
         """A petals inference session for up to ``max_length`` tokens in all, kept open for
         ``client`` until closed (or expired to make room: ``chat.capacity.OpenSessions``). It holds
-        no generation slot while idle; each answer in it takes one. Raises Busy (no idle session
-        to make room with), UnknownModel, ModelNotServed, InvalidRequest."""
+        no generation slot while idle; each answer in it takes one, waiting its turn outside the
+        queue's bound (see ``Slots.acquire``). Raises Busy (no idle session to make room with),
+        UnknownModel, ModelNotServed, InvalidRequest."""
         model = self._model(name)
         self._client_files(model)
         if not 0 < max_length <= model.context_length:
@@ -397,7 +398,7 @@ class ChatEngine:
         self._check_served(model)
         session = ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
                               stall_timeout=self.stall_timeout, registry=self.sessions,
-                              acquire_slot=lambda: self.slots.acquire(client))
+                              acquire_slot=lambda timeout: self.slots.acquire(client, timeout, queued=False))
         try:
             self.sessions.admit(session, client)
         except BaseException:

@@ -157,7 +157,7 @@ class ChatSession:
 
     def __init__(self, remote: Any, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
                  rows: int = 1, registry: Optional[OpenSessions] = None,
-                 acquire_slot: Optional[Callable[[], Slot]] = None):
+                 acquire_slot: Optional[Callable[[Optional[float]], Slot]] = None):
         self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
         self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
@@ -197,11 +197,12 @@ class ChatSession:
 
     # -- answers -------------------------------------------------------------------------------
     def generate(self, input_ids: Optional[Sequence[int]], params: GenerationParams,
-                 *, stop_event: Optional[threading.Event] = None) -> Iterator[Event]:
+                 *, stop_event: Optional[threading.Event] = None, slot_timeout: Optional[float] = None) -> Iterator[Event]:
         """Continue a one-row session with ``input_ids`` (None: continue from the last token) and
         stream the answer. Stopping (the event, or leaving the iterator) ends generation after the
         current token."""
-        events = self.generate_rows([list(input_ids)] if input_ids else None, params, stop_event=stop_event)
+        events = self.generate_rows([list(input_ids)] if input_ids else None, params, stop_event=stop_event,
+                                    slot_timeout=slot_timeout)
         try:
             for _, event in events:
                 yield event
@@ -209,14 +210,16 @@ class ChatSession:
             events.close()
 
     def generate_rows(self, rows: Optional[Sequence[Sequence[int]]], params: GenerationParams,
-                      *, stop_event: Optional[threading.Event] = None) -> Iterator[tuple[int, Event]]:
+                      *, stop_event: Optional[threading.Event] = None,
+                      slot_timeout: Optional[float] = None) -> Iterator[tuple[int, Event]]:
         """Continue every row with its new input (all of one length; None: from the last token) and
-        stream ``(row, Delta)`` as text comes, then ``(row, Finished)`` for every row."""
+        stream ``(row, Delta)`` as text comes, then ``(row, Finished)`` for every row. A kept-open
+        session first waits for its slot, at most ``slot_timeout`` seconds (None: the queue's)."""
         n_input, budget = self._checked_budget(rows, params)
         prompt_tokens = self.used + n_input
         self._set_state(WAITING)
         try:
-            slot = self._acquire_slot() if self._acquire_slot is not None else None
+            slot = self._acquire_slot(slot_timeout) if self._acquire_slot is not None else None
             self._set_state(GENERATING)
             run = _AnswerRun(self.tokenizer, params, self.rows, stop_event)
             with self._lock:

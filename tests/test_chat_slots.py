@@ -3,7 +3,8 @@ real swarm through the real web app.
 
 - generation slots are shared per client in turn, not first come first served; one client holds at
   most its share of the slots and of the queue; a refusal's Retry-After is estimated from how long
-  slots were held and how many wait ahead;
+  slots were held and how many wait ahead; a kept-open session's turn waits in turn but is never
+  refused for a full queue;
 - kept-open sessions are bounded in all and per client; the least recently used idle one makes
   room, and only when none is idle is a newcomer refused; its owner learns it at once;
 - on the swarm: open WebSocket sessions that sit idle hold no slot (four of them, and an HTTP
@@ -139,6 +140,26 @@ def test_a_refusal_says_a_realistic_retry_after_from_recent_hold_times_and_the_q
         released += 1
 
 
+def test_a_kept_open_sessions_turn_waits_its_turn_outside_the_full_queue():
+    slots = Slots(Capacity(slots=1, queue_size=1, slots_share=1.0))
+    held = slots.acquire("a")
+    results: list = []
+    waiting_thread(slots, "b", results)  # the queue's one place
+    queued(slots, 1)
+    with pytest.raises(Busy, match="1 requests are waiting"):
+        slots.acquire("c", timeout=1)  # an HTTP request: refused at once
+    turn: list = []
+    thread = threading.Thread(target=lambda: turn.append(slots.acquire("c", timeout=5, queued=False)), daemon=True)
+    thread.start()  # a WebSocket turn: waits, in turn
+    queued(slots, 2)
+    held.release()
+    assert wait_until(lambda: results, 5, step=0.01) and results[0][0] == "b"
+    results[0][1].release()
+    thread.join(5)
+    assert turn and turn[0].client == "c"
+    turn[0].release()
+
+
 def test_a_request_that_waits_too_long_leaves_the_queue_with_a_busy():
     slots = Slots(Capacity(slots=1, queue_size=2, queue_timeout=0.2))
     held = slots.acquire("a")
@@ -269,8 +290,8 @@ def test_four_idle_websocket_sessions_hold_no_slot_and_a_fifth_client_is_answere
     try:
         for ws in readers:
             ws_turn(ws, "Once upon a time")
-        load = engine.load()
-        assert load.sessions.states["idle"] >= 4 and load.slots.busy == 0  # reading: no slot held
+        assert wait_until(lambda: engine.load().sessions.states["idle"] >= 4, 10)  # (just after their last token)
+        assert engine.load().slots.busy == 0  # reading: no slot held
         response, took = complete(base_url, "10.0.0.50")
         assert response.status_code == 200, response.text
         assert took < max(3 * usual, usual + 2.0), (took, usual)
@@ -304,7 +325,8 @@ def test_one_client_cannot_take_every_slot(base_url, engine):
     watcher.start()
     try:
         assert wait_until(lambda: engine.slots.held_by("10.1.0.1") == 2, 30, step=0.01)
-        assert engine.load().slots.waiting >= 1  # her others wait, though two slots are free
+        assert wait_until(lambda: engine.load().slots.waiting >= 1, 30, step=0.01)  # her others wait, though two
+        assert engine.load().slots.busy == 2  # slots are free
         bob, took = complete(base_url, "10.1.0.2", tokens=4)
         assert bob.status_code == 200 and engine.load().slots.waiting >= 1, "Bob went before Alice's queue emptied"
     finally:

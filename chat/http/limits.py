@@ -76,6 +76,10 @@ class WsClock:
     def expired(self) -> bool:
         return self._clock() >= self.deadline
 
+    def remaining(self) -> float:
+        """Seconds the session may still last."""
+        return max(0.0, self.deadline - self._clock())
+
     def closing(self, label: str) -> WsClosing:
         """Why a receive that timed out ends the session."""
         if self.expired():

@@ -13,7 +13,8 @@ closed to make room for another (``chat.capacity.OpenSessions``) — on which th
 session by itself. Those endings come with a close frame that says the same.
 
 A session holds a generation slot only while it answers (``chat.capacity``): between turns, while
-its user reads and types, it holds none.
+its user reads and types, it holds none. A turn waits for its slot in turn, as long as its session
+may last; it is never refused for a full queue.
 """
 
 from __future__ import annotations
@@ -201,7 +202,9 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
     if streaming:  # like chat.petals.dev: chunks of max_new_tokens until a stop sequence (or the session's end)
         generation = dataclasses.replace(generation, max_new_tokens=room)
     text, count = "", 0
-    events = session.generate(input_ids or None, generation)
+    # its user waits for this answer: the turn waits for a slot in turn, for as long as the session may
+    # last (turns waiting at once are bounded by the open sessions, and so is the wait)
+    events = session.generate(input_ids or None, generation, slot_timeout=clock.remaining())
     for event in events:
         if clock.expired():  # leaving the generator stops the answer after the current token
             events.close()

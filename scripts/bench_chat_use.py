@@ -1,0 +1,523 @@
+#!/usr/bin/env python
+"""Figures: the chat under real use, on the demo (BENCHMARKS.md, section chat-use).
+
+    .venv/bin/python scripts/bench_chat_use.py [--tiny] [--users 32] [--duration 600] [--read 20 60]
+                                               [--parts a b c d] [--no-write]
+
+``swarm-monitor demo`` (SmolLM2-135M-Instruct on three petals servers, its poller, probes and
+generation checks running; ``--tiny``: the tiny random model) in its own process, behind one trusted
+proxy hop so that each simulated person has an address of their own (``X-Forwarded-For``):
+
+(a) ``--users`` people on chat.petals.dev's page (its static/chat.js protocol: a WebSocket session
+    of 512 tokens per tab, the conversation sent from its last position, answers streamed with
+    max_new_tokens 1 until the stop sequence, a longer session after "Maximum length exceeded", a
+    new one after "Session … expired"), each asking, reading for a uniformly random 20–60 s, and
+    asking again, for ``--duration`` seconds: turns asked and answered, the wait until the first
+    token (p50/p95/max), the answer's duration, errors shown, and people starved (an error shown,
+    or a wait beyond the queue timeout);
+(b) four such sessions asked once and left idle, then HTTP completions from someone else: their
+    time against the same completions with nobody connected;
+(c) ``n`` = 8 in one chat completion against 8 sequential ones (greedy, 32 tokens): aggregate
+    tokens/s and whether the rows equal the single answer;
+(d) the log-probability of a continuation (completions, echo + logprobs, max_tokens 0) against the
+    same model computed here by transformers from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import bench_common as bc
+
+TARGET_BATCH_SPEEDUP = 3.0
+TARGET_LOGPROB_DIFF = 1e-3
+QUESTIONS = [
+    "What is the capital of France?", "Name three colors.", "What is two plus two?",
+    "Say hello in Spanish.", "What is the largest planet?", "Who wrote Hamlet?",
+    "What do bees make?", "How many legs does a spider have?", "What is water made of?",
+    "Give me a word that rhymes with cat.",
+]
+# chat.petals.dev's page describes each model (its ``models`` table); for SmolLM2 in its transcript
+# format, an answer ends at the end of its line
+PAGE_MODEL = {"maxSessionLength": 8192, "sepToken": "\n", "stopToken": "\n", "extraStopSequences": None}
+PAGE_PARAMS = {"do_sample": 1, "temperature": 0.9, "top_p": 0.6}
+STOP_AFTER_TOKENS = 200  # a person clicks "stop generation" on an answer that runs on (short questions)
+
+
+# ---- the demo ---------------------------------------------------------------------------------------
+
+
+def start_demo(tiny: bool, data_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """``swarm-monitor demo`` in its own session, one proxy hop trusted; (process, base URL)."""
+    env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(data_dir), SWARM_MONITOR_PROXY_HOPS="1",
+               SWARM_MONITOR_CHAT_RATE_LIMIT="100000 per minute",
+               PYTHONPATH=os.pathsep.join([str(bc.ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    # this checkout's code, whatever the environment's installed copy points at
+    args = [sys.executable, "-m", "monitor.app.cli", "demo", "--port", "0"] + (["--tiny"] if tiny else [])
+    log = open(log_path, "w")
+    proc = subprocess.Popen(args, env=env, cwd=bc.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the demo exited early; its log: " + log_path.read_text()[-3000:])
+        log.write(line)
+        log.flush()
+        match = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/", line)
+        if match:
+            threading.Thread(target=_copy, args=(proc, log), daemon=True).start()
+            return proc, match.group(1)
+    raise RuntimeError("the demo did not print its address in time")
+
+
+def _copy(proc, log) -> None:
+    for line in proc.stdout:
+        log.write(line)
+    log.close()
+
+
+def stop_demo(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def post(base: str, path: str, body: dict, address: str = "10.9.0.1", timeout: float = 300) -> dict:
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "X-Forwarded-For": address})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def model_of(base: str) -> str:
+    with urllib.request.urlopen(base + "/v1/models", timeout=60) as response:
+        return json.loads(response.read())["data"][0]["id"]
+
+
+def wait_chat(base: str, model: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            post(base, "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 1})
+            return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the chat never answered: {e}") from None
+            time.sleep(3)
+
+
+def chat_metrics(base: str) -> dict:
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as response:
+        text = response.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("swarm_monitor_chat_")}
+
+
+# ---- (a) people on chat.petals.dev's page -----------------------------------------------------------
+
+
+class PageUser:
+    """One person on chat.petals.dev's page (static/chat.js, CHATBOT regime): a thread that asks,
+    reads, asks again; every turn timed from Enter to its first token and to its end."""
+
+    def __init__(self, ws_url: str, address: str, model: str, read: tuple[float, float], until: float, seed: int):
+        self.ws_url, self.headers, self.model = ws_url, {"X-Forwarded-For": address}, model
+        self.read, self.until, self.random = read, until, random.Random(seed)
+        self.replicas: list[list[str]] = []
+        self.ws = None
+        self.position = 0
+        self.session_length = 512
+        self.waiting_for_inputs = True
+        self.turns: list[dict] = []  # {asked, first, done, tokens, shown}
+        self.opens = 0
+        self.server_errors: list[str] = []
+        self.expect = "reply"  # what the socket's next message answers: the open, or a generate
+
+    def run(self) -> None:
+        time.sleep(self.random.uniform(0, self.read[0]))  # people arrive over the first reading time
+        while time.monotonic() < self.until:
+            self.turn(self.random.choice(QUESTIONS))
+            time.sleep(self.random.uniform(*self.read))
+        self.reset()
+
+    def turn(self, question: str) -> None:
+        from simple_websocket import ConnectionClosed
+
+        self._while_reading()
+        self.replicas += [["human", "Human: " + question], ["ai", "Assistant:"]]
+        self.waiting_for_inputs = False
+        record = {"asked": time.monotonic(), "first": None, "done": None, "tokens": 0, "shown": None, "stopped": False}
+        self.turns.append(record)
+        self.send_replica()
+        while not self.waiting_for_inputs and record["shown"] is None:
+            try:
+                raw = self.ws.receive(timeout=300)
+            except ConnectionClosed:
+                self.failure("Connection was closed", auto_retry=True)
+                continue
+            if raw is None:
+                record["shown"] = "no reply for 300 s"
+                break
+            response = json.loads(raw)
+            if not response["ok"]:
+                self.server_errors.append(response["traceback"])
+                self.failure(response["traceback"])
+                continue
+            if self.expect == "open":
+                self.send_replica()
+                continue
+            if response.get("outputs"):
+                record["first"] = record["first"] or time.monotonic()
+            record["tokens"] += response.get("token_count", 0)
+            text = self.replicas[-1][1] + response["outputs"]
+            self.replicas[-1][1] = text.replace(PAGE_MODEL["stopToken"], "", 1)
+            if response["stop"]:
+                self.waiting_for_inputs = True
+            elif record["tokens"] >= STOP_AFTER_TOKENS:  # "stop generation": the page resets its session
+                record["stopped"] = True
+                self.reset()
+                self.waiting_for_inputs = True
+        record["done"] = time.monotonic()
+        record["first"] = record["first"] or record["done"]
+
+    def _while_reading(self) -> None:
+        from simple_websocket import ConnectionClosed
+
+        if self.ws is None:
+            return
+        try:
+            while True:
+                raw = self.ws.receive(timeout=0)
+                if raw is None:
+                    return
+                response = json.loads(raw)
+                if not response["ok"]:
+                    self.server_errors.append(response["traceback"])
+                    self.reset()
+                    return
+        except ConnectionClosed:
+            self.reset()
+
+    def send_replica(self) -> None:
+        if self.ws is None:
+            from simple_websocket import Client
+
+            self.ws = Client.connect(self.ws_url, headers=self.headers)
+            self.ws.send(json.dumps({"type": "open_inference_session", "model": self.model,
+                                     "max_length": self.session_length}))
+            self.opens += 1
+            self.expect = "open"
+            return
+        phrases = []
+        for i in range(self.position, len(self.replicas)):
+            kind, phrase = self.replicas[i]
+            phrases.append(phrase + (PAGE_MODEL["sepToken"] if kind == "human" else
+                                     PAGE_MODEL["stopToken"] if i < len(self.replicas) - 1 else ""))
+        self.position = len(self.replicas)
+        self.ws.send(json.dumps({"type": "generate", "inputs": "".join(phrases), "max_new_tokens": 1,
+                                 "stop_sequence": PAGE_MODEL["stopToken"],
+                                 "extra_stop_sequences": PAGE_MODEL["extraStopSequences"], **PAGE_PARAMS}))
+        self.expect = "reply"
+
+    def failure(self, message: str, auto_retry: bool = False) -> None:
+        self.reset()
+        if self.waiting_for_inputs:
+            return
+        if re.search(r"Session .+ expired", message):
+            auto_retry = True
+        if "Maximum length exceeded" in message and self.session_length < PAGE_MODEL["maxSessionLength"]:
+            self.session_length = min(self.session_length * 4, PAGE_MODEL["maxSessionLength"])
+            auto_retry = True
+        if auto_retry:
+            self.send_replica()
+        else:
+            self.turns[-1]["shown"] = message
+
+    def reset(self) -> None:
+        if self.ws is not None:
+            try:
+                self.ws.close()
+            except Exception:  # noqa: BLE001 - closed already
+                pass
+        self.ws = None
+        self.position = 0
+
+
+def part_a(base: str, model: str, users: int, duration: float, read: tuple[float, float], starve: float) -> dict:
+    ws_url = base.replace("http://", "ws://") + "/api/v2/generate"
+    until = time.monotonic() + duration
+    people = [PageUser(ws_url, f"10.1.{i // 250}.{i % 250 + 1}", model, read, until, seed=i) for i in range(users)]
+    threads = [threading.Thread(target=p.run, daemon=True) for p in people]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(duration + 900)
+    elapsed = time.monotonic() - started
+    turns = [t for p in people for t in p.turns]
+    answered = [t for t in turns if t["shown"] is None and t["done"]]
+    waits = [t["first"] - t["asked"] for t in answered]
+    durations = [t["done"] - t["asked"] for t in answered]
+    starved = [p for p in people if not p.turns or any(t["shown"] or not t["done"] for t in p.turns)]
+    per_person = [sum(1 for t in p.turns if t["shown"] is None and t["done"]) for p in people]
+    person_waits = [bc.median([t["first"] - t["asked"] for t in p.turns if t["shown"] is None and t["done"]])
+                    for p in people if p.turns]
+    return {"users": users, "elapsed": elapsed, "turns": len(turns), "answered": len(answered),
+            "shown": sorted({t["shown"][:120] for t in turns if t["shown"]})[:5],
+            "wait_p50": bc.percentile(waits, 50), "wait_p95": bc.percentile(waits, 95), "wait_max": max(waits, default=0),
+            "answer_p50": bc.percentile(durations, 50), "answer_p95": bc.percentile(durations, 95),
+            "tokens": sum(t["tokens"] for t in answered), "starved": len(starved),
+            "over_timeout": sum(1 for w in waits if w > starve),
+            "turns_per_person": (min(per_person, default=0), bc.median(per_person), max(per_person, default=0)),
+            "person_wait": (min(person_waits, default=0), max(person_waits, default=0)),
+            "stopped": sum(1 for t in answered if t["stopped"]),
+            "reopened": sum(p.opens - 1 for p in people),
+            "server_errors": sorted({re.sub(r"[0-9a-f]{8}", "…", e)[:90] for p in people for e in p.server_errors})[:6]}
+
+
+# ---- (b) four idle sessions, then an HTTP completion ----------------------------------------------
+
+
+def completion_time(base: str, model: str, address: str) -> float:
+    started = time.perf_counter()
+    post(base, "/v1/completions", {"model": model, "prompt": "The capital of France is", "max_tokens": 16,
+                                   "temperature": 0}, address=address)
+    return time.perf_counter() - started
+
+
+def part_b(base: str, model: str, runs: int = 5) -> dict:
+    """Completions with nobody connected (before and after), and while four sessions sit idle."""
+    from simple_websocket import Client
+
+    alone = [completion_time(base, model, "10.2.0.100") for _ in range(runs)]
+    ws_url = base.replace("http://", "ws://") + "/api/v2/generate"
+    readers = []
+    for i in range(4):
+        ws = Client.connect(ws_url, headers={"X-Forwarded-For": f"10.2.0.{i + 1}"})
+        ws.send(json.dumps({"type": "open_inference_session", "model": model, "max_length": 512}))
+        assert json.loads(ws.receive(timeout=120))["ok"]
+        ws.send(json.dumps({"type": "generate", "inputs": "Human: Hello!\nAssistant:", "max_new_tokens": 8}))
+        assert json.loads(ws.receive(timeout=300))["ok"]
+        readers.append(ws)
+    metrics = chat_metrics(base)
+    idle = [completion_time(base, model, "10.2.0.101") for _ in range(runs)]
+    for ws in readers:  # and they go on chatting
+        ws.send(json.dumps({"type": "generate", "inputs": "Human: And you?\nAssistant:", "max_new_tokens": 4}))
+    again = [json.loads(ws.receive(timeout=300))["ok"] for ws in readers]
+    for ws in readers:
+        ws.close()
+    time.sleep(2)
+    alone += [completion_time(base, model, "10.2.0.100") for _ in range(runs)]
+    return {"alone": bc.median(alone), "idle": bc.median(idle), "ratio": bc.median(idle) / bc.median(alone),
+            "idle_sessions": metrics.get('swarm_monitor_chat_sessions_open{state="idle"}'),
+            "busy_slots": metrics.get('swarm_monitor_chat_slots{state="busy"}'), "kept_chatting": all(again)}
+
+
+# ---- (c) n = 8 against 8 sequential ---------------------------------------------------------------
+
+
+def part_c(base: str, model: str, n: int = 8, tokens: int = 32, runs: int = 3) -> dict:
+    """Alternating runs (8 sequential, then one of n = 8); the median run by speedup."""
+    messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+    body = {"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0}
+    post(base, "/v1/chat/completions", body)  # warm
+    results = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        singles = [post(base, "/v1/chat/completions", body) for _ in range(n)]
+        sequential = time.perf_counter() - started
+        started = time.perf_counter()
+        batch = post(base, "/v1/chat/completions", {**body, "n": n})
+        together = time.perf_counter() - started
+        seq_tokens = sum(r["usage"]["completion_tokens"] for r in singles)
+        batch_tokens = batch["usage"]["completion_tokens"]
+        answer = singles[0]["choices"][0]["message"]["content"]
+        results.append({"n": n, "tokens": tokens, "runs": runs, "sequential_s": sequential, "batch_s": together,
+                        "sequential_tps": seq_tokens / sequential, "batch_tps": batch_tokens / together,
+                        "speedup": (batch_tokens / together) / (seq_tokens / sequential),
+                        "identical": all(c["message"]["content"] == answer for c in batch["choices"])
+                        and len(batch["choices"]) == n})
+    results.sort(key=lambda r: r["speedup"])
+    middle = dict(results[len(results) // 2])
+    middle["speedups"] = [round(r["speedup"], 2) for r in results]
+    middle["identical"] = all(r["identical"] for r in results)
+    return middle
+
+
+# ---- (d) logprobs against the checkpoint ----------------------------------------------------------
+
+
+def part_d(base: str, model: str, path: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    local = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+    context = tokenizer("Question: What is the capital of France?\nAnswer:")["input_ids"]
+    continuation = tokenizer(" Paris", add_special_tokens=False)["input_ids"]
+    ids = context + continuation
+    reply = post(base, "/v1/completions", {"model": model, "prompt": [ids], "max_tokens": 0, "echo": True,
+                                           "logprobs": 1, "temperature": 0})
+    ours = reply["choices"][0]["logprobs"]["token_logprobs"]
+    with torch.no_grad():
+        reference = torch.log_softmax(local(torch.tensor([ids])).logits.float(), dim=-1)[0]
+    theirs = [float(reference[i - 1, ids[i]]) for i in range(1, len(ids))]
+    diffs = [abs(a - b) for a, b in zip(ours[1:], theirs)]
+    return {"tokens": len(ids), "max_diff": max(diffs), "continuation": sum(ours[len(context):]),
+            "reference": sum(theirs[len(context) - 1:])}
+
+
+# ---- the figure -------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="the tiny random model instead of the demo's SmolLM2")
+    parser.add_argument("--users", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=600.0)
+    parser.add_argument("--read", type=float, nargs=2, default=(20.0, 60.0))
+    parser.add_argument("--parts", nargs="+", default=["b", "c", "d", "a"], choices=("a", "b", "c", "d"))
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="the demo's data dir (default: a fresh one, its models from the test cache)")
+    parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench-chat-use-demo.log",
+                        help="where the demo's log is kept")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    print(bc.machine(), flush=True)
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-chat-use-"))
+    data_dir = args.data_dir or workdir / "data"
+    if args.data_dir is None:
+        data_dir.mkdir()
+        cached = Path.home() / ".cache" / "petals-swarm-monitor-tests" / "models"
+        if cached.exists():
+            (data_dir / "models").symlink_to(cached)
+    from monitor.harness.demo_swarm import prepare_model
+    from monitor.settings import Settings
+
+    path = prepare_model(data_dir, tiny=args.tiny)[0]
+    settings = Settings()
+    proc, base = start_demo(args.tiny, data_dir, workdir / "demo.log")
+    results: dict = {}
+    try:
+        model = model_of(base)
+        wait_chat(base, model)
+        print(f"demo at {base}, model {model}", flush=True)
+        for part in args.parts:
+            began = time.monotonic()
+            if part == "a":
+                results["a"] = part_a(base, model, args.users, args.duration, tuple(args.read),
+                                      starve=settings.chat_queue_timeout)
+                results["a_metrics"] = chat_metrics(base)
+            elif part == "b":
+                results["b"] = part_b(base, model)
+            elif part == "c":
+                results["c"] = part_c(base, model)
+            else:
+                results["d"] = part_d(base, model, path)
+            print(part, f"({time.monotonic() - began:.0f} s):", results[part], flush=True)
+    finally:
+        stop_demo(proc)
+        shutil.copy(workdir / "demo.log", args.log)
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"the demo's log: {args.log}")
+    markdown = report(results, args, settings)
+    print("\n" + markdown)
+    if not args.no_write:
+        bc.write_section("chat-use", markdown)
+
+
+def report(results: dict, args, settings) -> str:
+    model = "the tiny random model (`--tiny`)" if args.tiny else "the demo's SmolLM2-135M-Instruct"
+    rows = []
+    if "a" in results:
+        a = results["a"]
+        low, middle, high = a["turns_per_person"]
+        rows.append([f"(a) {a['users']} chat.petals.dev users, {a['elapsed'] / 60:.1f} min",
+                     f"{a['answered']} of {a['turns']} turns answered, {len(a['shown'])} errors shown, "
+                     f"{a['starved']} starved; turns per person {low}–{high} (median {middle:g}); wait for the "
+                     f"first token p50 {bc.fmt(a['wait_p50'])}, p95 {bc.fmt(a['wait_p95'])}, max {bc.fmt(a['wait_max'])} "
+                     f"({a['over_timeout']} turns over 60 s; each person's median wait "
+                     f"{bc.fmt(a['person_wait'][0])}–{bc.fmt(a['person_wait'][1])}); answers p50 {bc.fmt(a['answer_p50'])}, "
+                     f"p95 {bc.fmt(a['answer_p95'])}; {a['tokens'] / a['elapsed']:.1f} tokens/s streamed in all",
+                     "every turn answered, none starved",
+                     bc.verdict(a["answered"] == a["turns"] and a["starved"] == 0)])
+    if "b" in results:
+        b = results["b"]
+        rows.append(["(b) 4 idle WebSockets, then an HTTP completion (16 tokens)",
+                     f"{bc.fmt(b['idle'])} against {bc.fmt(b['alone'])} alone ({b['ratio']:.2f}×); "
+                     f"{b['idle_sessions']:.0f} idle sessions, {b['busy_slots']:.0f} slots busy while they read; "
+                     f"they chat on: {'yes' if b['kept_chatting'] else 'NO'}",
+                     "its usual time", bc.verdict(b["ratio"] <= 1.5 and b["kept_chatting"])])
+    if "c" in results:
+        c = results["c"]
+        rows.append([f"(c) n = {c['n']} in one chat completion vs {c['n']} sequential ({c['tokens']} greedy tokens)",
+                     f"{c['batch_tps']:.1f} vs {c['sequential_tps']:.1f} tokens/s: **{c['speedup']:.1f}×** "
+                     f"({bc.fmt(c['batch_s'])} vs {bc.fmt(c['sequential_s'])}; the median of {c['runs']} runs: "
+                     f"{', '.join(f'{x:g}×' for x in c['speedups'])}); rows identical: {'yes' if c['identical'] else 'NO'}",
+                     f"≥ {TARGET_BATCH_SPEEDUP:g}×, identical",
+                     bc.verdict(c["speedup"] >= TARGET_BATCH_SPEEDUP and c["identical"])])
+    if "d" in results:
+        d = results["d"]
+        rows.append([f"(d) logprob of a continuation, {d['tokens']} tokens scored (echo, max_tokens 0)",
+                     f"largest difference per token {d['max_diff']:.1e}; continuation {d['continuation']:.4f} vs "
+                     f"{d['reference']:.4f} computed by transformers from the checkpoint",
+                     f"≤ {TARGET_LOGPROB_DIFF:g}", bc.verdict(d["max_diff"] <= TARGET_LOGPROB_DIFF)])
+    markdown = bc.table(["figure", "measured", "target", ""], rows)
+    notes = [f"\n\nOn {model}: `swarm-monitor demo` (three servers, its poller, probes and generation checks "
+             f"running) with its default chat capacity — {settings.max_chat_sessions} generation slots, a queue of "
+             f"{settings.chat_queue_size} ({settings.chat_queue_timeout:g} s at most), a client's share "
+             f"{settings.max_slots_share:g}, {settings.max_open_sessions} open sessions, "
+             f"{settings.max_sessions_per_client} per client — behind one trusted proxy hop, so that every "
+             f"simulated person has an address of their own."]
+    if "a" in results:
+        a, m = results["a"], results.get("a_metrics", {})
+        evicted = m.get('swarm_monitor_chat_sessions_expired_total{reason="evicted"}', 0)
+        idle = m.get('swarm_monitor_chat_sessions_expired_total{reason="idle"}', 0)
+        refused = sum(v for k, v in m.items() if k.startswith("swarm_monitor_chat_refused_total"))
+        errors, shown = "; ".join(a["server_errors"]), "; ".join(a["shown"])
+        notes.append(f"(a) Each person runs chat.petals.dev's page protocol (static/chat.js) on a WebSocket of "
+                     f"their own: asks one of ten short questions, reads for {args.read[0]:g}–{args.read[1]:g} s, asks "
+                     f"again; sampling as the page sends it (temperature 0.9, top_p 0.6), an answer ends at its line's "
+                     f"end ({a['stopped']} answers that ran past {STOP_AFTER_TOKENS} tokens were stopped with the page's "
+                     f"'stop generation', which ends its session; the page reopened {a['reopened']} sessions). "
+                     f"Starved: a person with a turn never answered (an error shown). {a['tokens']} tokens streamed; "
+                     f"sessions the chat expired: {evicted:.0f} to make room, {idle:.0f} idle; requests refused: "
+                     f"{refused:.0f}." + (f" Errors the page got (and recovered from, unless shown): {errors}."
+                                          if errors else "") + (f" Shown: {shown}." if shown else ""))
+    return markdown + "\n\n".join(notes)
+
+
+if __name__ == "__main__":
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported, then the exit below
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
