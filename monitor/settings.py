@@ -163,7 +163,7 @@ class Settings(BaseModel):
     # an answer is computed, kept-open sessions (chat.petals.dev's WebSocket, one per tab) are bounded
     # apart; waiting requests are served per client in turn
     max_chat_sessions: int = Field(default=4, gt=0, le=1024)  # generation slots: answers computed at once
-    chat_queue_size: int = Field(default=8, ge=0, le=100_000)  # requests waiting for a slot
+    chat_queue_size: int = Field(default=32, ge=0, le=100_000)  # requests waiting for a slot (a thread each)
     chat_queue_timeout: float = Field(default=60, gt=0, le=3600)  # seconds one may wait, then 429
     max_slots_share: float = Field(default=0.5, gt=0, le=1)  # of the slots (and queue) one client holds
     max_open_sessions: int = Field(default=32, ge=1, le=100_000)  # kept open; the LRU idle one makes room
