@@ -126,7 +126,7 @@ class Settings(BaseModel):
     ws_max_lifetime: float = Field(default=3600, gt=0, le=7 * 86400)  # seconds a WebSocket may last
     history_max_points: int = Field(default=2000, ge=10, le=100_000)  # per series in history APIs
 
-    # Alerts (#15, README: Alerts): rules evaluated after every scrape and probe round, notices to
+    # Alerts (README: Alerts): rules evaluated after every scrape and probe round, notices to
     # webhooks ([alerts], [[alerts.rules]], [[alerts.webhooks]]; validated in app/alert_settings.py)
     alerts: AlertSettings = AlertSettings()
 
@@ -135,7 +135,7 @@ class Settings(BaseModel):
     chat_conversations_per_visitor: int = Field(default=4, ge=1, le=1000)  # chat page, kept in memory
     chat_max_visitors: int = Field(default=500, ge=1, le=1_000_000)  # the least recently active idle one goes
 
-    # Measured speed and correctness (#14, README: Measured speed and correctness): server probes
+    # Measured speed and correctness (README: Measured speed and correctness): server probes
     speed_probe_period: float = Field(default=300, gt=0)  # each server probed once per period (a verdict-changing probe confirmed after half)
     speed_probe_timeout: float = Field(default=10, gt=0, le=600)  # seconds per step of a probe session
     speed_probe_concurrency: int = Field(default=2, gt=0, le=64)  # probe sessions at once, all servers
@@ -151,7 +151,7 @@ class Settings(BaseModel):
     generation_check_tokens: int = Field(default=8, ge=1, le=64)
     generation_check_prompt: str = Field(default="What is the capital of France?", min_length=1, max_length=2000)
 
-    # Peer search and "my server" (#13, README: Dashboard): the search box on every page
+    # Peer search and "my server" (README: Dashboard): the search box on every page
     search_max_results: int = Field(default=20, ge=1, le=100)  # peers one search answers with
 
     # Chat

@@ -755,7 +755,7 @@ def test_peer_policies_are_set_replaced_and_cleared(store):
         store.set_peer_policy(peer("a"), "banished")
 
 
-# ---- finding a peer, and what the scores count (#13) -------------------------------------------
+# ---- finding a peer, and what the scores count -------------------------------------------
 
 
 def test_search_finds_a_peer_by_id_its_start_or_end_or_a_piece_of_its_name(store):

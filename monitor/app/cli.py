@@ -309,7 +309,7 @@ def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers
             "scrape_period": min(settings.scrape_period, 10.0),
             "reachability_period": min(settings.reachability_period, 10.0),
             "score_period": min(settings.score_period, 10.0),
-            # (#14) the demo's servers are ours: measure them often (a throttled one named slow within
+            # the demo's servers are ours: measure them often (a throttled one named slow within
             # two periods, see demo_swarm), up to 40 % of their time
             "speed_probe_period": min(settings.speed_probe_period, DEMO_SPEED_PROBE_PERIOD),
             "speed_probe_max_share": max(settings.speed_probe_max_share, DEMO_SPEED_PROBE_MAX_SHARE),
