@@ -34,6 +34,7 @@ from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, ensure_tiny_model
 from monitor.store import Store
+from monitor.harness.fork_server import FORK_SERVER
 from support import SESSION_SPECS, populate, swarm_processes, wait_until, web_settings
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -147,6 +148,7 @@ LEFTOVERS = "leftover_swarm_processes"  # what an xdist worker tells its control
 def pytest_sessionfinish(session, exitstatus):
     """The suite fails if any swarm process it started outlives it. Under pytest-xdist (``make
     test``) each worker checks its own and tells the controller, whose exit status counts."""
+    FORK_SERVER.shutdown()  # the harness's fork server lives as long as this process otherwise
     gone = wait_until(lambda: not swarm_processes(), 15)
     lines = [] if gone else [f"  pid {p.pid}: {' '.join(p.info['cmdline'] or [])}"[:200] for p in swarm_processes()]
     workeroutput = getattr(session.config, "workeroutput", None)

@@ -74,15 +74,19 @@ def wait_until(predicate: Callable[[], T], timeout: float, step: float = 0.5) ->
 # ---- processes ---------------------------------------------------------------------------------
 
 
+SWARM_MODULES = ("server_process", "fork_server")  # the harness's processes (and the fork server's children)
+
+
 def swarm_processes(since: float = SESSION_STARTED) -> list[psutil.Process]:
-    """petals servers, bootstrap peers and p2pd daemons this session started since ``since``."""
+    """petals servers, bootstrap peers, p2pd daemons and the harness's fork server this session
+    started since ``since``."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or [])
             if proc.info["create_time"] < since - 1 or proc.pid == os.getpid():
                 continue
-            if "p2pd" in (proc.info["name"] or "") or "monitor.harness.server_process" in cmdline:
+            if "p2pd" in (proc.info["name"] or "") or any(f"monitor.harness.{m}" in cmdline for m in SWARM_MODULES):
                 if proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
                     found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

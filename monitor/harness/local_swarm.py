@@ -1,6 +1,7 @@
 """The one swarm launcher: a real private Petals swarm on loopback (tests, demo, benchmarks).
 
-It starts a bootstrap DHT peer and petals servers as separate processes (``monitor.harness.server_process``),
+It starts a bootstrap DHT peer and petals servers as separate processes (``monitor.harness.server_process``,
+forked from a process that has imported petals once: ``monitor.harness.fork_server``),
 waits until each server is ONLINE in the DHT, can stop, kill, throttle, corrupt, fail and restart any server,
 and reaps every process it started, whatever happens. Each child runs in its own session, so its
 whole process group (handler processes, DHT process, p2pd daemon) is ended together.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from monitor import compat  # noqa: F401  (must precede petals)
+from monitor.harness.fork_server import FORK_SERVER, ForkedProcess
 from monitor.swarm.dht_options import LOOPBACK_HOST
 
 
@@ -47,7 +49,7 @@ class _Proc:
     args: list[str]
     log_path: Path
     ready_path: Path
-    popen: Optional[subprocess.Popen] = None
+    popen: Optional[subprocess.Popen | ForkedProcess] = None
     info: dict = field(default_factory=dict)
 
     @property
@@ -166,12 +168,15 @@ class LocalSwarm:
         ready_path = self.workdir / f"{name}.ready.json"
         ready_path.unlink(missing_ok=True)
         proc = _Proc(name=name, args=args, log_path=log_path, ready_path=ready_path)
-        full = [sys.executable, "-m", "monitor.harness.server_process", *args, "--ready-file", str(ready_path)]
-        with open(log_path, "ab") as log:
-            proc.popen = subprocess.Popen(
-                full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=_child_env(), start_new_session=True,
-            )
+        argv = [*args, "--ready-file", str(ready_path)]
+        env = _child_env()
+        proc.popen = FORK_SERVER.spawn(argv, log_path, env)  # petals imported once (fork_server)
+        if proc.popen is None:
+            with open(log_path, "ab") as log:
+                proc.popen = subprocess.Popen(
+                    [sys.executable, "-m", "monitor.harness.server_process", *argv], stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                )
         return proc
 
     def _wait_ready_file(self, proc: _Proc) -> dict:
