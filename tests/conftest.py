@@ -39,6 +39,28 @@ from support import SESSION_SPECS, populate, swarm_processes, wait_until, web_se
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
+
+def _ast_parse_in_turn() -> None:
+    """CPython 3.11 keeps the AST constructor's recursion depth in per-interpreter state, so two
+    threads inside ``ast.parse`` at once (a garbage-collection finalizer can switch threads midway)
+    fail with "SystemError: AST constructor recursion depth mismatch" (cpython gh-106905 and its
+    kin). Werkzeug parses a snippet for every route while ``create_app`` registers it, and specs make
+    apps while other specs' threads still run: in this process the parses take turns. (A web worker
+    makes its one app before it serves anything.)"""
+    import ast
+    import threading
+
+    parse, lock = ast.parse, threading.RLock()
+
+    def parse_in_turn(*args, **kwargs):
+        with lock:
+            return parse(*args, **kwargs)
+
+    ast.parse = parse_in_turn
+
+
+_ast_parse_in_turn()
+
 # ---- markers -----------------------------------------------------------------------------------
 
 SWARM_FIXTURES = frozenset({"swarm", "make_swarm", "tiny_model"})

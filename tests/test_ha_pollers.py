@@ -101,7 +101,8 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
             # ---- SIGSTOP the new leader, and stop a server while a standby takes over ----
             third = start("third")
             assert wait_until(lambda: seen_as_standby(store, third) or not third.alive(), START), third.log()[-3000:]
-            assert wait_until(lambda: store.latest_diagnoses()[TINY_DHT_PREFIX].state == "healthy", 60)
+            assert wait_until(lambda: store.latest_diagnoses()[TINY_DHT_PREFIX].state == "healthy", 60), \
+                store.latest_diagnoses()[TINY_DHT_PREFIX]
             frozen_at = second.freeze()
             swarm.stop("server-2")
             assert takeover(store, third, frozen_at) <= BOUND + SLACK
