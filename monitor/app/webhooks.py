@@ -120,8 +120,13 @@ def _discord_escape(text: str) -> str:
 def discord_payload(notice: Notice, dashboard_url: Optional[str] = None) -> dict:
     """Discord webhooks: one message of at most 2000 characters, no mentions."""
     msg = message(notice, dashboard_url)
-    icon = _ICONS.get(notice.event, "")
-    content = f"{icon} **{_discord_escape(msg.headline)}**"
+    return _discord_message(f"{_ICONS.get(notice.event, '')} ", msg)
+
+
+def _discord_message(prefix: str, msg: Message) -> dict:
+    """One Discord message: ``prefix`` and the bold headline, then as many of the lines as fit in
+    ``DISCORD_CONTENT_CHARS``; mentions off."""
+    content = f"{prefix}**{_discord_escape(msg.headline)}**"
     for line in msg.lines:
         addition = f"\n- {_discord_escape(line)}"
         if len(content) + len(addition) > DISCORD_CONTENT_CHARS:
@@ -213,13 +218,7 @@ def _body(items: Sequence[tuple[int, Notice]], fmt: str, dashboard_url: Optional
         msg = _group_message(notices, dashboard_url)
         if fmt == "slack":
             return {"text": f"*{_slack_escape(msg.headline)}*\n" + "\n".join(f"• {_slack_escape(line)}" for line in msg.lines)}
-        content = f"**{_discord_escape(msg.headline)}**"
-        for line in msg.lines:
-            addition = f"\n- {_discord_escape(line)}"
-            if len(content) + len(addition) > DISCORD_CONTENT_CHARS:
-                break
-            content += addition
-        return {"content": content[:DISCORD_CONTENT_CHARS], "allowed_mentions": {"parse": []}}
+        return _discord_message("", msg)
     firing = any(n.event != RESOLVED for n in notices)
     return {"source": SOURCE, "group": True, "ids": [notice_id for notice_id, _ in items],
             "status": "firing" if firing else "resolved", "count": len(items),
