@@ -57,6 +57,24 @@ def _checked(check, value):
         abort(400, description=str(e))
 
 
+def _change_fields(note_id: str, *, text_required: bool) -> tuple[int, Optional[str], str]:
+    """An update's or a resolution's (note id, text, author), each checked (400 if bad); without
+    ``text_required`` (a resolution) an empty text is None: no last word."""
+    key = _note_id(note_id)
+    fields = _fields()
+    given = text_required or (fields.get("text") or "").strip()
+    text = _checked(incidents.check_text, fields.get("text")) if given else None
+    author = _checked(incidents.check_author, fields.get("author"))
+    return key, text, author
+
+
+def _found(note: Optional[Note], note_id: str) -> Note:
+    """The note, or a 404 when the store has no note of that id."""
+    if note is None:
+        abort(404, description=f"no note {note_id}")
+    return note
+
+
 def _target(scope: str, target: Optional[str]) -> Optional[str]:
     if scope == MODEL:
         security.require_dht_prefix(target or "")
@@ -93,10 +111,7 @@ def list_api():
 
 @bp.get("/api/v1/notes/<note_id>")
 def one_api(note_id: str):
-    note = deps().store.note(_note_id(note_id))
-    if note is None:
-        abort(404, description=f"no note {note_id}")
-    return jsonify(note=note.to_dict())
+    return jsonify(note=_found(deps().store.note(_note_id(note_id)), note_id).to_dict())
 
 
 @bp.post("/api/v1/notes")
@@ -117,28 +132,16 @@ def post():
 @bp.post("/notes/<note_id>")
 @auth.operator_required
 def update(note_id: str):
-    key = _note_id(note_id)
-    fields = _fields()
-    text = _checked(incidents.check_text, fields.get("text"))
-    author = _checked(incidents.check_author, fields.get("author"))
-    note = deps().store.update_note(key, text, author=author, via=_via())
-    if note is None:
-        abort(404, description=f"no note {note_id}")
-    return _answer(note)
+    key, text, author = _change_fields(note_id, text_required=True)
+    return _answer(_found(deps().store.update_note(key, text, author=author, via=_via()), note_id))
 
 
 @bp.post("/api/v1/notes/<note_id>/resolve")
 @bp.post("/notes/<note_id>/resolve")
 @auth.operator_required
 def resolve(note_id: str):
-    key = _note_id(note_id)
-    fields = _fields()
-    text = _checked(incidents.check_text, fields["text"]) if (fields.get("text") or "").strip() else None
-    author = _checked(incidents.check_author, fields.get("author"))
-    note = deps().store.resolve_note(key, text=text, author=author, via=_via())
-    if note is None:
-        abort(404, description=f"no note {note_id}")
-    return _answer(note)
+    key, text, author = _change_fields(note_id, text_required=False)
+    return _answer(_found(deps().store.resolve_note(key, text=text, author=author, via=_via()), note_id))
 
 
 def incident_notes(model: Optional[str] = None, peers: tuple[str, ...] = (), *, everything: bool = False) -> list[Note]:
