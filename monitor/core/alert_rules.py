@@ -152,8 +152,18 @@ class Condition:
 # ---- the memory and the output --------------------------------------------------------------
 
 
+class _Labelled:
+    """What silences and inhibition rules match an alert or a notice by (``muting.labels``): the
+    same labels from the same fields, so a notice is muted exactly as its alert is."""
+
+    @property
+    def labels(self) -> dict[str, tuple[str, ...]]:
+        return muting.labels(rule=self.rule, kind=self.kind, severity=self.severity, subject=self.subject,
+                             models=self.models, peer=self.peer, peer_name=self.peer_name)
+
+
 @dataclass(frozen=True)
-class Alert:
+class Alert(_Labelled):
     """A pending or firing alert: what the evaluator remembers between runs (kept in the store)."""
 
     rule: str
@@ -181,14 +191,9 @@ class Alert:
     def key(self) -> tuple[str, str]:
         return (self.rule, self.subject)
 
-    @property
-    def labels(self) -> dict[str, tuple[str, ...]]:
-        return muting.labels(rule=self.rule, kind=self.kind, severity=self.severity, subject=self.subject,
-                             models=self.models, peer=self.peer, peer_name=self.peer_name)
-
 
 @dataclass(frozen=True)
-class Notice:
+class Notice(_Labelled):
     """Something to tell people: one event of one alert."""
 
     rule: str
@@ -207,11 +212,6 @@ class Notice:
     peer: Optional[str] = None
     peer_name: Optional[str] = None
     held: Optional[str] = None  # why it was not sent (a held notice, kept in the history only)
-
-    @property
-    def labels(self) -> dict[str, tuple[str, ...]]:
-        return muting.labels(rule=self.rule, kind=self.kind, severity=self.severity, subject=self.subject,
-                             models=self.models, peer=self.peer, peer_name=self.peer_name)
 
 
 @dataclass(frozen=True)
