@@ -16,8 +16,6 @@ the first token: (tokens - 1) / (end - first token).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -199,18 +197,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:  # --help, argparse errors: their own message and code
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:  # noqa: BLE001 - reported, then the exit below
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    # petals' _ServerInferenceSession.__del__ can block interpreter exit on an RPC to a server that
-    # is gone; everything this script started is stopped by now
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    bc.run_and_exit(main)

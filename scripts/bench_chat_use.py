@@ -508,16 +508,4 @@ def report(results: dict, args, settings) -> str:
 
 
 if __name__ == "__main__":
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:  # noqa: BLE001 - reported, then the exit below
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    bc.run_and_exit(main)
