@@ -108,6 +108,37 @@ def bootstrap_peer() -> Iterator[list[str]]:
         swarm.close()
 
 
+def cached_history(db: Path, wanted: dict, generator, *, regenerate: bool) -> dict:
+    """A generated history in the SQLite file ``db``, reused unless ``regenerate`` while its
+    parameters (``wanted``, with its ``days`` and ``servers``) match those it was made with (kept
+    beside it, ``db``.json); else made anew by ``generator(store).run(days, end=now)``. Returns
+    its description."""
+    import json
+
+    from monitor.store import Store
+
+    meta_path = db.with_suffix(".json")
+    if not regenerate and db.exists() and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("params") == wanted:
+            print(f"reusing the history in {db} (its last poll: {time.ctime(meta['end'])}; --regenerate for a new one)")
+            return meta
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(f"sqlite:///{db}")
+    try:
+        store.migrate()
+        end = time.time()
+        print(f"generating {wanted['days']:g} days × {wanted['servers']} servers of polls into {db} ...", flush=True)
+        stats = generator(store).run(wanted["days"], end=end)
+    finally:
+        store.close()
+    meta = {"params": wanted, "end": end, "generation": stats}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    return meta
+
+
 def timed(fn, *args, **kwargs) -> tuple[float, object]:
     started = time.perf_counter()
     result = fn(*args, **kwargs)
@@ -277,3 +308,22 @@ def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeo
         "tokens_per_s": (tokens - 1) / (elapsed - (first - started)) if first and tokens > 1 else None,
         "text": text, "petals": extension,
     }
+
+
+def run_and_exit(main) -> None:
+    """Run a script's ``main`` and leave with its exit code through ``os._exit``: petals'
+    ``_ServerInferenceSession.__del__`` can block interpreter exit on an RPC to a server that is
+    gone; everything the script started is stopped by then."""
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:  # --help, argparse errors: their own message and code
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported, then the exit below
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -41,31 +41,13 @@ def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool, fas
     ``fine_days``: the generator's fast mode (``HistoryGenerator``: for the peer and score benchmarks)."""
     from generate_history import HistoryGenerator
 
-    from monitor.store import Store
-
-    meta_path = db.with_suffix(".json")
     wanted = {"days": days, "servers": servers, "models": 4, "poll_period": 60, **({"fast": True} if fast else {}),
               **({"fine_days": fine_days} if fast and fine_days != 3.0 else {})}
-    if not regenerate and db.exists() and meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("params") == wanted:
-            print(f"reusing the history in {db} (its last poll: {time.ctime(meta['end'])}; --regenerate for a new one)")
-            return meta
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    db.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(f"sqlite:///{db}")
-    try:
-        store.migrate()
-        end = time.time()
-        print(f"generating {days:g} days × {servers} servers of polls into {db} ...", flush=True)
-        stats = HistoryGenerator(store, servers=servers, models=4, poll_period=60, fast=fast,
-                                 fine_days=fine_days).run(days, end=end)
-    finally:
-        store.close()
-    meta = {"params": wanted, "end": end, "generation": stats}
-    meta_path.write_text(json.dumps(meta, indent=2))
-    return meta
+
+    def generator(store):
+        return HistoryGenerator(store, servers=servers, models=4, poll_period=60, fast=fast, fine_days=fine_days)
+
+    return bc.cached_history(db, wanted, generator, regenerate=regenerate)
 
 
 def backfill_diagnoses(store) -> None:
@@ -198,6 +180,26 @@ def measure(url: str, *, clients: int, requests: int, warmup: int = 3) -> dict:
             "bytes": int(bc.median(sizes))}
 
 
+def endpoint_line(name: str, alone: dict, loaded: dict, clients: int) -> str:
+    """One endpoint's figures, alone and under load (``name`` padded by the caller)."""
+    return (f"{name} alone p50 {bc.ms(alone['p50'])} p95 {bc.ms(alone['p95'])} | {clients} clients "
+            f"p50 {bc.ms(loaded['p50'])} p95 {bc.ms(loaded['p95'])} {loaded['rps']:.1f} req/s | "
+            f"{alone['bytes']} bytes, failed {alone['failed'] + loaded['failed']}")
+
+
+def measure_endpoints(web: WebServer, endpoints: dict[str, str], args, *, width: int, line=endpoint_line) -> dict:
+    """Each endpoint (name -> path) alone (``args.requests`` sequential requests) and under load
+    (``args.clients`` clients × ``args.client_requests``): {name: (alone, loaded)}; after each,
+    ``line(name padded to width, alone, loaded, clients)`` is printed."""
+    results = {}
+    for name, path in endpoints.items():
+        alone = measure(web.base + path, clients=1, requests=args.requests)
+        loaded = measure(web.base + path, clients=args.clients, requests=args.client_requests)
+        results[name] = (alone, loaded)
+        print(line(f"{name:{width}s}", alone, loaded, args.clients), flush=True)
+    return results
+
+
 def main(argv=None) -> None:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_serve":
         return serve(sys.argv[2], sys.argv[3])
@@ -232,16 +234,8 @@ def main(argv=None) -> None:
         "/api/v1/state": "/api/v1/state",
         "/metrics": "/metrics",
     }
-    results = {}
     with WebServer(db, args.server) as web:
-        for name, path in endpoints.items():
-            alone = measure(web.base + path, clients=1, requests=args.requests)
-            loaded = measure(web.base + path, clients=args.clients, requests=args.client_requests)
-            results[name] = (alone, loaded)
-            print(f"{name:30s} alone p50 {bc.ms(alone['p50'])} p95 {bc.ms(alone['p95'])} | "
-                  f"{args.clients} clients p50 {bc.ms(loaded['p50'])} p95 {bc.ms(loaded['p95'])} "
-                  f"{loaded['rps']:.1f} req/s | {alone['bytes']} bytes, failed {alone['failed'] + loaded['failed']}",
-                  flush=True)
+        results = measure_endpoints(web, endpoints, args, width=30)
 
     rows = []
     for name, (alone, loaded) in results.items():

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import bench_common as bc
-from bench_dashboard import CACHE, WebServer, backfill_diagnoses, ensure_history, measure
+from bench_dashboard import CACHE, WebServer, backfill_diagnoses, ensure_history, measure_endpoints
 
 TARGETS = {"score job, 500 servers": 2.0, "score job, 2000 servers": 8.0}
 TARGET_PAGE_P95 = 0.200  # 16 clients, gunicorn
@@ -146,16 +146,14 @@ def bench_pages(db: Path, targets: dict, args) -> dict:
         "search box (htmx, name fragment)": f"/search?q={targets['search']['name fragment'][0]}",
         "search API (id prefix)": f"/api/v1/search?q={targets['peer'][:14]}",
     }
-    results = {}
     with WebServer(db, "gunicorn") as web:
-        for name, path in endpoints.items():
-            alone = measure(web.base + path, clients=1, requests=args.requests)
-            loaded = measure(web.base + path, clients=args.clients, requests=args.client_requests)
-            results[name] = (alone, loaded)
-            print(f"{name:34s} alone p95 {bc.ms(alone['p95'])} | {args.clients} clients p50 {bc.ms(loaded['p50'])} "
-                  f"p95 {bc.ms(loaded['p95'])} {loaded['rps']:.0f} req/s | {alone['bytes']} bytes, "
-                  f"failed {alone['failed'] + loaded['failed']}", flush=True)
-    return results
+        return measure_endpoints(web, endpoints, args, width=34, line=_page_line)
+
+
+def _page_line(name: str, alone: dict, loaded: dict, clients: int) -> str:
+    return (f"{name} alone p95 {bc.ms(alone['p95'])} | {clients} clients p50 {bc.ms(loaded['p50'])} "
+            f"p95 {bc.ms(loaded['p95'])} {loaded['rps']:.0f} req/s | {alone['bytes']} bytes, "
+            f"failed {alone['failed'] + loaded['failed']}")
 
 
 # ---- the report ---------------------------------------------------------------------------------

@@ -11,13 +11,12 @@ before the last 3 days (``COARSE``): those hours are rolled up into one row per 
 either way, so the page reads the same rows as over a history polled every minute, and the
 history takes ~30 min instead of ~4 h. It is kept in ``--db`` and reused while its parameters
 match. The web app runs in its own process on 127.0.0.1 (werkzeug, threaded, as ``swarm-monitor
-serve``); this process is the client (``bench_dashboard.measure``).
+serve``); this process is the client (``bench_dashboard.measure_endpoints``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -49,30 +48,9 @@ def status_history(store, *, servers: int):
 
 def ensure_history(db: Path, *, days: float, servers: int, regenerate: bool) -> dict:
     """Generate the history unless a matching one exists; returns its description."""
-    from monitor.store import Store
-
-    meta_path = db.with_suffix(".json")
     wanted = {"days": days, "servers": servers, "models": 4, "poll_period": 60, "coarse": COARSE,
               "fine_days": FINE_DAYS}
-    if not regenerate and db.exists() and meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("params") == wanted:
-            print(f"reusing the history in {db} (its last poll: {time.ctime(meta['end'])}; --regenerate for a new one)")
-            return meta
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    db.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(f"sqlite:///{db}")
-    try:
-        store.migrate()
-        end = time.time()
-        print(f"generating {days:g} days × {servers} servers of polls into {db} ...", flush=True)
-        stats = status_history(store, servers=servers).run(days, end=end)
-    finally:
-        store.close()
-    meta = {"params": wanted, "end": end, "generation": stats}
-    meta_path.write_text(json.dumps(meta, indent=2))
-    return meta
+    return bc.cached_history(db, wanted, lambda store: status_history(store, servers=servers), regenerate=regenerate)
 
 
 def cold_builds(db: Path, n: int = 5) -> list[float]:
@@ -111,7 +89,7 @@ def main(argv=None) -> None:
     parser.add_argument("--client-requests", type=int, default=10, help="requests per concurrent client")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    from bench_dashboard import WebServer, measure, pick_targets
+    from bench_dashboard import WebServer, measure_endpoints, pick_targets
 
     db = args.db or CACHE / f"history-status-{args.days:g}d-{args.servers}s.db"
     print(bc.machine())
@@ -127,15 +105,8 @@ def main(argv=None) -> None:
         "model uptime badge (30 d)": f"/badges/models/{targets['model']}/uptime/30d.svg",
         "peer uptime badge (30 d)": f"/badges/peers/{targets['peer']}/uptime/30d.svg",
     }
-    results = {}
     with WebServer(db, "werkzeug") as web:
-        for name, path in endpoints.items():
-            alone = measure(web.base + path, clients=1, requests=args.requests)
-            loaded = measure(web.base + path, clients=args.clients, requests=args.client_requests)
-            results[name] = (alone, loaded)
-            print(f"{name:28s} alone p50 {bc.ms(alone['p50'])} p95 {bc.ms(alone['p95'])} | {args.clients} clients "
-                  f"p50 {bc.ms(loaded['p50'])} p95 {bc.ms(loaded['p95'])} {loaded['rps']:.1f} req/s | "
-                  f"{alone['bytes']} bytes, failed {alone['failed'] + loaded['failed']}", flush=True)
+        results = measure_endpoints(web, endpoints, args, width=28)
     rows = []
     for name, (alone, loaded) in results.items():
         target = TARGETS_P95.get(name)
