@@ -9,6 +9,9 @@ a bad matcher, a reason too long) is a 400 that says what to change. Every creat
 logged by the store with who (the name the operator gives, ``by``), when, how (API token or
 browser session) and why.
 
+The two are handled alike (listed, created, ended, answered): one set of handlers serves both,
+told what differs by a small table (``_Kind``: JSON keys, the store's methods, the words).
+
 Operators prove who they are as everywhere (``web/auth.py``): scripts send the bearer token to the
 API; browsers post the Alerts page's forms with their session and its CSRF token.
 """
@@ -18,7 +21,8 @@ from __future__ import annotations
 import math
 import time
 from datetime import datetime
-from typing import Any, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
 
 from flask import Blueprint, abort, jsonify, redirect, request, url_for
 
@@ -206,77 +210,6 @@ def change_dict(c) -> dict:
     return {"at": c.at, "action": c.action, "by": c.by, "via": c.via, "why": c.why}
 
 
-def listed_silences(store, now: float, *, operator: bool) -> list[tuple[Silence, list]]:
-    """Operators: silences in force, to come, or ended in the last week, with their changes;
-    others: those in force or to come."""
-    found = store.silences(ending_after=now - RECENT if operator else now, limit=LISTED)
-    changes = store.mute_changes("silence", [s.id for s in found]) if operator else {}
-    return [(s, changes.get(s.id, [])) for s in found]
-
-
-def _readers_may_see_silences() -> None:
-    if not auth.is_operator() and not deps().settings.alerts.public_silences:
-        abort(401, description="operators only: this monitor does not show its silences to everyone "
-                               "(alerts.public_silences); send 'Authorization: Bearer <token>'")
-
-
-@bp.get("/api/v1/silences")
-def api_silences():
-    """Silences in force and to come (operators: also those ended in the last 7 days, with who
-    created and ended them, when and why)."""
-    _readers_may_see_silences()
-    now = time.time()
-    operator = auth.is_operator()
-    return jsonify(silences=[silence_dict(s, now, changes, operator=operator)
-                             for s, changes in listed_silences(deps().store, now, operator=operator)])
-
-
-def _create_silence() -> tuple[Silence, int]:
-    now = time.time()
-    data = _fields()
-    silence = silence_from(data, now, _by(data))
-    return silence, deps().store.create_silence(silence, via=_via())
-
-
-@bp.post("/api/v1/silences")
-@auth.operator_required
-def api_create_silence():
-    try:
-        silence, new_id = _create_silence()
-    except BadInput as e:
-        abort(400, description=str(e))
-    stored, changes = next(item for item in listed_silences(deps().store, time.time(), operator=True)
-                           if item[0].id == new_id)
-    return jsonify(silence=silence_dict(stored, time.time(), changes, operator=True)), 201
-
-
-def _end(kind: str, item_id: int):
-    """End a silence or window now: (the item, None) or (None, the HTTP code and message)."""
-    now = time.time()
-    try:
-        data = _fields() if request.content_length or request.form else {}
-        why = _text(data, "reason", REASON_CHARS) or _text(data, "comment", REASON_CHARS, default="ended early")
-        by = _by(data)
-    except BadInput as e:
-        abort(400, description=str(e))
-    store = deps().store
-    end = store.end_silence if kind == "silence" else store.end_maintenance_window
-    found = end(item_id, at=now, by=by, via=_via(), why=why)
-    if found is None:
-        abort(404, description=f"there is no {'silence' if kind == 'silence' else 'maintenance window'} {item_id}")
-    return found
-
-
-@bp.route("/api/v1/silences/<int:silence_id>/end", methods=["POST"])
-@bp.route("/api/v1/silences/<int:silence_id>", methods=["DELETE"])
-@auth.operator_required
-def api_end_silence(silence_id: int):
-    """End a silence now (JSON ``{"reason": ..., "by": ...}``, both optional)."""
-    found = _end("silence", silence_id)
-    changes = deps().store.mute_changes("silence", [found.id]).get(found.id, [])
-    return jsonify(silence=silence_dict(found, time.time(), changes, operator=True))
-
-
 # ---- maintenance windows ----------------------------------------------------------------------------
 
 
@@ -349,39 +282,157 @@ def window_dict(w: MaintenanceWindow, now: float, changes=(), *, operator: bool 
                 "changes": [change_dict(c) for c in changes]} if operator else {})}
 
 
+# ---- the two kinds: what differs between them ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What the handlers below need to know of silences or of maintenance windows; the rest (how
+    they are listed, created, ended and answered) is the same for both."""
+
+    name: str  # the store's kind of mute change, and the key of one item in JSON
+    noun: str  # for people
+    plural: str  # the key of the list in JSON
+    anchor: str  # the Alerts page's heading of its panel
+    parse: Callable[[Mapping, float, str], Any]  # fields, now, by -> a new item (BadInput if bad)
+    as_dict: Callable[..., dict]  # (item, now, changes, operator=...) -> its JSON
+    listing: str  # the store's methods: list, create and end
+    create: str
+    end: str
+
+
+SILENCES = _Kind(name="silence", noun="silence", plural="silences", anchor="silences-h", parse=silence_from,
+                 as_dict=silence_dict, listing="silences", create="create_silence", end="end_silence")
+MAINTENANCE = _Kind(name="maintenance", noun="maintenance window", plural="maintenance", anchor="maintenance-h",
+                    parse=window_from, as_dict=window_dict, listing="maintenance_windows",
+                    create="create_maintenance_window", end="end_maintenance_window")
+
+
+def _listed(kind: _Kind, store, now: float, *, operator: bool) -> list[tuple[Any, list]]:
+    """Operators: the items in force, to come, or ended in the last week, with their changes;
+    others: those in force or to come."""
+    found = getattr(store, kind.listing)(ending_after=now - RECENT if operator else now, limit=LISTED)
+    changes = store.mute_changes(kind.name, [item.id for item in found]) if operator else {}
+    return [(item, changes.get(item.id, [])) for item in found]
+
+
+def listed_silences(store, now: float, *, operator: bool) -> list[tuple[Silence, list]]:
+    return _listed(SILENCES, store, now, operator=operator)
+
+
 def listed_windows(store, now: float, *, operator: bool) -> list[tuple[MaintenanceWindow, list]]:
-    found = store.maintenance_windows(ending_after=now - RECENT if operator else now, limit=LISTED)
-    changes = store.mute_changes("maintenance", [w.id for w in found]) if operator else {}
-    return [(w, changes.get(w.id, [])) for w in found]
+    return _listed(MAINTENANCE, store, now, operator=operator)
+
+
+# ---- handling them: the API and the Alerts page's forms -------------------------------------------
+
+
+def _list(kind: _Kind):
+    now = time.time()
+    operator = auth.is_operator()
+    return jsonify(**{kind.plural: [kind.as_dict(item, now, changes, operator=operator)
+                                    for item, changes in _listed(kind, deps().store, now, operator=operator)]})
+
+
+def _create(kind: _Kind) -> int:
+    """A new item from the request's fields, stored; its id (BadInput says what is wrong)."""
+    now = time.time()
+    data = _fields()
+    item = kind.parse(data, now, _by(data))
+    return getattr(deps().store, kind.create)(item, via=_via())
+
+
+def _api_create(kind: _Kind):
+    try:
+        new_id = _create(kind)
+    except BadInput as e:
+        abort(400, description=str(e))
+    now = time.time()
+    stored, changes = next(item for item in _listed(kind, deps().store, now, operator=True) if item[0].id == new_id)
+    return jsonify(**{kind.name: kind.as_dict(stored, now, changes, operator=True)}), 201
+
+
+def _end(kind: _Kind, item_id: int):
+    """End a silence or window now (the request's optional ``reason`` and ``by``); the item, or a
+    404 if there is no such item."""
+    now = time.time()
+    try:
+        data = _fields() if request.content_length or request.form else {}
+        why = _text(data, "reason", REASON_CHARS) or _text(data, "comment", REASON_CHARS, default="ended early")
+        by = _by(data)
+    except BadInput as e:
+        abort(400, description=str(e))
+    found = getattr(deps().store, kind.end)(item_id, at=now, by=by, via=_via(), why=why)
+    if found is None:
+        abort(404, description=f"there is no {kind.noun} {item_id}")
+    return found
+
+
+def _api_end(kind: _Kind, item_id: int):
+    found = _end(kind, item_id)
+    changes = deps().store.mute_changes(kind.name, [found.id]).get(found.id, [])
+    return jsonify(**{kind.name: kind.as_dict(found, time.time(), changes, operator=True)})
+
+
+def _form_create(kind: _Kind):
+    try:
+        _create(kind)
+    except BadInput as e:
+        abort(400, description=f"{e}. Go back and correct the form.")
+    return _back(kind)
+
+
+def _form_end(kind: _Kind, item_id: int):
+    _end(kind, item_id)
+    return _back(kind)
+
+
+def _back(kind: _Kind):
+    return redirect(url_for("alerts.page") + f"#{kind.anchor}", code=303)
+
+
+def _readers_may_see_silences() -> None:
+    if not auth.is_operator() and not deps().settings.alerts.public_silences:
+        abort(401, description="operators only: this monitor does not show its silences to everyone "
+                               "(alerts.public_silences); send 'Authorization: Bearer <token>'")
+
+
+# ---- the routes --------------------------------------------------------------------------------------
+
+
+@bp.get("/api/v1/silences")
+def api_silences():
+    """Silences in force and to come (operators: also those ended in the last 7 days, with who
+    created and ended them, when and why)."""
+    _readers_may_see_silences()
+    return _list(SILENCES)
+
+
+@bp.post("/api/v1/silences")
+@auth.operator_required
+def api_create_silence():
+    return _api_create(SILENCES)
+
+
+@bp.route("/api/v1/silences/<int:silence_id>/end", methods=["POST"])
+@bp.route("/api/v1/silences/<int:silence_id>", methods=["DELETE"])
+@auth.operator_required
+def api_end_silence(silence_id: int):
+    """End a silence now (JSON ``{"reason": ..., "by": ...}``, both optional)."""
+    return _api_end(SILENCES, silence_id)
 
 
 @bp.get("/api/v1/maintenance")
 def api_maintenance():
     """Maintenance windows not over (operators: also those over in the last 7 days, with their
     changes); anyone may read them: the pages say "maintenance" to everyone anyway."""
-    now = time.time()
-    operator = auth.is_operator()
-    return jsonify(maintenance=[window_dict(w, now, changes, operator=operator)
-                                for w, changes in listed_windows(deps().store, now, operator=operator)])
-
-
-def _create_window() -> tuple[MaintenanceWindow, int]:
-    now = time.time()
-    data = _fields()
-    window = window_from(data, now, _by(data))
-    return window, deps().store.create_maintenance_window(window, via=_via())
+    return _list(MAINTENANCE)
 
 
 @bp.post("/api/v1/maintenance")
 @auth.operator_required
 def api_create_window():
-    try:
-        _, new_id = _create_window()
-    except BadInput as e:
-        abort(400, description=str(e))
-    now = time.time()
-    stored, changes = next(item for item in listed_windows(deps().store, now, operator=True) if item[0].id == new_id)
-    return jsonify(maintenance=window_dict(stored, now, changes)), 201
+    return _api_create(MAINTENANCE)
 
 
 @bp.route("/api/v1/maintenance/<int:window_id>/end", methods=["POST"])
@@ -389,50 +440,34 @@ def api_create_window():
 @auth.operator_required
 def api_end_window(window_id: int):
     """End a maintenance window now (a recurring one for good)."""
-    found = _end("maintenance", window_id)
-    changes = deps().store.mute_changes("maintenance", [found.id]).get(found.id, [])
-    return jsonify(maintenance=window_dict(found, time.time(), changes))
+    return _api_end(MAINTENANCE, window_id)
 
 
-# ---- the Alerts page's forms (session + CSRF, or the bearer token) -----------------------------------
-
-
-def _back(anchor: str):
-    return redirect(url_for("alerts.page") + f"#{anchor}", code=303)
+# the Alerts page's forms (session + CSRF, or the bearer token)
 
 
 @bp.post("/alerts/silences")
 @auth.operator_required
 def form_create_silence():
-    try:
-        _create_silence()
-    except BadInput as e:
-        abort(400, description=f"{e}. Go back and correct the form.")
-    return _back("silences-h")
+    return _form_create(SILENCES)
 
 
 @bp.post("/alerts/silences/<int:silence_id>/end")
 @auth.operator_required
 def form_end_silence(silence_id: int):
-    _end("silence", silence_id)
-    return _back("silences-h")
+    return _form_end(SILENCES, silence_id)
 
 
 @bp.post("/alerts/maintenance")
 @auth.operator_required
 def form_create_window():
-    try:
-        _create_window()
-    except BadInput as e:
-        abort(400, description=f"{e}. Go back and correct the form.")
-    return _back("maintenance-h")
+    return _form_create(MAINTENANCE)
 
 
 @bp.post("/alerts/maintenance/<int:window_id>/end")
 @auth.operator_required
 def form_end_window(window_id: int):
-    _end("maintenance", window_id)
-    return _back("maintenance-h")
+    return _form_end(MAINTENANCE, window_id)
 
 
 # ---- what the pages show: maintenance in force -------------------------------------------------------
