@@ -87,11 +87,15 @@ def pytest_collection_modifyitems(config, items):
 
 def _longest_modules_first(items: list) -> list:
     """The items, module by module, the modules that likely take longest first (a swarm spec
-    counts for many plain ones), each in its own order: the workers take modules in this order
-    (``--no-loadscope-reorder``), so both finish at about the same time."""
+    counts for many plain ones, a spec given a longer timeout than the default for more: the
+    end-to-end ones of minutes), each in its own order: the workers take modules in this order
+    (``--no-loadscope-reorder``), so they finish at about the same time."""
     cost: dict[str, float] = {}
     for item in items:
         weight = 8.0 if item.get_closest_marker("swarm") else 3.0 if item.get_closest_marker("browser") else 0.2
+        timeout = item.get_closest_marker("timeout")
+        if timeout and timeout.args:
+            weight = max(weight, float(timeout.args[0]) / 10)
         cost[item.nodeid.split("::")[0]] = cost.get(item.nodeid.split("::")[0], 0.0) + weight
     return sorted(items, key=lambda item: -cost[item.nodeid.split("::")[0]])  # (a stable sort)
 
