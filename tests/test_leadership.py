@@ -16,7 +16,8 @@ from monitor.core import leadership as core
 from monitor.core.leadership import EXPIRED, FIRST, RELEASED, RENEW, TAKE, WAIT, Lease, PollerId
 from monitor.settings import Settings
 from monitor.store import NotLeader, Store
-from support import STORE_KINDS, wait_until
+from monitor.web import create_app
+from support import STORE_KINDS, migrated_store, store_url_of, wait_until
 
 A = PollerId("host-a:1:aa", "host-a", 1, 1000.0)
 B = PollerId("host-b:2:bb", "host-b", 2, 1001.0)
@@ -89,17 +90,13 @@ def test_the_default_lease_is_half_a_scrape_period_and_a_takeover_comes_within_o
 
 @pytest.fixture(params=STORE_KINDS)
 def store_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'monitor.db'}"
-    return request.getfixturevalue("postgres_url")
+    return store_url_of(request, tmp_path / "monitor.db")
 
 
 @pytest.fixture
 def store(store_url):
-    s = Store(store_url)
-    s.migrate()
-    yield s
-    s.close()
+    with migrated_store(store_url) as s:
+        yield s
 
 
 def poll_count(store: Store) -> int:
@@ -335,9 +332,9 @@ def test_the_overview_the_state_api_and_metrics_name_the_leader_its_standbys_and
 
     expire(store)  # the leader is lost; the standby takes over at its next look
     store.claim_poller_lease(B, 30.0, notify=lambda notice: [])
-    fresh = app.test_client()  # (what the pages read is kept ten seconds at most)
-    poller = wait_until(lambda: (lambda p: p if p["leader"]["pid"] == 2 else None)(
-        fresh.get("/api/v1/state").get_json()["poller"]), 12)
+    fresh = create_app(settings, store).test_client()  # (an app of its own: what one reads is kept 10 s)
+    poller = fresh.get("/api/v1/state").get_json()["poller"]
+    assert poller["leader"]["pid"] == 2, poller
     assert [t["summary"] for t in poller["takeovers"]][0].startswith(
         "poller host-b (pid 2) took over from poller host-a (pid 1), whose lease ran out")
     metrics = {f.name: f for f in text_string_to_metric_families(fresh.get("/metrics").get_data(as_text=True))}
@@ -347,8 +344,9 @@ def test_the_overview_the_state_api_and_metrics_name_the_leader_its_standbys_and
     assert metrics["swarm_monitor_poller_takeovers"].samples[0].value == 1
 
     expire(store)  # and now nobody leads: the overview says so, /metrics too
-    poller = wait_until(lambda: (lambda p: p if not p["leading"] else None)(
-        fresh.get("/api/v1/state").get_json()["poller"]), 12)
+    fresh = create_app(settings, store).test_client()
+    poller = fresh.get("/api/v1/state").get_json()["poller"]
+    assert not poller["leading"], poller
     assert (poller["lapsed"]["host"], poller["lapsed"]["pid"]) == ("host-b", 2)
     assert "data-no-leader" in fresh.get("/").get_data(as_text=True)
     metrics = {f.name: f for f in text_string_to_metric_families(fresh.get("/metrics").get_data(as_text=True))}
