@@ -13,7 +13,10 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
 - a populated store: ``populate`` (three polls, probes, chat outcomes and scores written through
   the poller's own path), ``web_settings``, ``PEERS``, ``TINY``, ``peer``, and the HTML helpers
   ``elements`` and ``text_of``;
-- markers: ``STORE_KINDS`` (the params of a fixture run on SQLite and PostgreSQL).
+- stores: ``STORE_KINDS`` (the params of a fixture run on SQLite and PostgreSQL), ``store_url_of``
+  (a param's URL), ``migrated_store`` (a store fixture's body), ``sqlite_store``;
+- a monitor of a real swarm: ``tiny_settings`` (watching its tiny model), ``polled_prober`` (a
+  poller that has scraped once and its server prober).
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ import pytest
 from werkzeug.serving import make_server
 
 from monitor.app.jobs import Poller
+from monitor.app.probing import ServerProber
 from monitor.core.snapshot import (
     JOINING, ONLINE, ChatOutcome, ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot,
 )
 from monitor.harness.local_swarm import ServerSpec
-from monitor.harness.tiny_model import TINY_NUM_BLOCKS
-from monitor.settings import Settings
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.settings import ModelConfig, Settings
+from monitor.store import Store
 
 sys.modules.setdefault("support", sys.modules[__name__])
 sys.modules.setdefault("tests.support", sys.modules[__name__])
@@ -179,6 +184,60 @@ SESSION_SPECS = (
 
 # params of a fixture that runs its specs on both stores; the PostgreSQL ones carry the marker
 STORE_KINDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+def store_url_of(request, sqlite_path) -> str:
+    """The URL of a fixture's store for its param (one of ``STORE_KINDS``): a SQLite file at
+    ``sqlite_path``, or the session's PostgreSQL database (conftest's ``postgres_url``)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{sqlite_path}"
+    return request.getfixturevalue("postgres_url")
+
+
+@contextmanager
+def migrated_store(url: str) -> Iterator[Store]:
+    """A store on ``url`` with its schema up to date, closed after (a store fixture's body)."""
+    store = Store(url)
+    store.migrate()
+    yield store
+    store.close()
+
+
+def sqlite_store(data_dir) -> Store:
+    """A migrated store in ``data_dir``'s monitor.db; the caller closes it."""
+    store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+    store.migrate()
+    return store
+
+
+# ---- a monitor of a real swarm (the probe and check specs) ---------------------------------------
+
+
+def tiny_settings(swarm, data_dir, path=None, **overrides) -> Settings:
+    """Settings that watch ``swarm``'s tiny model (its client files at ``path``), their data in
+    ``data_dir``; ``overrides``: any other settings."""
+    return Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
+                    models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS, path=path)],
+                    **overrides)
+
+
+def alerting_settings(swarm, data_dir, hook_url: str, rules: list[dict]) -> Settings:
+    """Settings that watch ``swarm``'s tiny model closely (a poll and a reachability check every
+    2 s, alerts checked every second) and alert by ``rules`` alone (no default rules) to one
+    webhook, ``ops`` at ``hook_url``."""
+    return tiny_settings(swarm, data_dir, scrape_period=2, reachability_period=2, reachability_timeout=2,
+                         score_period=600, alerts={"check_period": 1, "default_rules": False,
+                                                   "webhooks": [{"name": "ops", "url": hook_url}], "rules": rules})
+
+
+def polled_prober(settings: Settings, store: Store, dht) -> tuple[Poller, ServerProber]:
+    """A poller that has scraped the swarm once, and the server prober that probes what it saw
+    (rounds are run by the specs); the caller closes the prober."""
+    poller = Poller(settings, store, dht)
+    assert poller.poll_once() is not None
+    prober = ServerProber(settings, store, dht, snapshot=lambda: poller._last_snapshot,
+                          after_round=poller.rediagnose_latest)
+    return poller, prober
 
 
 # ---- a populated store (the web's specs) -------------------------------------------------------

@@ -14,16 +14,13 @@ import time
 
 import pytest
 
-from monitor.app.jobs import Poller
-from monitor.app.probing import ServerProber
 from monitor.core.probes import SERVER_ERROR, TIMEOUT
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.server_process import FAIL_MESSAGE
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from monitor.settings import ModelConfig, Settings
-from monitor.store import Store
 from monitor.swarm import check_servers
 from monitor.swarm.speed import ProbeLoop, SpanTarget
+from support import polled_prober, sqlite_store, tiny_settings
 
 SPECS = (ServerSpec("steady", 0, TINY_NUM_BLOCKS, throughput=100.0),
          ServerSpec("flaky", 0, TINY_NUM_BLOCKS, throughput=100.0))
@@ -35,16 +32,10 @@ def chaos(tiny_model, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("chaos-fail")
     with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
         swarm.start(SPECS)
-        settings = Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
-                            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS,
-                                                path=tiny_model)],
-                            speed_probe_period=2.0, speed_probe_max_share=0.5, speed_probe_timeout=10)
-        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
-        store.migrate()
-        poller = Poller(settings, store, swarm.dht)
-        assert poller.poll_once() is not None
-        prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
-                              after_round=poller.rediagnose_latest)
+        settings = tiny_settings(swarm, data_dir, tiny_model, speed_probe_period=2.0, speed_probe_max_share=0.5,
+                                 speed_probe_timeout=10)
+        store = sqlite_store(data_dir)
+        _, prober = polled_prober(settings, store, swarm.dht)
         try:
             yield swarm, prober, store
         finally:

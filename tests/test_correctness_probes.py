@@ -17,7 +17,6 @@ import pytest
 from chat.engine import ChatEngine, Finished, GenerationParams
 from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
 from chat.policy import RoutingSettings
-from monitor.app.jobs import Poller
 from monitor.app.probing import ServerProber
 from monitor.app.service import Service
 from monitor.settings import ModelConfig, Settings
@@ -34,9 +33,8 @@ from monitor.core.probes import (
 from monitor.harness.demo_swarm import DemoControls
 from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from monitor.store import Store
 
-from support import SESSION_SPECS
+from support import SESSION_SPECS, polled_prober, sqlite_store, tiny_settings
 
 HALF = TINY_NUM_BLOCKS // 2
 SPECS = SESSION_SPECS  # the session swarm's servers (its specs put back whatever they change)
@@ -111,11 +109,9 @@ def test_a_thousand_disagreeing_servers_make_a_diagnosis_of_a_few_lines():
 
 
 def settings_for(swarm: LocalSwarm, data_dir, *, path=None, **overrides) -> Settings:
-    values = dict(data_dir=data_dir, initial_peers=swarm.initial_peers,
-                  models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS, path=path)],
-                  speed_probe_period=PERIOD, speed_probe_max_share=0.5, speed_probe_timeout=10)
+    values = dict(speed_probe_period=PERIOD, speed_probe_max_share=0.5, speed_probe_timeout=10)
     values.update(overrides)
-    return Settings(**values)
+    return tiny_settings(swarm, data_dir, path, **values)
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +120,8 @@ def checked(swarm, tiny_model, tmp_path_factory):
     swarm (a spec that corrupts one of its servers puts it back)."""
     data_dir = tmp_path_factory.mktemp("correctness-probes")
     settings = settings_for(swarm, data_dir, path=tiny_model)
-    store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
-    store.migrate()
-    poller = Poller(settings, store, swarm.dht)
-    assert poller.poll_once() is not None
-    prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
-                          after_round=poller.rediagnose_latest)
+    store = sqlite_store(data_dir)
+    poller, prober = polled_prober(settings, store, swarm.dht)
     try:
         yield swarm, poller, prober, store
     finally:

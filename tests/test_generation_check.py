@@ -31,8 +31,9 @@ from monitor.core.generation import (
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.server_process import FAIL_MESSAGE
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from monitor.settings import ModelConfig, Settings, SettingsError, load_settings
+from monitor.settings import ModelConfig, SettingsError, load_settings
 from monitor.store import Store
+from support import sqlite_store, tiny_settings
 
 HALF = TINY_NUM_BLOCKS // 2
 SPECS = (ServerSpec("first", 0, HALF, throughput=50.0), ServerSpec("second", HALF, TINY_NUM_BLOCKS, throughput=50.0),
@@ -116,12 +117,9 @@ def checked(tiny_model, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("generation-check")
     with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
         swarm.start(SPECS)
-        settings = Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
-                            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS,
-                                                path=tiny_model)],
-                            generation_check_tokens=TOKENS, generation_check_period=3600)
-        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
-        store.migrate()
+        settings = tiny_settings(swarm, data_dir, tiny_model, generation_check_tokens=TOKENS,
+                                 generation_check_period=3600)
+        store = sqlite_store(data_dir)
         engine = ChatEngine(swarm.dht, settings.models, outcome_sink=store_outcome_sink(store),
                             max_sessions=1, queue_size=0, queue_timeout=1)
         try:

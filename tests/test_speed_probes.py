@@ -28,7 +28,7 @@ from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store
 from monitor.swarm.speed import ProbeLoop, SpanTarget
 
-from support import SESSION_SPECS
+from support import SESSION_SPECS, polled_prober, sqlite_store, tiny_settings
 
 HALF = TINY_NUM_BLOCKS // 2
 SPECS = SESSION_SPECS  # the session swarm's servers (its specs put back whatever they change)
@@ -119,16 +119,10 @@ def measured(swarm, tiny_model, tmp_path_factory):
     """(swarm, poller, prober, store) on the session swarm (a spec that throttles one of its servers
     puts it back): the poller has scraped once; rounds are run by the specs."""
     data_dir = tmp_path_factory.mktemp("speed-probes")
-    settings = Settings(data_dir=data_dir, initial_peers=swarm.initial_peers,
-                        models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS,
-                                            path=tiny_model)],
-                        speed_probe_period=PERIOD, speed_probe_max_share=MAX_SHARE, speed_probe_timeout=10)
-    store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
-    store.migrate()
-    poller = Poller(settings, store, swarm.dht)
-    assert poller.poll_once() is not None
-    prober = ServerProber(settings, store, swarm.dht, snapshot=lambda: poller._last_snapshot,
-                          after_round=poller.rediagnose_latest)
+    settings = tiny_settings(swarm, data_dir, tiny_model, speed_probe_period=PERIOD, speed_probe_max_share=MAX_SHARE,
+                             speed_probe_timeout=10)
+    store = sqlite_store(data_dir)
+    poller, prober = polled_prober(settings, store, swarm.dht)
     try:
         yield swarm, poller, prober, store
     finally:
