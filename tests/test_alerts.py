@@ -33,7 +33,7 @@ from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResu
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
-from support import STORE_KINDS, dashboard_url, start_demo, swarm_processes, wait_until
+from support import STORE_KINDS, dashboard_url, migrated_store, start_demo, store_url_of, swarm_processes, wait_until
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0
@@ -371,17 +371,13 @@ def alert_settings(tmp_path, *urls, **alerts) -> Settings:
 
 @pytest.fixture(params=STORE_KINDS)
 def store_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'monitor.db'}"
-    return request.getfixturevalue("postgres_url")
+    return store_url_of(request, tmp_path / "monitor.db")
 
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    s.migrate()
-    yield s
-    s.close()
+    with migrated_store(f"sqlite:///{tmp_path / 'monitor.db'}") as s:
+        yield s
 
 
 @pytest.fixture

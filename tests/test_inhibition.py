@@ -22,7 +22,7 @@ from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings, SettingsError, load_settings
 from monitor.store import Store
-from support import wait_until
+from support import alerting_settings, migrated_store, wait_until
 
 T0 = 1_700_000_000.0
 A = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -125,10 +125,8 @@ def poll(store, at, servers):
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    s.migrate()
-    yield s
-    s.close()
+    with migrated_store(f"sqlite:///{tmp_path / 'monitor.db'}") as s:
+        yield s
 
 
 def peer_settings(tmp_path, url, fmt="generic", **alerts) -> Settings:
@@ -191,20 +189,14 @@ def test_a_broken_model_sends_one_notice_not_one_per_server(make_swarm, tmp_path
     from monitor.app.jobs import Poller
     from monitor.harness.demo_swarm import demo_layout
     from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-    from monitor.settings import ModelConfig
 
     swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))
     names = ("server-1", "server-2", "server-3")
     ids = {name: swarm.peer_id(name) for name in names}
     with WebhookReceiver() as ops:
-        settings = Settings(
-            data_dir=tmp_path, initial_peers=swarm.initial_peers,
-            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
-            scrape_period=2, reachability_period=2, reachability_timeout=2, score_period=600,
-            alerts={"check_period": 1, "default_rules": False, "webhooks": [{"name": "ops", "url": ops.url}],
-                    "rules": [{"name": "model-health", "kind": "model_degraded", "for": 4}] + [
-                        {"name": name, "kind": kind, "peers": [ids[name]], "for": 4}
-                        for name in names for kind in ("peer_offline",)]})
+        settings = alerting_settings(swarm, tmp_path, ops.url, [
+            {"name": "model-health", "kind": "model_degraded", "for": 4}] + [
+            {"name": name, "kind": kind, "peers": [ids[name]], "for": 4} for name in names for kind in ("peer_offline",)])
         store = Store(settings.resolved_database_url)
         store.migrate()
         poller = Poller(settings, store, swarm.dht)

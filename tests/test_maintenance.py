@@ -20,9 +20,8 @@ from monitor.core.maintenance import MaintenanceWindow, Recurrence
 from monitor.core.muting import Mutes
 from monitor.core.snapshot import Observation
 from monitor.harness.webhook_receiver import WebhookReceiver
-from monitor.settings import Settings
 from monitor.store import Store
-from support import PEERS, STORE_KINDS, TINY, wait_until
+from support import PEERS, STORE_KINDS, TINY, alerting_settings, migrated_store, store_url_of, wait_until
 
 BERLIN = ZoneInfo("Europe/Berlin")
 PEER_A = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -157,12 +156,8 @@ def test_a_window_on_a_peer_holds_its_alerts_and_what_still_fires_after_it_is_to
 
 @pytest.fixture(params=STORE_KINDS)
 def store(request, tmp_path):
-    url = f"sqlite:///{tmp_path / 'monitor.db'}" if request.param == "sqlite" else request.getfixturevalue(
-        "postgres_url")
-    s = Store(url)
-    s.migrate()
-    yield s
-    s.close()
+    with migrated_store(store_url_of(request, tmp_path / "monitor.db")) as s:
+        yield s
 
 
 def test_windows_are_stored_ended_for_good_and_logged(store):
@@ -286,19 +281,14 @@ def test_a_window_on_a_peer_holds_its_alerts_and_leaves_the_window_out_of_its_up
     It comes back within the window: still nothing is sent."""
     from monitor.app.jobs import Poller
     from monitor.harness.demo_swarm import demo_layout
-    from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-    from monitor.settings import ModelConfig
+    from monitor.harness.tiny_model import TINY_NUM_BLOCKS
     from monitor.web import create_app
 
     swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))
     server_2 = swarm.peer_id("server-2")
     with WebhookReceiver() as ops:
-        settings = Settings(
-            data_dir=tmp_path, initial_peers=swarm.initial_peers,
-            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
-            scrape_period=2, reachability_period=2, reachability_timeout=2, score_period=600,
-            alerts={"check_period": 1, "default_rules": False, "webhooks": [{"name": "ops", "url": ops.url}],
-                    "rules": [{"name": "server-2", "kind": "peer_offline", "peers": [server_2], "for": 4}]})
+        settings = alerting_settings(swarm, tmp_path, ops.url,
+                                     [{"name": "server-2", "kind": "peer_offline", "peers": [server_2], "for": 4}])
         store = Store(settings.resolved_database_url)
         store.migrate()
         client = create_app(settings, store).test_client()

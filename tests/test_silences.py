@@ -19,7 +19,7 @@ from monitor.core.muting import Matcher, Mutes, Silence, matcher, parse_matcher
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings
 from monitor.store import Store
-from support import STORE_KINDS, wait_until
+from support import STORE_KINDS, migrated_store, store_url_of, wait_until
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0
@@ -184,12 +184,8 @@ def test_a_model_alert_is_held_while_everything_the_model_lost_is_silenced():
 
 @pytest.fixture(params=STORE_KINDS)
 def store(request, tmp_path):
-    url = f"sqlite:///{tmp_path / 'monitor.db'}" if request.param == "sqlite" else request.getfixturevalue(
-        "postgres_url")
-    s = Store(url)
-    s.migrate()
-    yield s
-    s.close()
+    with migrated_store(store_url_of(request, tmp_path / "monitor.db")) as s:
+        yield s
 
 
 def test_silences_are_stored_ended_and_every_change_is_logged(store):

@@ -31,7 +31,7 @@ from monitor.core.snapshot import (
     Snapshot,
 )
 from monitor.store import Store, StoreSchemaError, StoreUnavailable
-from support import STORE_KINDS
+from support import STORE_KINDS, migrated_store, store_url_of
 
 T0 = 1_699_999_200.0  # an hour boundary
 LLAMA = ModelInfo("llama-70b-hf", 8, repository="meta-llama/Llama-2-70b-hf", name="Llama 2 70B", official=True)
@@ -77,17 +77,13 @@ def stored_status(h: ModelHealth, at: float) -> dict:
 
 @pytest.fixture(params=STORE_KINDS)
 def store_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'db' / 'monitor.db'}"
-    return request.getfixturevalue("postgres_url")
+    return store_url_of(request, tmp_path / "db" / "monitor.db")
 
 
 @pytest.fixture
 def store(store_url):
-    s = Store(store_url)
-    s.migrate()
-    yield s
-    s.close()
+    with migrated_store(store_url) as s:
+        yield s
 
 
 # ---- the latest poll -------------------------------------------------------------------------
