@@ -146,7 +146,9 @@ def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family)
         for probe in probes.values():
             assert probe.ok, probe.error
             assert (probe.start, probe.end) == (0, TINY_NUM_BLOCKS)
-            assert 0 < probe.rtt < probe.seconds_per_token < 5 and probe.prefill_seconds > 0
+            # (a tiny model's step is a round trip and microseconds of compute: on a loaded machine
+            # its median may come out under the empty steps' median, so the two are not compared)
+            assert 0 < probe.rtt < 5 and 0 < probe.seconds_per_token < 5 and probe.prefill_seconds > 0
             assert probe.checked_against == BY_REFERENCE
             assert probe.verdict == "ok" and probe.error_ratio < probe.tolerance, probe
         health = family.store.latest_diagnoses()[family.model.dht_prefix]
