@@ -11,10 +11,10 @@ system-deps:
 demo: setup
 	.venv/bin/swarm-monitor demo $(ARGS)
 
-# Spec modules run on WORKERS processes when WORKERS > 0 (pytest-xdist; a module stays on one, with its fixtures,
-# the longest first: tests/conftest.py); the default, 0, runs them in this process: timing-bound specs
-# competed for the two cores under two workers (BENCHMARKS.md, "Test suite"). `make test WORKERS=2` is faster.
-WORKERS ?= 0
+# Spec modules run on WORKERS processes (pytest-xdist; a module stays on one, with its fixtures, the
+# longest first: tests/conftest.py), two by default for the two cores; WORKERS=0 runs them all in
+# this process (BENCHMARKS.md, "Test suite": the times of both).
+WORKERS ?= 2
 PYTEST = .venv/bin/python -m pytest $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup system-deps

@@ -10,6 +10,9 @@ session of its own (its process group is ended together, p2pd included), its out
 log, SIGINT raising KeyboardInterrupt — and it shares the imported code with its siblings
 copy-on-write.
 
+A child also makes its own process-shared locks, which hivemind creates on import
+(``_own_process_locks``): shared among siblings, one killed while holding one would hang the rest.
+
 Forking is safe only while the forking process has a single thread. The fork server counts its
 threads (``/proc/self/task``) after its imports and refuses to fork otherwise (numpy's OpenBLAS
 starts a pool unless ``OMP_NUM_THREADS=1``, which the harness sets); it never starts a thread
@@ -84,6 +87,7 @@ def _run_child(request: dict) -> None:
             numpy.random.seed()  # siblings would share the fork server's state
         except ImportError:
             pass
+        _own_process_locks()
         from monitor.harness import server_process
 
         sys.argv = ["server_process", *request["argv"]]
@@ -106,6 +110,20 @@ def _run_child(request: dict) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _own_process_locks() -> None:
+    """hivemind makes process-shared locks when it is imported (MPFuture's and SharedBytes', the
+    async executor's): in the fork server's children they would be one lock for every sibling, and a
+    sibling killed while it held one (kill -9, a swarm's teardown) would hang every other one's next
+    DHT call for good. Each child makes its own, as a process that imported hivemind itself has."""
+    import multiprocessing as mp
+
+    from hivemind.utils.asyncio import _AsyncContextWrapper
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture.reset_backend()  # hivemind's own: MPFuture's two locks and SharedBytes'
+    _AsyncContextWrapper.EXECUTOR_LOCK = mp.Lock()
 
 
 def _reap(children: dict[int, str]) -> None:
@@ -262,7 +280,10 @@ class ForkServer:
         except ValueError:
             hello = {}
         self._usable = bool(hello.get("ready"))
-        if not self._usable:
+        if self._usable:  # it is up: what it might still print is of no use, and no file is left behind
+            self._log.unlink(missing_ok=True)
+            self._log = None
+        else:
             why = (f"it has {hello['threads']} threads after its imports" if "threads" in hello
                    else f"it did not start: {self._log.read_text(errors='replace')[-500:]}")
             print(f"swarm harness: not forking swarm processes ({why}); starting each with subprocess",
