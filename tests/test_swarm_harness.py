@@ -95,7 +95,8 @@ def test_the_harness_leaves_nothing_behind_even_if_its_process_is_killed(tiny_mo
     script = (
         "import sys, time\n"
         "from monitor.harness.local_swarm import LocalSwarm, ServerSpec\n"
-        f"s = LocalSwarm({str(tiny_model)!r}, {TINY_DHT_PREFIX!r})\n"
+        f"s = LocalSwarm({str(tiny_model)!r}, {TINY_DHT_PREFIX!r}, workdir={str(tmp_path / 'swarm')!r})\n"
+        # (a workdir of the spec's: the killed harness cannot remove one of its own)
         f"s.start([ServerSpec('x', 0, {TINY_NUM_BLOCKS})])\n"
         "print('UP', flush=True)\n"
         "time.sleep(600)\n"
