@@ -41,6 +41,8 @@ from pathlib import Path
 
 import bench_common as bc
 
+from monitor.harness import petals_page as chatjs
+
 TARGET_BATCH_SPEEDUP = 3.0
 TARGET_LOGPROB_DIFF = 1e-3
 QUESTIONS = [
@@ -51,8 +53,7 @@ QUESTIONS = [
 ]
 # chat.petals.dev's page describes each model (its ``models`` table); for SmolLM2 in its transcript
 # format, an answer ends at the end of its line
-PAGE_MODEL = {"maxSessionLength": 8192, "sepToken": "\n", "stopToken": "\n", "extraStopSequences": None}
-PAGE_PARAMS = {"do_sample": 1, "temperature": 0.9, "top_p": 0.6}
+PAGE_MODEL = chatjs.PageModel()  # (the page's words and error rule: monitor/harness/petals_page.py)
 STOP_AFTER_TOKENS = 200  # a person clicks "stop generation" on an answer that runs on (short questions)
 
 
@@ -145,7 +146,7 @@ class PageUser:
         self.replicas: list[list[str]] = []
         self.ws = None
         self.position = 0
-        self.session_length = 512
+        self.session_length = chatjs.FIRST_SESSION_LENGTH
         self.waiting_for_inputs = True
         self.turns: list[dict] = []  # {asked, first, done, tokens, shown}
         self.opens = 0
@@ -188,8 +189,7 @@ class PageUser:
             if response.get("outputs"):
                 record["first"] = record["first"] or time.monotonic()
             record["tokens"] += response.get("token_count", 0)
-            text = self.replicas[-1][1] + response["outputs"]
-            self.replicas[-1][1] = text.replace(PAGE_MODEL["stopToken"], "", 1)
+            self.replicas[-1][1] = chatjs.answer_so_far(self.replicas[-1][1], response["outputs"], PAGE_MODEL)
             if response["stop"]:
                 self.waiting_for_inputs = True
             elif record["tokens"] >= STOP_AFTER_TOKENS:  # "stop generation": the page resets its session
@@ -222,31 +222,20 @@ class PageUser:
             from simple_websocket import Client
 
             self.ws = Client.connect(self.ws_url, headers=self.headers)
-            self.ws.send(json.dumps({"type": "open_inference_session", "model": self.model,
-                                     "max_length": self.session_length}))
+            self.ws.send(json.dumps(chatjs.open_message(self.model, self.session_length)))
             self.opens += 1
             self.expect = "open"
             return
-        phrases = []
-        for i in range(self.position, len(self.replicas)):
-            kind, phrase = self.replicas[i]
-            phrases.append(phrase + (PAGE_MODEL["sepToken"] if kind == "human" else
-                                     PAGE_MODEL["stopToken"] if i < len(self.replicas) - 1 else ""))
-        self.position = len(self.replicas)
-        self.ws.send(json.dumps({"type": "generate", "inputs": "".join(phrases), "max_new_tokens": 1,
-                                 "stop_sequence": PAGE_MODEL["stopToken"],
-                                 "extra_stop_sequences": PAGE_MODEL["extraStopSequences"], **PAGE_PARAMS}))
+        message, self.position = chatjs.generate_message(self.replicas, self.position, PAGE_MODEL)
+        self.ws.send(json.dumps(message))
         self.expect = "reply"
 
     def failure(self, message: str, auto_retry: bool = False) -> None:
         self.reset()
         if self.waiting_for_inputs:
             return
-        if re.search(r"Session .+ expired", message):
-            auto_retry = True
-        if "Maximum length exceeded" in message and self.session_length < PAGE_MODEL["maxSessionLength"]:
-            self.session_length = min(self.session_length * 4, PAGE_MODEL["maxSessionLength"])
-            auto_retry = True
+        auto_retry, self.session_length = chatjs.after_failure(message, self.session_length, PAGE_MODEL,
+                                                               auto_retry=auto_retry)
         if auto_retry:
             self.send_replica()
         else:
@@ -497,7 +486,8 @@ def report(results: dict, args, settings) -> str:
         errors, shown = "; ".join(a["server_errors"]), "; ".join(a["shown"])
         notes.append(f"(a) Each person runs chat.petals.dev's page protocol (static/chat.js) on a WebSocket of "
                      f"their own: asks one of ten short questions, reads for {args.read[0]:g}–{args.read[1]:g} s, asks "
-                     f"again; sampling as the page sends it (temperature 0.9, top_p 0.6), an answer ends at its line's "
+                     f"again; sampling as the page sends it (temperature {chatjs.PAGE_PARAMS['temperature']:g}, top_p "
+                     f"{chatjs.PAGE_PARAMS['top_p']:g}), an answer ends at its line's "
                      f"end ({a['stopped']} answers that ran past {STOP_AFTER_TOKENS} tokens were stopped with the page's "
                      f"'stop generation', which ends its session; the page reopened {a['reopened']} sessions). "
                      f"Starved: a person with a turn never answered (an error shown). {a['tokens']} tokens streamed; "

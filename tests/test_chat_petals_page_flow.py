@@ -32,6 +32,7 @@ from chat.capacity import Capacity
 from chat.engine import ChatEngine
 from chat.http import create_blueprint
 from chat.http.limits import ChatLimits
+from monitor.harness import petals_page as chatjs
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.settings import ModelConfig, Settings
 from monitor.store import Store
@@ -40,8 +41,7 @@ from support import serve, wait_until
 
 LONG_CONTEXT = 4096
 # the page's description of a model (its ``models`` table); "e" ends the tiny model's answers soon
-MODEL = {"maxSessionLength": 8192, "sepToken": "\n", "stopToken": "e", "extraStopSequences": None}
-GENERATION_PARAMS = {"do_sample": 1, "temperature": 0.9, "top_p": 0.6}  # the page's
+MODEL = chatjs.PageModel(stop_token="e")
 TURN = "Tell me more about the servers of the swarm and the blocks they hold. "  # ~32 tiny-tokenizer tokens
 
 
@@ -54,7 +54,7 @@ class PetalsPage:
         self.replicas: list[list[str]] = []  # [kind, text]: "human" / "ai"
         self.ws = None
         self.position = 0
-        self.session_length = 512
+        self.session_length = chatjs.FIRST_SESSION_LENGTH
         self.sent: list[tuple] = []  # what the page sent: ("open", max_length) / ("generate",)
         self.received_errors: list[str] = []  # every {"ok": false} message it got
         self.shown: list[str] = []  # what its error box showed
@@ -93,7 +93,7 @@ class PetalsPage:
     # -- chat.js ----------------------------------------------------------------------------------
     def _open_session(self) -> None:
         self.ws = WsClient.connect(self.ws_url, headers=self.headers)
-        self._send({"type": "open_inference_session", "model": self.model, "max_length": self.session_length})
+        self._send(chatjs.open_message(self.model, self.session_length))
         self.sent.append(("open", self.session_length))
         self._on_message = self._on_open
 
@@ -107,18 +107,8 @@ class PetalsPage:
         if self.ws is None:
             self._open_session()
             return
-        phrases = []
-        for i in range(self.position, len(self.replicas)):
-            kind, phrase = self.replicas[i]
-            if kind == "human":
-                phrase += MODEL["sepToken"]
-            elif i < len(self.replicas) - 1:
-                phrase += MODEL["stopToken"]
-            phrases.append(phrase)
-        self.position = len(self.replicas)
-        self._send({"type": "generate", "inputs": "".join(phrases), "max_new_tokens": 1,
-                    "stop_sequence": MODEL["stopToken"], "extra_stop_sequences": MODEL["extraStopSequences"],
-                    **GENERATION_PARAMS})
+        message, self.position = chatjs.generate_message(self.replicas, self.position, MODEL)
+        self._send(message)
         self.sent.append(("generate",))
         self._on_message = self._on_reply
 
@@ -126,8 +116,7 @@ class PetalsPage:
         if not response["ok"]:
             self._handle_failure(response["traceback"])
             return
-        text = (self.replicas[-1][1] + response["outputs"]).replace(MODEL["stopToken"], "", 1)
-        self.replicas[-1][1] = text
+        self.replicas[-1][1] = chatjs.answer_so_far(self.replicas[-1][1], response["outputs"], MODEL)
         if response["stop"]:
             self.waiting_for_inputs = True  # appendTextArea()
 
@@ -135,11 +124,8 @@ class PetalsPage:
         self._reset_session()
         if self.waiting_for_inputs:
             return  # the error and the retry button only for a user waiting for an answer
-        if re.search(r"Session .+ expired", message):
-            auto_retry = True
-        if "Maximum length exceeded" in message and self.session_length < MODEL["maxSessionLength"]:
-            self.session_length = min(self.session_length * 4, MODEL["maxSessionLength"])
-            auto_retry = True
+        auto_retry, self.session_length = chatjs.after_failure(message, self.session_length, MODEL,
+                                                             auto_retry=auto_retry)
         if auto_retry:
             self._send_replica()  # retry()
         else:
