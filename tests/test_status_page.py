@@ -219,3 +219,18 @@ def test_the_atom_feed_lists_state_changes_and_notes_newest_first(status_app):
     assert "Tiny Llama: healthy → broken" in titles and "Tiny Llama: broken → healthy" in titles
     assert all(e.findtext("a:id", namespaces=ns) for e in entries)
     assert len({e.findtext("a:id", namespaces=ns) for e in entries}) == len(entries)
+
+
+def test_a_new_poll_reaches_the_page_and_its_htmx_refresh_at_once_though_the_live_part_is_kept(status_app):
+    """The live part is rendered once per store change (and 10 s) for every visitor: a poll that
+    breaks the model is on the next request, full page and htmx refresh alike, not 10 s later."""
+    app, store, now = status_app
+    client = app.test_client()
+    refresh = {"HX-Request": "true", "HX-Target": "status-live"}
+    assert "1 of 1 model is degraded" in client.get("/status").get_data(as_text=True)
+    assert "1 of 1 model is degraded" in client.get("/status", headers=refresh).get_data(as_text=True)
+    store.record_poll(Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=()), [health("broken")])
+    page = client.get("/status").get_data(as_text=True)
+    part = client.get("/status", headers=refresh).get_data(as_text=True)
+    assert "1 of 1 model is down." in page and "1 of 1 model is down." in part
+    assert "<html" in page and "<html" not in part  # the refresh gets only the live part
