@@ -8,7 +8,10 @@ streamed chunks carry their choice's index, and usage counts every row.
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from flask import Flask
@@ -132,3 +135,39 @@ def test_batches_are_bounded(client, engine):
         client.completions.create(model=TINY_DHT_PREFIX, prompt=PROMPTS, max_tokens=2, n=6)
     with pytest.raises(InvalidRequest):
         engine.answer_batch(TINY_DHT_PREFIX, [[1, 2]] * 17, GenerationParams(max_new_tokens=2))
+
+
+HOSTILE = [  # (path, the body's hostile part as raw JSON: Python's json reads NaN and 1e999 too)
+    ("chat/completions", '"n": 0'), ("chat/completions", '"n": -1'), ("chat/completions", '"n": 1e999'),
+    ("chat/completions", '"n": 100000000000000000000000000000'), ("chat/completions", '"n": 2.5'),
+    ("chat/completions", '"n": "4"'), ("chat/completions", '"n": true'), ("chat/completions", '"n": NaN'),
+    ("chat/completions", '"logprobs": true, "top_logprobs": -1'),
+    ("chat/completions", '"logprobs": true, "top_logprobs": 1e999'),
+    ("chat/completions", '"logprobs": "yes"'),
+    ("completions", '"n": -3'), ("completions", '"logprobs": -1'), ("completions", '"logprobs": NaN'),
+    ("completions", '"logprobs": 99999999999999999999'), ("completions", '"echo": "yes", "logprobs": 1'),
+    ("completions", '"prompt": [' + ", ".join(['"a"'] * 100_000) + ']'),
+    ("completions", '"prompt": [[1, 2], [-1]]'), ("completions", '"prompt": [[1e999]]'),
+    ("completions", '"prompt": [[100000000000000000000000]]'), ("completions", '"prompt": [1.5, 2]'),
+    ("completions", '"prompt": [[1, 2], "text", {"a": 1}]'), ("completions", '"prompt": []'),
+]
+
+
+@pytest.mark.parametrize("path,part", HOSTILE, ids=[f"{p}:{b[:40]}" for p, b in HOSTILE])
+def test_hostile_batch_and_logprob_fields_are_a_400_in_openais_shape(client, engine, path, part):
+    base = '"model": "%s", "max_tokens": 2' % TINY_DHT_PREFIX
+    if path == "chat/completions":
+        base += ', "messages": [{"role": "user", "content": "hi"}]'
+    elif '"prompt"' not in part:
+        base += ', "prompt": "hi"'
+    request = urllib.request.Request(f"{client.base_url}{path}", data=("{" + base + ", " + part + "}").encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    busy = engine.slots.load().busy
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    error = refused.value
+    body = error.read().decode()
+    assert error.code == 400, body
+    detail = json.loads(body)["error"]
+    assert detail["type"] == "invalid_request_error" and detail["message"], detail
+    assert engine.slots.load().busy == busy  # nothing was generated for it
