@@ -749,14 +749,17 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
 @pytest.mark.swarm  # the demo starts a swarm of its own
 @pytest.mark.timeout(900)
 def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir, tmp_path):
-    """`swarm-monitor demo --tiny --webhook URL` with the demo's own settings (10 s periods, rules
-    wait 20 s); its chaos controls stop and start server-2: one "degraded" notice, one recovery,
-    nothing else."""
+    """`swarm-monitor demo --tiny --webhook URL` with the demo's settings, its scrape period and alert
+    check shortened through the environment as an operator would (4 s and 2 s; the default rules
+    then wait two scrape periods, 8 s); its chaos controls stop and start server-2: one "degraded"
+    notice, one recovery, nothing else."""
     import urllib.request
 
     started = time.time()
+    check = 2  # alerts.check_period: rules are evaluated at least this often
     env = {**os.environ, "SWARM_MONITOR_DATA_DIR": str(data_dir),
-           "SWARM_MONITOR_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.db'}"}
+           "SWARM_MONITOR_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.db'}",
+           "SWARM_MONITOR_SCRAPE_PERIOD": "4", "SWARM_MONITOR_ALERTS": json.dumps({"check_period": check})}
 
     def chaos(action: str, base: str) -> None:
         """What the panel's buttons and `swarm-monitor chaos` call (with a longer wait than the
@@ -782,8 +785,6 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
         now = alerts(base)
         return not now["active"] and not any(counts["pending"] for counts in now["deliveries"].values())
 
-    check = AlertSettings().check_period  # the demo's: rules are evaluated at least this often
-
     with WebhookReceiver() as hook:
         demo = start_demo(["--tiny", "--port", "0", "--webhook", hook.url], env=env)
         output: list[str] = []
@@ -796,8 +797,9 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
             assert wait_until(lambda: state(base) == "healthy", 120)
             # a healthy swarm pages nobody: seen once nothing is pending (an alert left pending by
             # the start, before the servers were up, would be active), or else after longer than
-            # the rules' `for` (two scrape periods: 20 s)
+            # the rules' `for` (two scrape periods: 8 s)
             wait_for = max(rule["for_seconds"] for rule in alerts(base)["rules"])
+            assert wait_for == 8
             wait_until(lambda: quiet(base), wait_for + check)
             assert hook.received == []
 

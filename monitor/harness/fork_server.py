@@ -62,6 +62,7 @@ def _preload() -> None:
     import petals.models  # noqa: F401  (every family's block classes)
     import petals.server.reachability  # noqa: F401
     import petals.server.server  # noqa: F401
+    import petals.utils.peft  # noqa: F401  (and bitsandbytes: each server's first block imports them)
 
     import monitor.harness.server_process  # noqa: F401
 
@@ -144,7 +145,10 @@ def _reap(children: dict[int, str]) -> None:
 def serve() -> None:
     """The fork server's loop (``python -m monitor.harness.fork_server``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness ends it, by closing the pipe
-    requests, replies = sys.stdin.buffer, sys.stdout
+    requests = sys.stdin.buffer
+    replies = os.fdopen(os.dup(1), "w")  # the harness reads replies only: what is printed goes to stderr
+    sys.stdout.flush()
+    os.dup2(2, 1)  # (bitsandbytes prints a line to stdout when it is imported)
     parent = os.getppid()
 
     def reply(payload: dict) -> None:
@@ -173,6 +177,7 @@ def serve() -> None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
+                os.close(replies.fileno())  # the fork server's end of the harness's pipe is not the child's
                 _run_child(request)
             children[pid] = request["exit"]
             reply({"pid": pid})
