@@ -111,6 +111,32 @@ def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_
     assert sqlite_store.latest_model_status()[TINY_DHT_PREFIX]["min_redundancy"] == 2  # the poll's, until the next
 
 
+def test_a_poller_checks_the_servers_its_first_poll_finds_at_once_not_a_reachability_period_later(
+        swarm, sqlite_store, tmp_path):
+    """The verdict stored for a server may be older than the poller: "full" was found unreachable
+    before this poller started (stopped then, as the demo's chaos does, and back since). The first
+    poll finds it ONLINE and checks it at once, so the diagnosis counts it within seconds, though
+    the next reachability round is ten minutes away."""
+    from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
+
+    full = swarm.peer_id("full")
+    sqlite_store.record_reachability(ReachabilityBatch(time.time() - 60, 1.0, (
+        ReachabilityResult(full, "server", False, error="failed to dial: connection refused"),)))
+    poller = Poller(make_settings(swarm, tmp_path, scrape_period=600, reachability_period=600, score_period=600),
+                    sqlite_store, swarm.dht)
+    started = time.monotonic()
+    poller.start()
+    try:
+        counted = wait_until(lambda: (lambda d: d is not None and full not in d.excluded_peers and d)(
+            sqlite_store.latest_diagnoses().get(TINY_DHT_PREFIX)), 30)
+        assert counted, sqlite_store.latest_diagnoses()
+        assert counted.state == "healthy" and counted.min_redundancy == 2, counted.reasons
+        assert sqlite_store.latest_reachability()[full].ok
+        print(f"\n{full[:8]}… counted {time.monotonic() - started:.1f} s after the poller started")
+    finally:
+        poller.shutdown()
+
+
 def test_a_peer_that_disappears_and_returns_loses_uptime(make_swarm, sqlite_store, tmp_path):
     s = make_swarm([ServerSpec("steady", 0, N), ServerSpec("flaky", 0, N)])
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)

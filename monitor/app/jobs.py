@@ -6,7 +6,10 @@ database), only the leader runs them: each job starts only while this poller hol
 write goes through a store fenced by it (``Store.fenced``: a write of a poller that lost the lease
 is refused, ``NotLeader``), the probe rounds and generation checks run only while it leads, and a
 standby only keeps its DHT client warm (``stand_by``). A poller that becomes leader polls at once.
-The leader requests ``heartbeat_url`` after each stored poll (``app/heartbeat.py``).
+The leader requests ``heartbeat_url`` after each stored poll (``app/heartbeat.py``). The servers a
+poll finds ONLINE that this poller has not checked yet (all of them at its first poll, a server that
+is back or new) are checked for reachability right after it, not a reachability period later: the
+verdict stored for them may be older than this poller, or than their return.
 
 The DHT client may not be up yet (no bootstrap peer answered at start: ``swarm.DhtClient`` retries
 in the background): meanwhile each scrape is recorded as a failed poll and each reachability check
@@ -105,6 +108,9 @@ class Poller:
         self._rounds_lock = threading.Lock()  # starting and stopping the probe rounds, one at a time
         self._scheduler: Optional[BackgroundScheduler] = None
         self._last_snapshot: Optional[Snapshot] = None
+        # servers a reachability check of this poller covered since it began to lead; None until
+        # its first stored poll (a stored snapshot from before then may be a stale one)
+        self._checked_servers: Optional[frozenset[str]] = None
         self.chat_engine = None  # the process's chat engine, if it serves a chat: the generation checks use it
         # a poll's diagnosis and store, and a re-diagnosis after a probe round, one at a time: either
         # the poll is stored first (and is what the re-diagnosis diagnoses), or it is diagnosed after
@@ -159,6 +165,7 @@ class Poller:
             self.leadership.last_poll_at = snapshot.taken_at
         if self.heartbeat is not None:
             self.heartbeat.beat()
+        self.check_newly_online(snapshot)
         return snapshot
 
     def analyse_poll(self, snapshot: Snapshot) -> tuple[Snapshot, list[ModelHealth]]:
@@ -240,9 +247,9 @@ class Poller:
         if not self.leads():
             return None
         problem = self.swarm_problem()
-        snapshot = None if problem else (
+        snapshot = None if problem or self._checked_servers is None else (  # (before: the first poll checks them)
             self._last_snapshot or self._with_db_retry(self.store.latest_snapshot, job="reachability").value)
-        online = sorted({row.peer_id for row in (snapshot.servers if snapshot else ()) if row.state == "ONLINE"})
+        online = sorted(_online(snapshot))
         try:
             started = time.time()
             batch = ReachabilityBatch(taken_at=started, duration=0.0, results=()) if problem else swarm.check_servers(
@@ -259,7 +266,31 @@ class Poller:
         self._note_bootstrap(boot)
         if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
             self.stats.ok("reachability")
+            if snapshot is not None:
+                self._checked_servers = frozenset(online)
             # unreachable peers change the diagnosis: redo it with these probes
+            self.after_probe_round()
+        return batch
+
+    def check_newly_online(self, snapshot: Snapshot) -> Optional[ReachabilityBatch]:
+        """After a stored poll: the servers it found ONLINE that no reachability check of this
+        poller has covered (all of them at its first poll; a server back, or new) are checked at
+        once, and the poll diagnosed again. Until then their verdict is the last one stored, which
+        may be from before this poller started or before they left (a stopped server's
+        "unreachable"), and the next round is up to ``reachability_period`` away."""
+        new = sorted(_online(snapshot) - (self._checked_servers or frozenset()))
+        if not new:
+            self._checked_servers = self._checked_servers or frozenset()
+            return None
+        try:
+            batch = swarm.check_servers(self.dht, new, timeout=self.settings.reachability_timeout,
+                                        concurrency=self.settings.reachability_concurrency)
+        except Exception as e:  # noqa: BLE001 - the next round checks them
+            log.exception("reachability check of the newly online servers failed")
+            self.stats.failed("reachability", e)
+            return None
+        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
+            self._checked_servers = (self._checked_servers or frozenset()) | frozenset(new)
             self.after_probe_round()
         return batch
 
@@ -414,6 +445,7 @@ class Poller:
 
     def _became_standby(self, why: str) -> None:
         self._last_snapshot = None  # the next leader may have polled since
+        self._checked_servers = None
         self._stop_rounds()
 
     def _dht_up(self, dht) -> None:
@@ -493,6 +525,11 @@ def unstored_cause(error: Optional[BaseException]) -> str:
     if isinstance(error, StoreSchemaError):
         return "storing the poll failed: the database lacks this version's schema (restarting the poller migrates it)"
     return f"storing the poll failed: {short_error(error)}"
+
+
+def _online(snapshot: Optional[Snapshot]) -> frozenset[str]:
+    """The peers a poll found ONLINE."""
+    return frozenset(row.peer_id for row in (snapshot.servers if snapshot else ()) if row.state == "ONLINE")
 
 
 def _now_datetime():
