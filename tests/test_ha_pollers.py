@@ -1,10 +1,11 @@
-"""Two pollers on one PostgreSQL database and a real swarm, as the README's production layout runs
-them: real ``swarm-monitor poll`` processes (``monitor/harness/pollers.py``), one leading, one
-standing by. Killed (SIGKILL) with two standbys racing for its lease, or frozen (SIGSTOP of its whole
-process group), the leader is replaced within the bound (``core.leadership.takeover_within``) by one
-of them; polls go on with no gap beyond it and none stored twice; the frozen leader, woken, steps down without writing; a server stopped during a
-take-over is one notice; the take-overs are one notice each, naming the leader replaced; and the
-heartbeat URL's pings stop once every poller is gone."""
+"""Pollers on one PostgreSQL database and a real swarm, as the README's production layout runs them:
+real ``swarm-monitor poll`` processes (``monitor/harness/pollers.py``). Three start at once: one wins
+the lease, two stand by. Killed (SIGKILL), with the two standbys racing for its lease, or frozen
+(SIGSTOP of its whole process group), the leader is replaced within the bound
+(``core.leadership.takeover_within``); polls go on with no gap beyond it and none stored twice; the
+frozen leader, woken, steps down without writing; a server stopped during a take-over is one
+notice; the take-overs are one notice each, naming the leader replaced; and the heartbeat URL's
+pings stop once every poller is gone."""
 
 from __future__ import annotations
 
@@ -76,16 +77,18 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
             return poller
 
         try:
-            first = start("first")
-            assert wait_until(lambda: leader_pid(store) == first.pid and len(poll_times(store)) >= 2
-                              or not first.alive(), START + 3 * PERIOD), first.log()[-3000:]
-            standbys = [start("second"), start("third")]  # both start at once, and both stand by
+            started = [start("first"), start("second"), start("third")]  # at once: one leads, two stand by
+            assert wait_until(lambda: leader_pid(store) in {p.pid for p in started} and len(poll_times(store)) >= 1
+                              or not all(p.alive() for p in started), START + 3 * PERIOD), \
+                "\n".join(p.log()[-3000:] for p in started)
+            [first] = [p for p in started if p.pid == leader_pid(store)]
+            standbys = [p for p in started if p is not first]
             for standby in standbys:
                 assert wait_until(lambda: seen_as_standby(store, standby) or not standby.alive(), START), \
                     standby.log()[-3000:]
                 assert "Standing by: poller" in standby.log()
             assert leader_pid(store) == first.pid
-            assert len(beat.received) >= 2 and all(r.path == "/ping/abc" for r in beat.received)
+            assert len(beat.received) >= 1 and all(r.path == "/ping/abc" for r in beat.received)
 
             # ---- kill -9 the leader: one of the two standbys takes over ----
             killed_at = first.kill()

@@ -297,7 +297,7 @@ def test_a_window_on_a_peer_holds_its_alerts_and_leaves_the_window_out_of_its_up
         poller.start()
         try:
             assert wait_until(lambda: store.peer_record(server_2) is not None, 90)
-            time.sleep(8)  # some uptime before the window
+            time.sleep(4)  # some uptime before the window: two polls
             made = client.post("/api/v1/maintenance", headers=headers, json={
                 "scope": "peer", "target": server_2, "duration": "15m", "reason": "upgrading petals"})
             assert made.status_code == 201

@@ -186,22 +186,27 @@ def test_a_throttled_peer_scores_lower_once_chat_outcomes_show_it_slow(make_swar
     assert any("chat" in line for line in scores[s.peer_id("slow")].explanation)
 
 
-def test_a_locked_sqlite_database_skips_polls_without_crashing_and_writing_resumes(swarm, sqlite_store, tmp_path):
-    poller = Poller(make_settings(swarm, tmp_path), sqlite_store, swarm.dht)
-    poll(poller)
-    polls_before = sqlite_store.last_poll()
-
-    locker = sqlite3.connect(tmp_path / "monitor.db", timeout=0.1)
-    locker.execute("BEGIN EXCLUSIVE")
+def test_a_locked_sqlite_database_skips_polls_without_crashing_and_writing_resumes(swarm, tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}", timeout=1)  # a write waits 1 s for the lock
+    store.migrate()
     try:
-        assert poller.poll_once() is not None  # scrape works; the write is skipped, not fatal
-        assert poller.stats.failures.get("scrape", 0) >= 1
-    finally:
-        locker.rollback()
-        locker.close()
+        poller = Poller(make_settings(swarm, tmp_path), store, swarm.dht)
+        poll(poller)
+        polls_before = store.last_poll()
 
-    poll(poller)
-    assert sqlite_store.last_poll().id > polls_before.id
+        locker = sqlite3.connect(tmp_path / "monitor.db", timeout=0.1)
+        locker.execute("BEGIN EXCLUSIVE")
+        try:
+            assert poller.poll_once() is not None  # scrape works; the write is skipped, not fatal
+            assert poller.stats.failures.get("scrape", 0) >= 1
+        finally:
+            locker.rollback()
+            locker.close()
+
+        poll(poller)
+        assert store.last_poll().id > polls_before.id
+    finally:
+        store.close()
 
 
 def test_a_stopped_postgres_skips_polls_without_crashing_and_writing_resumes(swarm, postgres, tmp_path):

@@ -53,7 +53,8 @@ def test_every_p2pd_we_started_has_nat_traversal_and_relays_off(swarm):
 
 
 def test_a_killed_server_disappears_from_the_dht_and_a_restart_brings_it_back(make_swarm):
-    s = make_swarm([ServerSpec("a", 0, HALF), ServerSpec("b", 0, TINY_NUM_BLOCKS)])
+    # announced every 2 s, a record expires 4 s after the last (petals: twice the update period)
+    s = make_swarm([ServerSpec("a", 0, HALF), ServerSpec("b", 0, TINY_NUM_BLOCKS)], update_period=2)
     peer_a = s.peer_id("a")
     s.kill("a")
     assert not s.servers["a"].alive()
