@@ -93,6 +93,28 @@ def test_migrate_on_an_empty_sqlite_file_prints_one_line_with_the_head_revision(
     store.close()
 
 
+def test_help_a_usage_error_and_migrate_import_neither_petals_nor_torch(tmp_path):
+    """What an operator runs on a web-only host, or before a deploy, answers in a fraction of a
+    second: the commands that need a DHT import petals (and torch) themselves."""
+    code = ("import sys, click\n"
+            "from monitor.app.cli import main\n"
+            "for args in (['--help'], ['demo', '--tiny', '--webhook', 'ftp://x/y'],\n"
+            f"             ['migrate', '--database-url', 'sqlite:///{tmp_path / 'monitor.db'}']):\n"
+            "    try:\n"
+            "        main(args, standalone_mode=False)\n"
+            "    except click.UsageError as e:\n"
+            "        print('usage error:', e.format_message())\n"
+            "print(sorted(m for m in ('petals', 'torch', 'hivemind', 'transformers') if m in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_MONITOR_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("Usage: ") for line in lines)
+    assert "usage error: Invalid value for --webhook: 'ftp://x/y': must be an http:// or https:// URL" in done.stdout
+    assert f"revision {head_revision()}." in done.stdout
+    assert lines[-1] == "[]", done.stdout
+
+
 def test_migrate_twice_says_up_to_date_and_from_an_older_revision_says_from_which(db_url):
     first = migrate_cli(db_url)
     assert first.exit_code == 0 and "Created the schema of " in first.output

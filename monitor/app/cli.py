@@ -11,7 +11,6 @@ from typing import Optional
 
 import click
 
-from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.core import leadership as lease_rules
 from monitor.harness.tiny_model import DEFAULT_FAMILY, FAMILIES
 from monitor.settings import ModelConfig, Settings, SettingsError, load_settings
