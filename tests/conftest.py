@@ -20,6 +20,7 @@ copied for each spec: a file copy on SQLite, ``CREATE DATABASE ... TEMPLATE`` on
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sqlite3
@@ -86,18 +87,53 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _longest_modules_first(items: list) -> list:
-    """The items, module by module, the modules that likely take longest first (a swarm spec
-    counts for many plain ones, a spec given a longer timeout than the default for more: the
-    end-to-end ones of minutes), each in its own order: the workers take modules in this order
-    (``--no-loadscope-reorder``), so they finish at about the same time."""
-    cost: dict[str, float] = {}
+    """The items, module by module, the modules that take longest first, each in its own order:
+    the workers take modules in this order (``--no-loadscope-reorder``), so they finish at about the
+    same time. A module's seconds are those of a whole run (``DURATIONS``, written by
+    ``--record-durations``); a module not in it is guessed from its specs (seconds: a swarm spec
+    counts for many plain ones, a spec given a longer timeout than the default for more)."""
+    recorded = _recorded_durations()
+    guessed: dict[str, float] = {}
     for item in items:
         weight = 8.0 if item.get_closest_marker("swarm") else 3.0 if item.get_closest_marker("browser") else 0.2
         timeout = item.get_closest_marker("timeout")
         if timeout and timeout.args:
             weight = max(weight, float(timeout.args[0]) / 10)
-        cost[item.nodeid.split("::")[0]] = cost.get(item.nodeid.split("::")[0], 0.0) + weight
-    return sorted(items, key=lambda item: -cost[item.nodeid.split("::")[0]])  # (a stable sort)
+        guessed[_module(item.nodeid)] = guessed.get(_module(item.nodeid), 0.0) + weight
+    cost = {module: recorded.get(module, guess) for module, guess in guessed.items()}
+    return sorted(items, key=lambda item: -cost[_module(item.nodeid)])  # (a stable sort)
+
+
+DURATIONS = Path(__file__).with_name("durations.json")  # seconds per spec module, of a whole `make test`
+_module_seconds: dict[str, float] = {}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def _recorded_durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each spec module's seconds (its specs' setup, call and teardown) to {DURATIONS.name}, "
+                          "which orders the modules of later runs")
+
+
+def pytest_runtest_logreport(report):
+    """(in the controller under pytest-xdist) each spec's time, for ``--record-durations``."""
+    _module_seconds[_module(report.nodeid)] = _module_seconds.get(_module(report.nodeid), 0.0) + report.duration
+
+
+def _record_durations(config) -> None:
+    if config.getoption("record_durations") and not hasattr(config, "workerinput") and _module_seconds:
+        ordered = dict(sorted(((m, round(s, 1)) for m, s in _module_seconds.items()), key=lambda kv: -kv[1]))
+        DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 # ---- the swarm ---------------------------------------------------------------------------------
@@ -181,6 +217,7 @@ def pytest_sessionfinish(session, exitstatus):
     if workeroutput is not None:
         workeroutput[LEFTOVERS] = lines
     lines += getattr(session.config, LEFTOVERS, [])
+    _record_durations(session.config)
     if lines:
         print("\nLEFTOVER SWARM PROCESSES after the test session:\n" + "\n".join(lines))
         session.exitstatus = 1

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from monitor import compat  # noqa: F401  (must precede petals)
 
 HOSTILE_EXPIRATION = 600.0  # seconds the records stay in the DHT (announce again to keep them)
+STORE_ATTEMPTS = 3  # a store is sent again if no DHT node acknowledged it in time
 LARGEST_UINT = 2**64 - 1  # the largest integer msgpack (the DHT's wire format) carries
 LARGEST_FLOAT = sys.float_info.max
 ONLINE = 2  # petals' ServerState.ONLINE
@@ -68,17 +69,20 @@ def announce_hostile(dht, dht_prefix: str, num_blocks: int, *, rng: Optional[ran
                      expiration: float = HOSTILE_EXPIRATION, timeout: float = 30.0) -> list[HostileRecord]:
     """Store ``hostile_records`` under every block of the model in ``dht`` (a hivemind DHT client of
     the swarm, e.g. ``LocalSwarm.dht``) for ``expiration`` seconds; returns what was announced.
-    Raises RuntimeError if the DHT refuses one."""
+    Raises RuntimeError if the DHT refuses one ``STORE_ATTEMPTS`` times."""
     from hivemind.utils import get_dht_time
 
     records = hostile_records(num_blocks, rng)
     until = get_dht_time() + expiration
-    pending: list[tuple[HostileRecord, int, Future]] = []
-    for record in records:
-        for block in range(record.start, record.end):  # one small call each (hivemind pickles arguments)
+    refused = [(record, block) for record in records for block in range(record.start, record.end)]
+    for _ in range(STORE_ATTEMPTS):  # a store no node acknowledged in time (a loaded machine) is sent again
+        pending: list[tuple[HostileRecord, int, Future]] = []
+        for record, block in refused:  # one small call each (hivemind pickles arguments)
             future = dht.store(f"{dht_prefix}.{block}", record.value, until, subkey=record.peer_id, return_future=True)
             pending.append((record, block, future))
-    refused = [(record, block) for record, block, future in pending if not future.result(timeout)]
+        refused = [(record, block) for record, block, future in pending if not future.result(timeout)]
+        if not refused:
+            break
     if refused:
         record, block = refused[0]
         raise RuntimeError(f"the DHT refused {len(refused)} hostile announcements, e.g. {record.what!r} "
