@@ -675,7 +675,7 @@ def nothing_to_send(poller, store: Store, runs_before: dict, *, holding: dict | 
 
 @pytest.mark.timeout(600)  # a loaded machine starts and restarts petals servers slowly
 def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_a_poller_restart(make_swarm, tmp_path):
-    """A demo-like swarm (every block served twice). One rule waits 8 s: stopping a server is one
+    """A demo-like swarm (every block served twice). One rule waits 5 s: stopping a server is one
     "degraded" notice (its first delivery fails and is retried), a restart of the poller while the
     model is degraded repeats nothing, the server's return is one recovery. Another rule waits
     10 minutes: that same outage, shorter than its ``for``, reaches nobody."""
@@ -684,7 +684,7 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
     from monitor.harness.demo_swarm import demo_layout
 
     swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # 0:8, 0:4, 4:8
-    wait_for, check, scrape = 8, 1, 2  # the model-health rule's `for`, alerts.check_period, scrape_period
+    wait_for, check, scrape = 5, 1, 2  # the model-health rule's `for`, alerts.check_period, scrape_period
     with WebhookReceiver(plan=[503]) as ops, WebhookReceiver() as patient:
         settings = Settings(
             data_dir=tmp_path, initial_peers=swarm.initial_peers,
