@@ -36,7 +36,7 @@ from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.app.generation_check import GenerationChecker
 from monitor.app.jobs import Poller
 from monitor.app.probing import ServerProber
-from monitor.core.coverage import HEALTHY
+from monitor.core.coverage import DEGRADED, HEALTHY
 from monitor.core.probes import BY_REFERENCE, tolerance
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import FAMILIES, TINY_NUM_BLOCKS, TinyModel, tiny_model
@@ -250,8 +250,10 @@ def test_the_generation_check_generates_through_the_chats_engine(family, engine,
     assert check.time_to_first_token > 0 and check.tokens_per_second > 0
     assert check.route_peers and set(check.route_peers) <= {family.swarm.peer_id(spec.name) for spec in SPECS}
     assert family.store.latest_generation_checks()[family.model.dht_prefix].answer == expected
-    health = family.store.latest_diagnoses()[family.model.dht_prefix]
-    assert health.state == HEALTHY, health.reasons
+    health = family.store.latest_diagnoses()[family.model.dht_prefix]  # diagnosed again with the check
+    # a passing check breaks nothing (a tiny server measured slow on a loaded machine may degrade it)
+    assert health.state in (HEALTHY, DEGRADED) and not any("generation check" in r for r in health.reasons), \
+        health.reasons
 
     other = matching.model_copy(update={"expect": "Paris"})  # not what a random model answers
     mismatch = checker.check(engine, other)
