@@ -312,8 +312,13 @@ def test_peer_history_counts_the_polls_that_did_not_see_the_peer(store):
 # ---- rollups and retention -------------------------------------------------------------------
 
 
+PER_HOUR = 3  # polls an hour in the rollup spec's four days (every 20 minutes)
+PER_DAY = 24 * PER_HOUR
+GONE = 3 * PER_HOUR  # the polls that miss "flaky" (3 hours)
+
+
 def _four_days(store) -> float:
-    """Polls every 10 min for 4 days: "steady" always ONLINE; "flaky" gone on day 1, hours 3-5;
+    """Polls every 20 min for 4 days: "steady" always ONLINE; "flaky" gone on day 1, hours 3-5;
     the model broken (block 2 unserved) in day 1, hour 4; probes of both every 10 min."""
     t = T0
     rng = random.Random(7)
@@ -329,7 +334,7 @@ def _four_days(store) -> float:
             ReachabilityResult(peer("steady"), "server", True, rtt=0.02 + rng.random() / 100),
             ReachabilityResult(peer("flaky"), "server", not gone, rtt=None if gone else 0.03,
                         error="timeout" if gone else None))))
-        t += 600
+        t += HOUR // PER_HOUR
     return t
 
 
@@ -352,28 +357,28 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
         "changes": store.state_changes(model, T0, now),
         "status_polls": len(store.model_status_history(model, T0, now)),
     }
-    assert before["uptime"] == (4 * 144 - 18, 4 * 144)
+    assert before["uptime"] == (4 * PER_DAY - GONE, 4 * PER_DAY)
     raw = store.peer_history(peer("flaky"), T0, now).observations
     merged = store.peer_history(peer("flaky"), T0, now, merge_runs=True).observations
     assert (_uptime(merged), _flaps(merged)) == (_uptime(raw), _flaps(raw)) == (before["uptime"], 1)
-    assert len(merged) == 4 * 24 and len(raw) == 4 * 144  # one row per hour while nothing changes
+    assert len(merged) == 4 * 24 and len(raw) == 4 * PER_DAY  # one row per hour while nothing changes
     assert before["outages"] == [(T0 + 4 * HOUR, T0 + 5 * HOUR)]
 
     counts = store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=30)
 
     cutoff = T0 + 2 * DAY  # now - 2 days, floored to the hour
     assert counts["hours_rolled_up"] == 4 * 24
-    assert counts["polls"] == 2 * 144 and counts["server_observations"] == 2 * 144 * 2 - 18
-    assert counts["probe_results"] == 2 * 144 * 2
+    assert counts["polls"] == 2 * PER_DAY and counts["server_observations"] == 2 * PER_DAY * 2 - GONE
+    assert counts["probe_results"] == 2 * PER_DAY * 2
     history = store.model_status_history(model, T0, now)
     hourly = [h for h in history if h["samples"] > 1]
     assert [h["at"] for h in hourly] == [T0 + i * HOUR for i in range(48)]  # old part: one row per hour
     assert all(h["samples"] == 1 and h["at"] >= cutoff for h in history[48:])  # raw part: every poll
-    assert len(history) == 48 + 2 * 144
+    assert len(history) == 48 + 2 * PER_DAY
     broken_hour = hourly[4]
     assert (broken_hour["state"], broken_hour["states"], broken_hour["reasons"]) == (
-        "broken", {"broken": 6}, ["broken because"])
-    assert hourly[3]["states"] == {"healthy": 6}
+        "broken", {"broken": PER_HOUR}, ["broken because"])
+    assert hourly[3]["states"] == {"healthy": PER_HOUR}
 
     # the peer's uptime, the state changes and the outages are exactly what the raw rows said
     assert _uptime(store.peer_history(peer("flaky"), T0, now).observations) == before["uptime"]
@@ -381,11 +386,11 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     assert store.state_changes(model, T0, now) == before["changes"]
     flaky_old = [o for o in store.peer_history(peer("flaky"), T0, cutoff).observations if o.at < cutoff]
     assert {(o.at, o.seen, o.samples) for o in flaky_old if not o.seen} == {
-        (T0 + h * HOUR, False, 6) for h in (3, 4, 5)}
+        (T0 + h * HOUR, False, PER_HOUR) for h in (3, 4, 5)}
 
     # the heatmap: hourly columns (min per block) for the old part, every poll for the recent part
     times, matrix = store.block_coverage_series(model, T0, now)
-    assert len(times) == 48 + 2 * 144 and times == sorted(times) and times[0] == T0
+    assert len(times) == 48 + 2 * PER_DAY and times == sorted(times) and times[0] == T0
     assert len(matrix) == LLAMA.num_blocks
     assert matrix[2][4] == 0 and matrix[2][3] == 2 and matrix[1][4] == 2
     _, mean = store.block_coverage_series(model, T0, T0 + 6 * HOUR, stat="mean")
@@ -394,8 +399,8 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     assert throughput[0][0] == 150.0
 
     probes = store.reachability_stats(peer("flaky"), T0, now)
-    assert [p["n"] for p in probes[:48]] == [6] * 48 and probes[4]["ok"] == 0 and probes[2]["ok"] == 6
-    assert sum(p["n"] for p in probes) == 4 * 144
+    assert [p["n"] for p in probes[:48]] == [PER_HOUR] * 48 and probes[4]["ok"] == 0 and probes[2]["ok"] == PER_HOUR
+    assert sum(p["n"] for p in probes) == 4 * PER_DAY
     assert all(at >= cutoff for at, _ in store.peer_history(peer("flaky"), T0, now).probes)
 
     # idempotent: running again changes nothing
@@ -406,7 +411,7 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     # rollups older than their retention go too; the last state change per model stays
     later = now + 40 * DAY
     gone = store.rollup_and_prune(later, raw_retention_days=2, rollup_retention_days=30)
-    assert gone["hourly_model_status"] == 96 - 0 and gone["polls"] == 2 * 144
+    assert gone["hourly_model_status"] == 96 - 0 and gone["polls"] == 2 * PER_DAY
     assert store.model_status_history(model, T0, later) == []
     assert store.state_changes(model, T0, later)[-1].to_state == "healthy"
 
