@@ -195,12 +195,15 @@ def store_url_of(request, sqlite_path) -> str:
 
 
 @contextmanager
-def migrated_store(url: str) -> Iterator[Store]:
-    """A store on ``url`` with its schema up to date, closed after (a store fixture's body)."""
-    store = Store(url)
+def migrated_store(url: str, **options) -> Iterator[Store]:
+    """A store on ``url`` (``options``: ``Store``'s) with its schema up to date, closed after (a
+    store fixture's body)."""
+    store = Store(url, **options)
     store.migrate()
-    yield store
-    store.close()
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def sqlite_store(data_dir) -> Store:

@@ -15,10 +15,10 @@ from monitor.app.jobs import Poller
 from monitor.harness.local_swarm import ServerSpec
 from monitor.settings import ModelConfig, Settings
 from monitor.core.common import DAY, HOUR
-from monitor.core.snapshot import ChatOutcome
+from monitor.core.snapshot import ChatOutcome, ReachabilityBatch, ReachabilityResult
 from monitor.store import Store
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from support import wait_until
+from support import migrated_store, wait_until
 
 N = TINY_NUM_BLOCKS
 
@@ -35,10 +35,8 @@ def make_settings(swarm, tmp_path, **extra) -> Settings:
 
 @pytest.fixture
 def sqlite_store(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    yield store
-    store.close()
+    with migrated_store(f"sqlite:///{tmp_path / 'monitor.db'}") as store:
+        yield store
 
 
 def poll(poller: Poller):
@@ -117,8 +115,6 @@ def test_a_poller_checks_the_servers_its_first_poll_finds_at_once_not_a_reachabi
     before this poller started (stopped then, as the demo's chaos does, and back since). The first
     poll finds it ONLINE and checks it at once, so the diagnosis counts it within seconds, though
     the next reachability round is ten minutes away."""
-    from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
-
     full = swarm.peer_id("full")
     sqlite_store.record_reachability(ReachabilityBatch(time.time() - 60, 1.0, (
         ReachabilityResult(full, "server", False, error="failed to dial: connection refused"),)))
@@ -187,9 +183,7 @@ def test_a_throttled_peer_scores_lower_once_chat_outcomes_show_it_slow(make_swar
 
 
 def test_a_locked_sqlite_database_skips_polls_without_crashing_and_writing_resumes(swarm, tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}", timeout=1)  # a write waits 1 s for the lock
-    store.migrate()
-    try:
+    with migrated_store(f"sqlite:///{tmp_path / 'monitor.db'}", timeout=1) as store:  # a write waits 1 s for the lock
         poller = Poller(make_settings(swarm, tmp_path), store, swarm.dht)
         poll(poller)
         polls_before = store.last_poll()
@@ -205,8 +199,6 @@ def test_a_locked_sqlite_database_skips_polls_without_crashing_and_writing_resum
 
         poll(poller)
         assert store.last_poll().id > polls_before.id
-    finally:
-        store.close()
 
 
 def test_a_stopped_postgres_skips_polls_without_crashing_and_writing_resumes(swarm, postgres, tmp_path):

@@ -252,9 +252,7 @@ class Poller:
         online = sorted(_online(snapshot))
         try:
             started = time.time()
-            batch = ReachabilityBatch(taken_at=started, duration=0.0, results=()) if problem else swarm.check_servers(
-                self.dht, online, timeout=self.settings.reachability_timeout,
-                concurrency=self.settings.reachability_concurrency)
+            batch = ReachabilityBatch(taken_at=started, duration=0.0, results=()) if problem else self._check(online)
             boot = swarm.check_bootstrap(self.dht, self.settings.resolved_initial_peers,
                                          timeout=self.settings.reachability_timeout, down=problem)
             batch = ReachabilityBatch(taken_at=batch.taken_at, duration=batch.duration,
@@ -283,8 +281,7 @@ class Poller:
             self._checked_servers = self._checked_servers or frozenset()
             return None
         try:
-            batch = swarm.check_servers(self.dht, new, timeout=self.settings.reachability_timeout,
-                                        concurrency=self.settings.reachability_concurrency)
+            batch = self._check(new)
         except Exception as e:  # noqa: BLE001 - the next round checks them
             log.exception("reachability check of the newly online servers failed")
             self.stats.failed("reachability", e)
@@ -293,6 +290,11 @@ class Poller:
             self._checked_servers = (self._checked_servers or frozenset()) | frozenset(new)
             self.after_probe_round()
         return batch
+
+    def _check(self, servers: list[str]) -> ReachabilityBatch:
+        """A reachability check of ``servers`` (peer ids), by the settings' timeout and concurrency."""
+        return swarm.check_servers(self.dht, servers, timeout=self.settings.reachability_timeout,
+                                   concurrency=self.settings.reachability_concurrency)
 
     def rediagnose(self, snapshot: Snapshot) -> bool:
         """Diagnose ``snapshot`` again with the latest probes, and store that against its poll if
