@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import random
+import time
 from collections import Counter
 
 import pytest
@@ -22,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.app.jobs import Poller
 from monitor.settings import ModelConfig, Settings
-from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
+from monitor.core.snapshot import ONLINE, ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot
 from monitor.harness.hostile import LARGEST_FLOAT, LARGEST_UINT, announce_hostile
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -31,7 +32,7 @@ from monitor.swarm.scrape import _rows_for_model  # the scrape's own spans (peta
 from monitor.swarm.announce import MAX_CACHE_TOKENS, MAX_RPS, MAX_TEXT_CHARS, InvalidRecord, parse_server_record
 from monitor.web import create_app
 from monitor.web.metrics import MAX_LABEL_CHARS, MAX_VERSION_LABELS
-from support import STORE_KINDS
+from support import STORE_KINDS, migrated_store
 
 N = TINY_NUM_BLOCKS
 TINY = ModelInfo(TINY_DHT_PREFIX, N, official=True)
@@ -99,6 +100,31 @@ def poll_round(poller: Poller) -> None:
 
 
 # ---- a hostile peer in a real swarm ---------------------------------------------------------------
+
+
+def test_servers_announced_under_fresh_ids_cost_a_poll_one_batch_of_checks_a_stale_failure_first(
+        hostile_swarm, tmp_path):
+    """The made-up peer's records are ONLINE servers no poller has checked, as a peer announcing
+    fresh ids every poll makes them: each poll checks at once at most one batch
+    (``reachability_concurrency``) of the servers it finds new, the rest waiting for a later poll
+    or the round; an honest server whose stored verdict is a failure (down before this poller
+    started) is checked first."""
+    honest_b = hostile_swarm.peer_id("honest-b")
+    batch = 2
+    with migrated_store(f"sqlite:///{tmp_path / 'monitor.db'}") as store:
+        store.record_reachability(ReachabilityBatch(time.time() - 60, 1.0, (
+            ReachabilityResult(honest_b, "server", False, error="failed to dial: connection refused"),)))
+        settings = settings_for(hostile_swarm, tmp_path).model_copy(update={"reachability_concurrency": batch})
+        poller = Poller(settings, store, hostile_swarm.dht)
+
+        snapshot = poller.poll_once()
+        online = {row.peer_id for row in snapshot.servers if row.state == "ONLINE"}
+        assert len(online) >= 2 * batch + 1, online  # the honest two and the made-up ones: more than two batches
+        checked = [set(store.latest_reachability()) & online]
+        assert len(checked[0]) == batch and store.latest_reachability()[honest_b].ok  # the stale failure went first
+        assert poller.poll_once() is not None
+        checked.append(set(store.latest_reachability()) & online)
+        assert checked[0] < checked[1] and len(checked[1]) == 2 * batch  # one more batch, of others
 
 
 def test_hostile_announcements_cost_no_poll_and_hide_no_honest_server(hostile_swarm, store, tmp_path):

@@ -8,8 +8,8 @@ is refused, ``NotLeader``), the probe rounds and generation checks run only whil
 standby only keeps its DHT client warm (``stand_by``). A poller that becomes leader polls at once.
 The leader requests ``heartbeat_url`` after each stored poll (``app/heartbeat.py``). The servers a
 poll finds ONLINE that this poller has not checked yet (all of them at its first poll, a server that
-is back or new) are checked for reachability right after it, not a reachability period later: the
-verdict stored for them may be older than this poller, or than their return.
+is back or new) are checked for reachability right after it, one batch at most, not a reachability
+period later: the verdict stored for them may be older than this poller, or than their return.
 
 The DHT client may not be up yet (no bootstrap peer answered at start: ``swarm.DhtClient`` retries
 in the background): meanwhile each scrape is recorded as a failed poll and each reachability check
@@ -275,19 +275,23 @@ class Poller:
         poller has covered (all of them at its first poll; a server back, or new) are checked at
         once, and the poll diagnosed again. Until then their verdict is the last one stored, which
         may be from before this poller started or before they left (a stopped server's
-        "unreachable"), and the next round is up to ``reachability_period`` away."""
-        new = sorted(_online(snapshot) - (self._checked_servers or frozenset()))
+        "unreachable"), and the next round is up to ``reachability_period`` away. At most one
+        batch (``reachability_concurrency``) per poll, those with a stored failure first: peers
+        announcing fresh ids every poll cost the scrape job one ``reachability_timeout`` at most,
+        and the rest wait for the round, as every server did before."""
+        new = _online(snapshot) - (self._checked_servers or frozenset())
         if not new:
             self._checked_servers = self._checked_servers or frozenset()
             return None
+        chosen = checked_first(new, self._latest_reachability(), self.settings.reachability_concurrency)
         try:
-            batch = self._check(new)
+            batch = self._check(chosen)
         except Exception as e:  # noqa: BLE001 - the next round checks them
             log.exception("reachability check of the newly online servers failed")
             self.stats.failed("reachability", e)
             return None
         if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
-            self._checked_servers = (self._checked_servers or frozenset()) | frozenset(new)
+            self._checked_servers = (self._checked_servers or frozenset()) | frozenset(chosen)
             self.after_probe_round()
         return batch
 
@@ -527,6 +531,12 @@ def unstored_cause(error: Optional[BaseException]) -> str:
     if isinstance(error, StoreSchemaError):
         return "storing the poll failed: the database lacks this version's schema (restarting the poller migrates it)"
     return f"storing the poll failed: {short_error(error)}"
+
+
+def checked_first(peers: frozenset[str], latest: Mapping[str, ReachabilityResult], limit: int) -> list[str]:
+    """The ``limit`` of ``peers`` a poll checks at once: those whose stored verdict is a failure
+    first (the verdict the check is there to correct), then the others, each group by peer id."""
+    return sorted(peers, key=lambda peer: (peer not in latest or latest[peer].ok, peer))[:max(limit, 0)]
 
 
 def _online(snapshot: Optional[Snapshot]) -> frozenset[str]:
