@@ -7,6 +7,7 @@ other peers cover its blocks, and never leave a block without a server.
 
 from __future__ import annotations
 
+import dijkstar
 import pytest
 
 from chat.engine import ChatEngine, Finished, GenerationParams
@@ -134,14 +135,28 @@ def _peer_id(base58: str):
     return PeerID.from_base58(base58)
 
 
+def named_peer(swarm, peer) -> str:
+    """The harness's name of a peer (base58 or PeerID)."""
+    return {swarm.peer_id(n): n for n in ("first-half", "second-half", "full")}[str(peer)]
+
+
 def named(swarm, route):
-    names = {swarm.peer_id(n): n for n in ("first-half", "second-half", "full")}
-    return [(names[peer], start, end) for peer, start, end in route]
+    return [(named_peer(swarm, peer), start, end) for peer, start, end in route]
 
 
-def test_without_scores_routing_is_petals_own_and_prefers_the_one_hop_route(engine, swarm, scores):
+def test_without_scores_routing_is_petals_own_graph_and_shortest_path(engine, swarm, scores):
+    """No scores: every edge costs what petals makes it cost, and the route is petals' shortest
+    path through its own graph: full's one hop on a quiet machine (on a loaded one the pings petals
+    measured may make the two hops shorter; petals would take them too)."""
     scores.clear()
-    assert named(swarm, route_of(engine)) == [("full", 0, 8)]
+    route = named(swarm, route_of(engine))
+    manager = engine.sequence_manager(TINY_DHT_PREFIX)
+    ours = manager._build_inference_graph(0, 8, cache_tokens_needed=None)
+    petals = RemoteSequenceManager._build_inference_graph(manager, 0, 8, cache_tokens_needed=None)
+    assert ours.get_data() == petals.get_data()
+    hops = [peer for peer, _ in dijkstar.find_path(petals, "start", "end").nodes[1:-1]]
+    assert [peer for peer, _, _ in route] == [named_peer(swarm, peer) for peer in dict.fromkeys(hops)]
+    assert route[0][1] == 0 and route[-1][2] == 8 and all(a[2] == b[1] for a, b in zip(route, route[1:]))
 
 
 def test_a_low_score_peer_is_avoided_when_others_cover_its_blocks(engine, swarm, scores):

@@ -6,6 +6,7 @@ of history take a second; the swarm is not needed here.
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import statistics
@@ -690,26 +691,70 @@ def _big_snapshot(at: float, servers: int = 500, models: int = 4, pings: int = 1
     return Snapshot(taken_at=at, duration=3.0, models=tuple(infos), servers=tuple(rows))
 
 
+def _timed(work) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def _raw_rows(store: Store) -> tuple[list, list]:
+    """The latest poll's observation and pings rows as plain tuples (what a poll stores)."""
+    with store.engine.connect() as conn:
+        poll_id = conn.exec_driver_sql("SELECT max(id) FROM polls").scalar()
+        return tuple([tuple(r) for r in conn.exec_driver_sql(f"SELECT * FROM {table} WHERE poll_id = ?", (poll_id,))]
+                     for table in ("server_observations", "server_pings"))
+
+
+def _raw_read(store: Store) -> None:
+    """The least a read of the latest poll does: its rows fetched with one query a table, the
+    pings' JSON parsed."""
+    with store.engine.connect() as conn:
+        poll_id = conn.exec_driver_sql("SELECT max(id) FROM polls").scalar()
+        conn.exec_driver_sql("SELECT * FROM server_observations o JOIN peers p ON p.id = o.peer "
+                             "WHERE o.poll_id = ? ORDER BY o.id", (poll_id,)).all()
+        [json.loads(r[-1]) for r in conn.exec_driver_sql("SELECT * FROM server_pings WHERE poll_id = ?", (poll_id,))]
+
+
+def _raw_write(store: Store, observations: list, pings: list) -> None:
+    """The least a write of a poll does: its rows inserted with one statement a table (into
+    copies of the tables), the pings' JSON written."""
+    with store.engine.begin() as conn:
+        for table, rows in (("server_observations", observations), ("server_pings", pings)):
+            conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS raw_{table} AS SELECT * FROM {table} WHERE 0")
+            conn.exec_driver_sql(f"DELETE FROM raw_{table}")
+            conn.exec_driver_sql(f"INSERT INTO raw_{table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        [json.dumps(json.loads(r[-1])) for r in pings]
+
+
+WRITE_RATIO, READ_RATIO = 8, 5  # measured ~3x and ~1.5x: a query per row would be far more
+
+
 def test_recording_and_reading_a_500_server_poll_is_fast(tmp_path, record_property):
+    """A poll of 500 servers is written and read back in a small multiple of the time its rows
+    alone take with one plain statement a table (measured in the same run: a ratio, so that a loaded
+    machine does not fail it; one query per server would). The times themselves are printed; on
+    the 2-core machine they are ~30 ms and ~10 ms (targets 200 ms and 50 ms)."""
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()
     snaps = [_big_snapshot(T0 + 60 * i) for i in range(6)]
     healths = [health(m, "healthy", blocks=[(3, 300.0)] * 80) for m in snaps[0].models]
-    writes, reads = [], []
+    writes, reads, raw_writes, raw_reads = [], [], [], []
     for snap in snaps:
-        started = time.perf_counter()
-        store.record_poll(snap, healths)
-        writes.append(time.perf_counter() - started)
-        started = time.perf_counter()
+        writes.append(_timed(lambda: store.record_poll(snap, healths)))
+        reads.append(_timed(lambda: store.latest_snapshot()))
         assert store.latest_snapshot() == snap
-        reads.append(time.perf_counter() - started)
+        raw_reads.append(_timed(lambda: _raw_read(store)))
+        observations, pings = _raw_rows(store)
+        assert len(observations) == len(pings) == 500
+        raw_writes.append(_timed(lambda: _raw_write(store, observations, pings)))
     store.close()
-    write, read = statistics.median(writes[1:]), statistics.median(reads[1:])
+    write, read, raw_write, raw_read = (statistics.median(times[1:]) for times in (writes, reads, raw_writes, raw_reads))
     record_property("record_poll_ms", round(write * 1000, 1))
     record_property("latest_snapshot_ms", round(read * 1000, 1))
-    print(f"\n500 servers x 4 models, SQLite: record_poll {write * 1000:.1f} ms, latest_snapshot {read * 1000:.1f} ms")
-    assert write < 0.2, f"record_poll took {write * 1000:.0f} ms (target < 200 ms)"
-    assert read < 0.05, f"latest_snapshot took {read * 1000:.0f} ms (target < 50 ms)"
+    print(f"\n500 servers x 4 models, SQLite: record_poll {write * 1000:.1f} ms ({write / raw_write:.1f}x its rows' "
+          f"plain insert), latest_snapshot {read * 1000:.1f} ms ({read / raw_read:.1f}x their plain select)")
+    assert write < WRITE_RATIO * raw_write, f"record_poll took {write / raw_write:.1f}x its rows' plain insert"
+    assert read < READ_RATIO * raw_read, f"latest_snapshot took {read / raw_read:.1f}x its rows' plain select"
 
 
 def test_thirty_days_of_500_servers_fit_in_a_gigabyte(tmp_path):
