@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -19,7 +20,8 @@ from typing import Any, Optional
 from monitor import compat  # noqa: F401  (must precede petals)
 
 HOSTILE_EXPIRATION = 600.0  # seconds the records stay in the DHT (announce again to keep them)
-STORE_ATTEMPTS = 3  # a store is sent again if no DHT node acknowledged it in time
+STORE_ATTEMPTS = 5  # a store is sent again if no DHT node acknowledged it in time,
+STORE_BACKOFF = 0.5  # seconds times the attempts so far: a loaded machine's nodes catch up meanwhile
 LARGEST_UINT = 2**64 - 1  # the largest integer msgpack (the DHT's wire format) carries
 LARGEST_FLOAT = sys.float_info.max
 ONLINE = 2  # petals' ServerState.ONLINE
@@ -75,7 +77,9 @@ def announce_hostile(dht, dht_prefix: str, num_blocks: int, *, rng: Optional[ran
     records = hostile_records(num_blocks, rng)
     until = get_dht_time() + expiration
     refused = [(record, block) for record in records for block in range(record.start, record.end)]
-    for _ in range(STORE_ATTEMPTS):  # a store no node acknowledged in time (a loaded machine) is sent again
+    for attempt in range(STORE_ATTEMPTS):  # a store no node acknowledged in time (a loaded machine) is sent again
+        if attempt:
+            time.sleep(STORE_BACKOFF * attempt)
         pending: list[tuple[HostileRecord, int, Future]] = []
         for record, block in refused:  # one small call each (hivemind pickles arguments)
             future = dht.store(f"{dht_prefix}.{block}", record.value, until, subkey=record.peer_id, return_future=True)
