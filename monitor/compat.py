@@ -1,19 +1,28 @@
-"""Make petals 2.2 import on hivemind 1.1.12.
+"""Make petals 2.2 import on hivemind 1.1.12, and fail at once where a dead server closed a stream.
 
 petals 2.2 imports names such as ``hivemind.PeerID`` and ``hivemind.get_logger`` that hivemind
 1.1.12 no longer re-exports at the top level. Copying the public names of the submodules back
 onto the package is enough; nothing else differs for what petals uses. Import this module before
 petals, in every process (our own and every petals server we start). ``import_petals()`` is the
 one import path for petals in this codebase.
+
+One behaviour is mended (``_end_streams_when_the_connection_closes``): when a server dies in the
+middle of a streaming call (an inference session: the chat, a generation check, a speed probe),
+its connection closes, but hivemind's client side of the stream then waits for its own writer,
+which waits for the caller's next request, which petals sends only once this step is answered.
+The step hung until petals' ``request_timeout`` (60 s in the chat) before petals tried another
+server; now it fails as soon as the connection is gone, and petals moves on at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import pkgutil
 import threading
 import warnings
+from contextlib import closing
 
 # transformers 4.34 uses a torch API that torch 2.13 deprecates; the warning is noise here.
 warnings.filterwarnings("ignore", message=r".*_register_pytree_node.*", category=FutureWarning)
@@ -50,8 +59,47 @@ def _quiet_petals_startup() -> None:
     os.environ.setdefault("BITSANDBYTES_NOWELCOME", "1")
 
 
+def _end_streams_when_the_connection_closes() -> None:
+    """hivemind's ``P2P._iterate_protobuf_stream_handler`` as in 1.1.12, but a connection that
+    closes while requests may still come (the writer still running: the other side is gone) ends
+    the writer and raises ``ConnectionResetError`` instead of waiting for a request that will not
+    come. A stream the other side ends after the last request, and every error, are as before."""
+    from hivemind.p2p import P2P, P2PHandlerError
+
+    async def _iterate_protobuf_stream_handler(self, peer_id, name, requests, output_protobuf_type):
+        _, reader, writer = await self.call_binary_stream_handler(peer_id, name)
+
+        async def write_to_stream() -> None:
+            async for request in requests:
+                await P2P.send_protobuf(request, writer)
+            await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+
+        async def read_from_stream():
+            with closing(writer):
+                try:
+                    while True:
+                        try:
+                            response, err = await P2P.receive_protobuf(output_protobuf_type, reader)
+                        except asyncio.IncompleteReadError:  # the connection is closed
+                            break
+                        if err is not None:
+                            raise P2PHandlerError(f"Failed to call handler `{name}` at {peer_id}: {err.message}")
+                        yield response
+                    if not writing_task.done():
+                        raise ConnectionResetError(f"{peer_id} closed the stream of `{name}` before the call ended")
+                    await writing_task
+                finally:
+                    writing_task.cancel()
+
+        writing_task = asyncio.create_task(write_to_stream())
+        return read_from_stream()
+
+    P2P._iterate_protobuf_stream_handler = _iterate_protobuf_stream_handler
+
+
 _quiet_petals_startup()
 _restore_top_level_names()
+_end_streams_when_the_connection_closes()
 
 
 # Building a model (petals' client model, a server block, transformers' ``from_pretrained`` with
