@@ -169,6 +169,33 @@ def dashboard_url(demo: subprocess.Popen, output: list[str], timeout: float = 30
     raise AssertionError("no dashboard address within the time:\n" + "".join(output))
 
 
+def keep_reading(process: subprocess.Popen, output: list[str]) -> threading.Thread:
+    """Read ``process``'s output into ``output`` on a thread, as it comes (``stop_process`` ends it)."""
+    reader = threading.Thread(target=lambda: output.extend(process.stdout), name="output-reader", daemon=True)
+    reader.start()
+    return reader
+
+
+def stop_process(process: subprocess.Popen, output: list[str], *, signum: int, timeout: float,
+                 reader: threading.Thread | None = None) -> bool:
+    """Send ``signum`` to ``process`` (its output read into ``output`` by ``reader``, else from now
+    on) and wait for it to exit; its group is killed if it has not within ``timeout`` (then False).
+    It has ended when it exits, not when its output pipe closes: a helper of torch's it started
+    (``torch_shm_manager``, for hivemind's shared memory) keeps the pipe open for seconds after;
+    what the process wrote before it exited is read within a second."""
+    reader = reader or keep_reading(process, output)
+    process.send_signal(signum)
+    try:
+        process.wait(timeout=timeout)
+        stopped = True
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the process, its DHT process and their p2pd
+        process.wait(timeout=30)
+        stopped = False
+    reader.join(1.0)
+    return stopped
+
+
 # ---- the swarm's layout ------------------------------------------------------------------------
 
 

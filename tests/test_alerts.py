@@ -33,7 +33,8 @@ from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResu
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
-from support import STORE_KINDS, dashboard_url, migrated_store, start_demo, store_url_of, swarm_processes, wait_until
+from support import (STORE_KINDS, dashboard_url, keep_reading, migrated_store, start_demo, stop_process, store_url_of,
+                     swarm_processes, wait_until)
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0
@@ -788,12 +789,13 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
     with WebhookReceiver() as hook:
         demo = start_demo(["--tiny", "--port", "0", "--webhook", hook.url], env=env)
         output: list[str] = []
+        reader = None
         try:
             base = dashboard_url(demo, output)
             while not output[-1].startswith("Alerts:"):
                 output.append(demo.stdout.readline())
             assert "(1 webhook notified)" in output[-1]
-            threading.Thread(target=lambda: output.extend(demo.stdout), daemon=True).start()  # keep the pipe drained
+            reader = keep_reading(demo, output)  # (the pipe kept drained)
             assert wait_until(lambda: state(base) == "healthy", 120)
             # a healthy swarm pages nobody: seen once nothing is pending (an alert left pending by
             # the start, before the servers were up, would be active), or else after longer than
@@ -815,14 +817,8 @@ def test_the_demo_sends_exactly_the_notices_its_chaos_controls_call_for(data_dir
             assert [(r.body["event"], r.body["rule"]) for r in hook.received] == [
                 ("firing", "model-health"), ("resolved", "model-health")]
         finally:
-            demo.send_signal(signal.SIGINT)
-            try:
-                demo.wait(timeout=180)
-            except subprocess.TimeoutExpired:
-                os.killpg(demo.pid, signal.SIGKILL)  # the demo, its DHT process and their p2pd
-                demo.wait(30)
+            if not stop_process(demo, output, signum=signal.SIGINT, timeout=180, reader=reader):
                 output.append("\n(the demo did not stop within 180 s of Ctrl-C: killed)\n")
-            time.sleep(0.5)
             (tmp_path / "demo.log").write_text("".join(output))
     assert demo.returncode == 0, "".join(output)[-3000:]
     assert wait_until(lambda: not swarm_processes(since=started), 30)

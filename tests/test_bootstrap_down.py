@@ -21,7 +21,7 @@ import pytest
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
-from support import free_port, wait_until
+from support import free_port, keep_reading, stop_process, wait_until
 
 PERIOD = 3  # scrape and reachability period: bootstrap-down fires after 2, monitor-stale after 3 of them
 LIBRARY_NOISE = ("setup plugin", "Running upgrade", "Context impl", "Will assume")
@@ -62,6 +62,7 @@ def test_serve_starts_with_its_bootstrap_peer_down_says_so_alerts_and_polls_once
              "--initial-peers", *peers, "--model", f"{TINY_DHT_PREFIX}:{TINY_NUM_BLOCKS}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         output: list[str] = []
+        reader = None
         try:
             while True:
                 line = serve.stdout.readline()
@@ -76,6 +77,7 @@ def test_serve_starts_with_its_bootstrap_peer_down_says_so_alerts_and_polls_once
             assert "Created the schema of" in start_up and "Leading: this poller" in start_up, start_up
             assert not any(noise in start_up for noise in LIBRARY_NOISE), start_up
             assert "Traceback" not in start_up, start_up
+            reader = keep_reading(serve, output)  # (the pipe kept drained)
 
             # the pages, the API and /metrics say why nothing is polled
             banner = f"cannot reach any bootstrap peer ({place}), retrying"
@@ -113,14 +115,9 @@ def test_serve_starts_with_its_bootstrap_peer_down_says_so_alerts_and_polls_once
                 # (the poller says it with its next claim of the lease; the pages keep what they read 10 s)
                 assert wait_until(lambda: banner not in get(f"{base}/")[1], 30), get(f"{base}/")[1][-3000:]
         finally:
-            serve.send_signal(signal.SIGTERM)
-            try:
-                rest, _ = serve.communicate(timeout=60)
-                output.append(rest or "")
-            except subprocess.TimeoutExpired:
-                os.killpg(serve.pid, signal.SIGKILL)
-                serve.communicate()
+            stopped = stop_process(serve, output, signum=signal.SIGTERM, timeout=60, reader=reader)
     log = "".join(output)
+    assert stopped, "serve did not stop within 60 s of SIGTERM:\n" + log[-3000:]
     assert "a bootstrap peer answers" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from support import dashboard_url, start_demo, swarm_processes
+from support import dashboard_url, start_demo, stop_process, swarm_processes
 
 pytestmark = pytest.mark.swarm  # the demo starts a swarm of its own
 
@@ -73,14 +73,10 @@ def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_
         assert report["monitor_state"] == "degraded", report.get("reasons")
         assert any("0:15" in reason for reason in report["reasons"]), report["reasons"]
     finally:
-        demo.send_signal(signal.SIGINT)
-        try:
-            rest, _ = demo.communicate(timeout=90)
-            output.append(rest or "")
-        except subprocess.TimeoutExpired:
-            demo.kill()
-            raise
+        assert stop_process(demo, output, signum=signal.SIGINT, timeout=90), \
+            "the demo did not stop within 90 s of Ctrl-C:\n" + "".join(output)[-3000:]
     assert demo.returncode == 0, "".join(output)[-3000:]
+    assert output[-1] == "Stopped.\n", output[-3:]
     deadline = time.monotonic() + 20
     while swarm_processes(since=started) and time.monotonic() < deadline:
         time.sleep(0.5)
