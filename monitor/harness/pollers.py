@@ -25,12 +25,13 @@ from monitor.harness.local_swarm import _child_env
 
 def write_config(path: Path, *, initial_peers: Sequence[str], models: Sequence[tuple[str, int]],
                  scrape_period: float, lease_seconds: Optional[float] = None, heartbeat_url: Optional[str] = None,
-                 webhook_url: Optional[str] = None, rule_for: float = 4.0, extra: str = "") -> Path:
+                 webhook_url: Optional[str] = None, rule_for: float = 4.0, speed_probe_period: float = 3600,
+                 extra: str = "") -> Path:
     """A poller's TOML settings: the swarm, its models, the periods, the webhook its notices go to
     (one ``model_degraded`` rule waiting ``rule_for`` seconds) and the heartbeat URL."""
     lines = [f"initial_peers = {list(initial_peers)!r}".replace("'", '"'),
              f"scrape_period = {scrape_period}", f"reachability_period = {scrape_period}",
-             "reachability_timeout = 3", "score_period = 600", "speed_probe_period = 3600",
+             "reachability_timeout = 3", "score_period = 600", f"speed_probe_period = {speed_probe_period}",
              "discover_models = false"]
     if lease_seconds is not None:
         lines.append(f"leader_lease_seconds = {lease_seconds}")
