@@ -20,7 +20,7 @@ from typing import Any, Optional
 from monitor import compat  # noqa: F401  (must precede petals)
 
 HOSTILE_EXPIRATION = 600.0  # seconds the records stay in the DHT (announce again to keep them)
-STORE_ATTEMPTS = 5  # a store is sent again if no DHT node acknowledged it in time,
+STORE_ATTEMPTS = 5  # a store is sent again if no DHT node acknowledged it in time
 STORE_BACKOFF = 0.5  # seconds times the attempts so far: a loaded machine's nodes catch up meanwhile
 LARGEST_UINT = 2**64 - 1  # the largest integer msgpack (the DHT's wire format) carries
 LARGEST_FLOAT = sys.float_info.max
