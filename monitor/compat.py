@@ -60,17 +60,29 @@ def _quiet_petals_startup() -> None:
 
 
 def _end_streams_when_the_connection_closes() -> None:
-    """hivemind's ``P2P._iterate_protobuf_stream_handler`` as in 1.1.12, but a connection that
-    closes while requests may still come (the writer still running: the other side is gone) ends
-    the writer and raises ``ConnectionResetError`` instead of waiting for a request that will not
-    come. A stream the other side ends after the last request, and every error, are as before."""
+    """hivemind's ``P2P._iterate_protobuf_stream_handler`` as in 1.1.12, but when the connection
+    closes while its writer waits for the caller's next request (the other side is gone, and the
+    caller sends that request only after an answer), the writer is ended and the read raises
+    ``ConnectionResetError`` instead of waiting for it. A writer still sending, or done (a stream
+    the other side ends after the last request, as petals' close does), is awaited as before, and
+    every error is as before."""
     from hivemind.p2p import P2P, P2PHandlerError
 
     async def _iterate_protobuf_stream_handler(self, peer_id, name, requests, output_protobuf_type):
         _, reader, writer = await self.call_binary_stream_handler(peer_id, name)
+        awaiting_request = False  # the writer is suspended waiting for the caller's next request
 
         async def write_to_stream() -> None:
-            async for request in requests:
+            nonlocal awaiting_request
+            pending = requests.__aiter__()
+            while True:
+                awaiting_request = True
+                try:
+                    request = await pending.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    awaiting_request = False
                 await P2P.send_protobuf(request, writer)
             await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
 
@@ -85,7 +97,7 @@ def _end_streams_when_the_connection_closes() -> None:
                         if err is not None:
                             raise P2PHandlerError(f"Failed to call handler `{name}` at {peer_id}: {err.message}")
                         yield response
-                    if not writing_task.done():
+                    if awaiting_request and not writing_task.done():
                         raise ConnectionResetError(f"{peer_id} closed the stream of `{name}` before the call ended")
                     await writing_task
                 finally:
