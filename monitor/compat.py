@@ -97,7 +97,7 @@ def _end_streams_when_the_connection_closes() -> None:
                         if err is not None:
                             raise P2PHandlerError(f"Failed to call handler `{name}` at {peer_id}: {err.message}")
                         yield response
-                    if awaiting_request and not writing_task.done():
+                    if awaiting_request:  # (then its task is suspended, not done: the flag is reset on every way out)
                         raise ConnectionResetError(f"{peer_id} closed the stream of `{name}` before the call ended")
                     await writing_task
                 finally:
