@@ -7,7 +7,8 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
 
 - waiting: ``wait_until`` (the one poll-until-true loop of the specs);
 - processes: ``swarm_processes`` (what this session started and must reap), ``free_port``;
-- serving: ``serve`` (a WSGI app on a real threaded server), ``read_sse``, the chat's ``MESSAGES``;
+- serving: ``serve`` (a WSGI app on a real threaded server), ``read_sse``, ``close_ws`` (a
+  WebSocket the server may have closed first), the chat's ``MESSAGES``;
 - the demo: ``start_demo``, ``dashboard_url``;
 - the swarm's layout: ``SESSION_SPECS``;
 - a populated store: ``populate`` (three polls, probes, chat outcomes and scores written through
@@ -37,6 +38,7 @@ from typing import Callable, Iterator, TypeVar
 import base58
 import psutil
 import pytest
+from simple_websocket import ConnectionClosed
 from werkzeug.serving import make_server
 
 from monitor.app.jobs import Poller
@@ -120,6 +122,19 @@ def serve(app) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(10)
+
+
+def close_ws(ws) -> None:
+    """Close a WebSocket client, whether or not the server closed it first.
+
+    The chat closes a socket itself after some errors (chat.petals.dev's handler returns after
+    its error reply); whether the client's reader has seen that close frame yet when the spec
+    closes is a race, and simple_websocket raises ``ConnectionClosed`` (or the socket ``OSError``)
+    when it has."""
+    try:
+        ws.close()
+    except (ConnectionClosed, OSError):
+        pass
 
 
 def read_sse(response):

@@ -24,7 +24,7 @@ from monitor.settings import ModelConfig
 from monitor.core.snapshot import ModelInfo
 from monitor.swarm import scrape
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from support import MESSAGES, read_sse, serve
+from support import MESSAGES, close_ws, read_sse, serve
 
 GHOST = "ghost-llama"  # same checkpoint, announced by nobody: never served
 PROMPT = "The capital of France is"
@@ -155,7 +155,7 @@ def test_ws_v2_streams_token_by_token_and_equals_local_greedy(base_url, local):
         while not replies or (replies[-1]["ok"] and not replies[-1]["stop"]):
             replies.append(json.loads(ws.receive(timeout=60)))
     finally:
-        ws.close()
+        close_ws(ws)
     expected_ids, expected = greedy(prompt_ids, 48 - len(prompt_ids), skip_special_tokens=False)
     if tokenizer.eos_token_id in expected_ids:
         expected_ids = expected_ids[: expected_ids.index(tokenizer.eos_token_id) + 1]
@@ -180,7 +180,7 @@ def test_ws_v2_one_reply_without_stop_sequence_and_continues_the_session(base_ur
         first = ws_ask(ws, {"type": "generate", "inputs": PROMPT, "max_new_tokens": 6})
         second = ws_ask(ws, {"type": "generate", "max_new_tokens": 6})  # no inputs: go on
     finally:
-        ws.close()
+        close_ws(ws)
     assert first["ok"] and first["stop"] is True and first["token_count"] == 6
     assert second["ok"] and second["stop"] is True
     assert first["outputs"] + second["outputs"] == tokenizer.decode(ids, skip_special_tokens=False,
@@ -278,7 +278,7 @@ def test_ws_bad_input_gets_a_short_error_naming_the_parameter(base_url, messages
             if not reply["ok"]:
                 break
     finally:
-        ws.close()
+        close_ws(ws)
     assert reply["ok"] is False
     assert word in reply["traceback"]
     assert "Traceback" not in reply["traceback"] and len(reply["traceback"]) < 400

@@ -22,7 +22,7 @@ from openai import OpenAI
 from simple_websocket import Client as WsClient, ConnectionClosed
 
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from support import MESSAGES, free_port, wait_until
+from support import MESSAGES, close_ws, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).parent / "gunicorn"
@@ -109,10 +109,7 @@ def test_an_idle_websocket_is_closed_with_the_reason(chat_server):
             while True:
                 ws.receive(timeout=10)
     finally:
-        try:
-            ws.close()
-        except ConnectionClosed:
-            pass
+        close_ws(ws)
     assert reply["ok"] is False and "idle" in reply["traceback"] and "2 s" in reply["traceback"]
     assert 1.5 < waited < 8
     assert "idle" in (ws.close_message or "")

@@ -29,7 +29,7 @@ from monitor.settings import ModelConfig, Settings
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.store import Store
 from monitor.web import create_app
-from support import read_sse, serve
+from support import close_ws, read_sse, serve
 
 BROKEN = "broken-checkpoint"  # configured with a folder that holds no model: tokenizing it fails
 LIMIT = 1000  # max_prompt_chars here
@@ -270,13 +270,6 @@ def ws_open(ws_url, max_length=64):
     return ws
 
 
-def shut(ws) -> None:
-    try:
-        ws.close()
-    except ConnectionClosed:  # the server closed it already
-        pass
-
-
 def closed_with(ws) -> str:
     """The close frame's reason, once the server closed the connection."""
     with pytest.raises(ConnectionClosed):
@@ -294,7 +287,7 @@ def test_an_idle_websocket_is_closed_with_the_reason_and_frees_its_place(make_ap
             waited = time.monotonic() - opened
             reason = closed_with(ws)
         finally:
-            shut(ws)
+            close_ws(ws)
     assert reply["ok"] is False and "no request for 1.5 s" in reply["traceback"] and "idle" in reply["traceback"]
     assert reply["traceback"].startswith("Session ") and " expired: " in reply["traceback"]  # chat.petals.dev reopens
     assert 1.2 < waited < 5
@@ -322,7 +315,7 @@ def test_a_busy_websocket_is_closed_at_its_maximum_lifetime(ws_url):
         ended = time.monotonic() - opened
         reason = closed_with(ws)
     finally:
-        shut(ws)
+        close_ws(ws)
     assert all(r["ok"] for r in replies[:-1]) and len(replies) >= 2
     assert replies[-1]["ok"] is False and "maximum lifetime of 4 s" in replies[-1]["traceback"]
     assert 3.8 < ended < 9
@@ -344,7 +337,7 @@ def test_a_websocket_is_closed_at_its_maximum_lifetime_also_mid_answer(make_app)
             ended = time.monotonic() - opened
             reason = closed_with(ws)
         finally:
-            shut(ws)
+            close_ws(ws)
     streamed = sum(r.get("token_count", 0) for r in replies[:-1])
     assert 0 < streamed < 500 and not any(r.get("stop") for r in replies[:-1])
     assert replies[-1]["ok"] is False and "maximum lifetime of 2 s" in replies[-1]["traceback"]
@@ -357,7 +350,7 @@ def test_a_websocket_failure_is_told_without_internals(ws_url, broken_dir):
         ws.send(json.dumps({"type": "open_inference_session", "model": BROKEN, "max_length": 16}))
         reply = json.loads(ws.receive(timeout=30))
     finally:
-        shut(ws)
+        close_ws(ws)
     assert reply["ok"] is False and "try again" in reply["traceback"]
     no_internals(reply["traceback"], broken_dir)
 
@@ -368,7 +361,7 @@ def test_websocket_inputs_are_bounded_like_every_prompt(ws_url):
         ws.send(json.dumps({"type": "generate", "inputs": "x" * (LIMIT + 1), "max_new_tokens": 1}))
         reply = json.loads(ws.receive(timeout=30))
     finally:
-        shut(ws)
+        close_ws(ws)
     assert reply["ok"] is False and str(LIMIT) in reply["traceback"] and "inputs" in reply["traceback"]
 
 

@@ -37,7 +37,7 @@ from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.settings import ModelConfig, Settings
 from monitor.store import Store
 from monitor.web import create_app
-from support import serve, wait_until
+from support import close_ws, serve, wait_until
 
 LONG_CONTEXT = 4096
 # the page's description of a model (its ``models`` table); "e" ends the tiny model's answers soon
@@ -136,10 +136,7 @@ class PetalsPage:
 
     def _reset_session(self) -> None:
         if self.ws is not None:
-            try:
-                self.ws.close()
-            except (ConnectionClosed, OSError):  # closed by the server already (its reader may race us)
-                pass
+            close_ws(self.ws)  # the server may have closed it already
         self.ws = None
         self.position = 0
 

@@ -30,7 +30,7 @@ from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.settings import ModelConfig, Settings
 from monitor.store import Store
 from monitor.web import create_app
-from support import serve, wait_until
+from support import close_ws, serve, wait_until
 
 
 class Clock:
@@ -299,7 +299,7 @@ def test_four_idle_websocket_sessions_hold_no_slot_and_a_fifth_client_is_answere
             assert ws_turn(ws, " and then")["outputs"]
     finally:
         for ws in readers:
-            ws.close()
+            close_ws(ws)
 
 
 def test_one_client_cannot_take_every_slot(base_url, engine):
@@ -344,7 +344,7 @@ def test_metrics_show_slots_queue_waits_and_open_sessions(base_url, engine):
         ws_turn(ws, "Hello")
         text = requests.get(f"{base_url}/metrics", timeout=30).text
     finally:
-        ws.close()
+        close_ws(ws)
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("swarm_monitor_chat_")}
     assert samples['swarm_monitor_chat_slots{state="busy"}'] + samples['swarm_monitor_chat_slots{state="free"}'] == 4

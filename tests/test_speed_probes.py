@@ -15,15 +15,19 @@ from chat.feedback import StoreWeights, probe_speeds
 from monitor.app.jobs import Poller
 from monitor.app.probing import ServerProber, measured_view
 from monitor.settings import ModelConfig, Settings
+from monitor.core.coverage import DEGRADED, diagnose
 from monitor.core.probes import (
     CONFIRM_AFTER,
     SLOW_FACTOR,
+    RecentProbes,
     ServerProbe,
     measured_speeds,
     next_probe_delay,
+    server_views,
     slowness,
     worth_confirming,
 )
+from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store
 from monitor.swarm.speed import ProbeLoop, SpanTarget
@@ -55,6 +59,38 @@ def test_a_measured_speed_is_the_median_of_the_newest_three_probes_so_one_outlie
     assert measured_speeds(calm, now=now + 100, max_age=60) == {}  # too old to count
     # the empty step (network and handler, no compute) is not charged to the blocks
     assert measured_speeds([probe("b", now, 0.05, rtt=0.01)], now=now, max_age=60)["b"] == pytest.approx(0.01)
+
+
+def test_one_probe_calls_no_server_slow_two_slow_ones_do():
+    """A server's first probe alone names nothing: after a monitor starts, or a new leader takes over,
+    one noisy probe would otherwise hold the model degraded until its confirmation half a period
+    later. Of two probes the faster counts, of three the middle one: two slow ones call it slow."""
+    now, model = 1000.0, ModelInfo("m", 6)
+    rows = [ServerRow(peer_id="a", model="m", start=0, end=2, state=ONLINE, cache_tokens_left=100_000)]
+    rows += [ServerRow(peer_id=p, model="m", start=2, end=6, state=ONLINE, cache_tokens_left=100_000) for p in "bc"]
+    calm = [probe(p, now - 50, 0.04, start=2, end=6) for p in "bc"]  # 10 ms per block
+    slow, fast = 0.2, 0.02  # a's probes of its two blocks: 100 ms per block (10× the others), or 10 ms
+
+    def judged(a_probes: list[float]):
+        probes = calm + [probe("a", now - 40 + i, seconds, end=2) for i, seconds in enumerate(a_probes)]
+        recent = RecentProbes(probes, now, 60)
+        health = diagnose(model, rows, measured=recent.speeds("m"), confirmed=recent.confirmed("m"))
+        view = server_views(probes, {r.peer_id: None for r in rows}, now=now, max_age=60, model="m")["a"]
+        named = [r for r in health.reasons if r.startswith("…a (0:2) is slow") or r.startswith("slow blocks 0:2")]
+        return health, view, named
+
+    health, view, named = judged([slow])
+    assert health.state == DEGRADED  # blocks 0:2 have one server: degraded, but not for its speed
+    assert named == [] and not view.slow and view.slowness.beyond_factor
+    assert view.measured == pytest.approx(0.1) and "one probe so far" in view.slowness.describe()  # still shown
+
+    for a_probes in ([slow, fast], [fast, slow], [slow, fast, fast], [fast, slow, fast, slow, fast]):
+        _, view, named = judged(a_probes)
+        assert named == [] and not view.slow and view.measured == pytest.approx(0.01), a_probes
+
+    for a_probes in ([slow, slow], [slow, fast, slow], [fast, fast, slow, slow]):
+        _, view, named = judged(a_probes)
+        assert len(named) == 2 and view.slow and "one probe so far" not in view.slowness.describe(), a_probes
 
 
 def test_a_server_is_probed_once_per_period_or_less_often_when_its_probes_are_long():

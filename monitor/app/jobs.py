@@ -203,7 +203,8 @@ class Poller:
                 model, snapshot.rows_for(model.dht_prefix), probes,
                 min_tokens_per_s=self.settings.min_tokens_per_s,
                 min_cache_tokens=self.settings.min_cache_tokens,
-                measured=recent.speeds(model.dht_prefix), wrong=recent.wrong(model.dht_prefix),
+                measured=recent.speeds(model.dht_prefix), confirmed=recent.confirmed(model.dht_prefix),
+                wrong=recent.wrong(model.dht_prefix),
                 disagreeing=recent.disagreeing(model.dht_prefix), failing=recent.failing(model.dht_prefix),
                 generation=checks.get(model.dht_prefix),
             )

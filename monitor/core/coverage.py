@@ -28,7 +28,9 @@ fixed 18 ms per hop for serialization, which on small hidden states is far above
 ``SLOW_FACTOR`` times slower than it announces (or petals assumes, 1/300 s, when it announces
 nothing) or than the median of the model's other measured servers is named (it makes the model
 degraded: petals' default routing still trusts its announcement), and so are blocks whose fastest
-measured server is ``SLOW_FACTOR`` times slower than the model's median block.
+measured server is ``SLOW_FACTOR`` times slower than the model's median block. Either verdict rests
+on a confirmed measurement (``confirmed``: ``SLOW_CONFIRMATIONS`` probes or more), so a server's
+first probe alone, noisy or not, makes no model degraded.
 
 State: **broken** when some block has no serving server; else **degraded** when some block has a
 single serving server, the best route is slower than ``min_tokens_per_s``, a server is measured
@@ -50,7 +52,7 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import AbstractSet, Iterable, Mapping, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-exported)
@@ -320,28 +322,31 @@ def _named(sentences: list[str], what: str) -> list[str]:
     return sentences[:MAX_NAMED] + [f"and {len(sentences) - MAX_NAMED} more {what}"]
 
 
-def _slow_peers(serving: Sequence[ServerRow], measured: Mapping[str, float],
+def _slow_peers(serving: Sequence[ServerRow], measured: Mapping[str, float], confirmed: AbstractSet[str],
                 labels: Mapping[str, str]) -> list[str]:
     """Sentences for servers measured SLOW_FACTOR times slower than they announce, or than the
-    other measured servers of the model."""
+    other measured servers of the model, on a confirmed measurement (``confirmed``)."""
     sentences = []
     for row in serving:
         others = [seconds for peer, seconds in measured.items() if peer != row.peer_id]
-        found = slowness(measured.get(row.peer_id), row.inference_rps, others)
+        found = slowness(measured.get(row.peer_id), row.inference_rps, others, confirmed=row.peer_id in confirmed)
         if found is not None and found.slow:
             sentences.append(f"{labels[row.peer_id]} ({row.start}:{row.end}) is slow: {found.describe()} "
                              f"— petals' default routing still trusts the announcement")
     return sentences
 
 
-def _slow_blocks(blocks: Sequence[BlockCoverage], measured: Mapping[str, float]) -> list[Range]:
-    """Served blocks whose fastest measured server is SLOW_FACTOR times slower than the median block."""
-    fastest = {b.index: min(measured[p] for p in b.peers if p in measured) for b in blocks
+def _slow_blocks(blocks: Sequence[BlockCoverage], measured: Mapping[str, float],
+                 confirmed: AbstractSet[str]) -> list[Range]:
+    """Served blocks whose fastest measured server is SLOW_FACTOR times slower than the median block,
+    that server's measurement confirmed (``confirmed``)."""
+    fastest = {b.index: min((measured[p], p) for p in b.peers if p in measured) for b in blocks
                if any(p in measured for p in b.peers)}
     if len(fastest) < 2:
         return []
-    median = statistics.median(fastest.values())
-    return ranges(index for index, seconds in fastest.items() if seconds >= SLOW_FACTOR * median)
+    median = statistics.median(seconds for seconds, _ in fastest.values())
+    return ranges(index for index, (seconds, peer) in fastest.items()
+                  if seconds >= SLOW_FACTOR * median and peer in confirmed)
 
 
 # ---- the diagnosis ---------------------------------------------------------------------------
@@ -470,7 +475,8 @@ def _missing_reason(start: int, end: int, served: _Served, failing: Mapping[str,
     return sentence + " — clients cannot run this model"
 
 
-def _degraded_reasons(served: _Served, speed: _Speed, *, measured: Mapping[str, float], wrong: Mapping[str, str],
+def _degraded_reasons(served: _Served, speed: _Speed, *, measured: Mapping[str, float],
+                      confirmed: AbstractSet[str], wrong: Mapping[str, str],
                       failing: Mapping[str, str], disagreeing: Mapping[str, str], single: Sequence[Range],
                       low_cache: Sequence[Range], min_tokens_per_s: float, min_cache_tokens: int) -> list[str]:
     """Every block is served: what still makes the model worse than healthy (empty: healthy)."""
@@ -493,8 +499,8 @@ def _degraded_reasons(served: _Served, speed: _Speed, *, measured: Mapping[str, 
                        "monitor cannot tell which, so both still count as serving"
                        for peer, why in sorted(disagreeing.items()) if peer in labels and peer not in excluded],
                       "servers that disagree with others")
-    reasons += _named(_slow_peers(served.serving, measured, labels), "slow servers")
-    slow_blocks = _slow_blocks(blocks, measured)
+    reasons += _named(_slow_peers(served.serving, measured, confirmed, labels), "slow servers")
+    slow_blocks = _slow_blocks(blocks, measured, confirmed)
     if slow_blocks:
         reasons.append(f"slow {_blocks_phrase(slow_blocks)}: even the fastest measured server there is at least "
                        f"{SLOW_FACTOR:g}× slower than the model's median block")
@@ -516,6 +522,7 @@ def diagnose(
     min_cache_tokens: int = 1024,
     recommend_blocks: Optional[int] = None,
     measured: Mapping[str, float] = {},
+    confirmed: Optional[AbstractSet[str]] = None,
     wrong: Mapping[str, str] = {},
     disagreeing: Mapping[str, str] = {},
     failing: Mapping[str, str] = {},
@@ -526,7 +533,8 @@ def diagnose(
 
     Rows of other models are ignored, so a whole ``Snapshot.servers`` may be passed. ``measured``:
     peer -> seconds per token per block the server probes measured (preferred to announcements);
-    ``wrong``: peer -> why its outputs are wrong; ``failing``: peer -> the error its own handler
+    ``confirmed``: the peers whose measurement rests on enough probes to call them slow
+    (``probes.confirmed_speeds``; None: every measured peer); ``wrong``: peer -> why its outputs are wrong; ``failing``: peer -> the error its own handler
     answered every recent probe with (neither counts as serving); ``disagreeing``: peer -> its
     disagreement with other servers of the same blocks that nobody outvotes (checked without the
     model's weights): a reason, each of them still serving. ``generation``: the model's newest
@@ -546,7 +554,9 @@ def diagnose(
     if missing:
         state, reasons = BROKEN, [_missing_reason(start, end, served, failing) for start, end in missing]
     else:
-        reasons = _degraded_reasons(served, speed, measured=measured, wrong=wrong, failing=failing,
+        reasons = _degraded_reasons(served, speed, measured=measured,
+                                    confirmed=set(measured) if confirmed is None else confirmed,
+                                    wrong=wrong, failing=failing,
                                     disagreeing=disagreeing, single=single, low_cache=low_cache,
                                     min_tokens_per_s=min_tokens_per_s, min_cache_tokens=min_cache_tokens)
         state = DEGRADED if reasons else HEALTHY

@@ -57,6 +57,7 @@ PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps, for
 # Measurements older than this many probe periods no longer count (the server may have changed).
 MAX_AGE_PERIODS = 4.0
 SPEED_SAMPLES = 3  # a server's measured speed is the median of its newest this many probes
+SLOW_CONFIRMATIONS = 2  # fresh probes a "slow" verdict rests on, at least: one noisy probe calls no server slow
 CONFIRM_AFTER = 0.5  # of a period: a probe that would change a server's verdict is confirmed this soon
 
 # Why a probe failed (``ServerProbe.error_kind``).
@@ -205,11 +206,23 @@ def recent_per_peer(probes: Iterable[ServerProbe], *, now: float, max_age: float
 
 def measured_speeds(probes: Iterable[ServerProbe], *, now: float, max_age: float,
                     model: Optional[str] = None) -> dict[str, float]:
-    """peer -> seconds per token per block (compute): the median of its newest ``SPEED_SAMPLES``
-    successful probes no older than ``max_age`` seconds (one noisy probe moves nothing, two slow
-    ones do). What ``coverage.diagnose`` takes as ``measured``."""
-    return {peer: statistics.median(p.seconds_per_token_per_block for p in kept)
+    """peer -> seconds per token per block (compute): the low median of its newest ``SPEED_SAMPLES``
+    successful probes no older than ``max_age`` seconds (of three, the middle one; of two, the
+    faster), so a speed twice ``SLOW_FACTOR`` away from the rest needs two probes that say so: one
+    noisy probe moves nothing, two slow ones do. What ``coverage.diagnose`` takes as ``measured``."""
+    return {peer: statistics.median_low(p.seconds_per_token_per_block for p in kept)
             for peer, kept in recent_per_peer(probes, now=now, max_age=max_age, model=model).items()}
+
+
+def confirmed_speeds(probes: Iterable[ServerProbe], *, now: float, max_age: float,
+                     model: Optional[str] = None) -> set[str]:
+    """The peers whose measured speed rests on at least ``SLOW_CONFIRMATIONS`` fresh probes: the only
+    ones a "slow" verdict is drawn for. A server's first probe alone (after the monitor starts, or
+    a new leader takes over) calls it slow nowhere; it is confirmed or overturned after
+    ``CONFIRM_AFTER`` of a period (``worth_confirming``). What ``coverage.diagnose`` takes as
+    ``confirmed``."""
+    return {peer for peer, kept in recent_per_peer(probes, now=now, max_age=max_age, model=model).items()
+            if len(kept) >= SLOW_CONFIRMATIONS}
 
 
 def wrong_outputs(probes: Iterable[ServerProbe], *, now: float, max_age: float,
@@ -297,13 +310,19 @@ class Slowness:
     announces: bool  # False: it announces nothing, ``announced`` is petals' default
     vs_announced: float
     vs_others: Optional[float]  # None: no other server measured
+    confirmed: bool = True  # False: one probe so far (``SLOW_CONFIRMATIONS``), a verdict not drawn yet
 
     @property
-    def slow(self) -> bool:
+    def beyond_factor(self) -> bool:
         """SLOW_FACTOR times what it announces, or the others' median (petals' default assumption
         is no announcement: a server that announces nothing is judged against the others only)."""
         return ((self.announces and self.vs_announced >= SLOW_FACTOR)
                 or (self.vs_others is not None and self.vs_others >= SLOW_FACTOR))
+
+    @property
+    def slow(self) -> bool:
+        """Beyond the factor on a confirmed measurement."""
+        return self.confirmed and self.beyond_factor
 
     def describe(self) -> str:
         """e.g. "measured 16.6 ms per token per block: 5.0× what it announces (3.33 ms), 4.6× the
@@ -313,17 +332,22 @@ class Slowness:
                 f"({self.announced * 1000:.3g} ms)")
         if self.vs_others is not None:
             text += f", {self.vs_others:.1f}× the median of the other servers"
+        if self.beyond_factor and not self.confirmed:
+            text += f" — one probe so far: called slow once {SLOW_CONFIRMATIONS} agree"
         return text
 
 
-def slowness(measured: Optional[float], announced_rps: Optional[float], others: Sequence[float]) -> Optional[Slowness]:
-    """None when the server was not measured; ``others``: the other servers' measured speeds."""
+def slowness(measured: Optional[float], announced_rps: Optional[float], others: Sequence[float], *,
+             confirmed: bool = True) -> Optional[Slowness]:
+    """None when the server was not measured; ``others``: the other servers' measured speeds;
+    ``confirmed``: whether ``measured`` rests on ``SLOW_CONFIRMATIONS`` probes (``confirmed_speeds``)."""
     if not measured or measured <= 0:
         return None
     announced = announced_seconds_per_block(announced_rps)
     reference = median_or_none(others)
     return Slowness(measured=measured, announced=announced, announces=bool(announced_rps and announced_rps > 0),
-                    vs_announced=measured / announced, vs_others=measured / reference if reference else None)
+                    vs_announced=measured / announced, vs_others=measured / reference if reference else None,
+                    confirmed=confirmed)
 
 
 def median_or_none(values: Sequence[float]) -> Optional[float]:
@@ -355,16 +379,17 @@ def worth_confirming(speed: Optional[float], before: Optional[float], announced_
     what it announces and the ``others``' median) from what its measured speed so far (``before``;
     None: never measured) says, or it departs from that speed ``SLOW_FACTOR``-fold either way.
 
-    A server's measured speed is the median of its newest ``SPEED_SAMPLES`` probes, so one such
-    probe changes nothing and the second decides: probed at the period, a server throttled just
+    A server's measured speed is the low median of its newest ``SPEED_SAMPLES`` probes, and a
+    "slow" verdict needs ``SLOW_CONFIRMATIONS`` of them, so one such probe changes nothing and the
+    second decides (a first probe too: it alone calls no server slow): probed at the period, a server throttled just
     after a probe would be named slow only after two periods *plus* the second probe's own time;
     confirmed within half a period, within two periods."""
     if speed is None or speed <= 0:
         return False
     alone = slowness(speed, announced_rps, others)
     if before is None or before <= 0:
-        return alone.slow
-    if alone.slow != slowness(before, announced_rps, others).slow:
+        return alone.beyond_factor
+    if alone.beyond_factor != slowness(before, announced_rps, others).beyond_factor:
         return True
     return max(speed / before, before / speed) >= SLOW_FACTOR
 
@@ -377,8 +402,8 @@ class MeasuredServer:
     """One server of one model as the pages show it: measured vs announced speed, latest verdict."""
 
     peer_id: str
-    measured: Optional[float]  # seconds per token per block (median of the newest probes), None: not measured
-    slowness: Optional[Slowness]
+    measured: Optional[float]  # seconds per token per block (``measured_speeds``), None: not measured
+    slowness: Optional[Slowness]  # its ``confirmed``: the measurement rests on ``SLOW_CONFIRMATIONS`` probes
     verdict: Optional[ServerProbe]  # the newest probe that was checked for correctness
     last: Optional[ServerProbe]  # the newest probe, ok or not
     probes: int  # fresh probes counted
@@ -402,6 +427,7 @@ def server_views(probes: Sequence[ServerProbe], announced_rps: Mapping[str, Opti
     """peer -> what the monitor measured of it for ``model`` (``announced_rps``: peer -> the
     inference_rps it announces, for every server of the model)."""
     speeds = measured_speeds(probes, now=now, max_age=max_age, model=model)
+    confirmed = confirmed_speeds(probes, now=now, max_age=max_age, model=model)
     fresh = [p for p in probes if p.model == model and p.at >= now - max_age]
     newest = latest_per_peer(fresh)
     checked = latest_per_peer([p for p in fresh if p.verdict is not None])
@@ -410,7 +436,8 @@ def server_views(probes: Sequence[ServerProbe], announced_rps: Mapping[str, Opti
     for peer, rps in announced_rps.items():
         others = [seconds for other, seconds in speeds.items() if other != peer]
         views[peer] = MeasuredServer(
-            peer_id=peer, measured=speeds.get(peer), slowness=slowness(speeds.get(peer), rps, others),
+            peer_id=peer, measured=speeds.get(peer),
+            slowness=slowness(speeds.get(peer), rps, others, confirmed=peer in confirmed),
             verdict=checked.get(peer), last=newest.get(peer), probes=sum(1 for p in fresh if p.peer_id == peer),
             failing=failing.get(peer),
         )
@@ -426,6 +453,9 @@ class RecentProbes:
 
     def speeds(self, model: Optional[str] = None) -> dict[str, float]:
         return measured_speeds(self.probes, now=self.now, max_age=self.max_age, model=model)
+
+    def confirmed(self, model: Optional[str] = None) -> set[str]:
+        return confirmed_speeds(self.probes, now=self.now, max_age=self.max_age, model=model)
 
     def round_trip_speeds(self, model: Optional[str] = None) -> dict[str, float]:
         """peer -> the median of its newest probes' one-token steps per block, round trip included
