@@ -36,7 +36,7 @@ from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, ensure_tiny_model
 from monitor.store import Store
 from monitor.harness.fork_server import FORK_SERVER
-from support import SESSION_SPECS, populate, swarm_processes, wait_until, web_settings
+from support import SESSION_SPECS, STEADY_UPDATE_PERIOD, populate, swarm_processes, wait_until, web_settings
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -155,7 +155,7 @@ def tiny_model(data_dir) -> Path:
 def swarm(tiny_model) -> LocalSwarm:
     """The shared swarm (``SESSION_SPECS``): never kill or stop its servers (use ``make_swarm``);
     throttling, corrupting or failing one is fine if the spec undoes it."""
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as s:
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as s:
         s.start(SESSION_SPECS)
         yield s
 

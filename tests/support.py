@@ -10,7 +10,7 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
 - serving: ``serve`` (a WSGI app on a real threaded server), ``read_sse``, ``close_ws`` (a
   WebSocket the server may have closed first), the chat's ``MESSAGES``;
 - the demo: ``start_demo``, ``dashboard_url``;
-- the swarm's layout: ``SESSION_SPECS``;
+- the swarm's layout: ``SESSION_SPECS``, ``STEADY_UPDATE_PERIOD``;
 - a populated store: ``populate`` (three polls, probes, chat outcomes and scores written through
   the poller's own path), ``web_settings``, ``PEERS``, ``TINY``, ``peer``, and the HTML helpers
   ``elements`` and ``text_of``;
@@ -212,6 +212,13 @@ def stop_process(process: subprocess.Popen, output: list[str], *, signum: int, t
 
 
 # ---- the swarm's layout ------------------------------------------------------------------------
+
+# How often the servers of a swarm re-announce themselves (petals' ``update_period``) when no spec
+# stops or kills one of them, so no record has to expire soon: every 5 s (``make_swarm``'s, where
+# servers die) costs an idle swarm's processes 6× the CPU (1.2 against 0.2 CPU-s per 20 s for
+# three servers), which every spec running beside it on the 2 cores pays for (BENCHMARKS.md,
+# "Test suite"). A server still announces itself at once when it starts and when it stops.
+STEADY_UPDATE_PERIOD = 60.0
 
 
 # The session swarm's servers (conftest's ``swarm``): two disjoint halves and one full server.

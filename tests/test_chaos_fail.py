@@ -20,7 +20,7 @@ from monitor.harness.server_process import FAIL_MESSAGE
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.swarm import check_servers
 from monitor.swarm.speed import ProbeLoop, SpanTarget
-from support import polled_prober, sqlite_store, tiny_settings
+from support import STEADY_UPDATE_PERIOD, polled_prober, sqlite_store, tiny_settings
 
 SPECS = (ServerSpec("steady", 0, TINY_NUM_BLOCKS, throughput=100.0),
          ServerSpec("flaky", 0, TINY_NUM_BLOCKS, throughput=100.0))
@@ -30,7 +30,7 @@ SPECS = (ServerSpec("steady", 0, TINY_NUM_BLOCKS, throughput=100.0),
 def chaos(tiny_model, tmp_path_factory):
     """(swarm, prober, store): the poller has scraped once; rounds are run by the specs."""
     data_dir = tmp_path_factory.mktemp("chaos-fail")
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as swarm:
         swarm.start(SPECS)
         settings = tiny_settings(swarm, data_dir, tiny_model, speed_probe_period=2.0, speed_probe_max_share=0.5,
                                  speed_probe_timeout=10)

@@ -26,6 +26,7 @@ from monitor.harness.demo_model import (
     permute,
     unpermute,
 )
+from support import STEADY_UPDATE_PERIOD
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +148,15 @@ def test_the_model_knows_the_capital_of_france(local_model, tokenizer):
     assert "Paris" in answer, answer
 
 
-def test_a_model_that_fails_the_sanity_check_is_not_cached(monkeypatch, tmp_path):
+def test_a_model_that_fails_the_sanity_check_is_not_cached(demo, monkeypatch, tmp_path):
+    """The build's checkpoint is the cached one's files (the conversion itself is what the specs
+    above check, and costs ~10 s more); its sanity check runs for real, and its answer, "Paris",
+    does not mention the answer this spec expects."""
+    import shutil
+
     monkeypatch.setattr(demo_model, "SANITY_ANSWER", "Berlin")
+    monkeypatch.setattr(demo_model, "_build", lambda source, out, *, progress: shutil.copytree(
+        demo, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("READY")))
     with pytest.raises(DemoModelError, match="mention Berlin"):
         ensure_demo_model(tmp_path, progress=False)
     models = tmp_path / "models"
@@ -161,7 +169,7 @@ def test_greedy_tokens_through_a_two_server_swarm_equal_local_transformers(demo,
     from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
     half = DEMO_NUM_BLOCKS // 2
-    with LocalSwarm(demo, DEMO_DHT_PREFIX, update_period=5) as swarm:
+    with LocalSwarm(demo, DEMO_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as swarm:
         swarm.start([ServerSpec("first", 0, half), ServerSpec("second", half, DEMO_NUM_BLOCKS)])
         remote = load_remote_model(demo, swarm.dht)
         question = "Describe the Eiffel Tower in two sentences."  # longer than 10 tokens

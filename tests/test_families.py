@@ -44,7 +44,7 @@ from monitor.settings import ModelConfig, Settings
 from monitor.store import Store
 from monitor.swarm.correctness import ReferenceModel, relative_error
 from monitor.swarm.speed import ProbeLoop, SpanTarget
-from support import serve, wait_until
+from support import STEADY_UPDATE_PERIOD, serve, wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -71,7 +71,7 @@ def family(request, data_dir, tmp_path_factory) -> FamilySwarm:
     model = tiny_model(data_dir, request.param)
     work = tmp_path_factory.mktemp(f"family-{model.family}")
     started = time.monotonic()
-    with LocalSwarm(model.path, model.dht_prefix, update_period=5) as swarm:
+    with LocalSwarm(model.path, model.dht_prefix, update_period=STEADY_UPDATE_PERIOD) as swarm:
         swarm.start(SPECS)
         STARTED[model.family] = time.monotonic() - started
         print(f"\n{model.family}: swarm of {len(SPECS)} servers started in {STARTED[model.family]:.1f} s")

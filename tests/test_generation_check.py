@@ -33,7 +33,7 @@ from monitor.harness.server_process import FAIL_MESSAGE
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.settings import ModelConfig, SettingsError, load_settings
 from monitor.store import Store
-from support import sqlite_store, tiny_settings
+from support import STEADY_UPDATE_PERIOD, sqlite_store, tiny_settings
 
 HALF = TINY_NUM_BLOCKS // 2
 SPECS = (ServerSpec("first", 0, HALF, throughput=50.0), ServerSpec("second", HALF, TINY_NUM_BLOCKS, throughput=50.0),
@@ -115,7 +115,7 @@ def test_checks_are_pruned_with_the_raw_rows(tmp_path):
 def checked(tiny_model, tmp_path_factory):
     """(swarm, engine, store, settings): the chat's engine records its users' outcomes in the store."""
     data_dir = tmp_path_factory.mktemp("generation-check")
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as swarm:
         swarm.start(SPECS)
         settings = tiny_settings(swarm, data_dir, tiny_model, generation_check_tokens=TOKENS,
                                  generation_check_period=3600)

@@ -19,7 +19,7 @@ from monitor.harness.local_swarm import ServerSpec
 from monitor.harness.server_process import FAIL_MESSAGE
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.settings import Settings
-from support import wait_until
+from support import STEADY_UPDATE_PERIOD, wait_until
 
 HALF = TINY_NUM_BLOCKS // 2
 SPECS = (ServerSpec("server-1", 0, TINY_NUM_BLOCKS, throughput=100.0, public_name="server-1"),
@@ -34,7 +34,7 @@ def service(tiny_model, tmp_path_factory):
     from monitor.harness.local_swarm import LocalSwarm
 
     data_dir = tmp_path_factory.mktemp("ground-truth")
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as swarm:
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as swarm:
         swarm.start(SPECS)
         settings = Settings(
             data_dir=data_dir, initial_peers=swarm.initial_peers, discover_models=False,

@@ -88,9 +88,9 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
                 "\n".join(p.log()[-3000:] for p in started)
             [first] = [p for p in started if p.pid == leader_pid(store)]
             standbys = [p for p in started if p is not first]
-            for standby in standbys:
-                assert wait_until(lambda: seen_as_standby(store, standby) or not standby.alive(), START), \
-                    standby.log()[-3000:]
+            for standby in standbys:  # (its role line is printed once its start returned: after its row)
+                assert wait_until(lambda: seen_as_standby(store, standby) and "Standing by: poller" in standby.log()
+                                  or not standby.alive(), START), standby.log()[-3000:]
                 assert "Standing by: poller" in standby.log()
             assert leader_pid(store) == first.pid
             assert len(beat.received) >= 1 and all(r.path == "/ping/abc" for r in beat.received)

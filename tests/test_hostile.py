@@ -32,7 +32,7 @@ from monitor.swarm.scrape import _rows_for_model  # the scrape's own spans (peta
 from monitor.swarm.announce import MAX_CACHE_TOKENS, MAX_RPS, MAX_TEXT_CHARS, InvalidRecord, parse_server_record
 from monitor.web import create_app
 from monitor.web.metrics import MAX_LABEL_CHARS, MAX_VERSION_LABELS
-from support import STORE_KINDS, migrated_store
+from support import STEADY_UPDATE_PERIOD, STORE_KINDS, migrated_store
 
 N = TINY_NUM_BLOCKS
 TINY = ModelInfo(TINY_DHT_PREFIX, N, official=True)
@@ -44,7 +44,7 @@ INT64_MAX = 2**63 - 1
 @pytest.fixture(scope="module")
 def hostile_swarm(tiny_model):
     """Two honest servers, and a made-up peer's hostile records on every block (``.hostile``)."""
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as s:
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as s:
         s.start(HONEST)
         s.hostile = announce_hostile(s.dht, TINY_DHT_PREFIX, N, rng=random.Random(11))
         yield s

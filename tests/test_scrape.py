@@ -29,6 +29,7 @@ from monitor.swarm.announce import MAX_CACHE_TOKENS, MAX_RPS, MAX_RTT
 from monitor.swarm.scrape import MAX_SERVERS_PER_BLOCK, MAX_SERVERS_PER_MODEL, MODEL_INDEX_KEY
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from petals.data_structures import ServerInfo, ServerState
+from support import STEADY_UPDATE_PERIOD
 
 TINY = ModelInfo(TINY_DHT_PREFIX, TINY_NUM_BLOCKS, official=True)
 HALF = TINY_NUM_BLOCKS // 2
@@ -101,7 +102,7 @@ def test_a_model_configured_without_num_blocks_takes_it_from_the_model_index(swa
 @pytest.fixture(scope="module")
 def scratch_swarm(tiny_model):
     """A private swarm this module may write garbage into (the session swarm stays clean)."""
-    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=5) as s:
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as s:
         s.start([ServerSpec("honest", 0, TINY_NUM_BLOCKS, throughput=42.0, public_name="honest")])
         yield s
 

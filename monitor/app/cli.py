@@ -274,9 +274,9 @@ def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers
         _run_service(settings)
         return
 
-    from monitor.harness.demo_swarm import (DEMO_GENERATION_CHECK_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE,
-                                            DEMO_SPEED_PROBE_PERIOD, DemoControls, demo_expect, demo_layout,
-                                            prepare_model)
+    from monitor.harness.demo_swarm import (DEMO_GENERATION_CHECK_PERIOD, DEMO_ROUND_PERIOD,
+                                            DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD, DemoControls,
+                                            demo_expect, demo_layout, prepare_model)
     from monitor.harness.local_swarm import LocalSwarm, SwarmError
 
     if not tiny:
@@ -305,9 +305,9 @@ def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers
             "initial_peers": swarm.initial_peers,
             "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name,
                                    expect=demo_expect(tiny, settings.generation_check_prompt))],
-            "scrape_period": min(settings.scrape_period, 10.0),
-            "reachability_period": min(settings.reachability_period, 10.0),
-            "score_period": min(settings.score_period, 10.0),
+            "scrape_period": min(settings.scrape_period, DEMO_ROUND_PERIOD),
+            "reachability_period": min(settings.reachability_period, DEMO_ROUND_PERIOD),
+            "score_period": min(settings.score_period, DEMO_ROUND_PERIOD),
             # the demo's servers are ours: measure them often (a throttled one named slow within
             # two periods, see demo_swarm), up to 40 % of their time
             "speed_probe_period": min(settings.speed_probe_period, DEMO_SPEED_PROBE_PERIOD),

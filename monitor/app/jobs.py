@@ -435,6 +435,11 @@ class Poller:
             if checker is not None:  # its thread, and an engine of its own
                 checker.close()
 
+    def poll_soon(self) -> None:
+        """Poll the DHT now rather than at the next scrape period (the demo, after a chaos control
+        stopped or started a server); a poller that does not lead polls nothing either way."""
+        self._run_soon("scrape")
+
     def _run_soon(self, *jobs: str) -> None:
         """Run these jobs now (a poller that just became leader, or whose DHT client just came up)."""
         scheduler = self._scheduler

@@ -62,6 +62,8 @@ class Service:
                                  leadership=for_settings(self.store, self.settings))
             self.poller.chat_engine = self.engine  # the generation checks generate through the chat's own engine
             self.poller.start()
+            if self.demo_controls is not None:  # a chaos control's stop or start is polled at once
+                self.demo_controls.on_change = self.poller.poll_soon
         self.app = self._make_app()
         return self
 

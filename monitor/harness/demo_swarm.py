@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
+# The demo polls, checks reachability and scores at least every 10 s (a chaos control's stop or
+# start is polled at once besides: ``DemoControls.on_change``).
+DEMO_ROUND_PERIOD = 10.0
 # The demo's servers are ours: they are measured often. A throttled one (the panel stops its
 # compute 80 % of the time) is named slow after two slow probes (a server's measured speed is the
-# median of its newest three); throttled just after a probe, its first slow probe comes a period
+# low median of its newest three); throttled just after a probe, its first slow probe comes a period
 # later, so the second must come within about half a period for it to be named slow within two
 # (the confirmation, ``core.probes.worth_confirming``). The share bound lets it come d / share
 # after the first, where d is the time its steps took: 4–5 s on all 30 blocks, throttled, on the
@@ -76,8 +79,15 @@ class DemoControls:
 
     ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt", "fail", "unfail")
 
-    def __init__(self, swarm: LocalSwarm):
+    def __init__(self, swarm: LocalSwarm, on_change: Optional[Callable[[], None]] = None):
         self.swarm = swarm
+        # called once a server stopped or started: the service polls the DHT at once, so the
+        # dashboard shows what the click did within seconds, not up to a scrape period later
+        self.on_change = on_change
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def servers(self) -> list[dict]:
         return self.swarm.describe()
@@ -89,11 +99,13 @@ class DemoControls:
     def stop(self, name: str) -> None:
         self._known(name)
         self.swarm.stop(name)
+        self._changed()
 
     def start(self, name: str) -> None:
         self._known(name)
         if not self.swarm.servers[name].alive():
             self.swarm.restart(name)
+            self._changed()
 
     def throttle(self, name: str) -> None:
         self._known(name)

@@ -123,6 +123,20 @@ class LocalSwarm:
             raise SwarmError("the bootstrap peer is not running; call start_bootstrap() first")
         return [a for a in self.bootstrap.info["maddrs"] if f"/ip4/{LOOPBACK_HOST}/" in a]
 
+    def future_initial_peers(self) -> list[str]:
+        """The bootstrap peer's multiaddr before it runs (a fixed ``bootstrap_port`` needed): its
+        identity is made now, as hivemind makes one, and ``start_bootstrap`` later starts it with
+        that identity on that port. For a monitor started while its swarm is down."""
+        from hivemind.p2p import P2P, PeerID
+
+        if not self.bootstrap_port:
+            raise SwarmError("a bootstrap peer's address is known before it runs only on a fixed bootstrap_port")
+        identity = self.workdir / "bootstrap.id"
+        if not identity.exists():
+            P2P.generate_identity(str(identity))
+        peer_id = PeerID.from_identity(identity.read_bytes())
+        return [f"/ip4/{LOOPBACK_HOST}/tcp/{self.bootstrap_port}/p2p/{peer_id.to_base58()}"]
+
     def start(self, specs: Sequence[ServerSpec]) -> "LocalSwarm":
         """Start the bootstrap peer and the servers (in parallel), and wait until all are ONLINE."""
         self.start_bootstrap()
