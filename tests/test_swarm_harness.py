@@ -52,6 +52,30 @@ def test_every_p2pd_we_started_has_nat_traversal_and_relays_off(swarm):
         assert listen and all("/ip4/127.0.0.1/" in a for a in listen), args
 
 
+def test_a_server_checks_another_peers_reachability_for_whoever_asks_as_petals_servers_do(swarm):
+    """petals' reachability service (``rpc_check``) runs on every server; its probe daemon starts
+    when first asked (``server_process._ProbeOnFirstUse``), not with the server."""
+    import asyncio
+
+    from hivemind.p2p import PeerID
+    from petals.server.reachability import ReachabilityProtocol
+
+    import psutil
+
+    asker, other = (PeerID.from_base58(swarm.peer_id(name)) for name in ("first-half", "second-half"))
+    server = psutil.Process(swarm.pid("first-half"))
+    daemons = lambda: sum("p2pd" in p.name() for p in server.children(recursive=True))  # noqa: E731
+
+    async def ask() -> tuple:
+        protocol = ReachabilityProtocol(probe=await swarm.dht.replicate_p2p())
+        return (await protocol.call_check(asker, check_peer=other),  # first-half dials second-half
+                await protocol.call_check(asker, check_peer=asker))  # it answers for itself
+
+    assert daemons() == 1  # its DHT's (no spec of the session asks first-half before this one)
+    assert asyncio.run(ask()) == (True, True)
+    assert daemons() == 2  # and now its probe's
+
+
 def test_a_killed_server_disappears_from_the_dht_and_a_restart_brings_it_back(make_swarm):
     # announced every 2 s, a record expires 4 s after the last (petals: twice the update period)
     s = make_swarm([ServerSpec("a", 0, HALF), ServerSpec("b", 0, TINY_NUM_BLOCKS)], update_period=2)

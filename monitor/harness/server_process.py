@@ -48,6 +48,54 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+class _ProbeOnFirstUse:
+    """What petals' ReachabilityProtocol gets for its *probe* (a second P2P daemon, from which it
+    dials a peer that asks to be checked) until somebody asks: then the daemon is created, as
+    petals creates it, and used. petals starts it with every server and bootstrap peer; on
+    loopback nobody asks (servers ask when they join a public swarm, and the harness's skip that),
+    and a daemon costs ~0.6 CPU-s to start: half the daemons of a spec swarm (BENCHMARKS.md,
+    "Test suite"). The service itself (``rpc_check``) is attached and answers as petals' does."""
+
+    def __init__(self, create, args, kwargs):
+        self._create, self._args, self._kwargs = create, args, kwargs
+        self._p2p = None
+        self._lock = None
+
+    async def _started(self):
+        import asyncio
+
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._p2p is None:
+                self._p2p = await self._create(*self._args, **self._kwargs)
+        return self._p2p
+
+    async def call_protobuf_handler(self, *args, **kwargs):
+        return await (await self._started()).call_protobuf_handler(*args, **kwargs)
+
+    async def iterate_protobuf_handler(self, *args, **kwargs):
+        return await (await self._started()).iterate_protobuf_handler(*args, **kwargs)
+
+    async def shutdown(self) -> None:
+        if self._p2p is not None:
+            await self._p2p.shutdown()
+
+
+def _reachability_probe_on_first_use() -> None:
+    """petals' reachability module creates nothing but the probe with ``P2P.create``: it gets a
+    ``_ProbeOnFirstUse`` in its place (in this process only)."""
+    from hivemind.p2p import P2P
+    from petals.server import reachability
+
+    class _LazyProbeP2P:
+        @staticmethod
+        async def create(*args, **kwargs):
+            return _ProbeOnFirstUse(P2P.create, args, kwargs)
+
+    reachability.P2P = _LazyProbeP2P
+
+
 def run_bootstrap(args) -> None:
     import hivemind
     from petals.cli.run_dht import report_status
@@ -60,6 +108,7 @@ def run_bootstrap(args) -> None:
         identity_path=args.identity_path,
         **NO_NAT_TRAVERSAL,
     )
+    _reachability_probe_on_first_use()
     protocol = ReachabilityProtocol.attach_to_dht(dht, await_ready=True)
     _write_ready(
         args.ready_file,
@@ -120,6 +169,7 @@ def _fail_steps_when_flagged(flag: str) -> None:
 def run_server(args) -> None:
     from petals.server.server import Server
 
+    _reachability_probe_on_first_use()
     if args.corrupt_flag:
         _corrupt_outputs_when_flagged(args.corrupt_flag)
     if args.fail_flag:
