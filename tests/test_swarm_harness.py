@@ -57,7 +57,8 @@ def test_a_server_checks_another_peers_reachability_for_whoever_asks_as_petals_s
     when first asked (``server_process._ProbeOnFirstUse``), not with the server."""
     import asyncio
 
-    from hivemind.p2p import PeerID
+    from hivemind import DHT
+    from hivemind.p2p import P2P, PeerID
     from petals.server.reachability import ReachabilityProtocol
 
     import psutil
@@ -66,10 +67,16 @@ def test_a_server_checks_another_peers_reachability_for_whoever_asks_as_petals_s
     server = psutil.Process(swarm.pid("first-half"))
     daemons = lambda: sum("p2pd" in p.name() for p in server.children(recursive=True))  # noqa: E731
 
-    async def ask() -> tuple:
-        protocol = ReachabilityProtocol(probe=await swarm.dht.replicate_p2p())
-        return (await protocol.call_check(asker, check_peer=other),  # first-half dials second-half
-                await protocol.call_check(asker, check_peer=asker))  # it answers for itself
+    address = swarm.dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr)
+
+    async def ask() -> tuple:  # (a replica of our own, in this event loop: the DHT's cached one may be another's)
+        p2p = await P2P.replicate(address)
+        try:
+            protocol = ReachabilityProtocol(probe=p2p)
+            return (await protocol.call_check(asker, check_peer=other),  # first-half dials second-half
+                    await protocol.call_check(asker, check_peer=asker))  # it answers for itself
+        finally:
+            await p2p.shutdown()
 
     assert daemons() == 1  # its DHT's (no spec of the session asks first-half before this one)
     assert asyncio.run(ask()) == (True, True)
