@@ -534,8 +534,9 @@ def diagnose(
     Rows of other models are ignored, so a whole ``Snapshot.servers`` may be passed. ``measured``:
     peer -> seconds per token per block the server probes measured (preferred to announcements);
     ``confirmed``: the peers whose measurement rests on enough probes to call them slow
-    (``probes.confirmed_speeds``; None: every measured peer); ``wrong``: peer -> why its outputs are wrong; ``failing``: peer -> the error its own handler
-    answered every recent probe with (neither counts as serving); ``disagreeing``: peer -> its
+    (``probes.confirmed_peers``; None: every measured peer); ``wrong``: peer -> why its outputs
+    are wrong; ``failing``: peer -> the error its own handler answered every recent probe with
+    (neither counts as serving); ``disagreeing``: peer -> its
     disagreement with other servers of the same blocks that nobody outvotes (checked without the
     model's weights): a reason, each of them still serving. ``generation``: the model's newest
     generation check, if it is current: a failed one makes the model broken with its error,

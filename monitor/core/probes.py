@@ -208,13 +208,13 @@ def measured_speeds(probes: Iterable[ServerProbe], *, now: float, max_age: float
                     model: Optional[str] = None) -> dict[str, float]:
     """peer -> seconds per token per block (compute): the low median of its newest ``SPEED_SAMPLES``
     successful probes no older than ``max_age`` seconds (of three, the middle one; of two, the
-    faster), so a speed twice ``SLOW_FACTOR`` away from the rest needs two probes that say so: one
-    noisy probe moves nothing, two slow ones do. What ``coverage.diagnose`` takes as ``measured``."""
+    faster), so a speed far from the rest counts only once two probes say so: one noisy probe
+    moves nothing, two slow ones do. What ``coverage.diagnose`` takes as ``measured``."""
     return {peer: statistics.median_low(p.seconds_per_token_per_block for p in kept)
             for peer, kept in recent_per_peer(probes, now=now, max_age=max_age, model=model).items()}
 
 
-def confirmed_speeds(probes: Iterable[ServerProbe], *, now: float, max_age: float,
+def confirmed_peers(probes: Iterable[ServerProbe], *, now: float, max_age: float,
                      model: Optional[str] = None) -> set[str]:
     """The peers whose measured speed rests on at least ``SLOW_CONFIRMATIONS`` fresh probes: the only
     ones a "slow" verdict is drawn for. A server's first probe alone (after the monitor starts, or
@@ -340,7 +340,7 @@ class Slowness:
 def slowness(measured: Optional[float], announced_rps: Optional[float], others: Sequence[float], *,
              confirmed: bool = True) -> Optional[Slowness]:
     """None when the server was not measured; ``others``: the other servers' measured speeds;
-    ``confirmed``: whether ``measured`` rests on ``SLOW_CONFIRMATIONS`` probes (``confirmed_speeds``)."""
+    ``confirmed``: whether ``measured`` rests on ``SLOW_CONFIRMATIONS`` probes (``confirmed_peers``)."""
     if not measured or measured <= 0:
         return None
     announced = announced_seconds_per_block(announced_rps)
@@ -427,7 +427,7 @@ def server_views(probes: Sequence[ServerProbe], announced_rps: Mapping[str, Opti
     """peer -> what the monitor measured of it for ``model`` (``announced_rps``: peer -> the
     inference_rps it announces, for every server of the model)."""
     speeds = measured_speeds(probes, now=now, max_age=max_age, model=model)
-    confirmed = confirmed_speeds(probes, now=now, max_age=max_age, model=model)
+    confirmed = confirmed_peers(probes, now=now, max_age=max_age, model=model)
     fresh = [p for p in probes if p.model == model and p.at >= now - max_age]
     newest = latest_per_peer(fresh)
     checked = latest_per_peer([p for p in fresh if p.verdict is not None])
@@ -455,7 +455,7 @@ class RecentProbes:
         return measured_speeds(self.probes, now=self.now, max_age=self.max_age, model=model)
 
     def confirmed(self, model: Optional[str] = None) -> set[str]:
-        return confirmed_speeds(self.probes, now=self.now, max_age=self.max_age, model=model)
+        return confirmed_peers(self.probes, now=self.now, max_age=self.max_age, model=model)
 
     def round_trip_speeds(self, model: Optional[str] = None) -> dict[str, float]:
         """peer -> the median of its newest probes' one-token steps per block, round trip included
