@@ -56,7 +56,7 @@ SLOW_FACTOR = 3.0
 PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps, for servers that announce none
 # Measurements older than this many probe periods no longer count (the server may have changed).
 MAX_AGE_PERIODS = 4.0
-SPEED_SAMPLES = 3  # a server's measured speed is the median of its newest this many probes
+SPEED_SAMPLES = 3  # a server's measured speed is the low median of its newest this many probes
 SLOW_CONFIRMATIONS = 2  # fresh probes a "slow" verdict rests on, at least: one noisy probe calls no server slow
 CONFIRM_AFTER = 0.5  # of a period: a probe that would change a server's verdict is confirmed this soon
 
@@ -215,7 +215,7 @@ def measured_speeds(probes: Iterable[ServerProbe], *, now: float, max_age: float
 
 
 def confirmed_peers(probes: Iterable[ServerProbe], *, now: float, max_age: float,
-                     model: Optional[str] = None) -> set[str]:
+                    model: Optional[str] = None) -> set[str]:
     """The peers whose measured speed rests on at least ``SLOW_CONFIRMATIONS`` fresh probes: the only
     ones a "slow" verdict is drawn for. A server's first probe alone (after the monitor starts, or
     a new leader takes over) calls it slow nowhere; it is confirmed or overturned after
@@ -381,9 +381,9 @@ def worth_confirming(speed: Optional[float], before: Optional[float], announced_
 
     A server's measured speed is the low median of its newest ``SPEED_SAMPLES`` probes, and a
     "slow" verdict needs ``SLOW_CONFIRMATIONS`` of them, so one such probe changes nothing and the
-    second decides (a first probe too: it alone calls no server slow): probed at the period, a server throttled just
-    after a probe would be named slow only after two periods *plus* the second probe's own time;
-    confirmed within half a period, within two periods."""
+    second decides (a first probe too: it alone calls no server slow): probed at the period, a
+    server throttled just after a probe would be named slow only after two periods *plus* the
+    second probe's own time; confirmed within half a period, within two periods."""
     if speed is None or speed <= 0:
         return False
     alone = slowness(speed, announced_rps, others)

@@ -79,11 +79,11 @@ class DemoControls:
 
     ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt", "fail", "unfail")
 
-    def __init__(self, swarm: LocalSwarm, on_change: Optional[Callable[[], None]] = None):
+    def __init__(self, swarm: LocalSwarm):
         self.swarm = swarm
-        # called once a server stopped or started: the service polls the DHT at once, so the
-        # dashboard shows what the click did within seconds, not up to a scrape period later
-        self.on_change = on_change
+        # called once a server stopped or started (set by the service, which polls the DHT then),
+        # so the dashboard shows what the click did within seconds, not up to a scrape period later
+        self.on_change: Optional[Callable[[], None]] = None
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -57,15 +57,13 @@ class _ProbeOnFirstUse:
     "Test suite"). The service itself (``rpc_check``) is attached and answers as petals' does."""
 
     def __init__(self, create, args, kwargs):
-        self._create, self._args, self._kwargs = create, args, kwargs
-        self._p2p = None
-        self._lock = None
-
-    async def _started(self):
         import asyncio
 
-        if self._lock is None:
-            self._lock = asyncio.Lock()
+        self._create, self._args, self._kwargs = create, args, kwargs
+        self._p2p = None
+        self._lock = asyncio.Lock()  # (it binds to the event loop that first awaits it)
+
+    async def _started(self):
         async with self._lock:
             if self._p2p is None:
                 self._p2p = await self._create(*self._args, **self._kwargs)
