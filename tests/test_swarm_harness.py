@@ -54,7 +54,8 @@ def test_every_p2pd_we_started_has_nat_traversal_and_relays_off(swarm):
 
 def test_a_server_checks_another_peers_reachability_for_whoever_asks_as_petals_servers_do(swarm):
     """petals' reachability service (``rpc_check``) runs on every server; its probe daemon starts
-    when first asked (``server_process._ProbeOnFirstUse``), not with the server."""
+    when first asked (``server_process._ProbeOnFirstUse``), not with the server. A peer that asks
+    it to check a made-up peer id (3,000 bytes of garbage) is told "not reachable" at once."""
     import asyncio
 
     from hivemind import DHT
@@ -74,12 +75,15 @@ def test_a_server_checks_another_peers_reachability_for_whoever_asks_as_petals_s
         try:
             protocol = ReachabilityProtocol(probe=p2p)
             return (await protocol.call_check(asker, check_peer=other),  # first-half dials second-half
-                    await protocol.call_check(asker, check_peer=asker))  # it answers for itself
+                    await protocol.call_check(asker, check_peer=asker),  # it answers for itself
+                    await protocol.call_check(asker, check_peer=PeerID(b"\xff" * 3000)))  # garbage: not reachable
         finally:
             await p2p.shutdown()
 
     assert daemons() == 1  # its DHT's (no spec of the session asks first-half before this one)
-    assert asyncio.run(ask()) == (True, True)
+    started = time.monotonic()
+    assert asyncio.run(ask()) == (True, True, False)
+    assert time.monotonic() - started < 10  # the garbage peer is refused, not waited for
     assert daemons() == 2  # and now its probe's
 
 
