@@ -2,10 +2,11 @@
 the web's populated store; the markers that say which of these a spec needs.
 
 The session swarm serves the tiny Llama with two disjoint servers and one full server
-(``support.SESSION_SPECS``); specs that kill or restart servers get their own swarm from
-``make_swarm``. Specs may throttle, corrupt or fail a server of the session swarm if they undo it:
-after each spec that used it, the swarm is checked to be as it was (and put back if not, failing
-that spec). After the session, no server or p2pd process we started may be left running.
+(``support.SESSION_SPECS``, the demo's layout). Specs may throttle, corrupt, fail, stop or kill a
+server of it if they undo it (``restart`` waits until the server is ONLINE again, under the same
+peer id, whose record then replaces the one it left): after each spec that used it, the swarm is
+checked to be as it was (and put back if not, failing that spec). Specs whose swarm must be laid
+out otherwise, or whose killed servers' records must expire, get their own from ``make_swarm``. After the session, no server or p2pd process we started may be left running.
 
 Markers, set here from the fixtures a spec uses (so a new spec file is marked without a word):
 ``swarm`` (a real petals swarm: ``swarm``, ``make_swarm`` or ``tiny_model``; specs that start one
@@ -153,8 +154,8 @@ def tiny_model(data_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def swarm(tiny_model) -> LocalSwarm:
-    """The shared swarm (``SESSION_SPECS``): never kill or stop its servers (use ``make_swarm``);
-    throttling, corrupting or failing one is fine if the spec undoes it."""
+    """The shared swarm (``SESSION_SPECS``): a spec that throttles, corrupts, fails, stops or kills
+    one of its servers undoes it before it ends (``restart`` a stopped or killed one)."""
     with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as s:
         s.start(SESSION_SPECS)
         yield s

@@ -10,7 +10,7 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
 - serving: ``serve`` (a WSGI app on a real threaded server), ``read_sse``, ``close_ws`` (a
   WebSocket the server may have closed first), the chat's ``MESSAGES``;
 - the demo: ``start_demo``, ``dashboard_url``;
-- the swarm's layout: ``SESSION_SPECS``, ``STEADY_UPDATE_PERIOD``;
+- the swarm's layout: ``SESSION_SPECS`` (``DEGRADING``, ``DEGRADED_SPAN``), ``STEADY_UPDATE_PERIOD``;
 - a populated store: ``populate`` (three polls, probes, chat outcomes and scores written through
   the poller's own path), ``web_settings``, ``PEERS``, ``TINY``, ``peer``, and the HTML helpers
   ``elements`` and ``text_of``;
@@ -22,8 +22,17 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
 
 from __future__ import annotations
 
-import hashlib
 import os
+
+# One compute thread per process (torch's OpenMP and MKL pools), here and in every process the
+# session starts (servers, pollers, the demo inherit it): set before torch is first imported. On
+# the 2-core machine a second thread spins beside the first: the tiny model's greedy decoding took
+# 2.2× the CPU for no less time (5.1 against 2.3 CPU-s, 10 answers of 48 tokens), CPU that every
+# process running beside it lacked (BENCHMARKS.md, "Test suite").
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import hashlib  # noqa: E402
 import re
 import signal
 import socket
@@ -221,12 +230,17 @@ def stop_process(process: subprocess.Popen, output: list[str], *, signum: int, t
 STEADY_UPDATE_PERIOD = 60.0
 
 
-# The session swarm's servers (conftest's ``swarm``): two disjoint halves and one full server.
+# The session swarm's servers (conftest's ``swarm``): two disjoint halves and one full server, the
+# demo's layout (``demo_swarm.demo_layout`` of 3 servers: every block served twice). Stopping
+# ``DEGRADING`` leaves blocks 0:4 with one server, the model degraded, as the demo's chaos
+# "stop server-2" does.
 SESSION_SPECS = (
     ServerSpec("first-half", 0, TINY_NUM_BLOCKS // 2, throughput=50.0, public_name="first-half"),
     ServerSpec("second-half", TINY_NUM_BLOCKS // 2, TINY_NUM_BLOCKS, throughput=50.0, public_name="second-half"),
     ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0, public_name="full"),
 )
+DEGRADING = "first-half"
+DEGRADED_SPAN = f"0:{TINY_NUM_BLOCKS // 2}"  # the blocks it leaves with one server
 
 
 # ---- stores: SQLite and PostgreSQL -------------------------------------------------------------

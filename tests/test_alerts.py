@@ -33,7 +33,7 @@ from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResu
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
-from support import (STORE_KINDS, dashboard_url, keep_reading, migrated_store, start_demo, stop_process, store_url_of,
+from support import (DEGRADED_SPAN, DEGRADING, STORE_KINDS, dashboard_url, keep_reading, migrated_store, start_demo, stop_process, store_url_of,
                      swarm_processes, wait_until)
 
 T0 = 1_700_000_000.0
@@ -675,16 +675,15 @@ def nothing_to_send(poller, store: Store, runs_before: dict, *, holding: dict | 
 
 
 @pytest.mark.timeout(600)  # a loaded machine starts and restarts petals servers slowly
-def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_a_poller_restart(make_swarm, tmp_path):
-    """A demo-like swarm (every block served twice). One rule waits 5 s: stopping a server is one
-    "degraded" notice (its first delivery fails and is retried), a restart of the poller while the
-    model is degraded repeats nothing, the server's return is one recovery. Another rule waits
-    10 minutes: that same outage, shorter than its ``for``, reaches nobody."""
+def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_a_poller_restart(swarm, tmp_path):
+    """The session swarm, laid out as the demo's (every block served twice). One rule waits 5 s:
+    stopping a server is one "degraded" notice (its first delivery fails and is retried), a
+    restart of the poller while the model is degraded repeats nothing, the server's return is one
+    recovery. Another rule waits 10 minutes: that same outage, shorter than its ``for``, reaches
+    nobody."""
     from monitor.app.jobs import Poller
     from monitor.settings import ModelConfig
-    from monitor.harness.demo_swarm import demo_layout
 
-    swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # 0:8, 0:4, 4:8
     wait_for, check, scrape = 5, 1, 2  # the model-health rule's `for`, alerts.check_period, scrape_period
     with WebhookReceiver(plan=[503]) as ops, WebhookReceiver() as patient:
         settings = Settings(
@@ -707,12 +706,12 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
             wait_until(lambda: nothing_to_send(poller, store, runs), wait_for + 2 * check)
             assert ops.received == [] and patient.received == []
 
-            swarm.stop("server-2")  # 0:4: blocks 0:4 are left with one server
+            swarm.stop(DEGRADING)  # blocks 0:4 are left with one server
             stopped = time.monotonic()
             [degraded] = ops.wait_for(1, 90)
             assert (degraded["event"], degraded["rule"], degraded["state"], degraded["subject"]) == (
                 "firing", "model-health", "degraded", TINY_DHT_PREFIX)
-            assert "0:4" in " ".join(degraded["details"])
+            assert DEGRADED_SPAN in " ".join(degraded["details"])
             assert [r.status for r in ops.received] == [503, 200]  # retried, one notice
             assert len({r.body["id"] for r in ops.received}) == 1
 
@@ -729,7 +728,7 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
             assert model_state(store) == "degraded"
             assert len(ops.accepted()) == 1
 
-            swarm.restart("server-2")
+            swarm.restart(DEGRADING)
             [_, recovered] = ops.wait_for(2, 90)
             outage = time.monotonic() - stopped
             assert (recovered["event"], recovered["status"], recovered["summary"]) == (

@@ -15,14 +15,13 @@ import time
 import pytest
 
 from monitor.core import leadership as core
-from monitor.harness.demo_swarm import demo_layout
 from monitor.harness.pollers import PollerProcess, gaps, leader_pid, poll_times, write_config
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings
 from monitor.store import Store
 from monitor.web import create_app
-from support import wait_until
+from support import DEGRADING, wait_until
 
 PERIOD = 6.0  # scrape period of the pollers
 LEASE = core.default_lease_seconds(PERIOD)  # 3 s
@@ -65,8 +64,7 @@ def takeover(store: Store, candidates: list[PollerProcess], lost_at: float) -> t
 
 @pytest.mark.timeout(900)
 def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_double_poll_or_a_repeated_notice(
-        make_swarm, postgres_url, tmp_path):
-    swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # 0:8, 0:4, 4:8: stopping server-2 degrades the model
+        swarm, postgres_url, tmp_path):
     store = Store(postgres_url)
     store.migrate()
     pollers: list[PollerProcess] = []
@@ -118,7 +116,7 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
             assert wait_until(lambda: store.latest_diagnoses()[TINY_DHT_PREFIX].state == "healthy", 60), \
                 store.latest_diagnoses()[TINY_DHT_PREFIX]
             frozen, frozen_at = leader, leader.freeze()
-            swarm.stop("server-2")
+            swarm.stop(DEGRADING)  # (the model degraded: blocks 0:4 left with one server)
             leader, took_after = takeover(store, [spare], frozen_at)
             assert took_after <= BOUND + SLACK
             [degraded] = wait_until(lambda: notices(ops, "firing", "model-health"), 120)
@@ -147,6 +145,7 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
             pings = len(beat.received)
             time.sleep(PERIOD + SLACK / 2)  # a poller alive would have polled, and pinged, in this time
             assert len(beat.received) <= pings + 1 and all(r.at <= gone_at + 5 for r in beat.received)
+            swarm.restart(DEGRADING)  # (the session swarm, as found)
         finally:
             for poller in pollers:
                 poller.close()

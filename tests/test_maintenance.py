@@ -21,7 +21,7 @@ from monitor.core.muting import Mutes
 from monitor.core.snapshot import Observation
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
-from support import PEERS, STORE_KINDS, TINY, alerting_settings, migrated_store, store_url_of, wait_until
+from support import DEGRADING, PEERS, STORE_KINDS, TINY, alerting_settings, migrated_store, store_url_of, wait_until
 
 BERLIN = ZoneInfo("Europe/Berlin")
 PEER_A = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -275,20 +275,17 @@ def test_the_pages_say_maintenance_and_the_peer_page_leaves_it_out_of_uptime(pop
 
 
 @pytest.mark.timeout(600)
-def test_a_window_on_a_peer_holds_its_alerts_and_leaves_the_window_out_of_its_uptime(make_swarm, tmp_path):
-    """server-2 goes down inside its maintenance window: its offline alert fires on the dashboard,
-    held by the window; the webhook hears nothing; the peer page's uptime leaves the window out.
-    It comes back within the window: still nothing is sent."""
+def test_a_window_on_a_peer_holds_its_alerts_and_leaves_the_window_out_of_its_uptime(swarm, tmp_path):
+    """A server of the session swarm goes down inside its maintenance window: its offline alert
+    fires on the dashboard, held by the window; the webhook hears nothing; the peer page's uptime
+    leaves the window out. It comes back within the window: still nothing is sent."""
     from monitor.app.jobs import Poller
-    from monitor.harness.demo_swarm import demo_layout
-    from monitor.harness.tiny_model import TINY_NUM_BLOCKS
     from monitor.web import create_app
 
-    swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))
-    server_2 = swarm.peer_id("server-2")
+    peer = swarm.peer_id(DEGRADING)
     with WebhookReceiver() as ops:
         settings = alerting_settings(swarm, tmp_path, ops.url,
-                                     [{"name": "server-2", "kind": "peer_offline", "peers": [server_2], "for": 4}])
+                                     [{"name": DEGRADING, "kind": "peer_offline", "peers": [peer], "for": 4}])
         store = Store(settings.resolved_database_url)
         store.migrate()
         client = create_app(settings, store).test_client()
@@ -296,22 +293,22 @@ def test_a_window_on_a_peer_holds_its_alerts_and_leaves_the_window_out_of_its_up
         poller = Poller(settings, store, swarm.dht)
         poller.start()
         try:
-            assert wait_until(lambda: store.peer_record(server_2) is not None, 90)
+            assert wait_until(lambda: store.peer_record(peer) is not None, 90)
             time.sleep(4)  # some uptime before the window: two polls
             made = client.post("/api/v1/maintenance", headers=headers, json={
-                "scope": "peer", "target": server_2, "duration": "15m", "reason": "upgrading petals"})
+                "scope": "peer", "target": peer, "duration": "15m", "reason": "upgrading petals"})
             assert made.status_code == 201
-            swarm.stop("server-2")
-            alert = wait_until(lambda: (a := store.alerts().get(("server-2", server_2))) and a.status == "firing" and a,
+            swarm.stop(DEGRADING)
+            alert = wait_until(lambda: (a := store.alerts().get((DEGRADING, peer))) and a.status == "firing" and a,
                                120)
             assert alert and alert.held == (f"maintenance {made.get_json()['maintenance']['id']}: upgrading petals",)
-            page = client.get(f"/peers/{server_2}?hours=1").get_data(as_text=True)
+            page = client.get(f"/peers/{peer}?hours=1").get_data(as_text=True)
             assert "maintenance left out: " in page and "upgrading petals" in page
             import re
             share = float(re.search(r'data-uptime="([0-9.]+)"', page).group(1))
             assert share > 0.99  # its downtime fell inside the window: not counted against it
-            swarm.restart("server-2")
-            assert wait_until(lambda: ("server-2", server_2) not in store.alerts(), 120), store.alerts()
+            swarm.restart(DEGRADING)
+            assert wait_until(lambda: (DEGRADING, peer) not in store.alerts(), 120), store.alerts()
             assert store.alert_deliveries() == [] and ops.received == []  # nothing queued: nothing to send
             events = store.alert_events(0, time.time() + 1)
             assert [(e.notice.event, bool(e.notice.held)) for e in events] == [("resolved", True), ("firing", True)]

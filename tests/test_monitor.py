@@ -65,26 +65,26 @@ def test_all_servers_online_is_healthy(swarm, sqlite_store, tmp_path):
     assert status["servers_online"] == 3
 
 
-def test_outage_is_diagnosed_named_and_kept_in_history(make_swarm, sqlite_store, tmp_path):
-    s = make_swarm([ServerSpec("a", 0, N // 2), ServerSpec("b", 0, N), ServerSpec("c", N // 2, N)])
+def test_outage_is_diagnosed_named_and_kept_in_history(swarm, sqlite_store, tmp_path):
+    s = swarm  # first-half 0:N/2, full 0:N, second-half N/2:N
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
     assert poll(poller)["state"] == "healthy"
 
-    s.stop("b")  # every block now has one server
+    s.stop("full")  # every block now has one server
     status = poll_until(poller, lambda st: st["state"] != "healthy")
     assert status["state"] == "degraded"
     single = " ".join(r for r in status["reasons"] if "served only by" in r)
     assert f"0:{N // 2}" in single and f"{N // 2}:{N}" in single, status["reasons"]
 
-    s.kill("a")  # the only server of 0:N/2
+    s.kill("first-half")  # the only server of 0:N/2
     outage_started = time.time()
     status = poll_until(poller, lambda st: st["state"] == "broken")
     assert status["state"] == "broken"
     assert any(f"0:{N // 2}" in reason for reason in status["reasons"]), status["reasons"]
     assert not any(f"{N // 2}:{N}" in reason and "no" in reason.lower() for reason in status["reasons"])
 
-    s.restart("a")
-    s.restart("b")
+    s.restart("first-half")
+    s.restart("full")
     status = poll_until(poller, lambda st: st["state"] == "healthy")
     assert status["state"] == "healthy", status["reasons"]
 
@@ -94,19 +94,20 @@ def test_outage_is_diagnosed_named_and_kept_in_history(make_swarm, sqlite_store,
     assert start >= outage_started - 1 and end is not None and end > start
 
 
-def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_scrape(make_swarm, sqlite_store,
+def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_scrape(swarm, sqlite_store,
                                                                                        tmp_path):
-    s = make_swarm([ServerSpec("a", 0, N), ServerSpec("b", 0, N)])
+    s = swarm
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
     poll(poller)
     assert sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX].min_redundancy == 2
 
-    s.kill("b")  # its record stays in the DHT until it expires; its probe fails at once
+    s.kill("full")  # its record stays in the DHT until it expires; its probe fails at once
     poller.check_reachability_once()
     diagnosis = sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX]
     assert diagnosis.min_redundancy == 1
-    assert "unreachable" in diagnosis.excluded_peers[s.peer_id("b")]
+    assert "unreachable" in diagnosis.excluded_peers[s.peer_id("full")]
     assert sqlite_store.latest_model_status()[TINY_DHT_PREFIX]["min_redundancy"] == 2  # the poll's, until the next
+    s.restart("full")
 
 
 def test_a_poller_checks_the_servers_its_first_poll_finds_at_once_not_a_reachability_period_later(
@@ -133,21 +134,21 @@ def test_a_poller_checks_the_servers_its_first_poll_finds_at_once_not_a_reachabi
         poller.shutdown()
 
 
-def test_a_peer_that_disappears_and_returns_loses_uptime(make_swarm, sqlite_store, tmp_path):
-    s = make_swarm([ServerSpec("steady", 0, N), ServerSpec("flaky", 0, N)])
+def test_a_peer_that_disappears_and_returns_loses_uptime(swarm, sqlite_store, tmp_path):
+    s = swarm  # "flaky" and "steady": the session swarm's two halves, alike but for that
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
     for _ in range(3):
         poll(poller)
-    s.stop("flaky")
-    poll_until(poller, lambda st: st["servers_online"] == 1)
+    s.stop("first-half")
+    poll_until(poller, lambda st: st["servers_online"] == 2)
     for _ in range(3):
         poll(poller)
-    s.restart("flaky")
-    poll_until(poller, lambda st: st["servers_online"] == 2)
+    s.restart("first-half")
+    poll_until(poller, lambda st: st["servers_online"] == 3)
 
     poller.refresh_scores()
     scores = sqlite_store.latest_scores()
-    steady, flaky = scores[s.peer_id("steady")], scores[s.peer_id("flaky")]
+    steady, flaky = scores[s.peer_id("second-half")], scores[s.peer_id("first-half")]
     assert flaky.score < steady.score
     assert any("online" in line for line in flaky.explanation)
 
@@ -221,22 +222,38 @@ def test_a_stopped_postgres_skips_polls_without_crashing_and_writing_resumes(swa
         store.close()
 
 
-def test_poll_once_prints_a_report_per_model(swarm, tmp_path):
+def test_poll_once_prints_a_report_per_model_and_its_output_ends_when_it_exits(swarm, tmp_path):
+    """The report, read through one pipe for stdout and stderr as a script (``… 2>&1 | grep``)
+    reads it: the pipe ends when the command exits, not 2 s later when torch's shared-memory
+    manager (which hivemind's DHT starts) would exit, had it inherited our stderr."""
+    import os
     import subprocess
     import sys
+    import threading
 
-    result = subprocess.run(
+    command = subprocess.Popen(
         [sys.executable, "-m", "monitor.app.cli", "poll", "--once",
          "--initial-peers", *swarm.initial_peers, "--model", f"{TINY_DHT_PREFIX}:{N}"],
-        capture_output=True, text=True, timeout=120,
-        env={**__import__("os").environ, "SWARM_MONITOR_DATA_DIR": str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(tmp_path)},
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = result.stdout
+    read: list[str] = []
+    ended: list[float] = []
+    reader = threading.Thread(target=lambda: (read.append(command.stdout.read()), ended.append(time.monotonic())))
+    reader.start()
+    try:
+        returncode = command.wait(120)
+        exited = time.monotonic()
+        reader.join(30)
+    finally:
+        command.kill()
+    out = "".join(read)
+    assert returncode == 0, out[-2000:]
     assert f"({TINY_DHT_PREFIX}, {N} blocks): HEALTHY" in out
     for name in ("first-half", "second-half", "full"):
         assert name in out
     assert "--block_indices" in out
+    assert ended and ended[0] - exited < 1.0, f"the output ended {ended[0] - exited:.1f} s after the exit"
 
 
 # ---- the scheduled rollup job ----------------------------------------------------------------
@@ -278,7 +295,9 @@ def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlit
     scheduler.add_listener(lambda event: event.job_id == "rollup" and runs.append(event.scheduled_run_time),
                            EVENT_JOB_EXECUTED)
     try:
-        assert wait_until(lambda: _rolled_up_polls(sqlite_store, recent) == (6, 6), 30, step=0.2), poller.stats.last_error
+        # (a run rolls each hour up in a transaction of its own, then prunes in another: both seen)
+        assert wait_until(lambda: _rolled_up_polls(sqlite_store, recent) == (6, 6) and _raw_polls(sqlite_store, old) == 0,
+                          30, step=0.2), poller.stats.last_error
         assert _rolled_up_polls(sqlite_store, old) == (6, 6)
         assert _raw_polls(sqlite_store, old) == 0 and _raw_polls(sqlite_store, recent) == 6
         model = TINY_DHT_PREFIX

@@ -19,7 +19,7 @@ from monitor.core.muting import Matcher, Mutes, Silence, matcher, parse_matcher
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings
 from monitor.store import Store
-from support import STORE_KINDS, migrated_store, store_url_of, wait_until
+from support import DEGRADING, STORE_KINDS, migrated_store, store_url_of, wait_until
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0
@@ -347,19 +347,17 @@ def test_a_body_that_is_not_a_json_object_is_refused(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown(make_swarm, tmp_path):
-    """An operator silences server-2 for 10 minutes and stops it: its offline alert and the model's
-    degraded one (what the model lost is server-2) fire on the dashboard, marked silenced, and the
-    webhook stays quiet; when the operator ends the silence while the server is still down, the
-    notices go out then."""
+def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown(swarm, tmp_path):
+    """An operator silences a server of the session swarm for 10 minutes and stops it: its offline
+    alert and the model's degraded one (what the model lost is that server) fire on the dashboard,
+    marked silenced, and the webhook stays quiet; when the operator ends the silence while the
+    server is still down, the notices go out then."""
     from monitor.app.jobs import Poller
-    from monitor.harness.demo_swarm import demo_layout
     from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
     from monitor.settings import ModelConfig
     from monitor.web import create_app
 
-    swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))  # server-1 0:8, server-2 0:4, server-3 4:8
-    server_2 = swarm.peer_id("server-2")
+    peer = swarm.peer_id(DEGRADING)
     with WebhookReceiver() as ops:
         settings = Settings(
             data_dir=tmp_path, initial_peers=swarm.initial_peers,
@@ -368,7 +366,7 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
             alerts={"check_period": 1, "retry_backoff": 1, "default_inhibit": False,
                     "webhooks": [{"name": "ops", "url": ops.url}],
                     "rules": [{"name": "model-health", "kind": "model_degraded", "for": 4},
-                              {"name": "server-2", "kind": "peer_offline", "peers": [server_2], "for": 4}]})
+                              {"name": DEGRADING, "kind": "peer_offline", "peers": [peer], "for": 4}]})
         store = Store(settings.resolved_database_url)
         store.migrate()
         client = create_app(settings, store).test_client()
@@ -379,33 +377,33 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
             assert wait_until(lambda: (store.latest_diagnoses().get(TINY_DHT_PREFIX) or
                                        type("x", (), {"state": None})).state == "healthy", 90)
             made = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
-                "peer": server_2, "duration": "10m", "comment": "upgrading petals on server-2", "by": "operator"})
+                "peer": peer, "duration": "10m", "comment": "upgrading petals on server-2", "by": "operator"})
             assert made.status_code == 201
-            swarm.stop("server-2")
+            swarm.stop(DEGRADING)
 
             def both_firing():
                 alerts = store.alerts()
-                keys = {("server-2", server_2), ("model-health", TINY_DHT_PREFIX)}
+                keys = {(DEGRADING, peer), ("model-health", TINY_DHT_PREFIX)}
                 return all(k in alerts and alerts[k].status == "firing" for k in keys) and alerts
 
             alerts = wait_until(both_firing, 120)
             assert alerts, store.alerts()
-            assert alerts[("server-2", server_2)].held[0].startswith("silence ")
-            assert alerts[("server-2", server_2)].models == (TINY_DHT_PREFIX,)
-            name = store.peer_record(server_2).public_name or server_2
+            assert alerts[(DEGRADING, peer)].held[0].startswith("silence ")
+            assert alerts[(DEGRADING, peer)].models == (TINY_DHT_PREFIX,)
+            name = store.peer_record(peer).public_name or peer
             assert alerts[("model-health", TINY_DHT_PREFIX)].held == (
                 f"silence 1: upgrading petals on server-2 (what the model lost: {name})",)
             # the webhook stays quiet: nothing was ever queued for it, so nothing can reach it later
             assert store.alert_deliveries() == [] and ops.received == []
             page = client.get("/alerts", headers={"Authorization": f"Bearer {token}"}).get_data(as_text=True)
-            assert f'data-alert="server-2/{server_2}" data-status="firing"' in page
+            assert f'data-alert="{DEGRADING}/{peer}" data-status="firing"' in page
             assert "held, nothing is sent: silence 1: upgrading petals on server-2" in page
             anonymous = client.get("/alerts").get_data(as_text=True)
             assert "held, nothing is sent: silence" in anonymous and "upgrading petals" not in anonymous
             api = {(a["rule"], a["subject"]): a for a in client.get("/api/v1/alerts").get_json()["active"]}
-            assert api[("server-2", server_2)]["held"][0]["by"] == "silence"
+            assert api[(DEGRADING, peer)]["held"][0]["by"] == "silence"
             held = [e for e in client.get("/api/v1/alerts").get_json()["events"] if e["held"]]
-            assert {e["rule"] for e in held} == {"server-2", "model-health"} and all(not e["deliveries"] for e in held)
+            assert {e["rule"] for e in held} == {DEGRADING, "model-health"} and all(not e["deliveries"] for e in held)
             overview = client.get("/").get_data(as_text=True)
             assert "held: silence" in overview
 
@@ -415,7 +413,9 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
             assert wait_until(lambda: len(store.alert_deliveries()) == 2 and not store.pending_alert_deliveries(), 60), \
                 store.alert_deliveries()
             told = [n for body in ops.accepted() for n in (body.get("notices") or [body])]
-            assert sorted((n["rule"], n["event"]) for n in told) == [("model-health", "firing"), ("server-2", "firing")]
+            assert sorted((n["rule"], n["event"]) for n in told) == sorted([("model-health", "firing"),
+                                                                            (DEGRADING, "firing")])
+            swarm.restart(DEGRADING)
         finally:
             poller.shutdown()
             store.close()

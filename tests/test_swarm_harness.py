@@ -102,19 +102,19 @@ def test_a_killed_server_disappears_from_the_dht_and_a_restart_brings_it_back(ma
     assert s.server_states(range(HALF))[peer_a] == {"ONLINE"}
 
 
-def test_a_throttled_server_keeps_running_and_is_released(make_swarm):
-    s = make_swarm([ServerSpec("slow", 0, TINY_NUM_BLOCKS)])
-    s.throttle("slow", duty=0.8, period=0.2)
+def test_a_throttled_server_keeps_running_and_is_released(swarm):
+    s = swarm
+    s.throttle("full", duty=0.8, period=0.2)
     samples = []
     for _ in range(20):
-        samples.append(open(f"/proc/{s.pid('slow')}/stat").read().split()[2])
+        samples.append(open(f"/proc/{s.pid('full')}/stat").read().split()[2])
         time.sleep(0.03)
     assert "T" in samples, "the main process is never stopped"
-    assert s.servers["slow"].alive()
-    s.unthrottle("slow")
+    assert s.servers["full"].alive()
+    s.unthrottle("full")
     time.sleep(0.1)
-    assert open(f"/proc/{s.pid('slow')}/stat").read().split()[2] != "T"
-    assert s.server_states(range(TINY_NUM_BLOCKS))[s.peer_id("slow")] == {"ONLINE"}
+    assert open(f"/proc/{s.pid('full')}/stat").read().split()[2] != "T"
+    assert s.server_states(range(TINY_NUM_BLOCKS))[s.peer_id("full")] == {"ONLINE"}
 
 
 def test_a_server_that_cannot_start_is_named_with_its_log(tiny_model):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import sys
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -48,6 +50,7 @@ def start_dht(initial_peers: Sequence[str], *, client_mode: bool = True, startup
     """
     import hivemind
 
+    start_shared_memory_manager_off_stderr()
     options = dict(NO_NAT_TRAVERSAL)
     options.update(kwargs)
     options.setdefault("host_maddrs", loopback_maddrs())
@@ -60,6 +63,40 @@ def start_dht(initial_peers: Sequence[str], *, client_mode: bool = True, startup
     )
     guard_dht_daemons(dht)
     return dht
+
+
+_manager_lock = threading.Lock()
+_manager_started = False
+
+
+def start_shared_memory_manager_off_stderr() -> None:
+    """Start torch's shared-memory manager for this process with its stderr on /dev/null.
+
+    hivemind shares its futures' state through torch's ``file_system`` strategy, whose first
+    shared tensor starts a ``torch_shm_manager`` process. That process inherits our stderr and
+    outlives us by 2 s (it waits that long after its last client): whoever reads our output
+    through a pipe (``swarm-monitor poll --once 2>&1 | grep …``, a supervisor, a spec) waited
+    those 2 s for the end of it after we had exited. Started here first, from a tensor shared
+    while fd 2 points at /dev/null, it holds nothing of ours; the DHT's futures then use it. (The
+    manager writes nothing but a fatal error, which its start reports to us anyway; a line another
+    thread logs in the few milliseconds of the swap is lost.) Once per process."""
+    global _manager_started
+    import torch
+
+    with _manager_lock:
+        if _manager_started or torch.multiprocessing.get_sharing_strategy() != "file_system":
+            return
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        saved = os.dup(2)
+        try:
+            os.dup2(devnull, 2)
+            torch.empty(1).share_memory_()  # (the manager starts with the first shared tensor)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+        _manager_started = True
 
 
 def retry_delay(attempts: int, first: float = RETRY_FIRST, longest: float = RETRY_MAX) -> float:
