@@ -13,6 +13,7 @@ import sqlite3
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -696,9 +697,8 @@ def _timed(work) -> float:
     """Seconds ``work`` takes, the garbage collector kept out: in a spec worker that has imported
     torch and petals, one full collection of the heap takes ~0.2 s, charged to whichever call
     happens to trigger it (record_poll allocates more than a plain insert, so it is the one that
-    does: 14× instead of 3× once). The service freezes its heap after start for the same reason
-    (``Service._make_app``)."""
-    gc.collect()
+    does: 14× instead of 3× once). Run inside ``_heap_frozen``, so what the collector may do
+    between two timed calls is quick."""
     gc.disable()
     try:
         started = time.perf_counter()
@@ -706,6 +706,19 @@ def _timed(work) -> float:
         return time.perf_counter() - started
     finally:
         gc.enable()
+
+
+@contextmanager
+def _heap_frozen():
+    """The heap collected once and frozen (``gc.freeze``: its objects left out of every later
+    collection), as the service freezes its own after start (``Service._make_app``); unfrozen
+    after."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _raw_rows(store: Store) -> tuple[list, list]:
@@ -750,14 +763,15 @@ def test_recording_and_reading_a_500_server_poll_is_fast(tmp_path, record_proper
     snaps = [_big_snapshot(T0 + 60 * i) for i in range(6)]
     healths = [health(m, "healthy", blocks=[(3, 300.0)] * 80) for m in snaps[0].models]
     writes, reads, raw_writes, raw_reads = [], [], [], []
-    for snap in snaps:
-        writes.append(_timed(lambda: store.record_poll(snap, healths)))
-        reads.append(_timed(lambda: store.latest_snapshot()))
-        assert store.latest_snapshot() == snap
-        raw_reads.append(_timed(lambda: _raw_read(store)))
-        observations, pings = _raw_rows(store)
-        assert len(observations) == len(pings) == 500
-        raw_writes.append(_timed(lambda: _raw_write(store, observations, pings)))
+    with _heap_frozen():
+        for snap in snaps:
+            writes.append(_timed(lambda: store.record_poll(snap, healths)))
+            reads.append(_timed(lambda: store.latest_snapshot()))
+            assert store.latest_snapshot() == snap
+            raw_reads.append(_timed(lambda: _raw_read(store)))
+            observations, pings = _raw_rows(store)
+            assert len(observations) == len(pings) == 500
+            raw_writes.append(_timed(lambda: _raw_write(store, observations, pings)))
     store.close()
     write, read, raw_write, raw_read = (statistics.median(times[1:]) for times in (writes, reads, raw_writes, raw_reads))
     record_property("record_poll_ms", round(write * 1000, 1))
