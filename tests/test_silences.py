@@ -377,7 +377,7 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
             assert wait_until(lambda: (store.latest_diagnoses().get(TINY_DHT_PREFIX) or
                                        type("x", (), {"state": None})).state == "healthy", 90)
             made = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
-                "peer": peer, "duration": "10m", "comment": "upgrading petals on server-2", "by": "operator"})
+                "peer": peer, "duration": "10m", "comment": f"upgrading petals on {DEGRADING}", "by": "operator"})
             assert made.status_code == 201
             swarm.stop(DEGRADING)
 
@@ -392,12 +392,12 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
             assert alerts[(DEGRADING, peer)].models == (TINY_DHT_PREFIX,)
             name = store.peer_record(peer).public_name or peer
             assert alerts[("model-health", TINY_DHT_PREFIX)].held == (
-                f"silence 1: upgrading petals on server-2 (what the model lost: {name})",)
+                f"silence 1: upgrading petals on {DEGRADING} (what the model lost: {name})",)
             # the webhook stays quiet: nothing was ever queued for it, so nothing can reach it later
             assert store.alert_deliveries() == [] and ops.received == []
             page = client.get("/alerts", headers={"Authorization": f"Bearer {token}"}).get_data(as_text=True)
             assert f'data-alert="{DEGRADING}/{peer}" data-status="firing"' in page
-            assert "held, nothing is sent: silence 1: upgrading petals on server-2" in page
+            assert f"held, nothing is sent: silence 1: upgrading petals on {DEGRADING}" in page
             anonymous = client.get("/alerts").get_data(as_text=True)
             assert "held, nothing is sent: silence" in anonymous and "upgrading petals" not in anonymous
             api = {(a["rule"], a["subject"]): a for a in client.get("/api/v1/alerts").get_json()["active"]}
