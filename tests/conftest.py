@@ -6,7 +6,8 @@ The session swarm serves the tiny Llama with two disjoint servers and one full s
 server of it if they undo it (``restart`` waits until the server is ONLINE again, under the same
 peer id, whose record then replaces the one it left): after each spec that used it, the swarm is
 checked to be as it was (and put back if not, failing that spec). Specs whose swarm must be laid
-out otherwise, or whose killed servers' records must expire, get their own from ``make_swarm``. After the session, no server or p2pd process we started may be left running.
+out otherwise, or whose killed servers' records must expire, get their own from ``make_swarm``.
+After the session, no server or p2pd process we started may be left running.
 
 Markers, set here from the fixtures a spec uses (so a new spec file is marked without a word):
 ``swarm`` (a real petals swarm: ``swarm``, ``make_swarm`` or ``tiny_model``; specs that start one

@@ -33,8 +33,8 @@ from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResu
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.store import Store
-from support import (DEGRADED_SPAN, DEGRADING, STORE_KINDS, dashboard_url, keep_reading, migrated_store, start_demo, stop_process, store_url_of,
-                     swarm_processes, wait_until)
+from support import (DEGRADED_SPAN, DEGRADING, STORE_KINDS, dashboard_url, keep_reading, migrated_store, start_demo,
+                     stop_process, store_url_of, swarm_processes, wait_until)
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0

@@ -296,8 +296,8 @@ def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlit
                            EVENT_JOB_EXECUTED)
     try:
         # (a run rolls each hour up in a transaction of its own, then prunes in another: both seen)
-        assert wait_until(lambda: _rolled_up_polls(sqlite_store, recent) == (6, 6) and _raw_polls(sqlite_store, old) == 0,
-                          30, step=0.2), poller.stats.last_error
+        assert wait_until(lambda: _rolled_up_polls(sqlite_store, recent) == (6, 6)
+                          and _raw_polls(sqlite_store, old) == 0, 30, step=0.2), poller.stats.last_error
         assert _rolled_up_polls(sqlite_store, old) == (6, 6)
         assert _raw_polls(sqlite_store, old) == 0 and _raw_polls(sqlite_store, recent) == 6
         model = TINY_DHT_PREFIX
