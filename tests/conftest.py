@@ -21,11 +21,9 @@ copied for each spec: a file copy on SQLite, ``CREATE DATABASE ... TEMPLATE`` on
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -38,7 +36,8 @@ from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, ensure_tiny_model
 from monitor.store import Store
 from monitor.harness.fork_server import FORK_SERVER
-from support import SESSION_SPECS, STEADY_UPDATE_PERIOD, populate, swarm_processes, wait_until, web_settings
+from support import (SESSION_SPECS, STEADY_UPDATE_PERIOD, fold_wal, open_migrated_store, populate, swarm_processes,
+                     wait_until, web_settings)
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -309,15 +308,13 @@ class PopulatedTemplate:
             for stale in (self.sqlite_path, *self.sqlite_path.parent.glob(self.sqlite_path.name + "-*")):
                 stale.unlink(missing_ok=True)
             now = time.time()
-            store = Store(f"sqlite:///{self.sqlite_path}")
+            store = open_migrated_store(f"sqlite:///{self.sqlite_path}")
             try:
-                store.migrate()
                 populate(store, web_settings(data_dir=self.directory), now)
             finally:
                 store.close()
             self.now = now
-            with contextlib.closing(sqlite3.connect(self.sqlite_path)) as conn:
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all of it in the file (still in WAL mode)
+            fold_wal(self.sqlite_path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.sqlite_path, dest)
         return self.now

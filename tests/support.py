@@ -15,7 +15,8 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
   the poller's own path), ``web_settings``, ``PEERS``, ``TINY``, ``peer``, and the HTML helpers
   ``elements`` and ``text_of``;
 - stores: ``STORE_KINDS`` (the params of a fixture run on SQLite and PostgreSQL), ``store_url_of``
-  (a param's URL), ``migrated_store`` (a store fixture's body), ``sqlite_store``;
+  (a param's URL), ``open_migrated_store``, ``migrated_store`` (a store fixture's body),
+  ``sqlite_store``, ``fold_wal`` (a SQLite store whole in its file, to copy);
 - a monitor of a real swarm: ``tiny_settings`` (watching its tiny model), ``polled_prober`` (a
   poller that has scraped once and its server prober).
 """
@@ -263,10 +264,17 @@ def store_url_of(request, sqlite_path) -> str:
     return request.getfixturevalue("postgres_url")
 
 
+def fold_wal(path: Path) -> None:
+    """Every write of a closed SQLite store put into its file, which a plain copy then carries
+    whole (the store stays in WAL mode, as ``Store`` sets it)."""
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
 @functools.lru_cache(maxsize=None)
 def _migrated_sqlite_template() -> Path:
     """A SQLite store migrated to the newest revision, made once per spec process (removed at
-    its exit), every write of it in the file: what a fresh store's migration makes, to copy."""
+    its exit): what a fresh store's migration makes, to copy."""
     directory = Path(tempfile.mkdtemp(prefix="migrated-store-"))
     atexit.register(shutil.rmtree, directory, True)
     path = directory / "migrated.db"
@@ -275,30 +283,29 @@ def _migrated_sqlite_template() -> Path:
         store.migrate()
     finally:
         store.close()
-    with closing(sqlite3.connect(path)) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # (still in WAL mode, as the store sets it)
+    fold_wal(path)
     return path
 
 
-def _new_sqlite_from_template(url: str) -> None:
-    """A new SQLite store's file copied from the migrated template (an Alembic run of every
-    revision takes 0.07–0.2 s, a copy 0.01 s; BENCHMARKS.md, "Test suite"); an existing file, or
-    another database, is left to ``Store.migrate``."""
+def open_migrated_store(url: str, **options) -> Store:
+    """A store on ``url`` (``options``: ``Store``'s) with its schema up to date; the caller closes
+    it. A new SQLite file starts as a copy of one migrated once per process (an Alembic run of
+    every revision takes 0.07–0.2 s, a copy 0.01 s; BENCHMARKS.md, "Test suite"), which
+    ``migrate`` then finds up to date; an existing file, or another database, it migrates."""
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(_migrated_sqlite_template(), path)
+    store = Store(url, **options)
+    store.migrate()
+    return store
 
 
 @contextmanager
 def migrated_store(url: str, **options) -> Iterator[Store]:
-    """A store on ``url`` (``options``: ``Store``'s) with its schema up to date, closed after (a
-    store fixture's body). A new SQLite file starts as a copy of a migrated one; ``migrate`` then
-    finds it up to date, as it migrates any other."""
-    _new_sqlite_from_template(url)
-    store = Store(url, **options)
-    store.migrate()
+    """``open_migrated_store``, closed after (a store fixture's body)."""
+    store = open_migrated_store(url, **options)
     try:
         yield store
     finally:
@@ -306,13 +313,8 @@ def migrated_store(url: str, **options) -> Iterator[Store]:
 
 
 def sqlite_store(data_dir) -> Store:
-    """A migrated store in ``data_dir``'s monitor.db (a copy of a migrated one when new); the
-    caller closes it."""
-    url = f"sqlite:///{data_dir / 'monitor.db'}"
-    _new_sqlite_from_template(url)
-    store = Store(url)
-    store.migrate()
-    return store
+    """A migrated store in ``data_dir``'s monitor.db; the caller closes it."""
+    return open_migrated_store(f"sqlite:///{data_dir / 'monitor.db'}")
 
 
 # ---- a monitor of a real swarm (the probe and check specs) ---------------------------------------
