@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from monitor import compat  # noqa: F401  (must precede petals)
-from monitor.core.diagnosis import format_ranges, ranges
+from monitor.core.assessment import format_ranges, ranges
 
 from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slot, Slots, SlotsLoad
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob

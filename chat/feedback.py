@@ -2,14 +2,14 @@
 
 Routing asks for peer weights every time it builds a route, inside petals' routing lock, so the
 weights are served from memory and refreshed from the store by a background thread: the latest
-scores (from the monitor's score job) and the measured seconds per token of recent chat requests
-and of the monitor's server probes (``monitor/app/probing.py``: every ONLINE server is probed, so
-every server has a measured weight before the first chat request). A server whose outputs the
-probes found wrong, or that fails every probe with its own error, gets score 0, so routing leaves
-it out wherever others cover its blocks.
-Server probes are read over the diagnosis' own window (``monitor.core.probes.recent_window``): a
-verdict the dashboard no longer shows no longer steers the router either. Chat outcomes, which
-come only when someone chats, are read over a window of their own (``CHAT_OUTCOME_WINDOW``).
+scores (from the monitor's score job), the measured seconds per token of recent chat requests,
+and what the stored assessments (``monitor.core.assessment``) say of each server: its speed as
+the probes measured it (every ONLINE server is probed, so every server has a measured weight
+before the first chat request), and whether its outputs are wrong or it fails every step — such a
+server gets score 0, so routing leaves it out wherever others cover its blocks. The verdict is the
+one the dashboard and the alerts show: the chat draws none of its own from the probes. Chat
+outcomes, which come only when someone chats, are read over a window of their own
+(``CHAT_OUTCOME_WINDOW``).
 The thread refreshes every few seconds, and at once after each recorded outcome, so the next
 request already routes by what the last one measured.
 """
@@ -20,49 +20,42 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from monitor.core.common import HOUR
-from monitor.core.probes import RecentProbes, ServerProbe, recent_per_peer, recent_window
+from monitor.core.assess import flagged, round_trip_speeds
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG, Assessment
 from monitor.core.snapshot import ChatOutcome
-from monitor.settings import Settings
 
 from chat.policy import OutcomeSink, PeerWeight, weights_from_outcomes
 
 log = logging.getLogger(__name__)
 
 CHAT_OUTCOME_WINDOW = HOUR  # seconds of chat outcomes the router learns from
-DEFAULT_SPEED_PROBE_PERIOD = Settings.model_fields["speed_probe_period"].default
 UNUSABLE_SCORE = 0.0  # the routing score of a server whose outputs are wrong or whose every step fails
 
 
-def probe_speeds(probes: list[ServerProbe], outcomes: list[ChatOutcome], *, now: float,
-                 window: float) -> dict[str, float]:
-    """peer -> seconds per token per block from the monitor's server probes, for every peer whose
-    newest probe is newer than its newest chat outcome (the newest kind of evidence wins: a server
-    throttled since the chat last used it is known slow before a chat tries it again). The value
-    is the median of its newest probes' one-token steps, round trip included, per block: what a
-    chat request measures on a span."""
+def probe_speeds(assessments: Mapping[str, Assessment], outcomes: list[ChatOutcome]) -> dict[str, float]:
+    """peer -> seconds per token per block as the assessments' probes measured it, for every peer
+    whose newest timed probe is newer than its newest chat outcome (the newest kind of evidence
+    wins: a server throttled since the chat last used it is known slow before a chat tries it
+    again). The value is the median of its newest probes' one-token steps, round trip included, per
+    block: what a chat request measures on a span."""
     last_chat: dict[str, float] = {}
     for outcome in outcomes:
         if outcome.ok and outcome.seconds_per_token is not None:
             last_chat[outcome.peer_id] = max(outcome.at, last_chat.get(outcome.peer_id, 0.0))
-    newest = {peer: kept[-1].at for peer, kept in recent_per_peer(probes, now=now, max_age=window).items()}
-    return {peer: seconds for peer, seconds in RecentProbes(probes, now, window).round_trip_speeds().items()
-            if newest[peer] > last_chat.get(peer, 0.0)}
+    return {peer: seconds for peer, (seconds, at) in round_trip_speeds(assessments).items()
+            if at > last_chat.get(peer, 0.0)}
 
 
 class StoreWeights:
-    """A cheap ``score_source`` for HealthAwareSequenceManager, refreshed every ``period`` s.
+    """A cheap ``score_source`` for HealthAwareSequenceManager, refreshed every ``period`` s; chat
+    outcomes count for ``outcome_window``."""
 
-    Server probes count for ``recent_window(speed_probe_period)`` seconds (the setting the prober
-    runs with), chat outcomes for ``outcome_window``."""
-
-    def __init__(self, store: Any, *, period: float = 5.0, speed_probe_period: float = DEFAULT_SPEED_PROBE_PERIOD,
-                 outcome_window: float = CHAT_OUTCOME_WINDOW):
+    def __init__(self, store: Any, *, period: float = 5.0, outcome_window: float = CHAT_OUTCOME_WINDOW):
         self.store = store
         self.period = period
-        self.probe_window = recent_window(speed_probe_period)
         self.outcome_window = outcome_window
         self._weights: dict[str, PeerWeight] = {}
         self._stop = threading.Event()
@@ -77,16 +70,15 @@ class StoreWeights:
         try:
             scores = {peer: stored.score for peer, stored in self.store.latest_scores().items()}
             outcomes = self.store.recent_chat_outcomes(now - self.outcome_window)
-            probes = self.store.recent_server_probes(now - self.probe_window)
+            assessments = self.store.latest_assessments()
             policies = self.store.peer_policies()
         except Exception as e:  # noqa: BLE001 - keep routing on the last weights while the DB is away
             log.warning("peer weights not refreshed (keeping the last ones): %s", e)
             return self._weights
         weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.outcome_window)
-        for peer, seconds in probe_speeds(probes, outcomes, now=now, window=self.probe_window).items():
+        for peer, seconds in probe_speeds(assessments, outcomes).items():
             weights[peer] = replace(weights.get(peer, PeerWeight()), seconds_per_token_per_block=seconds)
-        recent = RecentProbes(probes, now, self.probe_window)
-        for peer in {**recent.wrong(), **recent.failing()}:  # wrong outputs, or every step fails
+        for peer in {**flagged(assessments, CAUSE_WRONG), **flagged(assessments, CAUSE_FAILING)}:
             weights[peer] = replace(weights.get(peer, PeerWeight()), score=UNUSABLE_SCORE)
         for peer, policy in policies.items():
             weights[peer] = replace(weights.get(peer, PeerWeight()), policy=policy)
@@ -140,7 +132,7 @@ def store_coverage_check(store: Any) -> Callable[[str], tuple[bool, str]]:
 
     def check(dht_prefix: str) -> tuple[bool, str]:
         try:
-            health = store.latest_diagnoses().get(dht_prefix)
+            health = store.latest_assessments().get(dht_prefix)
         except Exception:  # noqa: BLE001 - no verdict: let petals' own view decide
             return True, ""
         if health is None or health.state != "broken":

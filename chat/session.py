@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
+from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
 
 from chat.capacity import GENERATING, IDLE, WAITING, OpenSessions, Slot

@@ -68,7 +68,7 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
         poller.start()
 
         def state():
-            health = store.latest_diagnoses().get(TINY_DHT_PREFIX)
+            health = store.latest_assessments().get(TINY_DHT_PREFIX)
             return health.state if health else None
 
         def notices(event: str) -> list:
@@ -87,7 +87,7 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
                 swarm.kill(VICTIM)
                 limit = probe + scrape + hold + 4 * scrape + 120
                 seen = bc.wait(lambda: time.time() if state() in ("degraded", "broken") else None, limit)
-                excluded = store.latest_diagnoses()[TINY_DHT_PREFIX].excluded_peers
+                excluded = store.latest_assessments()[TINY_DHT_PREFIX].excluded_peers
                 seen_as = excluded.get(victim, "no longer announced (its DHT records expired)")
                 bc.wait(lambda: len(notices("firing")) > fired_before, limit)
                 fired = notices("firing")[fired_before:]

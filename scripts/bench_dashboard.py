@@ -57,8 +57,8 @@ def backfill_diagnoses(store) -> None:
     from monitor.settings import Settings
 
     snapshot = store.latest_snapshot()
-    if snapshot is not None and not store.latest_diagnoses():
-        Poller(Settings(), store, dht=None).rediagnose(snapshot)
+    if snapshot is not None and not store.latest_assessments():
+        Poller(Settings(), store, dht=None).assess_latest()
 
 
 def pick_targets(db: Path) -> dict:

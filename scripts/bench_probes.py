@@ -73,7 +73,7 @@ def store_of(svc):
 
 def announced_estimate(store, prefix: str) -> float:
     """The diagnosis of the latest snapshot from announcements only (as the monitor made it before)."""
-    from monitor.core.coverage import diagnose
+    from monitor.swarm.routing import diagnose
 
     snapshot = store.latest_snapshot()
     model = next(m for m in snapshot.models if m.dht_prefix == prefix)

@@ -6,7 +6,7 @@ write path, as the poller would have written them.
 
 Every poll (every ``--poll-period`` s of fabricated time) is a Snapshot recorded with
 ``Store.record_poll`` together with each model's diagnosis as the poller computes it
-(``Poller.analyse``, i.e. ``coverage.diagnose``); every poll has its
+(``Poller.assess``, i.e. ``core.assess.assess``); every poll has its
 probe batch (``Store.record_reachability``); chat outcomes are recorded hourly
 (``Store.record_chat_outcomes``); ``Store.rollup_and_prune`` runs every simulated hour as the
 scheduler runs it, with the default retention (raw 2 days, rollups 90 days); the peer scores are
@@ -251,7 +251,7 @@ class HistoryGenerator:
         return times
 
     def _analyse(self, snapshot, probes):
-        """The poller's analysis (``Poller.analyse``), per model. Block coverage is computed every
+        """The poller's analysis (``Poller.assess``), per model. Block coverage is computed every
         poll; a model's diagnosis is recomputed when the blocks without a server change, or when
         its rows or probe outcomes changed and ``analysis_every`` polls have passed, else reused
         with this poll's block coverage."""
@@ -271,7 +271,7 @@ class HistoryGenerator:
             due = cached is None or cached["missing"] != missing or (
                 cached["key"] != key and self._poll_index - cached["at"] >= self.analysis_every)
             if due:
-                [health] = self.poller.analyse(dc_replace(snapshot, models=(model,)), probe_map)
+                [health] = self.poller.assess(dc_replace(snapshot, models=(model,)), probe_map)
                 cached = self._cache[model.dht_prefix] = {"missing": missing, "key": key, "at": self._poll_index,
                                                           "health": health}
                 self.counts["diagnoses"] = self.counts.get("diagnoses", 0) + 1

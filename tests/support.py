@@ -343,7 +343,7 @@ def polled_prober(settings: Settings, store: Store, dht) -> tuple[Poller, Server
     poller = Poller(settings, store, dht)
     assert poller.poll_once() is not None
     prober = ServerProber(settings, store, dht, snapshot=lambda: poller._last_snapshot,
-                          after_round=poller.rediagnose_latest)
+                          after_round=poller.assess_latest)
     return poller, prober
 
 
@@ -423,7 +423,7 @@ def populate(store, settings, now: float, *, infinite_ping: bool = True) -> dict
         store.record_reachability(probes)
         snapshot = Snapshot(taken_at=at, duration=1.25 + stage, models=(TINY, OTHER) if stage >= 2 else (TINY,),
                             servers=tuple(poll_rows(stage, infinite_ping)), invalid_records=stage)
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
+        store.record_poll(snapshot, poller.assess(snapshot, store.latest_reachability()))
     store.record_chat_outcome(ChatOutcome(now - 120, PEERS["full"], TINY.dht_prefix, 0, 8, True, seconds_per_token=0.4))
     store.record_chat_outcome(ChatOutcome(now - 110, PEERS["first"], TINY.dht_prefix, 0, 4, False,
                                           error="timeout after 30 s"))

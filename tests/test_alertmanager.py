@@ -21,7 +21,7 @@ from monitor.app import webhooks
 from monitor.app.alerter import Alerter
 from monitor.core import alert_rules as core
 from monitor.core.alert_rules import CHANGED, FIRED, RESOLVED
-from monitor.core.diagnosis import ModelHealth, Recommendation
+from monitor.core.assessment import Assessment, Recommendation
 from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings
@@ -150,7 +150,7 @@ MODEL = ModelInfo("llama", 4, name="Llama 2", official=True)
 
 
 def record(store: Store, at: float, state: str) -> None:
-    health = ModelHealth(model="llama", state=state, reasons=() if state == "healthy" else ("blocks 0:4 have one server",),
+    health = Assessment(model="llama", state=state, reasons=() if state == "healthy" else ("blocks 0:4 have one server",),
                          coverage_pct=100.0, servers_online=1, min_redundancy=1, blocks=(), missing_ranges=(),
                          single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0,
                          route=(), recommendation=Recommendation(0, 4, 4, "--block_indices 0:4", "redundancy"))

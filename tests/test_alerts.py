@@ -28,7 +28,7 @@ from monitor.core import alert_rules as core
 from monitor.core.alert_rules import (
     CHANGED, FIRED, FIRING, PENDING, REPEATED, RESOLVED, BootstrapView, ModelView, PeerView, Rule, SwarmView,
 )
-from monitor.core.diagnosis import ModelHealth, Recommendation
+from monitor.core.assessment import Assessment, Recommendation
 from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.harness.webhook_receiver import WebhookReceiver
@@ -350,9 +350,9 @@ def test_payloads_are_bounded():
 MODEL = ModelInfo("llama", 4, name="Llama 2", official=True)
 
 
-def diagnosis(state: str) -> ModelHealth:
+def diagnosis(state: str) -> Assessment:
     reasons = () if state == "healthy" else ("blocks 0:4 have one server",)
-    return ModelHealth(model="llama", state=state, reasons=reasons,
+    return Assessment(model="llama", state=state, reasons=reasons,
                        coverage_pct=100.0, servers_online=1, min_redundancy=1, blocks=(), missing_ranges=(),
                        single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0,
                        route=(), recommendation=Recommendation(0, 4, 4, "--block_indices 0:4", "redundancy"))
@@ -518,13 +518,20 @@ def test_a_peer_the_correctness_probes_judge_wrong_fires_its_rule_until_a_correc
                            verdict=value, error_ratio=0.93 if value == WRONG_VERDICT else 1e-6, tolerance=0.0016,
                            checked_against="peers")
 
+    def assessed_poll(at: float) -> None:  # as the poller stores a poll: with its assessment of the probes
+        from monitor.app.assessing import assess_poll
+
+        snapshot = Snapshot(taken_at=at, duration=1.0, models=(MODEL,), servers=(
+            ServerRow(peer_id=PEER_A, model="llama", start=0, end=4, state="ONLINE", public_name="a"),))
+        store.record_poll(snapshot, assess_poll(store, settings, snapshot, {}, now=at))
+
     store.record_server_probes([verdict(now + 1, WRONG_VERDICT)])
-    record(store, now + 2, "healthy")
+    assessed_poll(now + 2)
     [fired] = alerter.evaluate(now + 2).notices
     assert fired.summary == "peer a returns wrong outputs in correctness probes"
     assert "relative error 0.93" in fired.details[0]
     store.record_server_probes([verdict(now + 3, CORRECT)])
-    record(store, now + 4, "healthy")
+    assessed_poll(now + 4)
     [resolved] = alerter.evaluate(now + 4).notices
     assert resolved.summary == "peer a passes correctness probes again"
 
@@ -652,7 +659,7 @@ def test_the_prometheus_rules_use_only_metrics_the_monitor_exposes(store, tmp_pa
 
 
 def model_state(store: Store):
-    health = store.latest_diagnoses().get(TINY_DHT_PREFIX)
+    health = store.latest_assessments().get(TINY_DHT_PREFIX)
     return health.state if health else None
 
 
@@ -699,7 +706,7 @@ def test_a_stopped_server_is_one_notice_and_its_return_one_recovery_even_across_
         poller = Poller(settings, store, swarm.dht)
         poller.start()
         try:
-            assert wait_until(lambda: model_state(store) == "healthy", 60), store.latest_diagnoses()
+            assert wait_until(lambda: model_state(store) == "healthy", 60), store.latest_assessments()
             # a healthy swarm pages nobody: seen once the rules judged it with nothing pending, or
             # else after longer than `for` and two evaluations
             runs = dict(poller.stats.runs)

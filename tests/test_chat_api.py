@@ -19,7 +19,8 @@ from simple_websocket import Client as WsClient
 
 from chat.http import create_blueprint
 from chat.engine import ChatEngine, GenerationParams
-from monitor.core.coverage import BROKEN, diagnose
+from monitor.core.coverage import BROKEN
+from monitor.swarm.routing import diagnose
 from monitor.settings import ModelConfig
 from monitor.core.snapshot import ModelInfo
 from monitor.swarm import scrape

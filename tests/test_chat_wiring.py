@@ -14,7 +14,7 @@ from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
 from chat.http import create_blueprint
 from chat.policy import EXPLORE_EVERY, RoutingSettings
 from monitor.settings import ModelConfig, Settings
-from monitor.core.coverage import diagnose
+from monitor.swarm.routing import diagnose
 from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.store import Store

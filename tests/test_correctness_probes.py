@@ -63,8 +63,8 @@ def test_cross_check_outvotes_one_wrong_server_and_shows_a_disagreement_nobody_o
 
 
 def test_a_disagreement_nobody_outvotes_is_a_reason_in_the_diagnosis_and_both_servers_still_serve():
-    from monitor.core.coverage import diagnose
-    from monitor.core.diagnosis import DEGRADED
+    from monitor.swarm.routing import diagnose
+    from monitor.core.assessment import DEGRADED
     from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow
 
     def checked(peer, at, start, end, verdict):
@@ -93,9 +93,10 @@ def test_a_disagreement_nobody_outvotes_is_a_reason_in_the_diagnosis_and_both_se
 def test_a_thousand_disagreeing_servers_make_a_diagnosis_of_a_few_lines():
     """Anyone can announce servers: 1,000 of them disagreeing (or wrong) name a few and count the
     rest, so a diagnosis (stored with every poll, shown on every page) stays small."""
-    from monitor.core.coverage import MAX_NAMED, diagnose
+    from monitor.core.coverage import MAX_NAMED
+    from monitor.swarm.routing import diagnose
     from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow
-    from monitor.core.diagnosis import DEGRADED
+    from monitor.core.assessment import DEGRADED
 
     rows = [ServerRow(f"s{i:04d}", "m", 0, 8, ONLINE, throughput=10.0, public_name=f"s{i:04d}") for i in range(1000)]
     disagreeing = {row.peer_id: "outputs disagree with other servers on blocks 0:8" for row in rows}
@@ -160,7 +161,7 @@ def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_
         assert verdicts[second] == WRONG  # its first probe since it corrupts
         assert all(v == CORRECT for peer, v in verdicts.items() if peer != second)
 
-        health = store.latest_diagnoses()[TINY_DHT_PREFIX]
+        health = store.latest_assessments()[TINY_DHT_PREFIX]
         assert second in health.excluded_peers and "wrong outputs" in health.excluded_peers[second]
         assert any(r.startswith("second-half returns wrong outputs") for r in health.reasons), health.reasons
         assert all(second not in block.peers for block in health.blocks)
@@ -188,7 +189,7 @@ def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_
     fixed_at = time.time()
     probes = rounds_until(prober, lambda seen: any(p.peer_id == second and p.at > fixed_at for p in seen))
     assert [p.verdict for p in probes if p.peer_id == second and p.at > fixed_at][-1] == CORRECT
-    assert second not in store.latest_diagnoses()[TINY_DHT_PREFIX].excluded_peers  # a correct verdict clears it
+    assert second not in store.latest_assessments()[TINY_DHT_PREFIX].excluded_peers  # a correct verdict clears it
 
 
 def test_without_weights_servers_of_the_same_blocks_are_compared_and_disagreements_shown(checked, tmp_path):
@@ -214,8 +215,8 @@ def test_without_weights_servers_of_the_same_blocks_are_compared_and_disagreemen
     assert all(p.verdict == CORRECT for p in probes if (p.start, p.end) == (0, HALF) and p.verdict)
 
     # ...and in the model's diagnosis, as reasons (not only on the pages); both still serve
-    assert poller.rediagnose_latest()
-    health = store.latest_diagnoses()[TINY_DHT_PREFIX]
+    assert poller.assess_latest()
+    health = store.latest_assessments()[TINY_DHT_PREFIX]
     for name in ("second-half", "full"):
         assert any(r.startswith(f"{name} outputs disagree with other servers") for r in health.reasons), health.reasons
     assert not any(r.startswith("first-half outputs disagree") for r in health.reasons)
@@ -246,7 +247,7 @@ def test_the_dashboard_shows_a_corrupting_server_without_anyone_chatting(checked
                 break
             time.sleep(1)
         else:
-            reasons = service.store.latest_diagnoses()[TINY_DHT_PREFIX].reasons
+            reasons = service.store.latest_assessments()[TINY_DHT_PREFIX].reasons
             raise AssertionError(f"the model page never flagged the corrupting server; diagnosis: {reasons}")
         peer_page = client.get(f"/peers/{second}").get_data(as_text=True)
         assert "wrong outputs" in peer_page[peer_page.find('id="measured-h"'):]

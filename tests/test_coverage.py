@@ -11,12 +11,11 @@ from monitor.core.coverage import (
     BROKEN,
     DEGRADED,
     HEALTHY,
-    best_route,
     block_redundancy,
-    diagnose,
     format_ranges,
     ranges,
 )
+from monitor.swarm.routing import best_route, diagnose
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 

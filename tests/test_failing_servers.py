@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core import alert_rules
-from monitor.core.coverage import BROKEN, DEGRADED, HEALTHY, MAX_IN_REASON, diagnose
-from monitor.core.diagnosis import CAUSE_FAILING, CAUSE_UNREACHABLE, ModelHealth
+from monitor.core.coverage import BROKEN, DEGRADED, HEALTHY, MAX_IN_REASON
+from monitor.swarm.routing import diagnose
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_UNREACHABLE, Assessment
 from monitor.core.probes import (
     CLIENT_ERROR,
     FAILING_CONFIRMATIONS,
@@ -110,8 +111,8 @@ def test_with_two_failing_only_the_third_serves_and_with_all_three_the_model_is_
 
 
 def test_a_failed_diagnosis_is_stored_as_such():
-    health = ModelHealth.not_diagnosed(MODEL.dht_prefix, 30, "ValueError: boom")
-    again = ModelHealth.from_dict(health.to_dict())
+    health = Assessment.not_diagnosed(MODEL.dht_prefix, 30, "ValueError: boom")
+    again = Assessment.from_dict(health.to_dict())
     assert again.state == "unknown" and again.reasons == ("not diagnosed: ValueError: boom",)
     assert again.recommendation is None
 

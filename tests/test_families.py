@@ -126,7 +126,7 @@ def test_the_model_is_found_and_diagnosed_healthy_with_every_block_covered(famil
     assert {row.peer_id for row in rows} == peers
     assert {(row.start, row.end, row.state) for row in rows} == {(0, TINY_NUM_BLOCKS, "ONLINE")}
 
-    health = family.store.latest_diagnoses()[family.model.dht_prefix]
+    health = family.store.latest_assessments()[family.model.dht_prefix]
     assert health.state == HEALTHY, health.reasons
     assert health.coverage_pct == 100.0 and health.min_redundancy == 2 and health.servers_online == 2
     assert all(set(block.peers) == peers for block in health.blocks)
@@ -138,7 +138,7 @@ def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family)
         family.poller.poll_once()
     prober = ServerProber(family.settings, family.store, family.swarm.dht,
                           snapshot=lambda: family.poller._last_snapshot or family.store.latest_snapshot(),
-                          after_round=family.poller.rediagnose_latest)
+                          after_round=family.poller.assess_latest)
     honest, corrupted = family.swarm.peer_id("server-1"), family.swarm.peer_id("server-2")
     try:
         probes = {p.peer_id: p for p in prober.run_once()}
@@ -151,7 +151,7 @@ def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family)
             assert 0 < probe.rtt < 5 and 0 < probe.seconds_per_token < 5 and probe.prefill_seconds > 0
             assert probe.checked_against == BY_REFERENCE
             assert probe.verdict == "ok" and probe.error_ratio < probe.tolerance, probe
-        health = family.store.latest_diagnoses()[family.model.dht_prefix]
+        health = family.store.latest_assessments()[family.model.dht_prefix]
         assert health.state == HEALTHY and health.speed_source == "measured", health.reasons
 
         family.swarm.corrupt("server-2")
@@ -160,14 +160,14 @@ def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family)
         verdicts = {p.peer_id: p.verdict for p in judged}
         assert verdicts[corrupted] == "wrong", judged
         assert verdicts.get(honest, "ok") == "ok"
-        health = family.store.latest_diagnoses()[family.model.dht_prefix]
+        health = family.store.latest_assessments()[family.model.dht_prefix]
         assert health.state != HEALTHY and corrupted not in {peer for peer, _, _ in health.route}, health.reasons
 
         family.swarm.uncorrupt("server-2")  # honest again: its next probe clears the verdict
         since = time.time()
         wait_until(lambda: any(p.peer_id == corrupted and p.at > since and p.verdict == "ok"
                                for p in prober.run_once()), 30)
-        health = family.store.latest_diagnoses()[family.model.dht_prefix]
+        health = family.store.latest_assessments()[family.model.dht_prefix]
         assert health.state == HEALTHY, health.reasons
     finally:
         family.swarm.uncorrupt("server-2")
@@ -243,14 +243,14 @@ def test_the_generation_check_generates_through_the_chats_engine(family, engine,
                          settings.generation_check_tokens)
     matching = ModelConfig(dht_prefix=family.model.dht_prefix, path=family.model.path, expect=re.escape(expected))
     checker = GenerationChecker(settings.model_copy(update={"models": [matching]}), family.store,
-                                engine=lambda: engine, after_round=family.poller.rediagnose_latest)
+                                engine=lambda: engine, after_round=family.poller.assess_latest)
     [check] = checker.run_once()
     assert check.ok and check.matched, check
     assert check.answer == expected and check.tokens == settings.generation_check_tokens
     assert check.time_to_first_token > 0 and check.tokens_per_second > 0
     assert check.route_peers and set(check.route_peers) <= {family.swarm.peer_id(spec.name) for spec in SPECS}
     assert family.store.latest_generation_checks()[family.model.dht_prefix].answer == expected
-    health = family.store.latest_diagnoses()[family.model.dht_prefix]  # diagnosed again with the check
+    health = family.store.latest_assessments()[family.model.dht_prefix]  # diagnosed again with the check
     # a passing check breaks nothing (a tiny server measured slow on a loaded machine may degrade it)
     assert health.state in (HEALTHY, DEGRADED) and not any("generation check" in r for r in health.reasons), \
         health.reasons

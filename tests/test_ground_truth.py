@@ -53,7 +53,7 @@ def service(tiny_model, tmp_path_factory):
 
 
 def diagnosis(svc):
-    return svc.store.latest_diagnoses().get(TINY_DHT_PREFIX)
+    return svc.store.latest_assessments().get(TINY_DHT_PREFIX)
 
 
 def report_of(client, peer_id: str) -> dict:

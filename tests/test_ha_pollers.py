@@ -113,8 +113,8 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
             assert wait_until(lambda: len(poll_times(store, killed_at)) > polled_after, 2 * PERIOD + SLACK)  # it polls
 
             # ---- SIGSTOP the new leader, and stop a server while the other standby takes over ----
-            assert wait_until(lambda: store.latest_diagnoses()[TINY_DHT_PREFIX].state == "healthy", 60), \
-                store.latest_diagnoses()[TINY_DHT_PREFIX]
+            assert wait_until(lambda: store.latest_assessments()[TINY_DHT_PREFIX].state == "healthy", 60), \
+                store.latest_assessments()[TINY_DHT_PREFIX]
             frozen, frozen_at = leader, leader.freeze()
             swarm.stop(DEGRADING)  # (the model degraded: blocks 0:4 left with one server)
             leader, took_after = takeover(store, [spare], frozen_at)

@@ -47,7 +47,7 @@ def history(tmp_path):
         store.record_reachability(ReachabilityBatch(taken_at=at - 1, duration=0.1, results=tuple(
             ReachabilityResult(r.peer_id, "server", True, rtt=0.01) for r in rows)))
         snapshot = Snapshot(taken_at=at, duration=0.3, models=(TINY,), servers=tuple(rows))
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
+        store.record_poll(snapshot, poller.assess(snapshot, store.latest_reachability()))
     app = create_app(settings, store)
     yield app, times
     store.close()

@@ -339,7 +339,7 @@ def test_many_generated_records_through_parsing_and_storing_lose_no_poll(store, 
             rows.append(row)
         snapshot = Snapshot(taken_at=t0 + 60 * i, duration=0.5, models=(TINY,), servers=tuple(rows),
                             invalid_records=invalid, clamped_values=clamped)
-        snapshot, healths = poller.analyse_poll(snapshot)  # as the poller does: a failed diagnosis costs no poll
+        healths = poller.assess(snapshot, {})  # as the poller does: a failed diagnosis costs no poll
         poll_id = store.record_poll(snapshot, healths)
 
         last = store.last_poll()
@@ -352,7 +352,7 @@ def test_many_generated_records_through_parsing_and_storing_lose_no_poll(store, 
             for value in _numbers([row.throughput, row.inference_rps, row.forward_rps, row.network_rps,
                                    row.cache_tokens_left, row.start, row.end]):
                 assert math.isfinite(value) and abs(value) <= INT64_MAX, row
-        for health in store.latest_diagnoses().values():
+        for health in store.latest_assessments().values():
             assert all(math.isfinite(v) for v in _numbers(health.to_dict()))
         outcomes["refused"] += refused
         outcomes["bounded"] += bounded
@@ -375,7 +375,7 @@ def test_metric_labels_from_announced_text_are_bounded_in_count_and_length(tmp_p
         rows += [ServerRow(_peer(rng), TINY_DHT_PREFIX, 0, N, ONLINE, throughput=1.0, version=versions[-1])]
         snapshot = Snapshot(taken_at=1_700_000_000.0, duration=0.5, models=(TINY,), servers=tuple(rows))
         settings = Settings(data_dir=tmp_path, models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)])
-        store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, {}))
+        store.record_poll(snapshot, Poller(settings, store, dht=None).assess(snapshot, {}))
 
         family = metrics(create_app(settings, store).test_client())["server_version"]
         labels = {s.labels["version_number"]: s.value for s in family.samples}
@@ -403,7 +403,7 @@ def test_the_overview_names_refused_rows_and_lists_reachability_issues_of_the_la
 
         def poll(at, rows):
             snapshot = Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=tuple(rows))
-            store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
+            store.record_poll(snapshot, poller.assess(snapshot, store.latest_reachability()))
 
         def server(peer, **extra):
             return ServerRow(peer, TINY_DHT_PREFIX, 0, N, ONLINE, throughput=5.0, **extra)

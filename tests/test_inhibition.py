@@ -16,7 +16,7 @@ from monitor.app.alerter import Alerter
 from monitor.core import alert_rules as core
 from monitor.core import muting
 from monitor.core.alert_rules import FIRED, FIRING, RESOLVED, ModelView, PeerView, Rule, SwarmView
-from monitor.core.diagnosis import ModelHealth, Recommendation
+from monitor.core.assessment import Assessment, Recommendation
 from monitor.core.muting import Mutes
 from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.harness.webhook_receiver import WebhookReceiver
@@ -110,8 +110,8 @@ def test_inhibition_rules_are_settings_checked_at_start(tmp_path):
 MODEL = ModelInfo("llama", 8, name="Llama", official=True)
 
 
-def health(state: str) -> ModelHealth:
-    return ModelHealth(model="llama", state=state, reasons=() if state == "healthy" else ("blocks 0:8 have one server",),
+def health(state: str) -> Assessment:
+    return Assessment(model="llama", state=state, reasons=() if state == "healthy" else ("blocks 0:8 have one server",),
                        coverage_pct=100.0, servers_online=1, min_redundancy=1, blocks=(), missing_ranges=(),
                        single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0,
                        route=(), recommendation=Recommendation(0, 8, 8, "--block_indices 0:8", "redundancy"))
@@ -202,7 +202,7 @@ def test_a_broken_model_sends_one_notice_not_one_per_server(make_swarm, tmp_path
         poller = Poller(settings, store, swarm.dht)
         poller.start()
         try:
-            assert wait_until(lambda: (h := store.latest_diagnoses().get(TINY_DHT_PREFIX)) and h.state == "healthy", 90)
+            assert wait_until(lambda: (h := store.latest_assessments().get(TINY_DHT_PREFIX)) and h.state == "healthy", 90)
             stops = [threading.Thread(target=swarm.stop, args=(name,)) for name in names]
             for thread in stops:
                 thread.start()

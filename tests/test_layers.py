@@ -112,3 +112,59 @@ def test_lazy_imports_inside_functions_count():
     """The rules above read imports made inside functions too (the ones that hid petals)."""
     source = "def f():\n    from monitor.app import cli\n    from . import store\n"
     assert parse_imports(source, "monitor.web.pages", package="monitor.web") >= {"monitor.app.cli", "monitor.web.store"}
+
+
+# third-party packages the pure core must never import: petals' routing, block selection and wire
+# protocol are used from the swarm edge (``monitor.swarm``) and ``chat/sequence.py`` only
+CORE_FORBIDS = ("petals", "hivemind", "dijkstar", "torch", "transformers")
+MAX_MODULE_LINES = 600
+
+
+def test_the_core_imports_neither_petals_nor_hivemind():
+    wrong = [f"{name} imports {dep}" for name, path in our_modules().items() if within(name, "monitor.core")
+             for dep in sorted(imports_of(path)) for banned in CORE_FORBIDS if within(dep, banned)]
+    assert not wrong, "\n".join(wrong)
+
+
+def petals_importers() -> dict[str, Path]:
+    return {name: path for name, path in our_modules().items()
+            if name != "monitor.compat" and any(within(dep, "petals") for dep in imports_of(path))}
+
+
+def test_every_module_that_imports_petals_imports_compat_first():
+    """petals 2.2 imports names hivemind 1.1.12 no longer exports: ``monitor.compat`` restores them,
+    so it is imported before petals — at module level, or (a process that must import petals late,
+    as the harness's fork server does) first in the very function that imports petals."""
+    wrong = []
+    for name, path in petals_importers().items():
+        tree = ast.parse(path.read_text(), name)
+        module_compat = _first(tree.body, "monitor.compat")
+        for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+            petals_at = _first(scope.body, "petals")
+            if petals_at is None:
+                continue
+            local = _first(scope.body, "monitor.compat") if scope is not tree else None
+            if not ((module_compat is not None and (scope is not tree or module_compat < petals_at))
+                    or (local is not None and local < petals_at)):
+                wrong.append(f"{name}:{getattr(scope, 'name', '<module>')}")
+    assert petals_importers(), "no module imports petals: the rule reads nothing"
+    assert not wrong, "import monitor.compat before petals: " + ", ".join(sorted(wrong))
+
+
+def _first(body, package: str):
+    """The line of the first import of ``package`` among the statements of ``body`` (nested ones too)."""
+    lines = [node.lineno for statement in body for node in ast.walk(statement)
+             if isinstance(node, (ast.Import, ast.ImportFrom)) and any(within(n, package) for n in _names(node))]
+    return min(lines) if lines else None
+
+
+def _names(node) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    base = node.module or ""
+    return {base} | {f"{base}.{alias.name}" for alias in node.names}
+
+
+def test_no_module_is_over_600_lines():
+    long = {name: n for name, path in our_modules().items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long

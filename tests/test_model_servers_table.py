@@ -41,7 +41,7 @@ def test_a_failing_server_is_shown_failing_with_its_error_and_the_model_degraded
                                             error_kind=SERVER_ERROR) for i in range(2)])
     snapshot = store.latest_snapshot()
     store.record_poll(Snapshot(taken_at=at, duration=1.0, models=snapshot.models, servers=snapshot.servers),
-                      Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
+                      Poller(settings, store, dht=None).assess(snapshot, store.latest_reachability()))
     report = next(r for r in client.get("/api/v1/state").get_json()["model_reports"]
                   if r["dht_prefix"] == TINY.dht_prefix)
     assert report["monitor_state"] in ("degraded", "broken")

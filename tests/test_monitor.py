@@ -99,11 +99,11 @@ def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_
     s = swarm
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
     poll(poller)
-    assert sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX].min_redundancy == 2
+    assert sqlite_store.latest_assessments()[TINY_DHT_PREFIX].min_redundancy == 2
 
     s.kill("full")  # its record stays in the DHT until it expires; its probe fails at once
     poller.check_reachability_once()
-    diagnosis = sqlite_store.latest_diagnoses()[TINY_DHT_PREFIX]
+    diagnosis = sqlite_store.latest_assessments()[TINY_DHT_PREFIX]
     assert diagnosis.min_redundancy == 1
     assert "unreachable" in diagnosis.excluded_peers[s.peer_id("full")]
     assert sqlite_store.latest_model_status()[TINY_DHT_PREFIX]["min_redundancy"] == 2  # the poll's, until the next
@@ -125,8 +125,8 @@ def test_a_poller_checks_the_servers_its_first_poll_finds_at_once_not_a_reachabi
     poller.start()
     try:
         counted = wait_until(lambda: (lambda d: d is not None and full not in d.excluded_peers and d)(
-            sqlite_store.latest_diagnoses().get(TINY_DHT_PREFIX)), 30)
-        assert counted, sqlite_store.latest_diagnoses()
+            sqlite_store.latest_assessments().get(TINY_DHT_PREFIX)), 30)
+        assert counted, sqlite_store.latest_assessments()
         assert counted.state == "healthy" and counted.min_redundancy == 2, counted.reasons
         assert sqlite_store.latest_reachability()[full].ok
         print(f"\n{full[:8]}… counted {time.monotonic() - started:.1f} s after the poller started")
@@ -281,7 +281,7 @@ def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlit
     poller = Poller(settings, sqlite_store, swarm.dht)
     scraped = poller.poll_once()  # what the scrape job stores: the real swarm, now
     assert scraped is not None, poller.stats.last_error
-    healths = poller.analyse(scraped, {})
+    healths = poller.assess(scraped, {})
     this_hour = time.time() // HOUR * HOUR
     old, recent = this_hour - 3 * DAY, this_hour - 2 * HOUR  # past the raw retention of a day / within it
     for hour in (old, recent):  # six polls an hour, as if the poller had been running then

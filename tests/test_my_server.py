@@ -152,7 +152,7 @@ def week(tmp_path):
                         error="Failed to connect in 5 sec" if r.public_name == "walled" else None)
             for r in rows if r.state == ONLINE))
         store.record_reachability(probes)
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
+        store.record_poll(snapshot, poller.assess(snapshot, store.latest_reachability()))
         at += 600
     store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=30)
     poller.refresh_scores(now)

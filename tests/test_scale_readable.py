@@ -57,7 +57,7 @@ def big(tmp_path_factory):
     store.migrate()
     store.record_reachability(ReachabilityBatch(taken_at=now - 5, duration=1.0, results=checks))
     snapshot = Snapshot(taken_at=now, duration=3.0, models=tuple(models), servers=tuple(rows))
-    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
+    store.record_poll(snapshot, Poller(settings, store, dht=None).assess(snapshot, store.latest_reachability()))
     yield create_app(settings, store), models, snapshot
     store.close()
 

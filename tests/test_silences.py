@@ -374,7 +374,7 @@ def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown
         poller = Poller(settings, store, swarm.dht)
         poller.start()
         try:
-            assert wait_until(lambda: (store.latest_diagnoses().get(TINY_DHT_PREFIX) or
+            assert wait_until(lambda: (store.latest_assessments().get(TINY_DHT_PREFIX) or
                                        type("x", (), {"state": None})).state == "healthy", 90)
             made = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
                 "peer": peer, "duration": "10m", "comment": f"upgrading petals on {DEGRADING}", "by": "operator"})

@@ -8,14 +8,18 @@ server puts it back), a real SQLite store, the real poller and measuring job run
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from chat.feedback import StoreWeights, probe_speeds
+from monitor.core.assess import server_assessments
+from monitor.core.assessment import Assessment, ServerAssessment
 from monitor.app.jobs import Poller
-from monitor.app.probing import ServerProber, measured_view
+from monitor.app.probing import ServerProber
 from monitor.settings import ModelConfig, Settings
-from monitor.core.coverage import DEGRADED, diagnose
+from monitor.core.coverage import DEGRADED
+from monitor.swarm.routing import diagnose
 from monitor.core.probes import (
     CONFIRM_AFTER,
     SLOW_FACTOR,
@@ -23,7 +27,6 @@ from monitor.core.probes import (
     ServerProbe,
     measured_speeds,
     next_probe_delay,
-    server_views,
     slowness,
     worth_confirming,
 )
@@ -75,7 +78,7 @@ def test_one_probe_calls_no_server_slow_two_slow_ones_do():
         probes = calm + [probe("a", now - 40 + i, seconds, end=2) for i, seconds in enumerate(a_probes)]
         recent = RecentProbes(probes, now, 60)
         health = diagnose(model, rows, measured=recent.speeds("m"), confirmed=recent.confirmed("m"))
-        view = server_views(probes, {r.peer_id: None for r in rows}, now=now, max_age=60, model="m")["a"]
+        view = server_assessments(recent, "m", {r.peer_id: None for r in rows}, health.excluded_causes)["a"]
         named = [r for r in health.reasons if r.startswith("…a (0:2) is slow") or r.startswith("slow blocks 0:2")]
         return health, view, named
 
@@ -141,9 +144,10 @@ def test_slow_means_measured_many_times_what_it_announces_or_what_the_others_tak
 def test_the_router_takes_a_probe_only_where_it_is_newer_than_the_chats_own_measurement():
     from monitor.core.snapshot import ChatOutcome
 
-    probes = [probe("a", 100.0, 0.08), probe("b", 100.0, 0.08)]
+    measured = {p: ServerAssessment(p, "serving", measured=0.02, round_trip=0.02, measured_at=100.0) for p in "ab"}
+    assessments = {"m": replace(Assessment.not_diagnosed("m", 4, "unused"), servers=measured)}
     chat = [ChatOutcome(at=200.0, peer_id="a", model="m", start=0, end=4, ok=True, seconds_per_token=0.02)]
-    speeds = probe_speeds(probes, chat, now=210.0, window=3600)
+    speeds = probe_speeds(assessments, chat)
     assert speeds == {"b": pytest.approx(0.02)}  # a: the chat measured it after the probe
 
 
@@ -222,16 +226,16 @@ def test_a_throttled_server_is_ranked_slow_by_probes_alone(measured):
             a loaded machine can keep it on the route a round longer)."""
             if sum(p.peer_id == full and p.at > throttled_at for p in seen) < 2:
                 return False
-            return full not in {peer for peer, _, _ in store.latest_diagnoses()[TINY_DHT_PREFIX].route}
+            return full not in {peer for peer, _, _ in store.latest_assessments()[TINY_DHT_PREFIX].route}
 
         run_until(prober, measured_around, timeout=120)  # no chat
-        view = measured_view(store, poller.settings)
-        speeds = view.speeds(TINY_DHT_PREFIX)
+        servers = store.latest_assessments()[TINY_DHT_PREFIX].servers  # what every reader reads
+        speeds = {peer: server.measured for peer, server in servers.items() if server.measured is not None}
         assert max(speeds, key=speeds.get) == full
         others = [s for peer, s in speeds.items() if peer != full]
         assert slowness(speeds[full], None, others).vs_others >= SLOW_FACTOR
 
-        health = store.latest_diagnoses()[TINY_DHT_PREFIX]  # re-diagnosed after the round
+        health = store.latest_assessments()[TINY_DHT_PREFIX]  # re-diagnosed after the round
         assert any(reason.startswith("full (0:8) is slow") for reason in health.reasons), health.reasons
         assert full not in {peer for peer, _, _ in health.route}  # the estimate goes around it
         assert health.speed_source == "measured"
@@ -261,7 +265,7 @@ def test_a_probe_round_rediagnoses_the_newest_poll_even_if_one_landed_during_the
     store.migrate()
     poller = Poller(settings, store, swarm.dht)
     started_from = poller.poll_once()
-    assert store.latest_diagnoses()[TINY_DHT_PREFIX].speed_source == "announced"
+    assert store.latest_assessments()[TINY_DHT_PREFIX].speed_source == "announced"
 
     def snapshot_then_a_poll_lands():
         snapshot = poller._last_snapshot
@@ -270,7 +274,7 @@ def test_a_probe_round_rediagnoses_the_newest_poll_even_if_one_landed_during_the
 
     rediagnosed: list[bool] = []
     prober = ServerProber(settings, store, swarm.dht, snapshot=snapshot_then_a_poll_lands,
-                              after_round=lambda: rediagnosed.append(poller.rediagnose_latest()))
+                              after_round=lambda: rediagnosed.append(poller.assess_latest()))
     try:
         assert {p.peer_id for p in prober.run_once() if p.ok} == {swarm.peer_id(s.name) for s in SPECS}
     finally:
@@ -278,7 +282,7 @@ def test_a_probe_round_rediagnoses_the_newest_poll_even_if_one_landed_during_the
     try:
         newest = store.latest_snapshot()
         assert newest.taken_at > started_from.taken_at and rediagnosed == [True]
-        health = store.latest_diagnoses()[TINY_DHT_PREFIX]  # the newest poll's, with the round's probes
+        health = store.latest_assessments()[TINY_DHT_PREFIX]  # the newest poll's, with the round's probes
         assert health.speed_source == "measured", health.reasons
     finally:
         store.close()

@@ -20,7 +20,7 @@ import pytest
 
 from monitor.core import uptime
 from monitor.core.common import DAY, HOUR
-from monitor.core.diagnosis import ModelHealth
+from monitor.core.assessment import Assessment
 from monitor.core.maintenance import MaintenanceWindow
 from monitor.core.snapshot import Snapshot
 from monitor.core.uptime import StatusPoint
@@ -48,8 +48,8 @@ COLOURS = {"healthy": "rgb(46, 157, 87)", "degraded": "rgb(212, 154, 22)", "brok
            "maintenance": "rgb(59, 111, 212)", "no data": "rgb(201, 206, 214)"}
 
 
-def health(state: str) -> ModelHealth:
-    base = ModelHealth.not_diagnosed(TINY.dht_prefix, TINY.num_blocks, "unused")
+def health(state: str) -> Assessment:
+    base = Assessment.not_diagnosed(TINY.dht_prefix, TINY.num_blocks, "unused")
     return replace(base, state=state, reasons=() if state == "healthy" else (f"the model is {state}",),
                    coverage_pct=100.0 if state != "broken" else 50.0, servers_online=2)
 

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from monitor.core.common import DAY, HOUR, short_peer_id
-from monitor.core.diagnosis import BlockCoverage, ModelHealth, Recommendation
+from monitor.core.assessment import BlockCoverage, Assessment, Recommendation
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import (
     JOINING,
@@ -54,7 +54,7 @@ def snapshot(at: float, rows, models=(LLAMA,), **extra) -> Snapshot:
     return Snapshot(taken_at=at, duration=1.5, models=tuple(models), servers=tuple(rows), **extra)
 
 
-def health(model: ModelInfo, state: str, blocks=None, **extra) -> ModelHealth:
+def health(model: ModelInfo, state: str, blocks=None, **extra) -> Assessment:
     """A diagnosis as ``coverage.diagnose`` returns it; ``blocks``: (serving servers, their throughput)
     per block, by default one server of throughput 1 on every block."""
     blocks = blocks if blocks is not None else [(1, 1.0)] * model.num_blocks
@@ -68,10 +68,10 @@ def health(model: ModelInfo, state: str, blocks=None, **extra) -> ModelHealth:
         recommendation=Recommendation(0, model.num_blocks, model.num_blocks, f"--block_indices 0:{model.num_blocks}",
                                       "more redundancy"),
     )
-    return ModelHealth(**{**fields, **extra})
+    return Assessment(**{**fields, **extra})
 
 
-def stored_status(h: ModelHealth, at: float) -> dict:
+def stored_status(h: Assessment, at: float) -> dict:
     """What ``latest_model_status`` says of a poll recorded with ``h``."""
     return {"at": at, "state": h.state, "reasons": list(h.reasons), "coverage_pct": h.coverage_pct,
             "servers_online": h.servers_online, "min_redundancy": h.min_redundancy,
@@ -111,12 +111,12 @@ def test_a_recorded_poll_comes_back_as_the_same_snapshot(store):
     last = store.last_poll()
     assert (last.id, last.at, last.ok, last.n_servers, last.n_models, last.invalid_records, last.errors) == (
         poll_id, T0, True, 4, 2, 3, ("bad record from x",))
-    # each model's status, block coverage and diagnosis all come from its ModelHealth
+    # each model's status, block coverage and diagnosis all come from its Assessment
     assert store.latest_model_status() == {LLAMA.dht_prefix: stored_status(llama, T0),
                                            MIXTRAL.dht_prefix: stored_status(mixtral, T0)}
     assert store.block_coverage_series(LLAMA.dht_prefix, T0, T0) == ([T0], [[2]] * 4 + [[1]] * 4)
     assert store.block_coverage_series(LLAMA.dht_prefix, T0, T0, value="throughput")[1][4] == [101.5]
-    assert store.latest_diagnoses() == {LLAMA.dht_prefix: llama, MIXTRAL.dht_prefix: mixtral}
+    assert store.latest_assessments() == {LLAMA.dht_prefix: llama, MIXTRAL.dht_prefix: mixtral}
     assert store.peer_ids() == sorted([peer("full"), peer("half"), peer("bare")])
 
 
@@ -137,23 +137,23 @@ def test_the_latest_polls_diagnoses_are_kept_and_replaced_and_change_the_marks(s
     diagnosis = health(LLAMA, "healthy", est_tokens_per_s=float("inf"))
     marks = store.change_marks()
     store.record_poll(snapshot(T0, [row("a")]), [diagnosis])
-    assert store.latest_diagnoses() == {LLAMA.dht_prefix: replace(diagnosis, est_tokens_per_s=None)}  # JSON: no inf
+    assert store.latest_assessments() == {LLAMA.dht_prefix: replace(diagnosis, est_tokens_per_s=None)}  # JSON: no inf
     assert store.latest_model_status()[LLAMA.dht_prefix]["est_tokens_per_s"] is None
     assert store.change_marks() != marks
 
     marks = store.change_marks()
-    assert store.record_diagnoses([replace(diagnosis, state="degraded")], taken_at=T0)  # after a probe round
-    assert store.latest_diagnoses()[LLAMA.dht_prefix].state == "degraded"
+    assert store.record_assessments([replace(diagnosis, state="degraded")], taken_at=T0)  # after a probe round
+    assert store.latest_assessments()[LLAMA.dht_prefix].state == "degraded"
     assert store.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"  # the poll's status stays
     assert store.change_marks() != marks
 
     store.record_poll(snapshot(T0 + 60, [row("a")]))
-    assert store.latest_diagnoses() == {}  # the older poll's diagnosis is not the newer poll's
+    assert store.latest_assessments() == {}  # the older poll's diagnosis is not the newer poll's
     newer = health(LLAMA, "broken")
     store.record_poll(snapshot(T0 + 120, [row("a")]), [newer])
     # a re-diagnosis of an older poll that lands after a newer poll is dropped, not stored as the newer one's
-    assert not store.record_diagnoses([diagnosis], taken_at=T0 + 60)
-    assert store.latest_diagnoses() == {LLAMA.dht_prefix: newer}
+    assert not store.record_assessments([diagnosis], taken_at=T0 + 60)
+    assert store.latest_assessments() == {LLAMA.dht_prefix: newer}
 
 
 def test_rows_the_database_refuses_cost_those_rows_not_the_poll(store):
@@ -181,7 +181,7 @@ def test_rows_the_database_refuses_cost_those_rows_not_the_poll(store):
         None, None, None)
     assert store.latest_model_status()[LLAMA.dht_prefix]["coverage_pct"] is None
     assert store.block_coverage_series(LLAMA.dht_prefix, T0, T0, value="throughput")[1][0] == [None]
-    assert store.latest_diagnoses()[LLAMA.dht_prefix].blocks[0].total_throughput is None  # JSON: no inf
+    assert store.latest_assessments()[LLAMA.dht_prefix].blocks[0].total_throughput is None  # JSON: no inf
     counts = store.poll_counts(T0 - 1)
     assert (counts["ok"], counts["failed"], counts["dropped_rows"], counts["clamped_values"]) == (1, 0, 1, 7)
 

@@ -226,7 +226,7 @@ def long_history(tmp_path):
             ReachabilityResult(PEERS["first"], "server", i % 10 != 3, rtt=0.004 if i % 10 != 3 else None,
                         error=None if i % 10 != 3 else "Failed to connect in 5 sec"),)))
         snapshot = Snapshot(taken_at=at, duration=1.0, models=(TINY,), servers=tuple(poll_rows(0 if i == 17 else 1)))
-        store.record_poll(snapshot, poller.analyse(snapshot, store.latest_reachability()))
+        store.record_poll(snapshot, poller.assess(snapshot, store.latest_reachability()))
     yield create_app(settings, store), now
     store.close()
 

@@ -65,7 +65,7 @@ def test_overview_says_whether_a_models_estimated_speed_is_measured_or_announced
         ServerProbe(PEERS[name], TINY.dht_prefix, start, end, at=time.time() - 10, ok=True, seconds_per_token=0.02,
                     rtt=0.004, duration=0.2)
         for name, start, end in (("first", 0, 4), ("second", 4, 8), ("full", 0, 8))])
-    assert Poller(settings, store, dht=None).rediagnose_latest()
+    assert Poller(settings, store, dht=None).assess_latest()
     cell = speed_cell()
     assert 'data-speed-source="measured"' in cell and "measured" in text_of(cell) and "announced" not in cell
     assert tiny_report()["speed_source"] == "measured" and tiny_report()["est_tokens_per_s"] > 0
@@ -315,7 +315,7 @@ def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refres
 
     rows = [replace(row, throughput=77.0) if row.peer_id == PEERS["first"] else row for row in poll_rows(2)]
     snapshot = Snapshot(taken_at=now + 1, duration=1.0, models=(TINY, OTHER), servers=tuple(rows))
-    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
+    store.record_poll(snapshot, Poller(settings, store, dht=None).assess(snapshot, store.latest_reachability()))
     assert first_row()["span"]["server_info"]["throughput"] == 77.0
 
     store.record_scores([PeerScore(PEERS["first"], 12.5, {}, ("a test",), at=now + 2)])

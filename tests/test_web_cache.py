@@ -18,7 +18,7 @@ from monitor.app.jobs import Poller
 from monitor.core.snapshot import ONLINE, ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot
 from monitor.settings import Settings
 from monitor.store import Store
-from monitor.store.schema import LatestDiagnosisRow
+from monitor.store.schema import AssessmentRow
 from monitor.web import create_app
 
 MODEL = ModelInfo("cache-llama", 8, name="Cache Llama")
@@ -46,9 +46,9 @@ def _store(tmp_path, side: str, settings: Settings, at: float) -> Store:
     row = ServerRow(PEER, MODEL.dht_prefix, 0, announced["end"], ONLINE, throughput=announced["throughput"],
                     inference_rps=30.0, version=announced["version"], public_name=announced["public_name"])
     snapshot = Snapshot(taken_at=at, duration=1.0, models=(MODEL,), servers=(row,))
-    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
+    store.record_poll(snapshot, Poller(settings, store, dht=None).assess(snapshot, store.latest_reachability()))
     with store.engine.begin() as conn:  # a diagnosis is stamped when written: both "written" at ``at``
-        conn.execute(LatestDiagnosisRow.__table__.update().values(at=at))
+        conn.execute(AssessmentRow.__table__.update().values(at=at))
     return store
 
 

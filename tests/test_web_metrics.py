@@ -78,7 +78,7 @@ def test_metrics_are_read_from_the_store_at_scrape_time_so_workers_agree(populat
     # a new poll in which only the first half is served: every worker reports it at once
     rows = (ServerRow(PEERS["first"], TINY.dht_prefix, 0, 4, "ONLINE", throughput=50.0),)
     snapshot = Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=rows)
-    store.record_poll(snapshot, Poller(settings, store, dht=None).analyse(snapshot, store.latest_reachability()))
+    store.record_poll(snapshot, Poller(settings, store, dht=None).assess(snapshot, store.latest_reachability()))
     for client in (app.test_client(), other_worker):
         f = scrape(client)
         assert value(f, "update_duration") == 0.5
@@ -110,7 +110,7 @@ def test_metrics_carry_servers_speed_reachability_and_the_last_polls_time_and_er
     """The gauges an operator's alerting reads, against what the populated store holds."""
     app, store, _, _ = populated
     f = scrape(app.test_client())
-    diagnoses = store.latest_diagnoses()
+    diagnoses = store.latest_assessments()
     # first, second and full are online and reachable; joining is JOINING; unreachable failed its probe
     assert value(f, "swarm_monitor_model_servers_online", model="tiny-llama") == 3
     assert value(f, "swarm_monitor_model_servers_online", model="other-model") == 1

@@ -31,6 +31,8 @@ from monitor.app import webhooks
 from monitor.alert_settings import WebhookConfig
 from monitor.core import alert_rules as core
 from monitor.core import muting
+from monitor.core.assess import flagged
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG
 from monitor.core.common import DAY, HOUR, short_error
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ReachabilityResult, Snapshot
 
@@ -43,15 +45,6 @@ _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 
 
 # ---- the view: what the store holds, as the rules see it -------------------------------------
-
-
-def verdict_flags(store, settings, now: float) -> tuple[dict[str, str], dict[str, str]]:
-    """(peer id -> why its outputs are wrong, peer id -> the error it fails every probe with), from
-    the probes of the recent window, as the diagnosis reads them (a newer good probe clears either)."""
-    from monitor.app.probing import measured_view
-
-    recent = measured_view(store, settings, now)
-    return recent.wrong(), recent.failing()
 
 
 def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
@@ -137,17 +130,19 @@ def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResu
 
 
 def read_view(store, settings, watching_since: float, now: float, needs_peers: bool = True,
-              needs_verdicts: bool = False, memory: Optional[PeerMemory] = None,
+              memory: Optional[PeerMemory] = None,
               targets: tuple[str, ...] = ()) -> core.SwarmView:
-    """The latest successful poll, its diagnoses, the latest probes and scores, as a SwarmView;
-    ``memory`` learns the poll's peers and looks up the watched ``targets`` it does not show."""
-    snapshot = store.latest_snapshot()
+    """The latest successful poll, its assessments, the latest reachability checks and scores (read
+    in one transaction, ``Store.latest_state``), as a SwarmView; ``memory`` learns the poll's peers
+    and looks up the watched ``targets`` it does not show."""
+    state = store.latest_state()
+    snapshot = state.snapshot
     if memory is not None:
         memory.learn(snapshot)
         present = {v for row in (snapshot.servers if snapshot else ()) for v in (row.peer_id, row.public_name) if v}
         memory.look_up(store, targets, present)
-    probes = store.latest_reachability()
-    diagnoses = store.latest_diagnoses() if snapshot is not None else {}
+    probes = state.reachability
+    diagnoses = state.assessments
     def serving(prefix: str) -> set[str]:
         excluded = diagnoses[prefix].excluded_peers
         return {row.peer_id for row in snapshot.servers
@@ -164,8 +159,8 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
         core.BootstrapView(peer_id=probe.peer_id or (probe.address or "?"), up=probe.ok, error=probe.error)
         for probe in probes.values() if probe.kind == "bootstrap" and probe.address in configured
     )
-    wrong, failing = verdict_flags(store, settings, now) if needs_verdicts else ({}, {})
-    peers = _peer_views(snapshot, probes, store.latest_scores(), wrong, failing, memory) if needs_peers else ()
+    peers = _peer_views(snapshot, probes, state.scores, flagged(diagnoses, CAUSE_WRONG),
+                        flagged(diagnoses, CAUSE_FAILING), memory) if needs_peers else ()
     return core.SwarmView(at=now, scrape_period=settings.scrape_period,
                           last_ok_poll_at=snapshot.taken_at if snapshot else None, watching_since=watching_since,
                           models=models, peers=peers, bootstrap=bootstrap)
@@ -197,7 +192,6 @@ class Alerter:
         self._peer_memory = PeerMemory()
         self.inhibit = self.config.inhibit_in_force()
         self._resent_at: dict[str, float] = {}  # Alertmanager webhook -> its latest re-send
-        self._needs_verdicts = any(rule.kind in core.VERDICT_KINDS for rule in self.rules)
         self._evaluating = threading.Lock()
         self._delivering = threading.Lock()
         self._pruned_at = 0.0
@@ -219,7 +213,7 @@ class Alerter:
             now = time.time() if now is None else now
             try:
                 view = read_view(self.store, self.settings, self.watching_since, now, self._needs_peers,
-                                 self._needs_verdicts, self._peer_memory, self._targets)
+                                 self._peer_memory, self._targets)
                 result = core.evaluate(self.rules, view, self.store.alerts(), now, self.mutes(now))
                 if self.stopping():
                     return None

@@ -188,7 +188,7 @@ def _poll_once_report(poller) -> str:
         raise click.ClickException(f"the scrape failed: {poller.stats.last_error.get('scrape')}")
     poller.check_reachability_once()  # (re-diagnoses the poll with these probes)
     poller.refresh_scores()
-    return poll_report(snapshot, poller.store.latest_diagnoses(), poller.store.latest_scores())
+    return poll_report(snapshot, poller.store.latest_assessments(), poller.store.latest_scores())
 
 
 @main.command()

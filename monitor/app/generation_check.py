@@ -161,7 +161,7 @@ class _OwnEngine:
                 from chat.feedback import StoreWeights
                 from chat.policy import RoutingSettings
 
-                self.weights = StoreWeights(self.store, speed_probe_period=self.settings.speed_probe_period).start()
+                self.weights = StoreWeights(self.store).start()
                 self.engine = ChatEngine(self.dht, [m for m in self.settings.models if m.path],
                                          score_source=self.weights,
                                          routing=RoutingSettings.from_settings(self.settings), max_sessions=1)
@@ -187,6 +187,6 @@ def start_generation_checks(poller, *, run_now: bool = True) -> Optional[Generat
         shared = getattr(poller, "chat_engine", None)
         return shared if shared is not None else own()
 
-    checker = GenerationChecker(poller.settings, poller.store, engine=engine, after_round=poller.after_probe_round,
+    checker = GenerationChecker(poller.settings, poller.store, engine=engine, after_round=poller.assess_latest,
                                 close_engine=own.close)
     return checker.start(stats=poller.stats, run_now=run_now)

@@ -28,14 +28,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from monitor.core import coverage, generation, leadership as lease_rules, scores
+from monitor.app import assessing
+from monitor.core import leadership as lease_rules, scores
+from monitor.core.assess import scoring_inputs
+from monitor.core.assessment import Assessment
 from monitor.core.common import short_error
-from monitor.core.diagnosis import ModelHealth
 from monitor import swarm
 from monitor.settings import Settings
 from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResult, Snapshot
@@ -152,7 +154,7 @@ class Poller:
                                 job="scrape")
             return None
         with self._lock:
-            snapshot, healths = self.analyse_poll(snapshot)
+            healths = self.assess(snapshot, self._latest_reachability())
             stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, healths), job="scrape")
             if not stored.ok:
                 if not isinstance(stored.error, NotLeader):  # (a poller that lost the lease records nothing)
@@ -168,20 +170,6 @@ class Poller:
         self.check_newly_online(snapshot)
         return snapshot
 
-    def analyse_poll(self, snapshot: Snapshot) -> tuple[Snapshot, list[ModelHealth]]:
-        """The poll's diagnoses with the latest reachability checks. If diagnosing fails (a bug, or
-        a value the DHT edge should have bounded), the poll is still stored, with the failure in
-        its errors and, for each model, a diagnosis that says so (``ModelHealth.not_diagnosed``):
-        every reader shows "not diagnosed: …", none diagnoses by itself."""
-        try:
-            return snapshot, self.analyse(snapshot, self._latest_reachability())
-        except Exception as e:  # noqa: BLE001 - the analysis must not cost the poll
-            log.exception("diagnosing the poll failed; storing it as not diagnosed")
-            self.stats.failed("diagnose", e)
-            error = f"diagnosing the poll failed: {short_error(e)}"
-            return replace(snapshot, errors=snapshot.errors + (error,)), [
-                ModelHealth.not_diagnosed(m.dht_prefix, m.num_blocks, short_error(e)) for m in snapshot.models]
-
     def _record_unstored(self, snapshot: Snapshot, error: Optional[BaseException]) -> None:
         """The poll was scraped but not stored: record it as failed, with the cause (if the database
         takes even that; the log has the cause either way)."""
@@ -190,37 +178,10 @@ class Poller:
         except StoreError as e:
             log.warning("scrape: the failed poll could not be recorded either: %s", e)
 
-    def analyse(self, snapshot: Snapshot, probes: Mapping[str, ReachabilityResult]) -> list[ModelHealth]:
-        """Each polled model's diagnosis, as ``record_poll`` and ``record_diagnoses`` take it: with
-        the recent probes' verdicts (measured speeds, wrong outputs, failing servers) and the
-        model's newest generation check, if it is current."""
-        from monitor.app.probing import measured_view
-
-        recent = measured_view(self.store, self.settings)
-        checks = self._current_generation_checks(recent.now)
-        return [
-            coverage.diagnose(
-                model, snapshot.rows_for(model.dht_prefix), probes,
-                min_tokens_per_s=self.settings.min_tokens_per_s,
-                min_cache_tokens=self.settings.min_cache_tokens,
-                measured=recent.speeds(model.dht_prefix), confirmed=recent.confirmed(model.dht_prefix),
-                wrong=recent.wrong(model.dht_prefix),
-                disagreeing=recent.disagreeing(model.dht_prefix), failing=recent.failing(model.dht_prefix),
-                generation=checks.get(model.dht_prefix),
-            )
-            for model in snapshot.models
-        ]
-
-    def _current_generation_checks(self, now: float) -> dict:
-        """model -> its newest generation check, where it still says something about now (empty if
-        the store cannot say: the diagnosis then goes without, rather than not at all)."""
-        try:
-            latest = self.store.latest_generation_checks()
-        except StoreError as e:
-            log.warning("generation checks not read, diagnosing without them: %s", e)
-            return {}
-        period = self.settings.generation_check_period
-        return {model: check for model, check in latest.items() if generation.is_current(check, now, period)}
+    def assess(self, snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult]) -> list[Assessment]:
+        """Each polled model's assessment, as ``record_poll`` and ``record_assessments`` take it
+        (``app.assessing.assess_poll``: with the recent probes and the newest generation checks)."""
+        return assessing.assess_poll(self.store, self.settings, snapshot, reachability)
 
     def refresh_scores(self, now: Optional[float] = None) -> dict[str, scores.PeerScore]:
         """Score every peer from a week of history, counted by the database (``Store.peer_aggregates``)."""
@@ -228,9 +189,7 @@ class Poller:
             return {}
         now = now or time.time()
         try:
-            from monitor.app.probing import scoring_inputs  # speed and correctness probes
-
-            result = scores.score_all(self.store.peer_aggregates(now), now, **scoring_inputs(self.store, self.settings, now))
+            result = scores.score_all(self.store.peer_aggregates(now), now, **scoring_inputs(self.store.latest_assessments()))
             self.store.record_scores(result.values())
         except NotLeader as e:
             log.info("scores: %s", e)
@@ -267,8 +226,8 @@ class Poller:
             self.stats.ok("reachability")
             if snapshot is not None:
                 self._checked_servers = frozenset(online)
-            # unreachable peers change the diagnosis: redo it with these probes
-            self.after_probe_round()
+            # unreachable peers change the verdict: assess the newest poll again with them
+            self.assess_latest()
         return batch
 
     def check_newly_online(self, snapshot: Snapshot) -> Optional[ReachabilityBatch]:
@@ -293,7 +252,7 @@ class Poller:
             return None
         if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
             self._checked_servers = (self._checked_servers or frozenset()) | frozenset(chosen)
-            self.after_probe_round()
+            self.assess_latest()
         return batch
 
     def _check(self, servers: list[str]) -> ReachabilityBatch:
@@ -301,36 +260,19 @@ class Poller:
         return swarm.check_servers(self.dht, servers, timeout=self.settings.reachability_timeout,
                                    concurrency=self.settings.reachability_concurrency)
 
-    def rediagnose(self, snapshot: Snapshot) -> bool:
-        """Diagnose ``snapshot`` again with the latest probes, and store that against its poll if
-        it is still the newest stored one (False if a newer poll came in: its diagnoses stay)."""
-        return self.store.record_diagnoses(self.analyse(snapshot, self.store.latest_reachability()),
-                                           taken_at=snapshot.taken_at)
+    def assess_latest(self) -> bool:
+        """An input of the newest poll was stored (a reachability or probe round, a generation
+        check): that poll — not the one a round started from, whose assessment a poll landing
+        meanwhile would drop — is assessed again with it (``app.assessing.assess_latest``), retried
+        while the database is away (a failure is counted as job "assess", not the input's: its
+        results are stored). Under the poll's lock, so a poll assessed before the input was stored
+        cannot land between this read and its write. False if there is no poll (or another process
+        keeps storing newer ones)."""
+        def assess() -> bool:
+            with self._lock:
+                return assessing.assess_latest(self.store, self.settings, self._last_snapshot)
 
-    def after_probe_round(self) -> None:
-        """A probe round (reachability or server probes) stored its results: the newest poll is
-        diagnosed again with them, retried while the database is away (a failure is counted as
-        the probe job's, not the round's: its probes are stored)."""
-        self._with_db_retry(self.rediagnose_latest, job="diagnose")
-
-    def rediagnose_latest(self) -> bool:
-        """After a probe round (reachability or server probes) stored its results: diagnose the
-        newest stored poll again with them — not the poll the round started from, whose
-        re-diagnosis a poll landing meanwhile would drop (the round's findings then waited for a
-        later round). Under the poll's lock, so a poll diagnosed before the round's results were
-        stored cannot land between this read and its write. False if there is no poll (or another
-        process keeps storing newer ones)."""
-        with self._lock:
-            snapshot = self._last_snapshot
-            for _ in range(3):
-                if snapshot is None:
-                    snapshot = self.store.latest_snapshot()
-                    if snapshot is None:
-                        return False
-                if self.rediagnose(snapshot):
-                    return True
-                snapshot = None  # a newer poll, stored by another process: read it
-            return False
+        return bool(self._with_db_retry(assess, job="assess").value)
 
     def rollup_once(self, now: Optional[float] = None):
         if not self.leads():

@@ -16,7 +16,7 @@ Correctness: a model with a local ``path`` is checked against the monitor's own 
 its blocks (``swarm.correctness.ReferenceModel``; the whole span per probe); other models' servers
 are compared with one another segment by segment (``swarm.correctness.CrossCheck``). Each round's
 probes are stored (``Store.record_server_probes``) and then the newest stored poll (not the one the
-round started from: a poll may land meanwhile) is diagnosed again with them (``after_round``).
+round started from: a poll may land meanwhile) is assessed again with them (``after_round``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from monitor.core.common import short_peer_id
 from monitor.core.probes import (
     BY_PEERS,
     BY_REFERENCE,
-    RecentProbes,
     ServerProbe,
     first_server_error,
     judge,
@@ -252,29 +251,6 @@ class ServerProber:
 # ---- wiring into the poller ----------------------------------------------------------------------
 
 
-def measured_view(store, settings, now: Optional[float] = None) -> RecentProbes:
-    """The recent probes (``recent_window``) and every verdict drawn from them (empty if the store
-    cannot say: the diagnosis then goes by announcements rather than not at all)."""
-    now = time.time() if now is None else now
-    max_age = recent_window(settings.speed_probe_period)
-    try:
-        probes = store.recent_server_probes(now - max_age)
-    except Exception as e:  # noqa: BLE001
-        log.warning("server probes not read, diagnosing by announced speeds: %s", e)
-        probes = []
-    return RecentProbes(probes, now, max_age)
-
-
-def scoring_inputs(store, settings, now: float) -> dict:
-    """What the peer scores take from the server probes (``scores.score_all``'s ``measured``,
-    ``wrong`` and ``failing``): per peer, the median of its newest probes' one-token steps per
-    block, round trip included (the chats' own measure, so both compare), why its outputs are
-    wrong, and the error it fails every inference with, if it does."""
-    max_age = recent_window(settings.speed_probe_period)
-    recent = RecentProbes(store.recent_server_probes(now - max_age), now, max_age)
-    return {"measured": recent.round_trip_speeds(), "wrong": recent.wrong(), "failing": recent.failing()}
-
-
 def start_probing(poller, *, run_now: bool = True) -> ServerProber:
     """Start the measuring job for the poller: its own thread (never delays a scrape, and a long
     round simply delays the next one), stopped by ``ServerProber.close``."""
@@ -282,5 +258,5 @@ def start_probing(poller, *, run_now: bool = True) -> ServerProber:
         return poller._last_snapshot or poller.store.latest_snapshot()
 
     prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=latest_snapshot,
-                              after_round=poller.after_probe_round)
+                              after_round=poller.assess_latest)
     return prober.start(stats=poller.stats, run_now=run_now)

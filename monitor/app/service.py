@@ -72,7 +72,7 @@ class Service:
         from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
         from chat.policy import RoutingSettings
 
-        self.weights = StoreWeights(self.store, speed_probe_period=self.settings.speed_probe_period).start()
+        self.weights = StoreWeights(self.store).start()
         return ChatEngine(
             self.dht, [m for m in self.settings.models if m.path],
             score_source=self.weights,

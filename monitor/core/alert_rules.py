@@ -37,7 +37,7 @@ from typing import Iterable, Mapping, Optional
 
 from monitor.core import muting
 from monitor.core.common import STALE_PERIODS, short_error, short_peer_id
-from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY
+from monitor.core.assessment import BROKEN, DEGRADED, HEALTHY
 from monitor.core.snapshot import ONLINE
 
 # rule kinds
@@ -52,7 +52,6 @@ PEER_SCORE_BELOW = "peer_score_below"  # a watched peer's health score is below 
 MONITOR_STALE = "monitor_stale"  # no successful poll for ``periods`` scrape periods
 MODEL_KINDS = (MODEL_DEGRADED, MODEL_BROKEN)
 PEER_KINDS = (PEER_OFFLINE, PEER_UNREACHABLE, PEER_WRONG_OUTPUTS, PEER_FAILING, PEER_SCORE_BELOW)
-VERDICT_KINDS = (PEER_WRONG_OUTPUTS, PEER_FAILING)  # rules that read the probes' verdicts
 KINDS = (*MODEL_KINDS, BOOTSTRAP_DOWN, *PEER_KINDS, MONITOR_STALE)
 
 # alert status, and the events a notice announces

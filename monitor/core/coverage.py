@@ -1,16 +1,9 @@
 """Per-model diagnosis from one snapshot: is every block served, how well, and where to add a server.
 
-Pure: plain rows in, plain answers out. Where petals decides something the same question, we ask
-petals' own code on the same data instead of re-deriving it:
-
-- the recommended range for a new server is ``petals.server.block_selection.choose_best_blocks``
-  over ``RemoteModuleInfo``/``ServerInfo`` objects built from the rows (what a petals server
-  started without ``--block_indices`` would pick from the same view);
-- the best route and its speed are a shortest path (Dijkstar, as petals) over the graph that
-  petals' min-latency routing builds (``RemoteSequenceManager._build_inference_graph``): per
-  block ``1 / inference_rps`` (300 if unknown), per hop ``rtt / 2`` from the previous server's
-  ``next_pings`` (0.15 s if unknown) plus 18 ms serialization overhead, and the client's own
-  ``rtt / 2`` at both ends (our probe RTTs stand in for the client's pings).
+Pure: plain rows in, plain answers out. Where petals decides the same question (the best route and
+its speed; the range a new server should take) ``diagnose`` asks a ``Routing`` it is given:
+``monitor.swarm.routing.PETALS_ROUTING`` runs petals' own code on the same rows (the poller, the
+specs), so core imports no petals.
 
 What counts as *serving* a block: an ONLINE server whose latest probe is ok, JOINING (still
 loading), or missing (not probed yet). JOINING and OFFLINE servers do not serve; a server whose
@@ -43,7 +36,7 @@ block selection sums it) is below ``BOTTLENECK_FRACTION`` of the median over ser
 the place where the swarm is thinnest relative to itself, even when nothing is missing.
 
 Ranges are ``start:end`` with ``end`` exclusive, as petals' ``--block_indices``. The result types
-live in ``monitor.core.diagnosis`` (no petals there), so the web can show a stored diagnosis.
+live in ``monitor.core.assessment`` (no petals there), so the web can show a stored diagnosis.
 """
 
 from __future__ import annotations
@@ -51,11 +44,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
-from typing import AbstractSet, Iterable, Mapping, Optional, Sequence
+from typing import AbstractSet, Iterable, Mapping, Optional, Protocol, Sequence
 
-from monitor import compat  # noqa: F401  (before petals)
-from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-exported)
+from monitor.core.assessment import (  # noqa: F401  (the result types, re-exported)
     BROKEN,
     CAUSE_FAILING,
     CAUSE_JOINING,
@@ -68,7 +59,7 @@ from monitor.core.diagnosis import (  # noqa: F401  (the result types, re-export
     HEALTHY,
     REASON_ERROR_CHARS,
     BlockCoverage,
-    ModelHealth,
+    Assessment,
     Range,
     Recommendation,
     RouteHop,
@@ -80,12 +71,6 @@ from monitor.core.generation import GenerationCheck
 from monitor.core.probes import SLOW_FACTOR, slowness
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, unreachable
 
-import dijkstar
-from hivemind import PeerID
-from petals.client.routing.sequence_info import RemoteSequenceInfo
-from petals.client.routing.sequence_manager import RemoteSequenceManager
-from petals.data_structures import RemoteModuleInfo, ServerInfo, ServerState
-from petals.server.block_selection import choose_best_blocks
 
 BOTTLENECK_FRACTION = 0.5
 MAX_NAMED = 5  # servers named per kind of reason (failing, wrong, disagreeing, slow); the rest counted
@@ -204,68 +189,23 @@ def _block_coverage(num_blocks: int, serving: Sequence[ServerRow]) -> list[Block
     return blocks
 
 
-# ---- rows -> petals' own data structures -----------------------------------------------------
+class Routing(Protocol):
+    """What the diagnosis asks of petals' routing (``monitor.swarm.routing.PetalsRouting``)."""
 
+    def fastest_path(self, num_blocks: int, rows: Sequence[ServerRow], client_rtts: Mapping[str, float],
+                     cache_tokens_needed: Optional[int]) -> tuple[list[RouteHop], float]:
+        """The min-latency route through ``rows`` (ONLINE, one per peer, every block served) and its
+        seconds per token."""
 
-def _peer_ids(rows: Sequence[ServerRow]) -> dict[str, PeerID]:
-    """Row peer id -> PeerID. Ids that are not base58 still get a stable PeerID of their bytes."""
-    ids = {}
-    for row in rows:
-        try:
-            peer_id = PeerID.from_base58(row.peer_id)
-            if peer_id.to_base58() != row.peer_id:
-                raise ValueError
-        except ValueError:
-            peer_id = PeerID(row.peer_id.encode())
-        ids[row.peer_id] = peer_id
-    return ids
-
-
-def _module_infos(num_blocks: int, rows: Sequence[ServerRow]) -> tuple[list[RemoteModuleInfo], dict]:
-    """The rows as petals' get_remote_module_infos would return them for blocks 0..num_blocks-1."""
-    ids = _peer_ids(rows)
-    # uids only need to parse back to (prefix, index); the real prefix may contain dots
-    infos = [RemoteModuleInfo(uid=f"model.{index}", servers={}) for index in range(num_blocks)]
-    for row in rows:
-        next_pings = {
-            (ids[peer].to_base58() if peer in ids else peer): float(rtt)
-            for peer, rtt in row.next_pings.items()
-            if rtt >= 0  # petals' ServerInfo rejects negative (and NaN) RTTs
-        }
-        info = ServerInfo(
-            state=ServerState[row.state],
-            throughput=float(row.throughput or 0.0),
-            start_block=row.start,
-            end_block=row.end,
-            public_name=row.public_name,
-            inference_rps=None if row.inference_rps is None else float(row.inference_rps),
-            cache_tokens_left=row.cache_tokens_left,
-            next_pings=next_pings,
-        )
-        for index in range(row.start, row.end):
-            infos[index].servers[ids[row.peer_id]] = info
-    return infos, ids
-
-
-class _RoutingView:
-    """Just enough of a RemoteSequenceManager to run petals' own _build_inference_graph."""
-
-    _rtt_to_delay = staticmethod(RemoteSequenceManager._rtt_to_delay)
-    _has_cache_for = staticmethod(RemoteSequenceManager._has_cache_for)
-
-    def __init__(self, sequence_info: RemoteSequenceInfo, client_rtts: dict):
-        self.state = SimpleNamespace(sequence_info=sequence_info)
-        self.ping_aggregator = SimpleNamespace(to_dict=lambda: client_rtts)
-
-    def build_graph(self, num_blocks: int, cache_tokens_needed: Optional[int]) -> dijkstar.Graph:
-        build = RemoteSequenceManager._build_inference_graph
-        return build(self, 0, num_blocks, cache_tokens_needed=cache_tokens_needed)
+    def choose_blocks(self, size: int, num_blocks: int, rows: Sequence[ServerRow]) -> tuple[int, int]:
+        """The ``(start, end)`` a new server of ``size`` blocks would pick from these rows."""
 
 
 def best_route(
     model_info: ModelInfo,
     rows: Sequence[ServerRow],
     *,
+    routing: Routing,
     client_rtts: Optional[Mapping[str, float]] = None,
     cache_tokens_needed: Optional[int] = None,
     measured: Mapping[str, float] = {},
@@ -281,23 +221,7 @@ def best_route(
     online = [_as_measured(row, measured) for row in _distinct(model_info, rows) if row.state == ONLINE]
     if any(count == 0 for count, _ in block_redundancy(num_blocks, online)):
         return [], math.inf
-    infos, ids = _module_infos(num_blocks, online)
-    names = {peer_id: name for name, peer_id in ids.items()}
-    sequence_info = RemoteSequenceInfo.make_empty([info.uid for info in infos])
-    sequence_info.update_(infos)
-    rtts = {ids[peer]: float(rtt) for peer, rtt in (client_rtts or {}).items() if peer in ids}
-    graph = _RoutingView(sequence_info, rtts).build_graph(num_blocks, cache_tokens_needed)
-    path = dijkstar.find_path(graph, "start", "end")
-
-    # the same folding of path nodes into spans as petals' _make_sequence_with_min_latency
-    hops: list[list] = []
-    for peer_id, block in path.nodes[1:-1]:
-        if not hops or hops[-1][0] != peer_id:
-            hops.append([peer_id, block, block])
-        else:
-            hops[-1][2] = block
-    route = [(names[peer_id], start, end) for peer_id, start, end in hops if end > start]
-    return route, float(path.total_cost)
+    return routing.fastest_path(num_blocks, online, dict(client_rtts or {}), cache_tokens_needed)
 
 
 def _as_measured(row: ServerRow, measured: Mapping[str, float]) -> ServerRow:
@@ -353,7 +277,8 @@ def _slow_blocks(blocks: Sequence[BlockCoverage], measured: Mapping[str, float],
 
 
 def _recommend(
-    model: ModelInfo, rows: Sequence[ServerRow], serving: Sequence[ServerRow], recommend_blocks: Optional[int]
+    model: ModelInfo, rows: Sequence[ServerRow], serving: Sequence[ServerRow], recommend_blocks: Optional[int],
+    routing: Routing,
 ) -> Recommendation:
     """Where a new server of K blocks adds most: petals' choose_best_blocks on the rows.
 
@@ -365,9 +290,7 @@ def _recommend(
         lengths = [row.length for row in serving]
         recommend_blocks = statistics.median_low(lengths) if lengths else num_blocks
     size = min(max(int(recommend_blocks), 1), num_blocks)
-    infos, _ = _module_infos(num_blocks, rows)
-    chosen = choose_best_blocks(size, infos)
-    start, end = chosen[0], chosen[-1] + 1
+    start, end = routing.choose_blocks(size, num_blocks, rows)
     totals = [total for _, total in block_redundancy(num_blocks, serving)]
     weakest = min(totals[start:end])
     return Recommendation(
@@ -430,10 +353,10 @@ def _who_serves(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str
 
 
 def _speed(model: ModelInfo, served: _Served, probes: Mapping[str, ReachabilityResult],
-           measured: Mapping[str, float]) -> _Speed:
+           measured: Mapping[str, float], routing: Routing) -> _Speed:
     """The best route through the serving servers and what a client waits per token on it."""
     client_rtts = {peer: p.rtt for peer, p in probes.items() if p.ok and p.rtt is not None}
-    route, seconds = best_route(model, served.serving, client_rtts=client_rtts, measured=measured)
+    route, seconds = best_route(model, served.serving, routing=routing, client_rtts=client_rtts, measured=measured)
     source = _speed_source(route, measured) if route else None
     if source == "measured":  # what a client waits per token on that route, all of it measured
         seconds = sum(measured[peer] * (end - start) + client_rtts.get(peer, 0.0) for peer, start, end in route)
@@ -518,6 +441,7 @@ def diagnose(
     rows: Sequence[ServerRow],
     probes: Mapping[str, ReachabilityResult] = {},
     *,
+    routing: Routing,
     min_tokens_per_s: float = 1.0,
     min_cache_tokens: int = 1024,
     recommend_blocks: Optional[int] = None,
@@ -527,7 +451,7 @@ def diagnose(
     disagreeing: Mapping[str, str] = {},
     failing: Mapping[str, str] = {},
     generation: Optional[GenerationCheck] = None,
-) -> ModelHealth:
+) -> Assessment:
     """The model's state with its reasons, from a snapshot's rows and the latest reachability check
     per peer.
 
@@ -550,7 +474,7 @@ def diagnose(
     single = ranges(b.index for b in blocks if b.online == 1)
     low_cache = ranges(b.index for b in blocks
                        if b.online and b.cache_tokens_left is not None and b.cache_tokens_left < min_cache_tokens)
-    speed = _Speed([], None, None, "") if missing else _speed(model, served, probes, measured)
+    speed = _Speed([], None, None, "") if missing else _speed(model, served, probes, measured, routing)
 
     if missing:
         state, reasons = BROKEN, [_missing_reason(start, end, served, failing) for start, end in missing]
@@ -572,7 +496,7 @@ def diagnose(
     # servers that do not serve whatever the DHT says are left out of the recommendation; JOINING
     # ones are kept, as petals keeps them (they will serve soon)
     candidates = [row for row in served.rows if served.causes.get(row.peer_id) not in (CAUSE_UNREACHABLE, CAUSE_FAILING)]
-    return ModelHealth(
+    return Assessment(
         model=model.dht_prefix,
         state=state,
         reasons=tuple(reasons),
@@ -587,7 +511,7 @@ def diagnose(
         est_tokens_per_s=speed.tokens_per_s,
         speed_source=speed.source,
         route=tuple(speed.route),
-        recommendation=_recommend(model, candidates, served.serving, recommend_blocks),
+        recommendation=_recommend(model, candidates, served.serving, recommend_blocks, routing),
         excluded_peers=served.excluded,
         excluded_causes=served.causes,
     )

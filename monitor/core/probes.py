@@ -355,11 +355,6 @@ def median_or_none(values: Sequence[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
-def probe_share(duration: float, period: float) -> float:
-    """The share of a server's time one probe per ``period`` takes (its session ``duration``)."""
-    return duration / period if period > 0 else math.inf
-
-
 def next_probe_delay(duration: Optional[float], period: float, max_share: float, *, confirm: bool = False) -> float:
     """Seconds until a server may be probed again: ``period`` (``CONFIRM_AFTER`` of it when the last
     probe is worth confirming, ``worth_confirming``), or longer when its last probe took so long that
@@ -392,56 +387,6 @@ def worth_confirming(speed: Optional[float], before: Optional[float], announced_
     if alone.beyond_factor != slowness(before, announced_rps, others).beyond_factor:
         return True
     return max(speed / before, before / speed) >= SLOW_FACTOR
-
-
-# ---- what the pages show per server -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MeasuredServer:
-    """One server of one model as the pages show it: measured vs announced speed, latest verdict."""
-
-    peer_id: str
-    measured: Optional[float]  # seconds per token per block (``measured_speeds``), None: not measured
-    slowness: Optional[Slowness]  # its ``confirmed``: the measurement rests on ``SLOW_CONFIRMATIONS`` probes
-    verdict: Optional[ServerProbe]  # the newest probe that was checked for correctness
-    last: Optional[ServerProbe]  # the newest probe, ok or not
-    probes: int  # fresh probes counted
-    failing: Optional[str] = None  # the server's own error, when its newest probes all failed with it
-
-    @property
-    def slow(self) -> bool:
-        return self.slowness is not None and self.slowness.slow
-
-    @property
-    def wrong(self) -> bool:
-        return self.verdict is not None and self.verdict.verdict == WRONG
-
-    @property
-    def verdict_text(self) -> str:
-        return describe_verdict(self.verdict) if self.verdict is not None else "not checked yet"
-
-
-def server_views(probes: Sequence[ServerProbe], announced_rps: Mapping[str, Optional[float]], *, now: float,
-                 max_age: float, model: str) -> dict[str, MeasuredServer]:
-    """peer -> what the monitor measured of it for ``model`` (``announced_rps``: peer -> the
-    inference_rps it announces, for every server of the model)."""
-    speeds = measured_speeds(probes, now=now, max_age=max_age, model=model)
-    confirmed = confirmed_peers(probes, now=now, max_age=max_age, model=model)
-    fresh = [p for p in probes if p.model == model and p.at >= now - max_age]
-    newest = latest_per_peer(fresh)
-    checked = latest_per_peer([p for p in fresh if p.verdict is not None])
-    failing = failing_servers(fresh, now=now, max_age=max_age)
-    views = {}
-    for peer, rps in announced_rps.items():
-        others = [seconds for other, seconds in speeds.items() if other != peer]
-        views[peer] = MeasuredServer(
-            peer_id=peer, measured=speeds.get(peer),
-            slowness=slowness(speeds.get(peer), rps, others, confirmed=peer in confirmed),
-            verdict=checked.get(peer), last=newest.get(peer), probes=sum(1 for p in fresh if p.peer_id == peer),
-            failing=failing.get(peer),
-        )
-    return views
 
 
 class RecentProbes:

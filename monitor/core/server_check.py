@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Mapping, Optional, Sequence
 
 from monitor.core.common import short_peer_id
-from monitor.core.diagnosis import CAUSE_FAILING, CAUSE_WRONG, ModelHealth, format_ranges, ranges
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG, Assessment, format_ranges, ranges
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
 
@@ -61,7 +61,7 @@ class ServerFacts:
     last: tuple[LastAnnouncement, ...] = ()  # when it is not in the latest poll
     probe: Optional[ReachabilityResult] = None  # the latest probe (stored, or a live check)
     probe_is_live: bool = False
-    healths: Mapping[str, ModelHealth] = field(default_factory=dict)
+    healths: Mapping[str, Assessment] = field(default_factory=dict)
     score: Optional[PeerScore] = None
 
 

@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import Iterable, Mapping, Optional, Sequence
 
 from monitor.core.common import DAY
-from monitor.core.diagnosis import BROKEN, DEGRADED, HEALTHY, STATE_SEVERITY
+from monitor.core.assessment import BROKEN, DEGRADED, HEALTHY, STATE_SEVERITY
 
 UP_STATES = frozenset({HEALTHY, DEGRADED})
 KNOWN_STATES = frozenset({HEALTHY, DEGRADED, BROKEN})

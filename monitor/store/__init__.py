@@ -7,7 +7,7 @@
   into ``StoreUnavailable`` / ``StoreSchemaError`` / ``StoreDataError``, writes that leave out
   only the rows the database refuses (``insert_rows``), migrations and the schema's revision
   check (``StoreNotMigrated``: no schema yet, or an older one);
-- ``writes``: polls (with each model's ``ModelHealth``), probes, chat outcomes, scores, policies;
+- ``writes``: polls (with each model's ``Assessment``), probes, chat outcomes, scores, policies;
 - ``latest``: the latest snapshot, probes, statuses, diagnoses, scores and change marks;
 - ``history``: statuses, state changes, outages, block coverage and peer histories over a range;
 - ``rollups``: hourly rollups and retention (and why 30 days of 500 servers fit in ~1 GB);
@@ -35,7 +35,7 @@ import time
 from typing import Iterable, Optional, Sequence
 
 from monitor.core import leadership
-from monitor.core.diagnosis import ModelHealth
+from monitor.core.assessment import Assessment
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import ServerProbe
 from monitor.core.scores import PeerAggregates, PeerScore
@@ -49,11 +49,11 @@ from monitor.store import notes, status_history
 from monitor.store.engine import (Database, Migration, StoreDataError, StoreError, StoreNotMigrated, StoreSchemaError,
                                   StoreUnavailable, _sqlite_in_memory, head_revision)
 from monitor.store.history import StateChange
-from monitor.store.latest import PollSummary
+from monitor.store.latest import LatestState, PollSummary
 from monitor.store.leases import NotLeader
 from monitor.store.schema import PEER_POLICIES, metadata
 
-__all__ = ["PEER_POLICIES", "Migration", "NotLeader", "PollSummary", "StateChange", "Store", "StoreDataError", "StoreError",
+__all__ = ["PEER_POLICIES", "LatestState", "Migration", "NotLeader", "PollSummary", "StateChange", "Store", "StoreDataError", "StoreError",
            "StoreNotMigrated", "StoreSchemaError", "StoreUnavailable", "head_revision", "metadata"]
 
 log = logging.getLogger(__name__)
@@ -90,12 +90,12 @@ class Store:
 
     # ---- writes ----------------------------------------------------------------------------
 
-    def record_poll(self, snapshot: Snapshot, healths: Sequence[ModelHealth] = ()) -> int:
+    def record_poll(self, snapshot: Snapshot, healths: Sequence[Assessment] = ()) -> int:
         """Record one successful poll in one transaction; returns the poll id.
 
-        ``healths``: each polled model's diagnosis (``coverage.diagnose``), from which the store
-        keeps the model's status and per-block coverage for history, and the whole diagnosis for
-        the latest poll (the web shows it without running petals). A row the database refuses
+        ``healths``: each polled model's assessment (``core.assess.assess``), from which the store
+        keeps the model's status and per-block coverage for history, and the whole assessment for
+        every reader (the web shows it without running petals). A row the database refuses
         costs that row, not the poll: it is left out, counted and named in the poll's errors (and
         logged). ``StoreDataError`` only if the poll itself cannot be stored."""
         with self.db.write("recording a poll") as conn:
@@ -106,12 +106,12 @@ class Store:
                         "; ".join(written.error_lines()))
         return written.poll_id
 
-    def record_diagnoses(self, healths: Iterable[ModelHealth], *, taken_at: float) -> bool:
-        """Replace the diagnoses of the poll taken at ``taken_at`` (the poller re-diagnoses it after
-        each probe round), if it is still the latest successful poll; False if a newer poll came in
-        meanwhile (its own diagnoses stay)."""
-        with self.db.write("recording diagnoses") as conn:
-            return writes.record_diagnoses(conn, taken_at, healths)
+    def record_assessments(self, healths: Iterable[Assessment], *, taken_at: float) -> bool:
+        """Replace the assessments of the poll taken at ``taken_at`` (the poller assesses it again
+        after each later input: a reachability or probe round, a generation check), if it is still
+        the latest successful poll; False if a newer poll came in meanwhile (its own stay)."""
+        with self.db.write("recording assessments") as conn:
+            return writes.record_assessments(conn, taken_at, healths)
 
     def record_failed_poll(self, at: float, error: str, *, duration: float = 0.0) -> int:
         """A poll that could not scrape, or not be stored: kept with its cause so that the gap is
@@ -182,11 +182,22 @@ class Store:
         with self.db.read("reading the latest model status") as conn:
             return latest.latest_model_status(conn)
 
-    def latest_diagnoses(self) -> dict[str, ModelHealth]:
-        """model -> its diagnosis for the latest successful poll, as refreshed after the latest
-        probe round (none for older polls)."""
-        with self.db.read("reading the latest diagnoses") as conn:
-            return latest.latest_diagnoses(conn)
+    def latest_assessments(self) -> dict[str, Assessment]:
+        """model -> its newest assessment of the latest successful poll (none for older polls)."""
+        with self.db.read("reading the latest assessments") as conn:
+            return latest.latest_assessments(conn)
+
+    def latest_state(self) -> LatestState:
+        """The latest poll, its assessments, each peer's latest reachability check and score, each
+        model's newest generation check and the last poll (ok or not), read in one transaction: a
+        poll or an assessment landing meanwhile is seen whole or not at all."""
+        with self.db.read("reading the latest state") as conn:
+            snapshot = latest.latest_snapshot(conn)
+            return LatestState(
+                snapshot=snapshot, reachability=latest.latest_reachability(conn),
+                assessments=latest.latest_assessments(conn) if snapshot is not None else {},
+                scores=latest.latest_scores(conn), generation=generation_checks.latest(conn),
+                last_poll=latest.last_poll(conn))
 
     def latest_scores(self) -> dict[str, PeerScore]:
         """peer id -> its latest score (``at``: when it was computed)."""

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from monitor.core.common import HOUR
-from monitor.core.diagnosis import BROKEN
+from monitor.core.assessment import BROKEN
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory
 from monitor.store.latest import probe, status_dict
 from monitor.store.hours import floor_hour, mean, raw_start, rollup_window

@@ -2,7 +2,7 @@
 each model's latest status and diagnosis, and the marks that say whether any of it changed.
 
 What the pages, the API, /metrics and the chat's router read on every request, so each is one or
-a few indexed queries (``latest_reachability``, ``peer_scores`` and ``latest_diagnoses`` hold one row per
+a few indexed queries (``latest_reachability``, ``peer_scores`` and ``assessments`` hold one row per
 peer or model for that reason). Every function takes a connection inside a read transaction.
 """
 
@@ -16,13 +16,13 @@ from typing import Any, Mapping, Optional
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from monitor.core.diagnosis import ModelHealth
+from monitor.core.assessment import Assessment
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ChatOutcome, ModelInfo, ReachabilityResult, ServerRow, Snapshot
 from monitor.store.schema import (
     ChatOutcomeRow,
     GenerationCheckRow,
-    LatestDiagnosisRow,
+    AssessmentRow,
     LatestProbeRow,
     ModelStatusRow,
     MuteChangeRow,
@@ -52,6 +52,18 @@ class PollSummary:
     dropped_rows: int = 0  # rows the database refused (named in ``errors``)
 
 
+@dataclass(frozen=True)
+class LatestState:
+    """What ``Store.latest_state`` reads in one transaction: the latest poll and what was judged of it."""
+
+    snapshot: Optional[Snapshot]  # the latest successful poll
+    reachability: dict  # peer id -> its latest ReachabilityResult
+    assessments: dict  # model -> its newest Assessment of that poll
+    scores: dict  # peer id -> its latest PeerScore
+    generation: dict  # model -> its newest GenerationCheck
+    last_poll: Optional[PollSummary]  # the latest poll, ok or failed
+
+
 def last_poll(conn: Connection) -> Optional[PollSummary]:
     """The latest poll, failed or not."""
     t = Poll.__table__
@@ -74,7 +86,7 @@ def change_marks(conn: Connection) -> tuple:
         return sa.select(expression).select_from(table).scalar_subquery()
 
     polls, mute_changes = Poll.__table__, MuteChangeRow.__table__
-    per_peer_or_model = [row.__table__ for row in (LatestProbeRow, PeerScoreRow, LatestDiagnosisRow, GenerationCheckRow)]
+    per_peer_or_model = [row.__table__ for row in (LatestProbeRow, PeerScoreRow, AssessmentRow, GenerationCheckRow)]
     query = sa.select(scalar(sa.func.max(polls.c.id), polls), scalar(sa.func.max(mute_changes.c.id), mute_changes), *(
         scalar(expression, table) for table in per_peer_or_model
         for expression in (sa.func.max(table.c.at), sa.func.count())))
@@ -143,21 +155,21 @@ def latest_model_status(conn: Connection) -> dict[str, dict]:
     return {r["model"]: status_dict(r) for r in rows}
 
 
-def latest_diagnoses(conn: Connection) -> dict[str, ModelHealth]:
-    """model -> its diagnosis for the latest successful poll (none for older polls). A diagnosis
-    stored in a format this version cannot read is left out (and logged): the reader diagnoses
-    that model itself."""
+def latest_assessments(conn: Connection) -> dict[str, Assessment]:
+    """model -> its newest assessment of the latest successful poll (none for older polls). One
+    stored in a format this version cannot read is left out (and logged): the pages then say that
+    model is not diagnosed."""
     poll = latest_ok_poll(conn)
     if poll is None:
         return {}
-    t = LatestDiagnosisRow.__table__.c
-    healths = {}
-    for model, data in conn.execute(sa.select(t.model, t.diagnosis).where(t.poll_id == poll["id"])):
+    t = AssessmentRow.__table__.c
+    assessments = {}
+    for model, data in conn.execute(sa.select(t.model, t.assessment).where(t.poll_id == poll["id"])):
         try:
-            healths[model] = ModelHealth.from_dict(data)
+            assessments[model] = Assessment.from_dict(data)
         except (KeyError, TypeError, ValueError) as e:
-            log.warning("the stored diagnosis of %s is unreadable (%s: %s); left out", model, type(e).__name__, e)
-    return healths
+            log.warning("the stored assessment of %s is unreadable (%s: %s); left out", model, type(e).__name__, e)
+    return assessments
 
 
 def latest_scores(conn: Connection) -> dict[str, PeerScore]:

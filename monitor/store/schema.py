@@ -217,15 +217,17 @@ class PeerPolicyRow(SQLModel, table=True):
     at: float
 
 
-class LatestDiagnosisRow(SQLModel, table=True):
-    """Each model's diagnosis (``ModelHealth.to_dict()``) for the latest poll and probe round,
-    written by the poller, so web workers show it without running petals' routing."""
+class AssessmentRow(SQLModel, table=True):
+    """Each model's assessment (``Assessment.to_dict()``) per poll: written with the poll and
+    replaced whenever a later input of the same poll is stored (the newest is the one read), so
+    every reader reads one verdict and web workers show it without running petals' routing. Kept
+    for ``ASSESSMENT_RETENTION`` (the history of states lives in ``model_status``)."""
 
-    __tablename__ = "latest_diagnoses"
+    __tablename__ = "assessments"
+    poll_id: int = Field(sa_type=BigId, primary_key=True)
     model: str = Field(primary_key=True, max_length=256)
-    poll_id: int = Field(sa_type=BigId)
-    at: float  # when it was written
-    diagnosis: Any = _json_field()
+    at: float = Field(index=True)  # when it was assessed (its ``assessed_at``)
+    assessment: Any = _json_field()
 
 
 class StoreMetaRow(SQLModel, table=True):

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from monitor.core.common import HOUR, finite, jsonable, short_error, short_peer_id
-from monitor.core.diagnosis import ModelHealth
+from monitor.core.assessment import Assessment
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ChatOutcome, ModelInfo, ReachabilityBatch, ServerRow, Snapshot
 from monitor.store.engine import Refused, insert, insert_rows
@@ -26,7 +26,7 @@ from monitor.store.schema import (
     PEER_POLICIES,
     BlockCoverageRow,
     ChatOutcomeRow,
-    LatestDiagnosisRow,
+    AssessmentRow,
     LatestProbeRow,
     ModelStateChangeRow,
     ModelStatusRow,
@@ -82,9 +82,9 @@ class PollWritten:
         return lines
 
 
-def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[ModelHealth]) -> PollWritten:
+def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[Assessment]) -> PollWritten:
     """One successful poll: its servers, and per model the status row, the block coverage arrays
-    and the diagnosis, all derived from the model's ``ModelHealth``.
+    and the diagnosis, all derived from the model's ``Assessment``.
 
     A row the database refuses costs that row, not the poll (``engine.insert_rows``): it is left
     out, counted in ``polls.dropped_rows`` and named in ``polls.errors``; non-finite numbers are
@@ -116,34 +116,36 @@ def record_failed_poll(conn: Connection, at: float, error: str, duration: float)
         ok=False).returning(t.c.id)).scalar_one()
 
 
-def record_diagnoses(conn: Connection, taken_at: float, healths: Iterable[ModelHealth]) -> bool:
-    """A re-diagnosis of the poll taken at ``taken_at`` (after a probe round) replaces that poll's
-    diagnoses, if it is still the latest successful poll; a newer poll keeps its own (False)."""
+def record_assessments(conn: Connection, taken_at: float, assessments: Iterable[Assessment]) -> bool:
+    """A later assessment of the poll taken at ``taken_at`` (after a reachability or probe round, a
+    generation check) replaces that poll's, if it is still the latest successful poll; a newer poll
+    keeps its own (False)."""
     p = Poll.__table__.c
     latest = conn.execute(sa.select(p.id, p.at).where(p.ok).order_by(p.at.desc(), p.id.desc()).limit(1)).first()
     if latest is None or latest.at != taken_at:
         return False
-    replace_diagnoses(conn, latest.id, healths)
+    replace_assessments(conn, latest.id, assessments)
     return True
 
 
-def replace_diagnoses(conn: Connection, poll_id: int, healths: Iterable[ModelHealth],
-                      written: Optional[PollWritten] = None) -> None:
-    """The diagnoses of poll ``poll_id`` replace every stored one (only the latest poll's are kept);
-    one the database refuses is left out (the pages then say that model is not diagnosed)."""
-    t = LatestDiagnosisRow.__table__
-    conn.execute(sa.delete(t))
+def replace_assessments(conn: Connection, poll_id: int, assessments: Iterable[Assessment],
+                        written: Optional[PollWritten] = None) -> None:
+    """The assessments of poll ``poll_id`` (each model's replaces the one stored for that poll); one
+    the database refuses is left out (the pages then say that model is not diagnosed)."""
+    t = AssessmentRow.__table__
     at = time.time()
-    rows = [{"model": h.model, "poll_id": poll_id, "at": at, "diagnosis": h.to_dict()} for h in healths]
+    rows = [{"model": a.model, "poll_id": poll_id, "at": a.assessed_at or at, "assessment": a.to_dict()}
+            for a in assessments]
+    conn.execute(sa.delete(t).where(t.c.poll_id == poll_id, t.c.model.in_([r["model"] for r in rows])))
     _, refused = insert_rows(conn, sa.insert(t), rows)
     if written is not None:
-        written.refused(refused, lambda r: f"the diagnosis of model {r['model']}")
+        written.refused(refused, lambda r: f"the assessment of model {r['model']}")
     elif refused:
-        log.warning("poll %s: diagnoses not stored: %s", poll_id,
+        log.warning("poll %s: assessments not stored: %s", poll_id,
                     "; ".join(f"{r.row['model']}: {r.error}" for r in refused))
 
 
-def _record_healths(conn: Connection, written: PollWritten, at: float, healths: Sequence[ModelHealth]) -> None:
+def _record_healths(conn: Connection, written: PollWritten, at: float, healths: Sequence[Assessment]) -> None:
     """Per model: the status row (and a state change if it changed), the block coverage arrays and
     the whole diagnosis."""
     poll_id = written.poll_id
@@ -158,10 +160,10 @@ def _record_healths(conn: Connection, written: PollWritten, at: float, healths: 
         for health in healths
     ])
     written.refused(refused, lambda r: f"the block coverage of model {r['model']}")
-    replace_diagnoses(conn, poll_id, healths, written)  # (older ones go: they belong to an older poll)
+    replace_assessments(conn, poll_id, healths, written)
 
 
-def _status_row(health: ModelHealth, written: PollWritten) -> dict:
+def _status_row(health: Assessment, written: PollWritten) -> dict:
     return {"model": health.model, "state": health.state, "reasons": list(health.reasons),
             "coverage_pct": written.finite(health.coverage_pct), "servers_online": health.servers_online,
             "min_redundancy": health.min_redundancy, "est_tokens_per_s": finite(health.est_tokens_per_s)}

@@ -15,6 +15,7 @@ import time
 from functools import partial
 from typing import Optional, Sequence
 
+from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
 from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
 from monitor.swarm.announce import MAX_RAW_TEXT_CHARS, MAX_TEXT_CHARS, InvalidRecord, clean_text, parse_peer_id

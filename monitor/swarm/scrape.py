@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Optional, Sequence
 
+from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
 from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.swarm.announce import InvalidRecord, ParsedServer, parse_dht_prefix, parse_model_entry, parse_peer_id, \

@@ -48,7 +48,7 @@ def precision(torch_dtype: Optional[str], quant_type: Optional[str]) -> str:
 
 
 def register(app) -> None:
-    from monitor.core.diagnosis import format_ranges
+    from monitor.core.assessment import format_ranges
     from monitor.web.charts import figure_json
 
     app.jinja_env.filters.update(

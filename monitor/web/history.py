@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from monitor.core.common import DAY
-from monitor.core.diagnosis import STATE_SEVERITY
+from monitor.core.assessment import STATE_SEVERITY
 from monitor.web.timerange import BadRange
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 A custom collector builds every family from the latest stored poll, so any number of web workers
 answer the same numbers. It reads the typed state (``queries.Current``: the snapshot's rows,
-reachability checks, ``PeerScore``s, ``ModelHealth``s) with the same rules as the state document
+reachability checks, ``PeerScore``s, ``Assessment``s) with the same rules as the state document
 (``state_api.row_state``, ``monitor_state``, ``bootstrap_addresses``, ``unreachable_peers``), not
 that document itself. Names follow health.petals.dev's where they mean the same thing
 (``update_duration``, ``servers_num_total``, ``n_blocks{model}``, ``blocks{model,state}``, ...);
@@ -367,7 +367,7 @@ class StoreCollector:
         cur = queries.current(self.d)
         yield from poll_families(cur, queries.poll_stats(self.store))
         yield from alert_families(self.store)
-        yield from probe_views.metric_families(self.store, self.settings)  # server probes
+        yield from probe_views.metric_families(self.store, cur.healths)  # server probes
         yield from poller_families(queries.pollers(self.d, cur, time.time()))
         yield bootstrap_family(cur, self.settings.resolved_initial_peers)
         if cur.snapshot is None:

@@ -15,7 +15,7 @@ from markupsafe import Markup
 
 from monitor.core import scores as scores_module
 from monitor.core.common import DAY, MINUTE, WEEK
-from monitor.core.diagnosis import CAUSES
+from monitor.core.assessment import CAUSES
 from monitor.store import PEER_POLICIES
 from monitor.web import auth, charts, deps, peer_view, probe_views, queries, security, state_api, timerange
 from monitor.web.render import htmx_target, render
@@ -104,7 +104,7 @@ def model(dht_prefix: str):
             redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
             changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
-            measured=probe_views.model_servers(d.store, d.settings, cur.snapshot, dht_prefix, now),
+            measured=probe_views.model_servers(health),
             generation_figure=_generation_chart(d.store, dht_prefix, now - DAY, now),
         )))
     if target in (None, "model-heatmaps"):
@@ -160,7 +160,7 @@ def peer(peer_id: str):
         return my_server
     live = peer_view.rendered(d, cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
-                        measured=probe_views.peer_probes(d.store, d.settings, peer_id, cur.snapshot, now))))
+                        measured=probe_views.peer_probes(d.store, peer_id, cur.healths))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,
                                                               **context)
 

@@ -1,26 +1,18 @@
-"""What the pages and /metrics show of the server probes: per server of a model, measured vs
-announced speed and the latest correctness verdict; per peer, its latest probes; probe counts. Reads the store only (no
-petals, no torch); the figures come from ``monitor.core.probes``."""
+"""What the pages and /metrics show of the server probes: per server of a model, what its stored
+assessment says (measured vs announced speed, the latest correctness verdict, failing); per peer,
+its latest probes; probe counts. Reads the store only (no petals, no torch); every verdict is the
+stored assessment's (``monitor.core.assessment``), none is drawn here from the probes."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Optional
+from typing import Iterable, Mapping
 
+from monitor.core.assess import flagged
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG, Assessment, ServerAssessment
 from monitor.core.common import HOUR
-from monitor.core.probes import (
-    CORRECT,
-    DISAGREES,
-    WRONG,
-    MeasuredServer,
-    ServerProbe,
-    failing_servers,
-    recent_window,
-    server_views,
-    wrong_outputs,
-)
-from monitor.core.snapshot import Snapshot
+from monitor.core.probes import CORRECT, DISAGREES, WRONG, ServerProbe
 from monitor.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -28,56 +20,34 @@ log = logging.getLogger(__name__)
 PEER_PROBES_SHOWN = 10
 
 
-def model_servers(store, settings, snapshot: Optional[Snapshot], dht_prefix: str, now: float) -> dict[str, MeasuredServer]:
-    """peer -> what the probes measured of it for this model (empty if the store cannot say)."""
-    if snapshot is None:
-        return {}
-    max_age = recent_window(settings.speed_probe_period)
-    try:
-        probes = store.recent_server_probes(now - max_age, model=dht_prefix)
-    except StoreError as e:
-        log.warning("server probes of %s not read: %s", dht_prefix, e)
-        return {}
-    announced = {row.peer_id: row.inference_rps for row in snapshot.rows_for(dht_prefix)}
-    return server_views(probes, announced, now=now, max_age=max_age, model=dht_prefix)
+def model_servers(assessment: Assessment | None) -> dict[str, ServerAssessment]:
+    """peer -> what the model's assessment says of it (empty without one)."""
+    return dict(assessment.servers) if assessment is not None else {}
 
 
-def peer_probes(store, settings, peer_id: str, snapshot: Optional[Snapshot], now: float) -> dict:
-    """The peer's latest probes (newest first) and, per model it serves, what they add up to."""
-    max_age = recent_window(settings.speed_probe_period)
+def peer_probes(store, peer_id: str, assessments: Mapping[str, Assessment]) -> dict:
+    """The peer's latest probes (newest first) and, per model it serves, what its assessment says."""
     try:
-        probes = store.recent_server_probes(now - max(max_age, 86400.0), peer_id=peer_id,
-                                            limit=PEER_PROBES_SHOWN * 4)
+        probes = store.recent_server_probes(time.time() - 86400.0, peer_id=peer_id, limit=PEER_PROBES_SHOWN * 4)
     except StoreError as e:
         log.warning("server probes of %s not read: %s", peer_id, e)
-        return {"latest": [], "models": {}}
-    views = {}
-    for model in sorted({p.model for p in probes}):
-        rows = snapshot.rows_for(model) if snapshot is not None else []
-        announced = {row.peer_id: row.inference_rps for row in rows}
-        announced.setdefault(peer_id, None)
-        try:
-            others = store.recent_server_probes(now - max_age, model=model)
-        except StoreError:
-            others = [p for p in probes if p.model == model]
-        views[model] = server_views(others, announced, now=now, max_age=max_age, model=model).get(peer_id)
+        probes = []
+    views = {model: a.servers[peer_id] for model, a in assessments.items() if peer_id in a.servers}
     latest: list[ServerProbe] = list(reversed(probes))[:PEER_PROBES_SHOWN]
     return {"latest": latest, "models": views}
 
 
-def metric_families(store, settings) -> Iterable:
+def metric_families(store, assessments: Mapping[str, Assessment]) -> Iterable:
     """/metrics: the server probes of the last hour by result and verdict, and the servers whose
-    outputs are wrong or who fail every probe (within the recent window, as the diagnosis reads them)."""
+    outputs are wrong or who fail every probe (as the stored assessments say)."""
     from prometheus_client.core import GaugeMetricFamily
 
     now = time.time()
-    max_age = recent_window(settings.speed_probe_period)
     try:
-        recent = store.recent_server_probes(now - max(HOUR, max_age))
+        probes = store.recent_server_probes(now - HOUR)
     except StoreError as e:
         log.warning("server probes not read for /metrics: %s", e)
         return
-    probes = [p for p in recent if p.at >= now - HOUR]
     results = GaugeMetricFamily("swarm_monitor_server_probes_1h", "Speed probes of servers' spans in the last hour, "
                                 "by result (failed: the session did not run to the end)", labels=["result"])
     results.add_metric(["ok"], sum(1 for p in probes if p.ok))
@@ -89,7 +59,7 @@ def metric_families(store, settings) -> Iterable:
         verdicts.add_metric([verdict], sum(1 for p in probes if p.verdict == verdict))
     yield verdicts
     yield GaugeMetricFamily("swarm_monitor_servers_wrong_outputs", "Servers whose latest correctness probe found "
-                            "their outputs wrong", value=len(wrong_outputs(recent, now=now, max_age=max_age)))
+                            "their outputs wrong", value=len(flagged(assessments, CAUSE_WRONG)))
     yield GaugeMetricFamily("swarm_monitor_servers_failing", "Servers whose newest probes all failed with the "
                             "server's own error (ONLINE and reachable, but every inference fails)",
-                            value=len(failing_servers(recent, now=now, max_age=max_age)))
+                            value=len(flagged(assessments, CAUSE_FAILING)))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from monitor.settings import Settings
 from monitor.core.common import DAY, is_stale
-from monitor.core.diagnosis import ModelHealth
+from monitor.core.assessment import Assessment
 from monitor.core.generation import GenerationCheck
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ONLINE, ModelInfo, PeerHistory, ReachabilityResult, Snapshot
@@ -40,7 +40,7 @@ class Current:
     snapshot: Optional[Snapshot]
     reachability: dict[str, ReachabilityResult] = field(default_factory=dict)  # each peer's latest check
     scores: dict[str, PeerScore] = field(default_factory=dict)
-    healths: dict[str, ModelHealth] = field(default_factory=dict)
+    healths: dict[str, Assessment] = field(default_factory=dict)
     generation: dict[str, GenerationCheck] = field(default_factory=dict)  # model -> its newest generation check
     last_poll: Optional[PollSummary] = None
     unavailable: Optional[str] = None  # the database is unavailable: this is the last state read
@@ -69,18 +69,17 @@ class Current:
         return value
 
 
-def diagnoses(store, snapshot: Snapshot) -> dict[str, ModelHealth]:
-    """Each model's stored diagnosis, as the poller wrote it after the latest poll, probe round
-    and generation check. A model without one (a poll stored by an older version, or one whose
-    diagnosis was lost) is shown as not diagnosed: the web never diagnoses by itself (that would
-    import petals and torch, and could disagree with what the chat and the alerts read)."""
-    healths = store.latest_diagnoses()
+def with_undiagnosed(snapshot: Snapshot, assessments: dict[str, Assessment]) -> dict[str, Assessment]:
+    """Each model's stored assessment, as the poller wrote it after the latest poll and its later
+    inputs. A model without one (a poll stored by an older version, or one whose assessment was
+    lost) is shown as not diagnosed: the web never assesses by itself (that would import petals and
+    torch, and could disagree with what the chat and the alerts read)."""
     for model in snapshot.models:
-        if model.num_blocks >= 1 and model.dht_prefix not in healths:
-            healths[model.dht_prefix] = ModelHealth.not_diagnosed(
+        if model.num_blocks >= 1 and model.dht_prefix not in assessments:
+            assessments[model.dht_prefix] = Assessment.not_diagnosed(
                 model.dht_prefix, model.num_blocks, "the poller stored this poll without a diagnosis; "
                 "it diagnoses again after its next poll or probe round")
-    return healths
+    return assessments
 
 
 def current(d) -> Current:
@@ -97,17 +96,16 @@ def current(d) -> Current:
 
 
 def _read_current(store, settings: Settings, marks: tuple) -> Current:
-    snapshot = store.latest_snapshot()
-    last_poll = store.last_poll()
-    if snapshot is None:  # (the bootstrap peers' checks still count: a DHT client that cannot start finds them down)
-        return Current(snapshot=None, reachability=store.latest_reachability(), last_poll=last_poll, marks=marks)
+    state = store.latest_state()  # one transaction: a poll landing meanwhile is seen whole or not at all
+    if state.snapshot is None:  # (the bootstrap peers' checks still count: a DHT client that cannot start finds them down)
+        return Current(snapshot=None, reachability=state.reachability, last_poll=state.last_poll, marks=marks)
     return Current(
-        snapshot=snapshot,
-        reachability=store.latest_reachability(),
-        scores=store.latest_scores(),  # written by the poller's score job; none before it ran
-        healths=diagnoses(store, snapshot),
-        generation=store.latest_generation_checks(),
-        last_poll=last_poll,
+        snapshot=state.snapshot,
+        reachability=state.reachability,
+        scores=state.scores,  # written by the poller's score job; none before it ran
+        healths=with_undiagnosed(state.snapshot, state.assessments),
+        generation=state.generation,
+        last_poll=state.last_poll,
         marks=marks,
     )
 
@@ -163,7 +161,7 @@ def coverage_history(store, dht_prefix: str, since: float, until: float) -> tupl
     return [h["at"] for h in history], [h["coverage_pct"] for h in history]
 
 
-def block_rows(health: ModelHealth) -> list[dict]:
+def block_rows(health: Assessment) -> list[dict]:
     return [{"index": b.index, "online": b.online, "throughput": b.total_throughput} for b in health.blocks]
 
 

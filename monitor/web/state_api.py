@@ -18,7 +18,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 from urllib.parse import urlsplit
 
 from monitor.core.common import finite
-from monitor.core.diagnosis import BROKEN, DEGRADED, ModelHealth
+from monitor.core.assessment import BROKEN, DEGRADED, Assessment
 from monitor.core.generation import GenerationCheck
 from monitor.core.leadership import PollerStatus, takeover_within
 from monitor.core.scores import PeerScore
@@ -111,13 +111,13 @@ def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str
     return result
 
 
-def monitor_state(health: Optional[ModelHealth]) -> str:
+def monitor_state(health: Optional[Assessment]) -> str:
     """The model's state by its diagnosis; a model without one (no known blocks: it cannot be
     diagnosed) counts as broken."""
     return BROKEN if health is None else health.state
 
 
-def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
+def _diagnosis_fields(health: Optional[Assessment]) -> dict:
     """Our additions to a model report, from its diagnosis (None: a model without known blocks,
     which cannot be diagnosed and so counts as broken)."""
     if health is None:
@@ -142,7 +142,7 @@ def _diagnosis_fields(health: Optional[ModelHealth]) -> dict:
     }
 
 
-def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[ModelHealth],
+def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[Assessment],
                  probes: Mapping[str, ReachabilityResult], scores: Mapping[str, PeerScore]) -> dict:
     """One ``model_reports[]`` entry. ``health``: the model's diagnosis for the latest poll and
     probe round, as the poller stored it."""
@@ -229,7 +229,7 @@ def reachability_issues(snapshot: Snapshot, probes: Mapping[str, ReachabilityRes
 def build_state(
     snapshot: Snapshot,
     *,
-    healths: Mapping[str, ModelHealth],
+    healths: Mapping[str, Assessment],
     probes: Mapping[str, ReachabilityResult],
     scores: Mapping[str, PeerScore],
     initial_peers: Sequence[str],

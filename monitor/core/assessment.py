@@ -1,8 +1,13 @@
-"""A model's diagnosis as plain data: what ``coverage.diagnose`` returns, what the poller stores
-with each poll, and what the dashboard shows.
+"""A model's assessment as plain data: the one stored verdict per model and poll that every reader
+reads (pages, state API, /metrics, alerts, the chat's refusal and routing weights, scores).
 
-Kept apart from ``coverage`` (which asks petals' own routing and block selection) so that a web
-worker can read a stored diagnosis without importing petals and torch.
+``monitor.core.assess.assess`` makes it, at one ``now``, from a poll's snapshot, the latest
+reachability checks, the probes of the recent window (``core.probes.recent_window``) and the
+model's generation check: the model's state and reasons, its coverage and best route (the
+diagnosis, ``coverage.diagnose``) and, per announced server, its cause and what the probes
+measured of it (``ServerAssessment``). The poller stores it with the poll (``Store.record_poll``)
+and again whenever a later input of the same poll is stored (``Store.record_assessments``);
+readers take the newest (``Store.latest_assessments``) and never draw a verdict from raw rows.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from monitor.core.common import jsonable
+from monitor.core.probes import WRONG, ServerProbe, Slowness, describe_verdict
 
 HEALTHY, DEGRADED, BROKEN = "healthy", "degraded", "broken"
 NOT_DIAGNOSED = "unknown"  # the diagnosis itself failed: stored and shown as such, never as healthy
@@ -23,6 +29,11 @@ CAUSES = (CAUSE_FAILING, CAUSE_WRONG, CAUSE_UNREACHABLE, CAUSE_JOINING, CAUSE_OF
 CAUSE_PHRASE = {CAUSE_OFFLINE: "OFFLINE", CAUSE_JOINING: "JOINING", CAUSE_UNREACHABLE: "ONLINE but unreachable",
                  CAUSE_FAILING: "ONLINE but failing", CAUSE_WRONG: "ONLINE but returning wrong outputs"}
 REASON_ERROR_CHARS = 120  # a server's own error, as quoted in a reason (the servers table has it whole)
+
+
+# A server's cause when it does serve: as announced, or measured slow (it still serves: the chat routes
+# around it where it can, petals' default routing does not).
+CAUSE_SERVING, CAUSE_SLOW = "serving", "slow"
 
 
 def cause_of(why: str) -> str:
@@ -75,7 +86,46 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
-class ModelHealth:
+class ServerAssessment:
+    """One announced server of one model as its assessment judged it: its cause, and what the
+    probes of the recent window measured of it."""
+
+    peer_id: str
+    cause: str  # CAUSE_SERVING | CAUSE_SLOW | one of CAUSES
+    measured: Optional[float] = None  # seconds per token per block, compute (``probes.measured_speeds``)
+    round_trip: Optional[float] = None  # the same, round trip included: the chat's measure of a span
+    measured_at: Optional[float] = None  # the newest timed probe the measurement rests on
+    slowness: Optional[Slowness] = None  # its ``confirmed``: rests on ``SLOW_CONFIRMATIONS`` probes
+    verdict: Optional[ServerProbe] = None  # the newest probe checked for correctness
+    last: Optional[ServerProbe] = None  # the newest probe, ok or not
+    probes: int = 0  # probes in the window
+    failing: Optional[str] = None  # the server's own error, when its newest probes all failed with it
+    wrong_outputs: Optional[str] = None  # why its outputs are wrong (its newest verdict says so)
+    disagreeing: Optional[str] = None  # its disagreement with other servers nobody outvotes
+
+    @property
+    def slow(self) -> bool:
+        return self.slowness is not None and self.slowness.slow
+
+    @property
+    def wrong(self) -> bool:
+        return self.verdict is not None and self.verdict.verdict == WRONG
+
+    @property
+    def verdict_text(self) -> str:
+        return describe_verdict(self.verdict) if self.verdict is not None else "not checked yet"
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ServerAssessment":
+        def probe(key):
+            return ServerProbe(**data[key]) if data.get(key) else None
+
+        return cls(**{**data, "slowness": Slowness(**data["slowness"]) if data.get("slowness") else None,
+                      "verdict": probe("verdict"), "last": probe("last")})
+
+
+@dataclass(frozen=True)
+class Assessment:
     model: str
     state: str  # HEALTHY | DEGRADED | BROKEN | NOT_DIAGNOSED
     reasons: tuple[str, ...]
@@ -94,9 +144,22 @@ class ModelHealth:
     excluded_causes: dict[str, str] = field(default_factory=dict)  # the same peers: their cause (CAUSES)
     # what est_tokens_per_s rests on: "measured", "partly measured", "announced"; None without a route
     speed_source: Optional[str] = None
+    # per announced server of the model: its cause and what the probes measured (``assess``)
+    servers: dict[str, ServerAssessment] = field(default_factory=dict)
+    assessed_at: Optional[float] = None  # the one ``now`` every window was read at
+    poll_at: Optional[float] = None  # the poll it describes (``Snapshot.taken_at``)
+
+    def flagged(self, cause: str) -> dict[str, str]:
+        """peer -> why, for the servers of this cause: CAUSE_FAILING (their own error), CAUSE_WRONG
+        (why their outputs are wrong)."""
+        if cause == CAUSE_FAILING:
+            return {peer: s.failing for peer, s in self.servers.items() if s.failing is not None}
+        if cause == CAUSE_WRONG:
+            return {peer: s.wrong_outputs for peer, s in self.servers.items() if s.wrong_outputs is not None}
+        raise ValueError(f"no reasons are kept for cause {cause!r}")
 
     @classmethod
-    def not_diagnosed(cls, model: str, num_blocks: int, error: str) -> "ModelHealth":
+    def not_diagnosed(cls, model: str, num_blocks: int, error: str) -> "Assessment":
         """What is stored when diagnosing the model failed: the failure, for every reader to show."""
         return cls(model=model, state=NOT_DIAGNOSED, reasons=(f"not diagnosed: {error}",), coverage_pct=0.0,
                    servers_online=0, min_redundancy=0, blocks=(), missing_ranges=(), single_served_ranges=(),
@@ -107,7 +170,7 @@ class ModelHealth:
         return jsonable(asdict(self))
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ModelHealth":
+    def from_dict(cls, data: Mapping) -> "Assessment":
         """The inverse of ``to_dict`` (a stored diagnosis back as the poller made it)."""
         def spans(key):
             return tuple(tuple(span) for span in data[key])
@@ -125,4 +188,6 @@ class ModelHealth:
             excluded_causes=dict(data.get("excluded_causes")
                                  or {peer: cause_of(why) for peer, why in (data.get("excluded_peers") or {}).items()}),
             speed_source=data.get("speed_source"),
+            servers={peer: ServerAssessment.from_dict(s) for peer, s in (data.get("servers") or {}).items()},
+            assessed_at=data.get("assessed_at"), poll_at=data.get("poll_at"),
         )

@@ -1,0 +1,68 @@
+"""The assess job: each model's assessment (``monitor.core.assess``) from what the store holds.
+
+The scrape job assesses its own poll before storing it (``assess_poll``: the poll and its
+assessments land in one transaction); every other input of that poll — a reachability round, a
+probe round, a generation check — is followed by ``assess_latest``, which assesses the newest
+stored poll again with the newest inputs and stores that against the same poll (readers take the
+newest). Each reads its inputs at one ``now``: the server probes of the recent window and the
+generation checks. petals' own routing prices the routes (``monitor.swarm.routing``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Mapping, Optional
+
+from monitor.core.assess import Thresholds, assess
+from monitor.core.assessment import Assessment
+from monitor.core.probes import recent_window
+from monitor.core.snapshot import ReachabilityResult, Snapshot
+from monitor.store import StoreError
+from monitor.swarm.routing import PETALS_ROUTING
+
+log = logging.getLogger(__name__)
+
+ASSESS_TRIES = 3  # a newer poll stored by another process meanwhile: assess that one instead
+
+
+def thresholds(settings) -> Thresholds:
+    return Thresholds(min_tokens_per_s=settings.min_tokens_per_s, min_cache_tokens=settings.min_cache_tokens,
+                      probe_window=recent_window(settings.speed_probe_period),
+                      generation_check_period=settings.generation_check_period)
+
+
+def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult],
+                now: Optional[float] = None) -> list[Assessment]:
+    """Each model of ``snapshot`` assessed at ``now`` with the stored probes and generation checks
+    (an input the store cannot give is left out, logged: the assessment then goes by what it has
+    rather than not at all)."""
+    now = time.time() if now is None else now
+    limits = thresholds(settings)
+    try:
+        probes = store.recent_server_probes(now - limits.probe_window)
+    except StoreError as e:
+        log.warning("server probes not read, assessing by announced speeds: %s", e)
+        probes = []
+    try:
+        checks = store.latest_generation_checks()
+    except StoreError as e:
+        log.warning("generation checks not read, assessing without them: %s", e)
+        checks = {}
+    return assess(snapshot, reachability, probes, checks, now=now, thresholds=limits, routing=PETALS_ROUTING)
+
+
+def assess_latest(store, settings, snapshot: Optional[Snapshot] = None) -> bool:
+    """The newest stored poll assessed again with the newest inputs, stored against it. ``snapshot``:
+    that poll, if the caller has it (else read). False if there is no poll, or if other processes
+    kept storing newer ones."""
+    for _ in range(ASSESS_TRIES):
+        if snapshot is None:
+            snapshot = store.latest_snapshot()
+            if snapshot is None:
+                return False
+        assessed = assess_poll(store, settings, snapshot, store.latest_reachability())
+        if store.record_assessments(assessed, taken_at=snapshot.taken_at):
+            return True
+        snapshot = None  # a newer poll, stored by another process: read it
+    return False

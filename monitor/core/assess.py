@@ -1,0 +1,120 @@
+"""The one step that combines a poll's inputs into each model's assessment (``core.assessment``).
+
+Pure: every input is given, read at one ``now``. ``assess`` takes the poll's snapshot, the latest
+reachability check per peer, the server probes of the recent window (``probes.recent_window``:
+one window for every probe verdict) and each model's newest generation check (counted only while
+``generation.is_current``), and returns per model the diagnosis (``coverage.diagnose``) with, per
+announced server, its cause and what the probes measured of it. The poller stores the result with
+its poll and again after any later input of that poll (``monitor.app.assessing``); every reader
+reads what was stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Optional, Sequence
+
+from monitor.core import coverage, generation
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, CAUSE_SLOW, CAUSE_WRONG, Assessment, ServerAssessment
+from monitor.core.common import short_error
+from monitor.core.generation import GenerationCheck
+from monitor.core.probes import RecentProbes, ServerProbe, latest_per_peer, slowness
+from monitor.core.snapshot import ReachabilityResult, Snapshot
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The settings an assessment is drawn with."""
+
+    min_tokens_per_s: float
+    min_cache_tokens: int
+    probe_window: float  # seconds of server probes every verdict reads (``probes.recent_window``)
+    generation_check_period: float  # a check older than ``generation.MAX_AGE_PERIODS`` of it is ignored
+
+
+def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[str, Optional[float]],
+                       causes: Mapping[str, str]) -> dict[str, ServerAssessment]:
+    """peer -> its assessment for ``model``: ``announced_rps``, peer -> the inference_rps it
+    announces (every server of the model); ``causes``: the diagnosis' causes of the servers that
+    do not serve (the others serve, or serve slowly)."""
+    speeds = recent.speeds(model)
+    round_trips = recent.round_trip_speeds(model)
+    confirmed = recent.confirmed(model)
+    fresh = [p for p in recent.probes if p.model == model and p.at >= recent.now - recent.max_age]
+    newest = latest_per_peer(fresh)
+    timed = latest_per_peer(p for p in fresh if p.ok and p.seconds_per_token is not None)
+    checked = latest_per_peer([p for p in fresh if p.verdict is not None])
+    failing, wrong, disagreeing = recent.failing(model), recent.wrong(model), recent.disagreeing(model)
+    counts: dict[str, int] = {}
+    for probe in fresh:
+        counts[probe.peer_id] = counts.get(probe.peer_id, 0) + 1
+    servers = {}
+    for peer, rps in announced_rps.items():
+        others = [seconds for other, seconds in speeds.items() if other != peer]
+        slow = slowness(speeds.get(peer), rps, others, confirmed=peer in confirmed)
+        cause = causes.get(peer) or (CAUSE_SLOW if slow is not None and slow.slow else CAUSE_SERVING)
+        servers[peer] = ServerAssessment(
+            peer_id=peer, cause=cause, measured=speeds.get(peer), round_trip=round_trips.get(peer),
+            measured_at=timed[peer].at if peer in timed else None, slowness=slow, verdict=checked.get(peer),
+            last=newest.get(peer), probes=counts.get(peer, 0), failing=failing.get(peer),
+            wrong_outputs=wrong.get(peer), disagreeing=disagreeing.get(peer))
+    return servers
+
+
+def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], probes: Sequence[ServerProbe],
+           checks: Mapping[str, GenerationCheck], *, now: float, thresholds: Thresholds,
+           routing: coverage.Routing) -> list[Assessment]:
+    """Each polled model's assessment at ``now``. A model whose diagnosis fails (a bug, or a value
+    the DHT edge should have bounded) is assessed as not diagnosed, with the error, so that every
+    reader shows it and none diagnoses by itself; the other models are not affected."""
+    recent = RecentProbes(probes, now, thresholds.probe_window)
+    current = {model: check for model, check in checks.items()
+               if generation.is_current(check, now, thresholds.generation_check_period)}
+    assessed = []
+    for model in snapshot.models:
+        prefix = model.dht_prefix
+        rows = snapshot.rows_for(prefix)
+        try:
+            health = coverage.diagnose(
+                model, rows, reachability, routing=routing,
+                min_tokens_per_s=thresholds.min_tokens_per_s, min_cache_tokens=thresholds.min_cache_tokens,
+                measured=recent.speeds(prefix), confirmed=recent.confirmed(prefix), wrong=recent.wrong(prefix),
+                disagreeing=recent.disagreeing(prefix), failing=recent.failing(prefix),
+                generation=current.get(prefix))
+            servers = server_assessments(recent, prefix, {row.peer_id: row.inference_rps for row in rows},
+                                         health.excluded_causes)
+        except Exception as e:  # noqa: BLE001 - one model's failure costs only its own assessment
+            health, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}
+        assessed.append(replace(health, servers=servers, assessed_at=now, poll_at=snapshot.taken_at))
+    return assessed
+
+
+def flagged(assessments: Mapping[str, Assessment], cause: str) -> dict[str, str]:
+    """peer -> why, over every model's assessment (``Assessment.flagged``): the alerts, the scores
+    and the chat's weights ask about peers, whichever model they serve."""
+    found: dict[str, str] = {}
+    for assessment in assessments.values():
+        for peer, why in assessment.flagged(cause).items():
+            found.setdefault(peer, why)
+    return found
+
+
+def round_trip_speeds(assessments: Mapping[str, Assessment]) -> dict[str, tuple[float, float]]:
+    """peer -> (seconds per token per block with the round trip, when its newest timed probe ran),
+    over every model's assessment (the faster where a peer serves two)."""
+    found: dict[str, tuple[float, float]] = {}
+    for assessment in assessments.values():
+        for peer, server in assessment.servers.items():
+            if server.round_trip is not None and server.measured_at is not None:
+                if peer not in found or server.round_trip < found[peer][0]:
+                    found[peer] = (server.round_trip, server.measured_at)
+    return found
+
+
+def scoring_inputs(assessments: Mapping[str, Assessment]) -> dict:
+    """What the peer scores take from the assessments (``scores.score_all``'s ``measured``, ``wrong``
+    and ``failing``): per peer, the median of its newest probes' one-token steps per block, round
+    trip included (the chats' own measure, so both compare), why its outputs are wrong, and the
+    error it fails every inference with, if it does."""
+    return {"measured": {peer: seconds for peer, (seconds, _) in round_trip_speeds(assessments).items()},
+            "wrong": flagged(assessments, CAUSE_WRONG), "failing": flagged(assessments, CAUSE_FAILING)}
