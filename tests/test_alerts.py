@@ -564,7 +564,7 @@ def test_a_scheduler_running_the_alert_jobs_shuts_down_while_rounds_end(store, t
     from monitor.app.alerter import schedule_alerts
     from monitor.app.jobs import JobStats
 
-    poller = SimpleNamespace(settings=alert_settings(tmp_path), store=store, stats=JobStats())
+    poller = SimpleNamespace(settings=alert_settings(tmp_path), store=store, stats=JobStats(), leads=lambda: True)
     record(store, time.time(), "healthy")
     for _ in range(10):
         scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True})

@@ -177,7 +177,10 @@ def backoff(attempts: int, first: float) -> float:
 class Alerter:
     """Evaluates the rules and delivers the notices for one store (the poller's)."""
 
-    def __init__(self, settings, store, *, stats=None, watching_since: Optional[float] = None):
+    def __init__(self, settings, store, *, stats=None, watching_since: Optional[float] = None,
+                 stopping: Callable[[], bool] = lambda: False):
+        """``stopping``: whether to judge and send nothing now (the scheduler shuts down, or this
+        poller no longer leads: the leader does)."""
         self.settings = settings
         self.store = store
         self.stats = stats
@@ -186,7 +189,7 @@ class Alerter:
         self.hooks: dict[str, WebhookConfig] = {hook.name: hook for hook in self.config.webhooks}
         self.watching_since = time.time() if watching_since is None else watching_since
         self.deliver_soon: Optional[Callable[[], None]] = None  # schedule_alerts: deliver() in the background
-        self.stopping: Callable[[], bool] = lambda: False  # schedule_alerts: the scheduler is shutting down
+        self.stopping = stopping
         self._needs_peers = any(rule.kind in core.PEER_KINDS for rule in self.rules)
         self._targets = tuple(dict.fromkeys(t for rule in self.rules for t in rule.peers))
         self._peer_memory = PeerMemory()
@@ -381,7 +384,9 @@ def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
     settings = poller.settings
     if not settings.alerts.enabled:
         return None
-    alerter = Alerter(settings, poller.store, stats=poller.stats)
+    started = threading.Event()  # (a scheduler not started yet is "stopped" too)
+    alerter = Alerter(settings, poller.store, stats=poller.stats, stopping=lambda: (
+        started.is_set() and scheduler.state == base.STATE_STOPPED) or not poller.leads())
     for name in ("apscheduler.executors.default", "apscheduler.scheduler"):
         if _QUIET not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_QUIET)
@@ -393,9 +398,7 @@ def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
         if event.job_id in ("scrape", "reachability"):
             alerter.evaluate()
 
-    started = threading.Event()  # (a scheduler not started yet is "stopped" too)
     scheduler.add_listener(lambda event: started.set(), EVENT_SCHEDULER_STARTED)
-    alerter.stopping = lambda: started.is_set() and scheduler.state == base.STATE_STOPPED
     alerter.deliver_soon = lambda: threading.Thread(target=alerter.deliver, name="alert-delivery",
                                                     daemon=True).start()
     scheduler.add_listener(after_round, EVENT_JOB_EXECUTED)

@@ -1,4 +1,4 @@
-"""Command line: ``swarm-monitor demo | serve | poll | migrate | chaos``."""
+"""Command line: ``swarm-monitor demo | serve | poll | job | migrate | chaos``."""
 
 from __future__ import annotations
 
@@ -189,6 +189,89 @@ def _poll_once_report(poller) -> str:
     poller.check_reachability_once()  # (re-diagnoses the poll with these probes)
     poller.refresh_scores()
     return poll_report(snapshot, poller.store.latest_assessments(), poller.store.latest_scores())
+
+
+def _job_names() -> list[str]:
+    from monitor.app.job_table import JOBS
+
+    return [job.name for job in JOBS]
+
+
+@main.command()
+@click.argument("name", type=click.Choice(_job_names()), required=False)
+@click.option("--once", is_flag=True, help="Run the job once against the configured store, then exit.")
+@click.option("--list", "list_jobs", is_flag=True, help="List the jobs: name, period, who runs it, what it does.")
+@config_option
+def job(name, once, list_jobs, config_file) -> None:
+    """Run one of the poller's jobs once (`swarm-monitor job scrape --once`), as a cron line or an
+    operator would; `--list` shows them all. A job only the leader runs refuses while another poller
+    leads the database."""
+    from monitor.app.job_table import BY_NAME, JOBS
+
+    settings = _settings(config_file)
+    if list_jobs or name is None:
+        for entry in JOBS:
+            period = entry.period(settings)
+            every = f"every {period:g} s" if period else "when triggered"
+            click.echo(f"{entry.name:<17} {every:<16} {'leader' if entry.leader_only else 'any poller':<11} {entry.what}")
+        return
+    if not once:
+        raise click.UsageError("say --once: a job runs on its schedule inside `swarm-monitor poll` or `serve`")
+    entry = BY_NAME[name]
+    from monitor.app.jobs import Poller
+    from monitor.app.leadership import for_settings
+
+    store = _open_store(settings)
+    dht = None
+    try:
+        if entry.needs_dht:
+            if not settings.resolved_initial_peers:
+                raise click.ClickException(f"job {name} reads the swarm: set initial peers (SWARM_MONITOR_INITIAL_PEERS)")
+            from monitor.swarm import BootstrapUnreachable, DhtClient
+
+            dht = DhtClient(settings.resolved_initial_peers)
+            try:
+                dht.start(retry=False)
+            except BootstrapUnreachable as e:
+                raise click.ClickException(f"job {name}: {e}") from None
+        poller = Poller(settings, store, dht, leadership=for_settings(store, settings))
+        try:
+            if entry.leader_only:
+                poller.leadership.start()
+                if not poller.leads():
+                    lease = poller.leadership.lease
+                    who = f"poller {lease.label}" if lease is not None else "another poller"
+                    raise click.ClickException(f"{who} leads this database and runs job {name} itself; "
+                                               "stop it first, or point --config at another database")
+            started = time.monotonic()
+            result = entry.run(poller)
+            failed = poller.stats.failures
+            if failed:
+                job_name, _ = next(iter(failed.items()))
+                raise click.ClickException(f"job {name} failed: {poller.stats.last_error.get(job_name)}")
+            click.echo(f"job {name}: done in {time.monotonic() - started:.1f} s{_job_result(result)}")
+        finally:
+            poller.shutdown()
+    finally:
+        if dht is not None:
+            dht.shutdown()
+        store.close()
+
+
+def _job_result(result) -> str:
+    """A few words on what a job returned (a count, or a poll), for `job NAME --once`."""
+    if result is None or result is True:
+        return ""
+    if result is False:
+        return " (nothing to do)"
+    if hasattr(result, "servers") and hasattr(result, "models"):
+        return f": {len(result.models)} models, {len(result.servers)} server records"
+    if hasattr(result, "results"):
+        return f": {len(result.results)} peers checked"
+    try:
+        return f": {len(result)} items"
+    except TypeError:
+        return ""
 
 
 @main.command()

@@ -176,17 +176,21 @@ class _OwnEngine:
             self.engine = self.weights = None
 
 
-def start_generation_checks(poller, *, run_now: bool = True) -> Optional[GenerationChecker]:
-    """Start the generation check job for the poller (None if no model has a path): the engine is
-    the poller's ``chat_engine`` if the process serves a chat, else one of its own."""
+def generation_checker(poller) -> Optional[GenerationChecker]:
+    """The generation check job for the poller, not started (None if no model has a path): the
+    engine is the poller's ``chat_engine`` if the process serves a chat, else one of its own."""
     if not any(m.path is not None for m in poller.settings.models):
         return None
     own = _OwnEngine(poller.settings, poller.store, poller.dht)
 
     def engine():
-        shared = getattr(poller, "chat_engine", None)
-        return shared if shared is not None else own()
+        return poller.chat_engine if poller.chat_engine is not None else own()
 
-    checker = GenerationChecker(poller.settings, poller.store, engine=engine, after_round=poller.assess_latest,
-                                close_engine=own.close)
-    return checker.start(stats=poller.stats, run_now=run_now)
+    return GenerationChecker(poller.settings, poller.store, engine=engine, after_round=poller.assess_latest,
+                             close_engine=own.close)
+
+
+def start_generation_checks(poller, *, run_now: bool = True) -> Optional[GenerationChecker]:
+    """Start the generation check job for the poller on a thread of its own (None if no model has a path)."""
+    checker = generation_checker(poller)
+    return checker.start(stats=poller.stats, run_now=run_now) if checker is not None else None

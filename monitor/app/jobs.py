@@ -28,12 +28,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from monitor.app import assessing
+from monitor.app.job_table import BY_NAME, JOBS
 from monitor.core import leadership as lease_rules, scores
 from monitor.core.assess import scoring_inputs
 from monitor.core.assessment import Assessment
@@ -47,6 +49,7 @@ from monitor.store.engine import data_error_text
 log = logging.getLogger(__name__)
 
 DB_RETRY_DELAY = 2.0
+REQUESTS_PER_RUN = 100  # job requests carried out per run of the requests job (the rest wait for the next)
 
 
 class StoreCall(NamedTuple):
@@ -90,10 +93,11 @@ class Poller:
     started and stopped with the poller); None: it leads alone, unfenced (specs, ``poll --once``
     without it)."""
 
-    def __init__(self, settings: Settings, store, dht, *, leadership=None):
+    def __init__(self, settings: Settings, store, dht, *, leadership=None, chat_engine=None):
+        """``chat_engine``: the process's chat engine, if it serves a chat (the generation checks
+        generate through it; else they make one of their own)."""
         self.settings = settings
         self.leadership = leadership
-        self.lease_store = store  # the claims go through the store without the fence
         self.store = store if leadership is None else store.fenced(
             leadership.token, idle_limit=lease_rules.write_idle_limit(leadership.lease_seconds))
         self.dht_client = dht if isinstance(dht, swarm.DhtClient) else None
@@ -113,7 +117,7 @@ class Poller:
         # servers a reachability check of this poller covered since it began to lead; None until
         # its first stored poll (a stored snapshot from before then may be a stale one)
         self._checked_servers: Optional[frozenset[str]] = None
-        self.chat_engine = None  # the process's chat engine, if it serves a chat: the generation checks use it
+        self.chat_engine = chat_engine
         # a poll's diagnosis and store, and a re-diagnosis after a probe round, one at a time: either
         # the poll is stored first (and is what the re-diagnosis diagnoses), or it is diagnosed after
         # (with the round's probes, stored before the re-diagnosis began)
@@ -289,6 +293,88 @@ class Poller:
             self.stats.ok("rollup")
         return done.value
 
+    def check_now(self, peers: list[str]) -> Optional[ReachabilityBatch]:
+        """A reachability check of these servers now (requested through the store), then the newest
+        poll assessed again with it; at most one batch (``reachability_concurrency``)."""
+        if not self.leads() or self.swarm_problem() is not None or not peers:
+            return None
+        batch = self._check(sorted(peers)[:max(self.settings.reachability_concurrency, 1)])
+        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
+            self.assess_latest()
+        return batch
+
+    def latest_snapshot(self) -> Optional[Snapshot]:
+        """The newest poll this poller stored, else the newest in the store (a store failure raises)."""
+        return self._last_snapshot or self.store.latest_snapshot()
+
+    # ---- the jobs of the table (``app/job_table.py``), each run once -----------------------------
+    job_scrape = poll_once
+    job_reachability = check_reachability_once
+    job_assess = assess_latest
+    job_scores = refresh_scores
+    job_rollup = rollup_once
+
+    def job_probes(self) -> list:
+        """One probe round of the servers that are due (all of them, to a prober of its own)."""
+        from monitor.app.probing import ServerProber
+
+        prober = ServerProber(self.settings, self.store, self.dht, snapshot=self.latest_snapshot,
+                              after_round=self.assess_latest)
+        try:
+            return prober.run_once()
+        finally:
+            prober.close()
+
+    def job_generation_check(self) -> list:
+        from monitor.app.generation_check import generation_checker
+
+        checker = generation_checker(self)
+        if checker is None:
+            return []
+        try:
+            return checker.run_once()
+        finally:
+            checker.close()
+
+    def _alerter(self):
+        from monitor.app.alerter import Alerter
+
+        return self.alerter or Alerter(self.settings, self.store, stats=self.stats)
+
+    def job_alerts(self):
+        return self._alerter().evaluate()
+
+    def job_alert_delivery(self):
+        return self._alerter().deliver()
+
+    def job_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
+
+    def job_requests(self) -> list:
+        """Carry out what other processes asked for through the store (``Store.request_job``): each
+        job once for all its pending requests — a reachability check of the servers named, any other
+        job by its name — then mark them done. Only while this poller leads."""
+        if not self.leads():
+            return []
+        pending = self._with_db_retry(lambda: self.store.pending_job_requests(limit=REQUESTS_PER_RUN),
+                                      job="requests").value or []
+        by_job: dict[str, list] = {}
+        for request in pending:
+            by_job.setdefault(request.job, []).append(request)
+        for name, requests in by_job.items():
+            targets = [r.target for r in requests if r.target]
+            if name == "reachability" and len(targets) == len(requests):
+                self.check_now(targets)
+            elif name in BY_NAME and name != "requests":
+                BY_NAME[name].run(self)
+            else:
+                log.warning("requests: no job named %r (asked by %s); dropped", name, requests[0].by)
+        if pending:
+            self._with_db_retry(lambda: self.store.finish_job_requests([r.id for r in pending]), job="requests")
+            self.stats.ok("requests")
+        return pending
+
     # ---- helpers -----------------------------------------------------------------------------
     def _latest_reachability(self) -> dict:
         return self._with_db_retry(self.store.latest_reachability, job="reachability-read").value or {}
@@ -331,19 +417,13 @@ class Poller:
         scheduler = BackgroundScheduler(
             job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": 30},
         )
-        first = {"next_run_time": _now_datetime()} if run_now else {}
-        scheduler.add_job(self.poll_once, "interval", seconds=s.scrape_period, id="scrape", **first)
-        scheduler.add_job(self.check_reachability_once, "interval", seconds=s.reachability_period, id="reachability", **first)
-        scheduler.add_job(self.refresh_scores, "interval", seconds=s.score_period, id="scores", **first)
-        scheduler.add_job(self.rollup_once, "interval", seconds=s.rollup_period, id="rollup")
-        if self.leadership is not None:
-            scheduler.add_job(self.stand_by, "interval", seconds=s.reachability_period, id="standby", **first)
+        for job in JOBS:
+            if job.scheduled and (job.leader_only or self.leadership is not None):
+                first = {"next_run_time": _now_datetime()} if run_now and job.at_start else {}
+                scheduler.add_job(partial(job.run, self), "interval", seconds=job.period(s), id=job.name, **first)
         from monitor.app.alerter import schedule_alerts  # Alerts: rules after every round, webhooks
 
-        self.alerter = schedule_alerts(scheduler, self)
-        if self.alerter is not None and self.leadership is not None:
-            stopping = self.alerter.stopping  # a standby neither judges nor sends: the leader does
-            self.alerter.stopping = lambda: stopping() or not self.leads()
+        self.alerter = schedule_alerts(scheduler, self)  # a standby neither judges nor sends: the leader does
         scheduler.start()
         self._scheduler = scheduler
         if self.leadership is not None:
@@ -376,11 +456,6 @@ class Poller:
                 prober.close()
             if checker is not None:  # its thread, and an engine of its own
                 checker.close()
-
-    def poll_soon(self) -> None:
-        """Poll the DHT now rather than at the next scrape period (the demo, after a chaos control
-        stopped or started a server); a poller that does not lead polls nothing either way."""
-        self._run_soon("scrape")
 
     def _run_soon(self, *jobs: str) -> None:
         """Run these jobs now (a poller that just became leader, or whose DHT client just came up)."""
@@ -429,6 +504,8 @@ class Poller:
                 f"cannot reach any bootstrap peer ({down[0].error or 'unreachable'})")
         else:
             self.leadership.problem = self.swarm_problem()
+
+    job_standby = stand_by
 
     def _count_heartbeat(self, error: Optional[str]) -> None:
         if error is None:

@@ -254,9 +254,6 @@ class ServerProber:
 def start_probing(poller, *, run_now: bool = True) -> ServerProber:
     """Start the measuring job for the poller: its own thread (never delays a scrape, and a long
     round simply delays the next one), stopped by ``ServerProber.close``."""
-    def latest_snapshot() -> Optional[Snapshot]:  # (a store failure fails the round, counted)
-        return poller._last_snapshot or poller.store.latest_snapshot()
-
-    prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=latest_snapshot,
+    prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=poller.latest_snapshot,
                               after_round=poller.assess_latest)
     return prober.start(stats=poller.stats, run_now=run_now)

@@ -58,12 +58,12 @@ class Service:
             from monitor.app.jobs import Poller
             from monitor.app.leadership import for_settings
 
-            self.poller = Poller(self.settings, self.store, self.dht_client,
-                                 leadership=for_settings(self.store, self.settings))
-            self.poller.chat_engine = self.engine  # the generation checks generate through the chat's own engine
+            self.poller = Poller(self.settings, self.store, self.dht_client,  # (the generation checks
+                                 leadership=for_settings(self.store, self.settings),  # use the chat's engine)
+                                 chat_engine=self.engine)
             self.poller.start()
-            if self.demo_controls is not None:  # a chaos control's stop or start is polled at once
-                self.demo_controls.on_change = self.poller.poll_soon
+        if self.demo_controls is not None:  # a chaos control's stop or start: the leader polls at once
+            self.demo_controls.on_change = lambda: self.store.request_job("scrape", by="demo")
         self.app = self._make_app()
         return self
 

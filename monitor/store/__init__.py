@@ -42,7 +42,7 @@ from monitor.core.scores import PeerAggregates, PeerScore
 from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
-from monitor.store import generation_checks
+from monitor.store import generation_checks, job_requests
 from monitor.store import leases
 from monitor.store import mutes
 from monitor.store import notes, status_history
@@ -377,6 +377,27 @@ class Store:
         (``rollups.rollup_and_prune``). Idempotent; returns counts."""
         return rollups.rollup_and_prune(self.db, now, raw_retention_days=raw_retention_days,
                                         rollup_retention_days=rollup_retention_days)
+
+    # ---- requests that a poller job run soon (store/job_requests.py) --------------------------
+
+    def request_job(self, job: str, target: Optional[str] = None, *, by: str, why: Optional[str] = None,
+                    min_interval: float = 0.0, at: Optional[float] = None) -> Optional[int]:
+        """Ask the leading poller to run ``job`` soon (for ``target``, a peer id, if given); None if
+        the same was asked within ``min_interval`` seconds (it runs once for all of them)."""
+        with self.db.write("requesting a job") as conn:
+            return job_requests.request(conn, job, target, at=time.time() if at is None else at, by=by, why=why,
+                                        min_interval=min_interval)
+
+    def pending_job_requests(self, *, limit: int = 100) -> list[job_requests.JobRequest]:
+        with self.db.read("reading the job requests") as conn:
+            return job_requests.pending(conn, limit=limit)
+
+    def finish_job_requests(self, ids: Sequence[int], *, at: Optional[float] = None) -> None:
+        """Mark these requests carried out, and forget those older than ``job_requests.DONE_KEPT``."""
+        at = time.time() if at is None else at
+        with self.db.write("finishing job requests") as conn:
+            job_requests.finish(conn, ids, at=at)
+            job_requests.prune(conn, at - job_requests.DONE_KEPT)
 
     # ---- generation checks (store/generation_checks.py) -------------------------------------
 
