@@ -1,15 +1,21 @@
-"""What an answer is made of, and how a stream of token ids becomes text that is safe to show.
+"""Decoding: what an answer is made of, the loop that generates it and the sampler beside it, and
+how a stream of token ids becomes text that is safe to show.
 
 Tokens arrive one at a time; their text is not final while it ends in an incomplete UTF-8
 character or could still grow into a stop sequence, so ``StreamDecoder`` holds such text back
-instead of showing (and later taking back) a wrong character. Plain data and tokenizer calls only:
-no petals, no torch.
+instead of showing (and later taking back) a wrong character. ``decode_steps`` is the loop: the new
+input, then one token per step for every row, each drawn by the ``Sampler`` from the head's logits
+(transformers' own logits processors), until each row ended, the budget is spent or the answer is
+stopped. It steps whatever inference session the model is used in (``chat.session`` opens it:
+petals is not imported here); torch is imported by the functions that need it.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from chat.policy import RouteHop
 
@@ -159,3 +165,172 @@ class StreamDecoder:
         self._pending_tokens = 0
         self._pending_logprobs = []
         return delta
+
+
+# ---- the loop and the sampler ------------------------------------------------------------------
+
+SCORE_CHUNK = 64  # prompt positions whose logits are computed at once when scoring a prompt
+
+
+class Row:
+    """One row of an answer: its decoder, its token clock and its log-probabilities."""
+
+    def __init__(self, tokenizer: Any, params: GenerationParams):
+        self.decoder = StreamDecoder(tokenizer, stop_sequences=params.stop_sequences, stop_mode=params.stop_mode,
+                                     skip_special_tokens=params.skip_special_tokens)
+        self.first: Optional[float] = None  # when its first token came
+        self.last: Optional[float] = None  # when its latest token came
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[Optional[TokenLogprob]] = []
+        self.ended = False  # EOS or a stop sequence
+
+    def timings(self, started: float) -> tuple[Optional[float], Optional[float]]:
+        """(seconds to the first token, tokens per second after it; over the whole answer when
+        only one token came)."""
+        n, first, last = len(self.decoder.ids), self.first, self.last
+        ttft = first - started if first else None
+        if n >= 2 and last > first:
+            return ttft, (n - 1) / (last - first)
+        if n and first:
+            return ttft, n / (first - started)
+        return ttft, None
+
+
+class AnswerRun:
+    """What one answer's decoding loop and its consumer share: the rows, where their text goes
+    (``emit``: ``(row, Delta)``) and the two ways to stop (the caller's ``stop_event``;
+    ``cancel`` when the consumer leaves). The loop's thread binds ``emit`` and ``cancel``."""
+
+    def __init__(self, tokenizer: Any, params: GenerationParams, n_rows: int, stop_event: Optional[threading.Event]):
+        self.rows = [Row(tokenizer, params) for _ in range(n_rows)]
+        self.stop_event = stop_event or threading.Event()
+        self.cancel = threading.Event()
+        self.emit: Callable[[tuple[int, Delta]], None] = lambda item: None
+        self.started = time.perf_counter()
+
+    def on_token(self, index: int, token_id: int, logprob: Optional[TokenLogprob], eos: frozenset) -> None:
+        row = self.rows[index]
+        now = time.perf_counter()
+        row.first = row.first or now
+        row.last = now
+        if logprob is not None:
+            row.logprobs.append(logprob)
+        delta = row.decoder.feed(token_id, logprob)
+        if delta is not None:
+            self.emit((index, delta))
+        row.ended = row.decoder.stopped or token_id in eos
+
+    def should_stop(self) -> bool:
+        return all(row.ended for row in self.rows) or self.stop_event.is_set() or self.cancel.is_set()
+
+    def finish_reason(self, index: int, budget: int) -> str:
+        row = self.rows[index]
+        if row.ended:
+            return "stop"
+        if self.stop_event.is_set():
+            return "cancelled"
+        if len(row.decoder.ids) >= budget:
+            return "length"
+        return "stop"
+
+
+class Sampler:
+    """The next token of every row from the head's logits: transformers' repetition penalty, then
+    argmax (greedy) or temperature, top-k and top-p and a draw (``generate``'s order)."""
+
+    def __init__(self, params: GenerationParams):
+        from transformers import (
+            RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+        )
+
+        self.greedy = params.greedy
+        self.processors = [RepetitionPenaltyLogitsProcessor(params.repetition_penalty)] \
+            if params.repetition_penalty != 1.0 else []
+        self.warpers = []
+        if not self.greedy:
+            if params.temperature != 1.0:
+                self.warpers.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k:
+                self.warpers.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(params.top_p))
+
+    def __call__(self, history, logits):
+        import torch
+
+        scores = logits
+        for processor in self.processors:
+            scores = processor(history, scores)
+        if self.greedy:
+            return torch.argmax(scores, dim=-1)
+        for warper in self.warpers:
+            scores = warper(history, scores)
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+
+
+def logprob_of(logprobs_row, token_id: int, top: int) -> TokenLogprob:
+    """A token's log-probability in one row of log-softmaxed logits, with the ``top`` alternatives."""
+    import torch
+
+    alternatives: tuple = ()
+    if top:
+        values, ids = torch.topk(logprobs_row, top)
+        alternatives = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(int(token_id), float(logprobs_row[token_id]), alternatives)
+
+
+def decode_steps(run: AnswerRun, remote: Any, session: Any, rows: Optional[list[list[int]]], budget: int,
+                 params: GenerationParams, *, n_rows: int, eos: frozenset, pad: int) -> None:
+    """Step ``session`` (the inference session ``remote`` is used in; its ``output_ids`` are the
+    tokens so far): the new input (after the last token, which was generated but not yet sent, as
+    petals' ``generate`` does), then one token per step for every row until each row ended, the
+    budget is spent or the answer is stopped."""
+    import torch
+
+    base, head = remote.base_model, remote.lm_head
+    new = torch.tensor(rows, dtype=torch.long) if rows else torch.zeros((n_rows, 0), dtype=torch.long)
+    if session.output_ids is None:
+        history = feed = new
+    else:
+        history = torch.cat([session.output_ids, new], dim=1)
+        feed = history[:, session.output_ids.shape[1] - 1:]
+    score_prompt = params.prompt_logprobs and session.output_ids is None
+    sampler = Sampler(params) if budget else None
+    ended = torch.zeros(n_rows, dtype=torch.bool)
+    for step in range(max(budget, 1)):
+        hidden = base(input_ids=feed).last_hidden_state
+        if step == 0 and score_prompt:
+            _score_prompt(run, head, hidden, history, params.top_logprobs)
+        if not budget:
+            session.output_ids = history
+            return
+        logits = head(hidden[:, -1:, :])[:, -1, :].float()
+        logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs else None
+        next_ids = sampler(history, logits)
+        next_ids = torch.where(ended, torch.full_like(next_ids, pad), next_ids)
+        history = torch.cat([history, next_ids[:, None]], dim=1)
+        session.output_ids = history
+        for index, token_id in enumerate(next_ids.tolist()):
+            if not run.rows[index].ended:
+                logprob = logprob_of(logprobs[index], token_id, params.top_logprobs) if logprobs is not None else None
+                run.on_token(index, token_id, logprob, eos)
+        ended = torch.tensor([row.ended for row in run.rows])
+        if run.should_stop():
+            return
+        feed = next_ids[:, None]
+
+
+def _score_prompt(run: AnswerRun, head: Any, hidden, history, top: int) -> None:
+    """Each prompt token's log-probability given the ones before it (the first has none), a few
+    positions at a time so that a long prompt never holds all its logits at once."""
+    import torch
+
+    length = history.shape[1]
+    for row in run.rows:
+        row.prompt_logprobs.append(None)
+    for start in range(0, length - 1, SCORE_CHUNK):
+        end = min(length - 1, start + SCORE_CHUNK)
+        logprobs = torch.log_softmax(head(hidden[:, start:end, :]).float(), dim=-1)
+        for index, row in enumerate(run.rows):
+            targets = history[index, start + 1:end + 1].tolist()
+            row.prompt_logprobs.extend(logprob_of(logprobs[index, i], t, top) for i, t in enumerate(targets))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,11 +29,13 @@ from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slot, Slots, Slo
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
 from chat.errors import (
     Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired, UnknownModel,
+    check_fits_context,
 )
 from chat.policy import OutcomeSink, RoutingSettings, ScoreSource
 from chat.remote_model import load_remote_model, sequence_manager_of
 from chat.sequence import HealthAwareSequenceManager
 from chat.session import Answer, ChatSession
+from chat.streams import ThreadStream
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ class BatchAnswer:
     """A batch being answered: ``(row, Delta)`` events as each row's text comes, then ``(row,
     Finished)`` for each row. ``groups`` are (row indices, their prompts, their parameters), each a
     petals session of its own; they run in the ``slots`` held, side by side when there are several
-    (a thread each), else one after the other in the caller's thread. Closing it (or leaving the
-    ``with``) stops every row and gives the slots back."""
+    (a ``ThreadStream`` producer each), else one after the other in the caller's thread. Each slot
+    is given back in one place, when the groups it took are done (``_in_turn``); closing it (or
+    leaving the ``with``) stops every row."""
 
     def __init__(self, open_group: Callable[[list[list[int]], GenerationParams], ChatSession],
                  groups: Sequence[tuple[list[int], list[list[int]], GenerationParams]], slots: Sequence[Slot],
@@ -84,15 +86,13 @@ class BatchAnswer:
         self._lock = threading.Lock()
         self._stop = stop_event  # the caller's: a row stopped by it ends "cancelled"
         self._cancel = threading.Event()  # the consumer left: every row stops after its current token
-        self._events: queue.Queue = queue.Queue()
-        self._runners: list[threading.Thread] = []
         self.sessions: list[ChatSession] = []  # the groups' sessions, as they open
+        self._stream: Optional[ThreadStream] = None
         if len(self._slots) > 1:
-            self._runners = [threading.Thread(target=self._forward, args=(slot,), name="chat-batch", daemon=True)
-                             for slot in self._slots]
-            for runner in self._runners:
-                runner.start()
-        self._iterator = self._merged() if self._runners else self._in_turn(self._slots[0])
+            self._stream = ThreadStream([self._producer(slot) for slot in self._slots], name="chat-batch")
+            self._iterator = self._stream.items()
+        else:
+            self._iterator = self._in_turn(self._slots[0])
 
     def _next_group(self):
         with self._lock:
@@ -118,30 +118,18 @@ class BatchAnswer:
         finally:
             slot.release()
 
-    def _forward(self, slot: Slot) -> None:
-        items = self._in_turn(slot)
-        try:
-            for item in items:
-                if self._cancel.is_set():
-                    break
-                self._events.put(item)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self._events.put(("error", e))
-        finally:
-            items.close()
-            slot.release()  # (also if the generator never started)
-            self._events.put(("done", None))
+    def _producer(self, slot: Slot):
+        def produce(emit, cancelled) -> None:
+            items = self._in_turn(slot)
+            try:
+                for item in items:
+                    if cancelled.is_set() or self._cancel.is_set():
+                        break
+                    emit(item)
+            finally:
+                items.close()  # (the slot goes back there, also if it took no group)
 
-    def _merged(self) -> Iterator[tuple[int, Union[Delta, Finished]]]:
-        running = len(self._runners)
-        while running:
-            kind, payload = self._events.get()
-            if kind == "done":
-                running -= 1
-            elif kind == "error":
-                raise payload
-            else:
-                yield kind, payload
+        return produce
 
     def __iter__(self) -> Iterator[tuple[int, Union[Delta, Finished]]]:
         return self._iterator
@@ -151,9 +139,9 @@ class BatchAnswer:
         try:
             self._iterator.close()
         finally:
-            for runner in self._runners:
-                runner.join(60)
-            for slot in self._slots:  # (idempotent; also when the answer never started)
+            if self._stream is not None:
+                self._stream.close(60)
+            for slot in self._slots:  # an answer never iterated: its slot never reached _in_turn
                 slot.release()
 
     def __enter__(self) -> "BatchAnswer":
@@ -163,7 +151,6 @@ class BatchAnswer:
         self.close()
 
 
-@dataclass
 class _Model:
     """A configured model; its tokenizer and its remote model load on first use."""
 
@@ -439,9 +426,7 @@ class ChatEngine:
         for index, ids in enumerate(rows):
             if not ids:
                 raise InvalidRequest(prompt_param, f"{prompt_param} is empty")
-            if len(ids) >= context:
-                raise InvalidRequest(prompt_param, f"{prompt_param} has {len(ids)} tokens; the model's context is "
-                                                   f"{context} tokens, so it must be shorter than that")
+            check_fits_context(prompt_param, len(ids), context)
             indices, prompts = groups.setdefault(len(ids), ([], []))
             indices.append(index)
             prompts.append(list(ids))
@@ -477,14 +462,14 @@ class ChatEngine:
         a user's chat."""
         model = self._model(name)
         self._client_files(model)
-        if not 0 < len(input_ids) < model.context_length:
-            raise InvalidRequest("prompt", f"the check's prompt has {len(input_ids)} tokens; the model's context "
-                                           f"is {model.context_length}")
+        if not input_ids:
+            raise InvalidRequest("prompt", "the check's prompt is empty")
+        check_fits_context("prompt", len(input_ids), model.context_length, what="the check's prompt")
         self._check_served(model, coverage=False)
         max_length = len(input_ids) + min(params.max_new_tokens, model.context_length - len(input_ids))
         session = ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                              stall_timeout=self.stall_timeout)
-        session._petals.recorder._sink = outcome_sink  # not the chat's sink, which the recorder was given
+                              stall_timeout=self.stall_timeout,  # never the chat's own sink
+                              outcome_sink=outcome_sink if outcome_sink is not None else (lambda outcome: None))
         return Answer(session.generate(input_ids, params), session.close, session)
 
     def close(self) -> None:

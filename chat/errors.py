@@ -26,6 +26,15 @@ class InvalidRequest(ChatError):
         self.param = param
 
 
+def check_fits_context(param: str, tokens: int, context: int, *, what: Optional[str] = None, hint: str = "") -> None:
+    """The chat's one context-length check: an input of ``tokens`` tokens must leave the model's
+    ``context`` room for at least one token more; else ``InvalidRequest`` naming ``param``, the
+    figures and (``hint``) what to do."""
+    if tokens >= context:
+        raise InvalidRequest(param, f"{what or param} is {tokens} tokens; the model's context is {context} tokens, "
+                                    f"so at most {context - 1} fit{hint and '; ' + hint}")
+
+
 class MaxLengthExceeded(InvalidRequest):
     """A session's ``max_length`` is used up. The message starts with petals' own words, "Maximum
     length exceeded", on which chat.petals.dev's page opens a longer session by itself."""

@@ -413,10 +413,14 @@ class TimedInferenceSession(InferenceSession):
     whenever the next server has already stepped.
     """
 
-    def __init__(self, sequence_manager: RemoteSequenceManager, max_length: int):
+    def __init__(self, sequence_manager: RemoteSequenceManager, max_length: int, *,
+                 outcome_sink: Optional[OutcomeSink] = None):
+        """``outcome_sink``: where each server's outcome goes, if not the sequence manager's (the
+        monitor's generation checks: none of theirs counts as a user's chat)."""
         super().__init__(sequence_manager, max_length)
         self.recorder = SpanRecorder(
-            self, sequence_manager.config.dht_prefix, getattr(sequence_manager, "outcome_sink", None)
+            self, sequence_manager.config.dht_prefix,
+            outcome_sink if outcome_sink is not None else getattr(sequence_manager, "outcome_sink", None)
         )
         self._step_tokens = 0
 

@@ -5,11 +5,12 @@ dimension of every step (``input_ids`` of shape [rows, tokens]), so ``n`` sample
 prompts of equal length, cost about one row's time. The decoding loop is ours, not transformers'
 ``generate``, because a batch needs what ``generate`` cannot give per row: each row's own stop
 sequences and end, its tokens streamed as they come, and the log-probabilities of its tokens (and of
-its prompt's, for scoring) from the model's head, which runs here. The loop runs on a worker thread
-(petals' client is blocking) and hands each row's text to the caller through a queue, so the caller
-can stream it, stop it, and give up on a swarm that stalls. Sampling uses transformers' own logits
-processors (repetition penalty, then temperature, top-k, top-p, as ``generate`` orders them), so a
-greedy row is exactly what ``generate`` would give.
+its prompt's, for scoring) from the model's head, which runs here. The loop and its sampler live in
+``chat.decoding``; it runs on a worker thread (petals' client is blocking) whose text reaches the
+caller through the chat's one stream (``chat.streams.ThreadStream``), so the caller can stream it,
+stop it, and give up on a swarm that stalls. Sampling uses transformers' own logits processors
+(repetition penalty, then temperature, top-k, top-p, as ``generate`` orders them), so a greedy row
+is exactly what ``generate`` would give.
 
 A session the chat keeps open between turns (chat.petals.dev's WebSocket) takes a generation slot
 for each turn only (``chat.capacity``); the route each answer took and every peer's outcome come
@@ -19,7 +20,6 @@ from ``chat.sequence``.
 from __future__ import annotations
 
 import logging
-import queue
 import secrets
 import threading
 import time
@@ -29,122 +29,16 @@ from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
 
 from chat.capacity import GENERATING, IDLE, WAITING, OpenSessions, Slot
-from chat.decoding import Delta, Finished, GenerationParams, StreamDecoder, TokenLogprob
+from chat.decoding import AnswerRun, Delta, Finished, GenerationParams, decode_steps
 from chat.errors import ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired
 from chat.policy import RouteHop
 from chat.remote_model import sequence_manager_of
 from chat.sequence import TimedInferenceSession
+from chat.streams import ThreadStream
 
 logger = logging.getLogger(__name__)
 
 Event = Union[Delta, Finished]
-SCORE_CHUNK = 64  # prompt positions whose logits are computed at once when scoring a prompt
-
-
-class _Row:
-    """One row of an answer: its decoder, its token clock and its log-probabilities."""
-
-    def __init__(self, tokenizer: Any, params: GenerationParams):
-        self.decoder = StreamDecoder(tokenizer, stop_sequences=params.stop_sequences, stop_mode=params.stop_mode,
-                                     skip_special_tokens=params.skip_special_tokens)
-        self.first: Optional[float] = None  # when its first token came
-        self.last: Optional[float] = None  # when its latest token came
-        self.logprobs: list[TokenLogprob] = []
-        self.prompt_logprobs: list[Optional[TokenLogprob]] = []
-        self.ended = False  # EOS or a stop sequence
-
-    def timings(self, started: float) -> tuple[Optional[float], Optional[float]]:
-        """(seconds to the first token, tokens per second after it; over the whole answer when
-        only one token came)."""
-        n, first, last = len(self.decoder.ids), self.first, self.last
-        ttft = first - started if first else None
-        if n >= 2 and last > first:
-            return ttft, (n - 1) / (last - first)
-        if n and first:
-            return ttft, n / (first - started)
-        return ttft, None
-
-
-class _AnswerRun:
-    """What one answer's worker thread and its consumer share: the rows, the queue of events and
-    the two ways to stop (the caller's ``stop_event``; ``cancel`` when the consumer leaves)."""
-
-    def __init__(self, tokenizer: Any, params: GenerationParams, n_rows: int, stop_event: Optional[threading.Event]):
-        self.rows = [_Row(tokenizer, params) for _ in range(n_rows)]
-        self.events: queue.Queue = queue.Queue()
-        self.stop_event = stop_event or threading.Event()
-        self.cancel = threading.Event()
-        self.started = time.perf_counter()
-
-    def on_token(self, index: int, token_id: int, logprob: Optional[TokenLogprob], eos: frozenset) -> None:
-        row = self.rows[index]
-        now = time.perf_counter()
-        row.first = row.first or now
-        row.last = now
-        if logprob is not None:
-            row.logprobs.append(logprob)
-        delta = row.decoder.feed(token_id, logprob)
-        if delta is not None:
-            self.events.put((index, delta))
-        row.ended = row.decoder.stopped or token_id in eos
-
-    def should_stop(self) -> bool:
-        return all(row.ended for row in self.rows) or self.stop_event.is_set() or self.cancel.is_set()
-
-    def finish_reason(self, index: int, budget: int) -> str:
-        row = self.rows[index]
-        if row.ended:
-            return "stop"
-        if self.stop_event.is_set():
-            return "cancelled"
-        if len(row.decoder.ids) >= budget:
-            return "length"
-        return "stop"
-
-
-class _Sampler:
-    """The next token of every row from the head's logits: transformers' repetition penalty, then
-    argmax (greedy) or temperature, top-k and top-p and a draw (``generate``'s order)."""
-
-    def __init__(self, params: GenerationParams):
-        from transformers import (
-            RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-        )
-
-        self.greedy = params.greedy
-        self.processors = [RepetitionPenaltyLogitsProcessor(params.repetition_penalty)] \
-            if params.repetition_penalty != 1.0 else []
-        self.warpers = []
-        if not self.greedy:
-            if params.temperature != 1.0:
-                self.warpers.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k:
-                self.warpers.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1.0:
-                self.warpers.append(TopPLogitsWarper(params.top_p))
-
-    def __call__(self, history, logits):
-        import torch
-
-        scores = logits
-        for processor in self.processors:
-            scores = processor(history, scores)
-        if self.greedy:
-            return torch.argmax(scores, dim=-1)
-        for warper in self.warpers:
-            scores = warper(history, scores)
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-
-
-def _logprob_of(logprobs_row, token_id: int, top: int) -> TokenLogprob:
-    """A token's log-probability in one row of log-softmaxed logits, with the ``top`` alternatives."""
-    import torch
-
-    alternatives: tuple = ()
-    if top:
-        values, ids = torch.topk(logprobs_row, top)
-        alternatives = tuple(zip(ids.tolist(), values.tolist()))
-    return TokenLogprob(int(token_id), float(logprobs_row[token_id]), alternatives)
 
 
 class ChatSession:
@@ -158,11 +52,12 @@ class ChatSession:
 
     def __init__(self, remote: Any, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
                  rows: int = 1, registry: Optional[OpenSessions] = None,
-                 acquire_slot: Optional[Callable[[Optional[float]], Slot]] = None):
+                 acquire_slot: Optional[Callable[[Optional[float]], Slot]] = None,
+                 outcome_sink: Optional[Callable] = None):
         self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
         self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
-        self._petals = TimedInferenceSession(self._manager, max_length)
+        self._petals = TimedInferenceSession(self._manager, max_length, outcome_sink=outcome_sink)
         self._stall_timeout = stall_timeout
         self._registry, self._acquire_slot = registry, acquire_slot
         self._closed = False
@@ -222,13 +117,14 @@ class ChatSession:
         try:
             slot = self._acquire_slot(slot_timeout) if self._acquire_slot is not None else None
             self._set_state(GENERATING)
-            run = _AnswerRun(self.tokenizer, params, self.rows, stop_event)
+            run = AnswerRun(self.tokenizer, params, self.rows, stop_event)
+            new_rows = [list(r) for r in rows] if n_input else None
             with self._lock:
-                worker = threading.Thread(target=self._work, name=f"chat-{self.model}", daemon=True,
-                                          args=(run, [list(r) for r in rows] if n_input else None, budget, params, slot))
-                worker.start()
+                stream = ThreadStream([lambda emit, cancelled: self._work(run, emit, cancelled, new_rows, budget,
+                                                                          params, slot)], name=f"chat-{self.model}")
                 try:
-                    yield from self._deltas(run)
+                    yield from stream.items(stall_timeout=self._stall_timeout, on_stall=self._stalled,
+                                            as_error=lambda error: _as_chat_error(self.model, error))
                     for index, row in enumerate(run.rows):
                         tail = row.decoder.finish()
                         if tail is not None:
@@ -236,10 +132,12 @@ class ChatSession:
                     for index in range(self.rows):
                         yield index, self._finished(run, index, prompt_tokens, budget, rows, params)
                 finally:
-                    run.cancel.set()
-                    worker.join(self._stall_timeout)
+                    stream.close(self._stall_timeout)
         finally:
             self._set_state(IDLE)
+
+    def _stalled(self) -> GenerationFailed:
+        return GenerationFailed(f"the swarm sent no token for {self._stall_timeout:.0f} s; try again")
 
     def _set_state(self, state: str) -> None:
         if self._registry is None:
@@ -272,96 +170,24 @@ class ChatSession:
                                     f"far, {n_input} new); open a session with a larger max_length")
         return n_input, max(0, budget)
 
-    def _work(self, run: _AnswerRun, rows: Optional[list[list[int]]], budget: int, params: GenerationParams,
-              slot: Optional[Slot]) -> None:
-        """The decoding loop through the petals session (blocking); every row's text, then
-        ("done", None) or ("error", exception), goes into ``run.events``. Gives the slot back."""
+    def _work(self, run: AnswerRun, emit, cancelled, rows: Optional[list[list[int]]], budget: int,
+              params: GenerationParams, slot: Optional[Slot]) -> None:
+        """The decoding loop (``chat.decoding.decode_steps``) through the petals session, on the
+        stream's thread (petals' client blocks): every row's text goes to ``emit``. Gives the slot back."""
+        run.emit, run.cancel = emit, cancelled
         try:
             import torch
 
             with torch.no_grad(), self.remote.use_session(self._petals):
-                self._decode(run, rows, budget, params)
+                decode_steps(run, self.remote, self._petals, rows, budget, params, n_rows=self.rows, eos=self._eos,
+                             pad=self._pad)
             self._route = self.route()
-            self._petals.recorder.flush()
-            run.events.put(("done", None))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self._petals.recorder.flush()
-            run.events.put(("error", e))
         finally:
+            self._petals.recorder.flush()
             if slot is not None:
                 slot.release()
 
-    def _decode(self, run: _AnswerRun, rows: Optional[list[list[int]]], budget: int, params: GenerationParams) -> None:
-        """Step the session: the new input (after the last token, which was generated but not yet
-        sent, as petals' ``generate`` does), then one token per step for every row until each row
-        ended, the budget is spent or the answer is stopped."""
-        import torch
-
-        petals, base, head = self._petals, self.remote.base_model, self.remote.lm_head
-        new = torch.tensor(rows, dtype=torch.long) if rows else torch.zeros((self.rows, 0), dtype=torch.long)
-        if petals.output_ids is None:
-            history = feed = new
-        else:
-            history = torch.cat([petals.output_ids, new], dim=1)
-            feed = history[:, petals.output_ids.shape[1] - 1:]
-        score_prompt = params.prompt_logprobs and petals.output_ids is None
-        sampler = _Sampler(params) if budget else None
-        ended = torch.zeros(self.rows, dtype=torch.bool)
-        for step in range(max(budget, 1)):
-            hidden = base(input_ids=feed).last_hidden_state
-            if step == 0 and score_prompt:
-                self._score_prompt(run, hidden, history, params.top_logprobs)
-            if not budget:
-                petals.output_ids = history
-                return
-            logits = head(hidden[:, -1:, :])[:, -1, :].float()
-            logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs else None
-            next_ids = sampler(history, logits)
-            next_ids = torch.where(ended, torch.full_like(next_ids, self._pad), next_ids)
-            history = torch.cat([history, next_ids[:, None]], dim=1)
-            petals.output_ids = history
-            for index, token_id in enumerate(next_ids.tolist()):
-                if not run.rows[index].ended:
-                    logprob = _logprob_of(logprobs[index], token_id, params.top_logprobs) if logprobs is not None else None
-                    run.on_token(index, token_id, logprob, self._eos)
-            ended = torch.tensor([row.ended for row in run.rows])
-            if run.should_stop():
-                return
-            feed = next_ids[:, None]
-
-    def _score_prompt(self, run: _AnswerRun, hidden, history, top: int) -> None:
-        """Each prompt token's log-probability given the ones before it (the first has none), a few
-        positions at a time so that a long prompt never holds all its logits at once."""
-        import torch
-
-        head = self.remote.lm_head
-        length = history.shape[1]
-        for row in run.rows:
-            row.prompt_logprobs.append(None)
-        for start in range(0, length - 1, SCORE_CHUNK):
-            end = min(length - 1, start + SCORE_CHUNK)
-            logprobs = torch.log_softmax(head(hidden[:, start:end, :]).float(), dim=-1)
-            for index, row in enumerate(run.rows):
-                targets = history[index, start + 1:end + 1].tolist()
-                row.prompt_logprobs.extend(_logprob_of(logprobs[index, i], t, top) for i, t in enumerate(targets))
-
-    def _deltas(self, run: _AnswerRun) -> Iterator[tuple[int, Delta]]:
-        """The worker's text as it comes, until it is done; its failure, or a stall, as a ChatError."""
-        while True:
-            try:
-                item = run.events.get(timeout=self._stall_timeout)
-            except queue.Empty:
-                raise GenerationFailed(f"the swarm sent no token for {self._stall_timeout:.0f} s; "
-                                       f"try again") from None
-            kind, payload = item
-            if isinstance(kind, int):
-                yield kind, payload
-                continue
-            if kind == "error":
-                raise _as_chat_error(self.model, payload)
-            return
-
-    def _finished(self, run: _AnswerRun, index: int, prompt_tokens: int, budget: int,
+    def _finished(self, run: AnswerRun, index: int, prompt_tokens: int, budget: int,
                   rows: Optional[Sequence[Sequence[int]]], params: GenerationParams) -> Finished:
         end = time.perf_counter()
         row = run.rows[index]

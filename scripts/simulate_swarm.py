@@ -179,6 +179,26 @@ def plan_swarm(
     return planned
 
 
+def planned_rows(planned: Sequence[VirtualServer], models: Sequence[SimModel]):
+    """(models as ModelInfo, the ServerRows a scrape of the planned servers yields): their records
+    through the DHT edge's own parsing, as a poll of the simulated swarm would store them."""
+    from monitor.core.snapshot import ModelInfo
+    from monitor.swarm.announce import parse_server_record
+    from monitor.swarm.scrape import _rows_for_model
+
+    infos = [ModelInfo(m.dht_prefix, m.num_blocks, repository=m.repository) for m in models]
+    rows = []
+    for model in infos:
+        blocks: list[dict] = [{} for _ in range(model.num_blocks)]
+        for server in (s for s in planned if s.model == model.dht_prefix):
+            record = parse_server_record(server.server_info().to_tuple(), num_blocks=model.num_blocks,
+                                         peer_id=server.peer_id)
+            for block in range(server.start, server.end):
+                blocks[block][server.peer_id] = record
+        rows += _rows_for_model(model, blocks)[0]
+    return infos, rows
+
+
 def _announcement(rng: random.Random, state: str) -> dict:
     """ServerInfo fields as petals servers of several versions and setups announce them."""
     gpu_scale = rng.choice((0.3, 0.6, 1.0, 1.0, 2.0, 4.0))

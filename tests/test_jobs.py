@@ -98,6 +98,9 @@ def test_requests_through_the_store_are_carried_out_by_the_leader_once_per_inter
         assert BY_NAME["requests"].run(poller) == []  # nothing twice
         assert elsewhere.request_job("assess", by="chat", min_interval=30) is None  # done, still within it
         assert elsewhere.request_job("assess", by="chat", min_interval=30, at=time.time() + 31) is not None
+        for job, target in (("x" * 33, None), ("reachability", "Q" * 129), ("reachability", "")):
+            with pytest.raises(ValueError, match="at most"):  # refused before SQL, whatever the database
+                elsewhere.request_job(job, target, by="chat")
         assert elsewhere.request_job("no-such-job", by="chat") is not None
         BY_NAME["requests"].run(poller)  # an unknown job is dropped (logged), not retried forever
         assert store.pending_job_requests() == []

@@ -15,15 +15,13 @@ from werkzeug.serving import make_server
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.app.jobs import Poller
-from monitor.core.snapshot import ModelInfo, ReachabilityBatch, ReachabilityResult, Snapshot
+from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.settings import Settings
 from monitor.store import Store
-from monitor.swarm.announce import parse_server_record
-from monitor.swarm.scrape import _rows_for_model
 from monitor.web import create_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from simulate_swarm import plan_swarm, sim_models  # noqa: E402
+from simulate_swarm import plan_swarm, planned_rows, sim_models  # noqa: E402
 
 SERVERS, ANSWERING = 500, 8
 MAX_REASON_CHARS = 300  # one short sentence
@@ -36,17 +34,8 @@ MAX_STATE_BOX_PX = 900  # the model page's state panel
 def big(tmp_path_factory):
     """(app, models, snapshot) of one poll of the simulated swarm, diagnosed as the poller does."""
     tmp = tmp_path_factory.mktemp("scale")
-    models = [ModelInfo(m.dht_prefix, m.num_blocks, repository=m.repository) for m in sim_models(4)]
     planned = plan_swarm(SERVERS, sim_models(4), unreachable=0.1)
-    rows = []
-    for model in models:
-        blocks = [{} for _ in range(model.num_blocks)]
-        for server in (s for s in planned if s.model == model.dht_prefix):
-            record = parse_server_record(server.server_info().to_tuple(), num_blocks=model.num_blocks,
-                                         peer_id=server.peer_id)
-            for block in range(server.start, server.end):
-                blocks[block][server.peer_id] = record
-        rows += _rows_for_model(model, blocks)[0]
+    models, rows = planned_rows(planned, sim_models(4))
     now = time.time()
     answering = {s.peer_id for s in planned[:ANSWERING]}
     checks = tuple(ReachabilityResult(row.peer_id, "server", True, rtt=0.02) if row.peer_id in answering else

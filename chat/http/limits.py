@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from chat.errors import InvalidRequest
+from chat.errors import InvalidRequest, check_fits_context
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,7 @@ class ChatLimits:
 
 def check_token_ids(param: str, ids: Sequence[Any], context: int) -> None:
     """Refuse a list of token ids that cannot fit the model's context, before reading its items."""
-    if len(ids) >= context:
-        raise InvalidRequest(param, f"{param} has {len(ids)} token ids; the model's context is {context} tokens, "
-                                    f"so at most {context - 1} are accepted")
+    check_fits_context(param, len(ids), context, what=f"{param} (token ids)")
 
 
 class WsClosing(Exception):

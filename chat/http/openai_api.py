@@ -41,6 +41,7 @@ from chat.engine import (
     ModelStatus,
 )
 from chat.http import logprobs as lp
+from chat.errors import check_fits_context
 from chat.http.limits import ChatLimits, check_token_ids
 from chat.http.params import Params, client_address, request_params
 from chat.http.responses import (
@@ -111,9 +112,7 @@ def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt:
         raise InvalidRequest(limit_name, f"{limit_name} 0 (scoring the prompt) is answered whole: set stream to false")
     if scoring and stream:
         raise InvalidRequest("echo", "echo with logprobs is answered whole: set stream to false")
-    if n_prompt >= context:
-        raise InvalidRequest("messages" if params.present("messages") else "prompt",
-                             f"the prompt is {n_prompt} tokens; the model's context is {context} tokens")
+    check_fits_context("messages" if params.present("messages") else "prompt", n_prompt, context, what="the prompt")
     if max_tokens is None:
         max_tokens = min(default_max, context - n_prompt) if default_max else context - n_prompt
     stops = params.strings("stop") + tuple(extra_stops)

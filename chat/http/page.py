@@ -38,6 +38,7 @@ from chat.engine import (
     InvalidRequest,
     ModelNotServed,
 )
+from chat.errors import check_fits_context
 from chat.http.limits import ChatLimits
 from chat.http.params import Params, client_address
 from chat.http.responses import INTERNAL_ERROR, error_status, sse
@@ -240,9 +241,8 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
         {"role": "user", "content": message}]
     input_ids, stops = engine.encode_chat(model, prompt)
     context = engine.context_length(model)
-    if len(input_ids) >= context:
-        raise InvalidRequest("message", f"the conversation is {len(input_ids)} tokens, more than the model's "
-                                        f"context of {context}; start a new conversation")
+    check_fits_context("message", len(input_ids), context, what="the conversation with this message",
+                       hint="start a new conversation")
     generation = dataclasses.replace(generation, stop_sequences=stops)
     turn = _Turn(secrets.token_urlsafe(12), conversation, model, input_ids, generation)
     conversations.start_turn(conversation, {"role": "user", "content": message}, turn)

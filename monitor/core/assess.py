@@ -11,6 +11,7 @@ reads what was stored.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
@@ -20,6 +21,8 @@ from monitor.core.common import short_error
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import RecentProbes, ServerProbe, latest_per_peer, slowness
 from monitor.core.snapshot import ReachabilityResult, Snapshot
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
             servers = server_assessments(recent, prefix, {row.peer_id: row.inference_rps for row in rows},
                                          health.excluded_causes)
         except Exception as e:  # noqa: BLE001 - one model's failure costs only its own assessment
+            log.exception("assessing %s failed; stored as not diagnosed", prefix)  # (a bug: its traceback)
             health, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}
         assessed.append(replace(health, servers=servers, assessed_at=now, poll_at=snapshot.taken_at))
     return assessed

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from monitor.store.schema import JobRequestRow
 
+MAX_JOB_CHARS, MAX_TARGET_CHARS = 32, 128  # the columns' sizes
 DONE_KEPT = 86400.0  # seconds a done request is kept (what was asked, and when it was carried out)
 
 
@@ -30,6 +31,9 @@ def request(conn: Connection, job: str, target: Optional[str], *, at: float, by:
             min_interval: float) -> Optional[int]:
     """A new request, unless one for the same job and target was made within ``min_interval`` (pending
     or done: whatever the traffic, a job runs for a target at most once per interval); its id, or None."""
+    if not job or len(job) > MAX_JOB_CHARS or (target is not None and not 0 < len(target) <= MAX_TARGET_CHARS):
+        raise ValueError(f"a job request needs a job name of at most {MAX_JOB_CHARS} characters and a target "
+                         f"of at most {MAX_TARGET_CHARS} (a peer id), got {job[:40]!r}, {(target or '')[:40]!r}")
     t = JobRequestRow.__table__
     target_is = t.c.target.is_(None) if target is None else t.c.target == target
     recent = conn.execute(sa.select(t.c.id).where(t.c.job == job, target_is, t.c.at > at - min_interval)
