@@ -151,6 +151,7 @@ class BatchAnswer:
         self.close()
 
 
+@dataclass
 class _Model:
     """A configured model; its tokenizer and its remote model load on first use."""
 
