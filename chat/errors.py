@@ -26,12 +26,13 @@ class InvalidRequest(ChatError):
         self.param = param
 
 
-def check_fits_context(param: str, tokens: int, context: int, *, what: Optional[str] = None, hint: str = "") -> None:
+def check_fits_context(param: str, tokens: int, context: int, *, what: Optional[str] = None, unit: str = "tokens",
+                       hint: str = "") -> None:
     """The chat's one context-length check: an input of ``tokens`` tokens must leave the model's
     ``context`` room for at least one token more; else ``InvalidRequest`` naming ``param``, the
     figures and (``hint``) what to do."""
     if tokens >= context:
-        raise InvalidRequest(param, f"{what or param} is {tokens} tokens; the model's context is {context} tokens, "
+        raise InvalidRequest(param, f"{what or param} is {tokens} {unit}; the model's context is {context} tokens, "
                                     f"so at most {context - 1} fit{hint and '; ' + hint}")
 
 

@@ -46,7 +46,7 @@ class ChatLimits:
 
 def check_token_ids(param: str, ids: Sequence[Any], context: int) -> None:
     """Refuse a list of token ids that cannot fit the model's context, before reading its items."""
-    check_fits_context(param, len(ids), context, what=f"{param} (token ids)")
+    check_fits_context(param, len(ids), context, unit="token ids")
 
 
 class WsClosing(Exception):
