@@ -22,6 +22,7 @@ from monitor.core.probes import CORRECT, ServerProbe
 from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.settings import Settings
 from monitor.store import Store
+from monitor.store.writes import ASSESSMENT_RETENTION
 from simulate_swarm import plan_swarm, planned_rows, sim_models
 
 
@@ -83,8 +84,9 @@ def main(argv=None) -> None:
             f"## The one stored assessment at {args.servers} servers\n\n"
             f"{len(rows)} server records of 4 models, {len(probes)} probes in the window, {len(unreachable)} "
             f"servers unreachable; {args.repeats} polls, SQLite. One poll's assessments are "
-            f"**{size / 1024:.0f} KiB** of JSON ({size / max(len(rows), 1):.0f} bytes per server record); kept 6 h "
-            f"(`ASSESSMENT_RETENTION`), that is {size * 360 / 2**20:.0f} MiB at the default 60 s scrape period.\n\n"
+            f"**{size / 1024:.0f} KiB** of JSON ({size / max(len(rows), 1):.0f} bytes per server record); kept "
+            f"{ASSESSMENT_RETENTION / 3600:g} h (`ASSESSMENT_RETENTION`, pruned with every poll), that is "
+            f"{size * ASSESSMENT_RETENTION / 60 / 2**20:.0f} MiB at the default 60 s scrape period.\n\n"
             f"{figures}\n\nRun: `.venv/bin/python scripts/bench_assessment.py`.\n")
     print(text)
     if not args.no_write:

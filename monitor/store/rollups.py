@@ -33,6 +33,7 @@ from monitor.core.assessment import STATE_SEVERITY
 from monitor.core.snapshot import JOINING, ONLINE
 from monitor.store import aggregates, generation_checks, server_probes
 from monitor.store.engine import Database, count_if
+from monitor.store.writes import ASSESSMENT_RETENTION, prune_assessments
 from monitor.store.hours import PRUNED, WATERMARK, floor_hour, mean, raw_pruned_until, rolled_up_until, set_meta
 from monitor.store.schema import (
     AssessmentRow,
@@ -56,7 +57,6 @@ from monitor.store.schema import (
     WatchedModel,
 )
 
-ASSESSMENT_RETENTION = 6 * HOUR  # assessments per poll are kept this long (model_status keeps the states)
 HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow)
 
 
@@ -82,16 +82,8 @@ def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
         counts.update(_prune_rollups(conn, rollup_cutoff))
     with db.write("pruning the latest state") as conn:
         counts.update(_prune_now(conn, raw_cutoff, rollup_cutoff))
-        counts["assessments"] = _prune_assessments(conn, now - ASSESSMENT_RETENTION)
+        counts["assessments"] = prune_assessments(conn, now - ASSESSMENT_RETENTION)
     return counts
-
-
-def _prune_assessments(conn: Connection, cutoff: float) -> int:
-    """Delete assessments made before ``cutoff``, except the latest poll's (what every reader reads,
-    however old: a poller stopped for a day still shows its last verdict)."""
-    t, polls = AssessmentRow.__table__, Poll.__table__
-    latest = sa.select(sa.func.max(polls.c.id)).where(polls.c.ok).scalar_subquery()
-    return conn.execute(sa.delete(t).where(t.c.at < cutoff, t.c.poll_id != latest)).rowcount
 
 
 def _rollup_next_hour(conn: Connection, current_hour: float) -> bool:

@@ -49,6 +49,10 @@ MAX_NAMED_REFUSALS = 10  # refused rows named one by one in a poll's errors; the
 
 log = logging.getLogger(__name__)
 
+# assessments per poll are kept this long (``model_status`` keeps the states' history); pruned with
+# every poll, so at 500 servers (~1 MiB a poll, BENCHMARKS.md "assessment") and 60 s polls they hold ~60 MiB
+ASSESSMENT_RETENTION = 3600.0
+
 
 # ---- polls -----------------------------------------------------------------------------------
 
@@ -128,6 +132,14 @@ def record_assessments(conn: Connection, taken_at: float, assessments: Iterable[
     return True
 
 
+def prune_assessments(conn: Connection, cutoff: float) -> int:
+    """Delete assessments made before ``cutoff``, except the latest poll's (what every reader reads,
+    however old: a poller stopped for a day still shows its last verdict)."""
+    t, polls = AssessmentRow.__table__, Poll.__table__
+    latest = sa.select(sa.func.max(polls.c.id)).where(polls.c.ok).scalar_subquery()
+    return conn.execute(sa.delete(t).where(t.c.at < cutoff, t.c.poll_id != latest)).rowcount
+
+
 def replace_assessments(conn: Connection, poll_id: int, assessments: Iterable[Assessment],
                         written: Optional[PollWritten] = None) -> None:
     """The assessments of poll ``poll_id`` (each model's replaces the one stored for that poll); one
@@ -161,6 +173,7 @@ def _record_healths(conn: Connection, written: PollWritten, at: float, healths: 
     ])
     written.refused(refused, lambda r: f"the block coverage of model {r['model']}")
     replace_assessments(conn, poll_id, healths, written)
+    prune_assessments(conn, at - ASSESSMENT_RETENTION)  # (each poll: their size is bounded by polls, not hours)
 
 
 def _status_row(health: Assessment, written: PollWritten) -> dict:
