@@ -36,7 +36,6 @@ from monitor.store.engine import Database, count_if
 from monitor.store.writes import ASSESSMENT_RETENTION, prune_assessments
 from monitor.store.hours import PRUNED, WATERMARK, floor_hour, mean, raw_pruned_until, rolled_up_until, set_meta
 from monitor.store.schema import (
-    AssessmentRow,
     BlockCoverageRow,
     ChatOutcomeRow,
     HourlyBlockCoverageRow,
