@@ -226,12 +226,10 @@ class Poller:
             self.stats.failed("reachability", e)
             return None
         self._note_bootstrap(boot)
-        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
+        if self._store_checks(batch):
             self.stats.ok("reachability")
             if snapshot is not None:
                 self._checked_servers = frozenset(online)
-            # unreachable peers change the verdict: assess the newest poll again with them
-            self.assess_latest()
         return batch
 
     def check_newly_online(self, snapshot: Snapshot) -> Optional[ReachabilityBatch]:
@@ -254,10 +252,17 @@ class Poller:
             log.exception("reachability check of the newly online servers failed")
             self.stats.failed("reachability", e)
             return None
-        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
+        if self._store_checks(batch):
             self._checked_servers = (self._checked_servers or frozenset()) | frozenset(chosen)
-            self.assess_latest()
         return batch
+
+    def _store_checks(self, batch: ReachabilityBatch) -> bool:
+        """Store a reachability batch and, once stored, assess the newest poll again with it (an
+        unreachable peer changes the verdict); False if it could not be stored."""
+        if not self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
+            return False
+        self.assess_latest()
+        return True
 
     def _check(self, servers: list[str]) -> ReachabilityBatch:
         """A reachability check of ``servers`` (peer ids), by the settings' timeout and concurrency."""
@@ -299,8 +304,7 @@ class Poller:
         if not self.leads() or self.swarm_problem() is not None or not peers:
             return None
         batch = self._check(sorted(peers)[:max(self.settings.reachability_concurrency, 1)])
-        if self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
-            self.assess_latest()
+        self._store_checks(batch)
         return batch
 
     def latest_snapshot(self) -> Optional[Snapshot]:
@@ -364,13 +368,17 @@ class Poller:
             by_job.setdefault(request.job, []).append(request)
         for name, requests in by_job.items():
             targets = [r.target for r in requests if r.target]
-            if name == "reachability" and len(targets) == len(requests):
-                self.check_now(targets)
-            elif name in BY_NAME and name != "requests":
-                BY_NAME[name].run(self)
-            else:
-                log.warning("requests: no job named %r (asked by %s); dropped", name, requests[0].by)
-        if pending:
+            try:
+                if name == "reachability" and len(targets) == len(requests):
+                    self.check_now(targets)
+                elif name in BY_NAME and name != "requests":
+                    BY_NAME[name].run(self)
+                else:
+                    log.warning("requests: no job named %r (asked by %s); dropped", name, requests[0].by)
+            except Exception as e:  # noqa: BLE001 - one failed job costs its requests, not the others'
+                log.exception("requests: job %s failed (asked by %s)", name, requests[0].by)
+                self.stats.failed("requests", e)
+        if pending:  # (done, failed or dropped alike: a request that fails is not retried forever)
             self._with_db_retry(lambda: self.store.finish_job_requests([r.id for r in pending]), job="requests")
             self.stats.ok("requests")
         return pending
