@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from chat.errors import Busy, SessionExpired
 
@@ -113,7 +113,7 @@ class _Waiter:
 
 
 class Slot:
-    """One generation slot, held by ``client`` until ``release`` (idempotent; also as a context)."""
+    """One generation slot, held by ``client`` until ``release`` (idempotent), which ``InSlot`` calls."""
 
     def __init__(self, slots: "Slots", client: str, granted: float, waited: float):
         self._slots, self.client, self.granted, self.waited = slots, client, granted, waited
@@ -124,11 +124,33 @@ class Slot:
             self._released = True
             self._slots._release(self)
 
-    def __enter__(self) -> "Slot":
+
+class InSlot:
+    """What is computed in ``slot`` (an iterator), and the one place a slot goes back: when the
+    iterator ends or fails, or when it is closed, whether it was started or not. ``slot`` None:
+    computed in no slot (the monitor's own check)."""
+
+    def __init__(self, slot: Optional[Slot], events: Iterator):
+        self.slot, self._events = slot, events
+
+    def __iter__(self) -> "InSlot":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __next__(self):
+        try:
+            return next(self._events)
+        except BaseException:  # the end (StopIteration) or a failure
+            self.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._events, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if self.slot is not None:
+                self.slot.release()
 
 
 class Slots:
@@ -183,6 +205,18 @@ class Slots:
                                                   f"(all {self.capacity.slots} busy, {self._waiting()} requests "
                                                   f"waiting)", ahead=self._waiting())
         return waiter.slot
+
+    def take(self, client: Optional[str], wanted: int = 1, *, timeout: Optional[float] = None,
+             queued: bool = True) -> list[Slot]:
+        """The slots a request computes in: the first waits its turn (``acquire``), up to
+        ``wanted - 1`` more only when they are free now. Each goes back through ``InSlot``."""
+        slots = [self.acquire(client, timeout, queued=queued)]
+        while len(slots) < wanted:
+            extra = self.try_acquire(client)
+            if extra is None:
+                break
+            slots.append(extra)
+        return slots
 
     def try_acquire(self, client: Optional[str]) -> Optional[Slot]:
         """A slot that is free for ``client`` now and that nobody waits for, else None (never waits)."""

@@ -1,6 +1,7 @@
 """Chat generation through the swarm: the configured models, generation slots, open sessions, batches.
 
-One ``ChatEngine`` per process. Models load lazily (client side only: embeddings, head,
+A request's life, from the view to the answer, reads top to bottom in ``chat.request``; this
+module holds what it runs on. One ``ChatEngine`` per process. Models load lazily (client side only: embeddings, head,
 tokenizer) with the health-aware sequence manager (``chat.sequence``). Every answer is computed in
 a petals inference session (``chat.session``) while it holds one of the engine's generation slots,
 shared per client in turn (``chat.capacity``); sessions kept open between turns (chat.petals.dev's
@@ -14,28 +15,26 @@ broken stream.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.core.assessment import format_ranges, ranges
 
-from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slot, Slots, SlotsLoad
+from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slots, SlotsLoad
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
 from chat.errors import (
     Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired, UnknownModel,
-    check_fits_context,
 )
 from chat.policy import OutcomeSink, RoutingSettings, ScoreSource
 from chat.remote_model import load_remote_model, sequence_manager_of
 from chat.sequence import HealthAwareSequenceManager
-from chat.session import Answer, ChatSession
-from chat.streams import ThreadStream
+from chat import request
+from chat.request import Answer, BatchAnswer
+from chat.session import ChatSession
 
 logger = logging.getLogger(__name__)
 
@@ -67,88 +66,6 @@ class EngineLoad:
 
     slots: SlotsLoad
     sessions: SessionsLoad
-
-
-class BatchAnswer:
-    """A batch being answered: ``(row, Delta)`` events as each row's text comes, then ``(row,
-    Finished)`` for each row. ``groups`` are (row indices, their prompts, their parameters), each a
-    petals session of its own; they run in the ``slots`` held, side by side when there are several
-    (a ``ThreadStream`` producer each), else one after the other in the caller's thread. Each slot
-    is given back in one place, when the groups it took are done (``_in_turn``); closing it (or
-    leaving the ``with``) stops every row."""
-
-    def __init__(self, open_group: Callable[[list[list[int]], GenerationParams], ChatSession],
-                 groups: Sequence[tuple[list[int], list[list[int]], GenerationParams]], slots: Sequence[Slot],
-                 stop_event: Optional[threading.Event] = None):
-        self._open_group = open_group
-        self._groups = deque(groups)
-        self._slots = list(slots)
-        self._lock = threading.Lock()
-        self._stop = stop_event  # the caller's: a row stopped by it ends "cancelled"
-        self._cancel = threading.Event()  # the consumer left: every row stops after its current token
-        self.sessions: list[ChatSession] = []  # the groups' sessions, as they open
-        self._stream: Optional[ThreadStream] = None
-        if len(self._slots) > 1:
-            self._stream = ThreadStream([self._producer(slot) for slot in self._slots], name="chat-batch")
-            self._iterator = self._stream.items()
-        else:
-            self._iterator = self._in_turn(self._slots[0])
-
-    def _next_group(self):
-        with self._lock:
-            return self._groups.popleft() if self._groups and not self._cancel.is_set() else None
-
-    def _in_turn(self, slot: Slot) -> Iterator[tuple[int, Union[Delta, Finished]]]:
-        """The groups this slot takes, one after the other; gives the slot back at the end."""
-        try:
-            while True:
-                group = self._next_group()
-                if group is None:
-                    return
-                indices, rows, params = group
-                session = self._open_group(rows, params)
-                self.sessions.append(session)
-                events = session.generate_rows(rows, params, stop_event=self._stop)
-                try:
-                    for row, event in events:
-                        yield indices[row], event
-                finally:
-                    events.close()
-                    session.close()
-        finally:
-            slot.release()
-
-    def _producer(self, slot: Slot):
-        def produce(emit, cancelled) -> None:
-            items = self._in_turn(slot)
-            try:
-                for item in items:
-                    if cancelled.is_set() or self._cancel.is_set():
-                        break
-                    emit(item)
-            finally:
-                items.close()  # (the slot goes back there, also if it took no group)
-
-        return produce
-
-    def __iter__(self) -> Iterator[tuple[int, Union[Delta, Finished]]]:
-        return self._iterator
-
-    def close(self) -> None:
-        self._cancel.set()
-        try:
-            self._iterator.close()
-        finally:
-            if self._stream is not None:
-                self._stream.close(60)
-            for slot in self._slots:  # an answer never iterated: its slot never reached _in_turn
-                slot.release()
-
-    def __enter__(self) -> "BatchAnswer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 @dataclass
@@ -268,6 +185,10 @@ class ChatEngine:
     def _model(self, name: str) -> _Model:
         return self._models[self.resolve(name)]
 
+    def loaded(self, name: str) -> _Model:
+        """The model called ``name`` with its client files (tokenizer, context length, defaults) loaded."""
+        return self._client_files(self._model(name))
+
     def _client_files(self, model: _Model) -> _Model:
         if model.tokenizer is None:
             if model.path is None:
@@ -294,7 +215,7 @@ class ChatEngine:
     def title(self, name: str) -> str:
         return self._model(name).title
 
-    def _remote(self, model: _Model) -> Any:
+    def remote(self, model: _Model) -> Any:
         self._client_files(model)
         if model.remote is None:
             with model.lock:
@@ -308,7 +229,7 @@ class ChatEngine:
 
     def sequence_manager(self, name: str) -> HealthAwareSequenceManager:
         """The model's sequence manager (loads the model): its view of the swarm and its routes."""
-        return sequence_manager_of(self._remote(self._model(name)))
+        return sequence_manager_of(self.remote(self._model(name)))
 
     # -- coverage --------------------------------------------------------------------------------
     def status(self, name: str) -> ModelStatus:
@@ -316,7 +237,7 @@ class ChatEngine:
         model = self._model(name)
         try:
             # with a coverage check, a model nobody chatted with yet is not loaded just to be listed
-            self._check_served(model, load=self.coverage_check is None or model.remote is not None)
+            self.check_served(model, load=self.coverage_check is None or model.remote is not None)
         except ModelNotServed as e:
             return ModelStatus(model.name, model.title, False, e.reason, tuple(e.missing_blocks))
         except Exception:  # noqa: BLE001 - a status page must still render; the cause is for the log
@@ -328,7 +249,7 @@ class ChatEngine:
     def statuses(self) -> list[ModelStatus]:
         return [self.status(name) for name in self._models]
 
-    def _check_served(self, model: _Model, *, load: bool = True, coverage: bool = True) -> None:
+    def check_served(self, model: _Model, *, load: bool = True, coverage: bool = True) -> None:
         """Raise ModelNotServed unless the coverage check (when ``coverage``) and (when ``load``) the
         sequence manager's own view, which knows pinned/blocked/banned peers, both see every block."""
         if model.path is None:
@@ -371,107 +292,34 @@ class ChatEngine:
         text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
         return self.encode(name, text), ("\nUser:", "\nSystem:")
 
-    # -- sessions --------------------------------------------------------------------------------
+    # -- requests (their life: chat.request) ------------------------------------------------------
     def open_session(self, name: str, max_length: int, *, client: Optional[str] = None) -> ChatSession:
-        """A petals inference session for up to ``max_length`` tokens in all, kept open for
-        ``client`` until closed (or expired to make room: ``chat.capacity.OpenSessions``). It holds
-        no generation slot while idle; each answer in it takes one, waiting its turn outside the
-        queue's bound (see ``Slots.acquire``). Raises Busy (no idle session to make room with),
-        UnknownModel, ModelNotServed, InvalidRequest."""
-        model = self._model(name)
-        self._client_files(model)
-        if not 0 < max_length <= model.context_length:
-            raise InvalidRequest("max_length", f"max_length must be between 1 and the model's context "
-                                               f"length {model.context_length}, got {max_length}")
-        self._check_served(model)
-        session = ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                              stall_timeout=self.stall_timeout, registry=self.sessions,
-                              acquire_slot=lambda timeout: self.slots.acquire(client, timeout, queued=False))
-        try:
-            self.sessions.admit(session, client)
-        except BaseException:
-            session.expire("it was never opened")  # (nothing reached a server yet)
-            raise
-        return session
+        """A petals inference session kept open between turns for ``client`` (``chat.request.open_session``).
+        Raises Busy, UnknownModel, ModelNotServed, InvalidRequest."""
+        return request.open_session(self, name, max_length, client=client)
 
     def answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
                prompt_param: str = "prompt") -> Answer:
-        """Start one answer in its own session (a batch of one row, see ``answer_batch``);
-        iterate the Answer for Delta events and one Finished."""
-        batch = self.answer_batch(name, [input_ids], params, client=client, stop_event=stop_event,
-                                  prompt_param=prompt_param)
-        events = (event for _, event in batch)
-        return Answer(events, batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
+        """One answer in its own session (``chat.request.answer``): Delta events, then one Finished."""
+        return request.answer(self, name, input_ids, params, client=client, stop_event=stop_event,
+                              prompt_param=prompt_param)
 
     def answer_batch(self, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                      client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
                      prompt_param: str = "prompt") -> BatchAnswer:
-        """Start answering every row (a prompt's token ids) in one request. Rows of one length run
-        as one petals session (its batch dimension), other lengths as sessions of their own: side
-        by side in slots that are free now, else in turn in the request's one slot. Everything that
-        can be refused (unknown model, prompt too long, too many rows, model not served, busy)
-        raises here, before any token. max_new_tokens is cut to what the model's context leaves
-        after each prompt."""
-        context = self.context_length(name)
-        model = self._model(name)
-        if not rows:
-            raise InvalidRequest(prompt_param, f"{prompt_param} is empty")
-        if len(rows) > self.max_batch_rows:
-            raise InvalidRequest("n", f"the request asks for {len(rows)} answers; at most {self.max_batch_rows} "
-                                      f"(prompts × n) are computed per request")
-        if params.top_logprobs > self.max_logprobs:
-            raise InvalidRequest("top_logprobs", f"at most {self.max_logprobs} alternatives per token, "
-                                                 f"got {params.top_logprobs}")
-        groups: dict[int, tuple[list[int], list[list[int]]]] = {}
-        for index, ids in enumerate(rows):
-            if not ids:
-                raise InvalidRequest(prompt_param, f"{prompt_param} is empty")
-            check_fits_context(prompt_param, len(ids), context)
-            indices, prompts = groups.setdefault(len(ids), ([], []))
-            indices.append(index)
-            prompts.append(list(ids))
-        planned = [(indices, prompts, dataclasses.replace(
-            params, max_new_tokens=min(params.max_new_tokens, context - len(prompts[0]))))
-            for indices, prompts in groups.values()]
-        self._check_served(model)
-        slots = [self.slots.acquire(client)]
-        for _ in planned[1:]:
-            extra = self.slots.try_acquire(client)
-            if extra is None:
-                break
-            slots.append(extra)
-
-        def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
-            return ChatSession(self._remote(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
-                               tokenizer=model.tokenizer, stall_timeout=self.stall_timeout, rows=len(prompts))
-
-        return BatchAnswer(open_group, planned, slots, stop_event)
+        """Every row of one request (``chat.request.answer_batch``); refusals raise before any token."""
+        return request.answer_batch(self, name, rows, params, client=client, stop_event=stop_event,
+                                    prompt_param=prompt_param)
 
     def load(self) -> EngineLoad:
         """Slots, queue and open sessions now."""
         return EngineLoad(self.slots.load(), self.sessions.load())
 
-    # -- the monitor's generation checks ----------------------------------------------------------
     def check_answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                      outcome_sink: Optional[OutcomeSink] = None) -> Answer:
-        """An answer as ``answer`` starts one, through the same model, routing and session code, for
-        the monitor's generation check (``monitor.app.generation_check``): it neither takes nor waits
-        for one of the users' slots, it skips the coverage check (the check is how a model the
-        monitor called broken is seen to work again; petals' own view of the blocks still applies),
-        and each server's outcome goes to ``outcome_sink`` instead of the chat's, so none counts as
-        a user's chat."""
-        model = self._model(name)
-        self._client_files(model)
-        if not input_ids:
-            raise InvalidRequest("prompt", "the check's prompt is empty")
-        check_fits_context("prompt", len(input_ids), model.context_length, what="the check's prompt")
-        self._check_served(model, coverage=False)
-        max_length = len(input_ids) + min(params.max_new_tokens, model.context_length - len(input_ids))
-        session = ChatSession(self._remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                              stall_timeout=self.stall_timeout,  # never the chat's own sink
-                              outcome_sink=outcome_sink if outcome_sink is not None else (lambda outcome: None))
-        return Answer(session.generate(input_ids, params), session.close, session)
+        """The monitor's generation check through the chat's code (``chat.request.check_answer``)."""
+        return request.check_answer(self, name, input_ids, params, outcome_sink=outcome_sink)
 
     def close(self) -> None:
         """Stop the loaded models' background routing threads (the DHT belongs to the caller)."""

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
 
-from chat.capacity import GENERATING, IDLE, WAITING, OpenSessions, Slot
+from chat.capacity import GENERATING, IDLE, WAITING, InSlot, OpenSessions, Slot
 from chat.decoding import AnswerRun, Delta, Finished, GenerationParams, decode_steps
 from chat.errors import ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired
 from chat.policy import RouteHop
@@ -45,21 +45,21 @@ class ChatSession:
     """One petals inference session of ``rows`` rows: one or more answers that continue the same text.
 
     A session the chat keeps open (``registry``) is listed there, idle between answers, and takes a
-    generation slot from ``acquire_slot`` for each answer; ``expire`` ends it from outside (the
+    generation slot from ``take_slot`` for each answer; ``expire`` ends it from outside (the
     registry making room), after which its next answer is refused with chat.petals.dev's "Session …
     expired". A one-answer session (HTTP) gets its slot from its caller and is not listed.
     ``stall_timeout`` is how long an answer waits for its next token before it gives up."""
 
     def __init__(self, remote: Any, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
                  rows: int = 1, registry: Optional[OpenSessions] = None,
-                 acquire_slot: Optional[Callable[[Optional[float]], Slot]] = None,
+                 take_slot: Optional[Callable[[Optional[float]], Slot]] = None,
                  outcome_sink: Optional[Callable] = None):
         self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
         self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
         self._petals = TimedInferenceSession(self._manager, max_length, outcome_sink=outcome_sink)
         self._stall_timeout = stall_timeout
-        self._registry, self._acquire_slot = registry, acquire_slot
+        self._registry, self._take_slot = registry, take_slot
         self._closed = False
         self.expired_detail: Optional[str] = None
         self._lock = threading.Lock()
@@ -112,29 +112,37 @@ class ChatSession:
         stream ``(row, Delta)`` as text comes, then ``(row, Finished)`` for every row. A kept-open
         session first waits for its slot, at most ``slot_timeout`` seconds (None: the queue's)."""
         n_input, budget = self._checked_budget(rows, params)
-        prompt_tokens = self.used + n_input
         self._set_state(WAITING)
         try:
-            slot = self._acquire_slot(slot_timeout) if self._acquire_slot is not None else None
-            self._set_state(GENERATING)
-            run = AnswerRun(self.tokenizer, params, self.rows, stop_event)
-            new_rows = [list(r) for r in rows] if n_input else None
-            with self._lock:
-                stream = ThreadStream([lambda emit, cancelled: self._work(run, emit, cancelled, new_rows, budget,
-                                                                          params, slot)], name=f"chat-{self.model}")
-                try:
-                    yield from stream.items(stall_timeout=self._stall_timeout, on_stall=self._stalled,
-                                            as_error=lambda error: _as_chat_error(self.model, error))
-                    for index, row in enumerate(run.rows):
-                        tail = row.decoder.finish()
-                        if tail is not None:
-                            yield index, tail
-                    for index in range(self.rows):
-                        yield index, self._finished(run, index, prompt_tokens, budget, rows, params)
-                finally:
-                    stream.close(self._stall_timeout)
+            slot = self._take_slot(slot_timeout) if self._take_slot is not None else None
+            events = InSlot(slot, self._answer(rows, n_input, budget, params, stop_event))
+            try:
+                self._set_state(GENERATING)
+                yield from events
+            finally:
+                events.close()
         finally:
             self._set_state(IDLE)
+
+    def _answer(self, rows: Optional[Sequence[Sequence[int]]], n_input: int, budget: int, params: GenerationParams,
+                stop_event: Optional[threading.Event]) -> Iterator[tuple[int, Event]]:
+        prompt_tokens = self.used + n_input
+        run = AnswerRun(self.tokenizer, params, self.rows, stop_event)
+        new_rows = [list(r) for r in rows] if n_input else None
+        with self._lock:
+            stream = ThreadStream([lambda emit, cancelled: self._work(run, emit, cancelled, new_rows, budget, params)],
+                                  name=f"chat-{self.model}")
+            try:
+                yield from stream.items(stall_timeout=self._stall_timeout, on_stall=self._stalled,
+                                        as_error=lambda error: _as_chat_error(self.model, error))
+                for index, row in enumerate(run.rows):
+                    tail = row.decoder.finish()
+                    if tail is not None:
+                        yield index, tail
+                for index in range(self.rows):
+                    yield index, self._finished(run, index, prompt_tokens, budget, rows, params)
+            finally:
+                stream.close(self._stall_timeout)
 
     def _stalled(self) -> GenerationFailed:
         return GenerationFailed(f"the swarm sent no token for {self._stall_timeout:.0f} s; try again")
@@ -171,9 +179,9 @@ class ChatSession:
         return n_input, max(0, budget)
 
     def _work(self, run: AnswerRun, emit, cancelled, rows: Optional[list[list[int]]], budget: int,
-              params: GenerationParams, slot: Optional[Slot]) -> None:
+              params: GenerationParams) -> None:
         """The decoding loop (``chat.decoding.decode_steps``) through the petals session, on the
-        stream's thread (petals' client blocks): every row's text goes to ``emit``. Gives the slot back."""
+        stream's thread (petals' client blocks): every row's text goes to ``emit``."""
         run.emit, run.cancel = emit, cancelled
         try:
             import torch
@@ -184,8 +192,6 @@ class ChatSession:
             self._route = self.route()
         finally:
             self._petals.recorder.flush()
-            if slot is not None:
-                slot.release()
 
     def _finished(self, run: AnswerRun, index: int, prompt_tokens: int, budget: int,
                   rows: Optional[Sequence[Sequence[int]]], params: GenerationParams) -> Finished:
@@ -222,37 +228,6 @@ class ChatSession:
             self._petals.close()
         except Exception as e:  # noqa: BLE001
             logger.debug("closing the inference session failed: %r", e)
-
-
-class Answer:
-    """An answer being generated, one row; closing it (or leaving the ``with``) stops it and ends
-    what it holds (its session, its slot). ``session``: the petals session answering it (its live
-    route), once there is one."""
-
-    def __init__(self, events: Iterator[Event], close: Callable[[], None],
-                 session: Union[ChatSession, Callable[[], Optional[ChatSession]], None] = None):
-        self._session = session
-        self._events = events
-        self._close = close
-
-    @property
-    def session(self) -> Optional[ChatSession]:
-        return self._session() if callable(self._session) else self._session
-
-    def __iter__(self) -> Iterator[Event]:
-        return self._events
-
-    def close(self) -> None:
-        try:
-            self._events.close()
-        finally:
-            self._close()
-
-    def __enter__(self) -> "Answer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _as_chat_error(model: str, error: BaseException) -> ChatError:

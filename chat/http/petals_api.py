@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 from flask import Blueprint, Response, jsonify
 from simple_websocket import ConnectionClosed
 
+from chat import request as chat_request
 from chat.engine import (
     ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest, MaxLengthExceeded,
     SessionExpired,
@@ -204,7 +205,7 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
     text, count = "", 0
     # its user waits for this answer: the turn waits for a slot in turn, for as long as the session may
     # last (turns waiting at once are bounded by the open sessions, and so is the wait)
-    events = session.generate(input_ids or None, generation, slot_timeout=clock.remaining())
+    events = chat_request.turn(session, input_ids or None, generation, slot_timeout=clock.remaining())
     for event in events:
         if clock.expired():  # leaving the generator stops the answer after the current token
             events.close()

@@ -1,0 +1,245 @@
+"""The life of a chat request, from the view to the answer, in the order it happens.
+
+Every HTTP view (the chat page, chat.petals.dev's ``/api/v1/generate``, OpenAI's completions)
+calls ``answer`` or ``answer_batch``; a WebSocket turn calls ``turn`` on the session
+``open_session`` opened; the monitor's generation check calls ``check_answer``. Each goes:
+
+1. **refuse early** — ``plan_groups``: the prompt fits the model's context (``chat.errors.
+   check_fits_context``, the one check), the rows and alternatives are within bounds; the rows of
+   one length become one group (one petals session: its batch dimension). Then the model must be
+   served (``ChatEngine.check_served``: the monitor's coverage, then petals' own view).
+2. **take a slot** — ``chat.capacity.Slots.take``: the first slot waits its turn (or raises Busy
+   before any token), more only when they are free now.
+3. **compute in it** — ``BatchAnswer`` runs the groups in the slots it holds, side by side (one
+   producer thread each, ``chat.streams.ThreadStream``) or one after the other in the caller's
+   thread. Each group is a ``chat.session.ChatSession``, whose decoding loop
+   (``chat.decoding.decode_steps``, beside its sampler) runs on a worker thread through petals'
+   inference session (``chat.sequence.TimedInferenceSession``: the route and every server's outcome,
+   fed to the monitor's scores through the outcome sink).
+4. **give the slot back** — ``chat.capacity.InSlot``, the one place a slot goes back: when what was
+   computed in it ends, fails or is closed, started or not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import deque
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+from chat.capacity import InSlot, Slot
+from chat.decoding import Delta, Finished, GenerationParams
+from chat.errors import InvalidRequest, check_fits_context
+from chat.policy import OutcomeSink
+from chat.session import ChatSession
+from chat.streams import ThreadStream
+
+Engine = Any  # a chat.engine.ChatEngine (which imports this module): models, slots, open sessions
+Event = Union[Delta, Finished]
+Group = tuple[list[int], list[list[int]], GenerationParams]  # (row indices, their prompts, their parameters)
+
+
+# -- 1. refuse early --------------------------------------------------------------------------------
+def plan_groups(rows: Sequence[Sequence[int]], params: GenerationParams, context: int, *, max_rows: int,
+                max_logprobs: int, prompt_param: str = "prompt") -> list[Group]:
+    """The request's rows as groups of one prompt length, or InvalidRequest; each group's
+    max_new_tokens cut to what the model's context leaves after its prompts."""
+    if not rows:
+        raise InvalidRequest(prompt_param, f"{prompt_param} is empty")
+    if len(rows) > max_rows:
+        raise InvalidRequest("n", f"the request asks for {len(rows)} answers; at most {max_rows} "
+                                  f"(prompts × n) are computed per request")
+    if params.top_logprobs > max_logprobs:
+        raise InvalidRequest("top_logprobs", f"at most {max_logprobs} alternatives per token, "
+                                             f"got {params.top_logprobs}")
+    groups: dict[int, tuple[list[int], list[list[int]]]] = {}
+    for index, ids in enumerate(rows):
+        if not ids:
+            raise InvalidRequest(prompt_param, f"{prompt_param} is empty")
+        check_fits_context(prompt_param, len(ids), context)
+        indices, prompts = groups.setdefault(len(ids), ([], []))
+        indices.append(index)
+        prompts.append(list(ids))
+    return [(indices, prompts, dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens,
+                                                                             context - len(prompts[0]))))
+            for indices, prompts in groups.values()]
+
+
+# -- the entry points -------------------------------------------------------------------------------
+def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
+                 client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
+                 prompt_param: str = "prompt") -> "BatchAnswer":
+    """Start answering every row (a prompt's token ids) of one request; everything that can be
+    refused (unknown model, prompt too long, too many rows, model not served, busy) raises here,
+    before any token."""
+    model = engine.loaded(name)
+    groups = plan_groups(rows, params, model.context_length, max_rows=engine.max_batch_rows,
+                         max_logprobs=engine.max_logprobs, prompt_param=prompt_param)
+    engine.check_served(model)
+    slots = engine.slots.take(client, wanted=len(groups))
+
+    def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
+        return ChatSession(engine.remote(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
+                           tokenizer=model.tokenizer, stall_timeout=engine.stall_timeout, rows=len(prompts))
+
+    return BatchAnswer(open_group, groups, slots, stop_event)
+
+
+def answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
+           client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
+           prompt_param: str = "prompt") -> "Answer":
+    """One answer in its own session: a batch of one row."""
+    batch = answer_batch(engine, name, [input_ids], params, client=client, stop_event=stop_event,
+                         prompt_param=prompt_param)
+    return Answer((event for _, event in batch), batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
+
+
+def open_session(engine: Engine, name: str, max_length: int, *, client: Optional[str] = None) -> ChatSession:
+    """A session kept open between turns (chat.petals.dev's WebSocket), admitted among the open
+    sessions (``chat.capacity.OpenSessions``, which may expire an idle one to make room). It holds
+    no slot while idle: each ``turn`` takes one."""
+    model = engine.loaded(name)
+    if not 0 < max_length <= model.context_length:
+        raise InvalidRequest("max_length", f"max_length must be between 1 and the model's context "
+                                           f"length {model.context_length}, got {max_length}")
+    engine.check_served(model)
+    session = ChatSession(engine.remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
+                          stall_timeout=engine.stall_timeout, registry=engine.sessions,
+                          take_slot=lambda timeout: engine.slots.take(client, timeout=timeout, queued=False)[0])
+    try:
+        engine.sessions.admit(session, client)
+    except BaseException:
+        session.expire("it was never opened")  # (nothing reached a server yet)
+        raise
+    return session
+
+
+def turn(session: ChatSession, input_ids: Optional[Sequence[int]], params: GenerationParams, *,
+         stop_event: Optional[threading.Event] = None, slot_timeout: Optional[float] = None) -> Iterator[Event]:
+    """One turn of a kept-open session: waits for a slot in turn (at most ``slot_timeout``), then
+    continues the session's text with ``input_ids`` (None: from its last token)."""
+    return session.generate(input_ids, params, stop_event=stop_event, slot_timeout=slot_timeout)
+
+
+def check_answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
+                 outcome_sink: Optional[OutcomeSink] = None) -> "Answer":
+    """An answer through the same model, routing and session code, for the monitor's generation
+    check: no user's slot, no coverage check (the check is how a model called broken is seen to
+    work again; petals' own view of the blocks still applies), and each server's outcome goes to
+    ``outcome_sink`` instead of the chat's, so none counts as a user's chat."""
+    model = engine.loaded(name)
+    if not input_ids:
+        raise InvalidRequest("prompt", "the check's prompt is empty")
+    check_fits_context("prompt", len(input_ids), model.context_length, what="the check's prompt")
+    engine.check_served(model, coverage=False)
+    max_length = len(input_ids) + min(params.max_new_tokens, model.context_length - len(input_ids))
+    session = ChatSession(engine.remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
+                          stall_timeout=engine.stall_timeout,  # never the chat's own sink
+                          outcome_sink=outcome_sink if outcome_sink is not None else (lambda outcome: None))
+    return Answer(session.generate(input_ids, params), session.close, session)
+
+
+# -- 3. compute in the slots ------------------------------------------------------------------------
+class BatchAnswer:
+    """A batch being answered: ``(row, Delta)`` events as each row's text comes, then ``(row,
+    Finished)`` for each row. Its groups run in the slots held: side by side when there are several
+    (a ``ThreadStream`` producer per slot), else one after the other in the caller's thread. Each
+    slot is an ``InSlot`` over the groups it takes, so it goes back when they are done; closing the
+    batch (or leaving the ``with``) stops every row and gives back every slot."""
+
+    def __init__(self, open_group: Callable[[list[list[int]], GenerationParams], ChatSession],
+                 groups: Sequence[Group], slots: Sequence[Slot], stop_event: Optional[threading.Event] = None):
+        self._open_group = open_group
+        self._groups = deque(groups)
+        self._lock = threading.Lock()
+        self._stop = stop_event  # the caller's: a row stopped by it ends "cancelled"
+        self._cancel = threading.Event()  # the consumer left: every row stops after its current token
+        self.sessions: list[ChatSession] = []  # the groups' sessions, as they open
+        self._held = [InSlot(slot, self._in_turn()) for slot in slots]
+        self._stream: Optional[ThreadStream] = None
+        if len(self._held) > 1:
+            self._stream = ThreadStream([_producer(held, self._cancel) for held in self._held], name="chat-batch")
+            self._iterator: Iterator = self._stream.items()
+        else:
+            self._iterator = self._held[0]
+
+    def _next_group(self) -> Optional[Group]:
+        with self._lock:
+            return self._groups.popleft() if self._groups and not self._cancel.is_set() else None
+
+    def _in_turn(self) -> Iterator[tuple[int, Event]]:
+        """The groups one slot takes, one after the other."""
+        while (group := self._next_group()) is not None:
+            indices, rows, params = group
+            session = self._open_group(rows, params)
+            self.sessions.append(session)
+            events = session.generate_rows(rows, params, stop_event=self._stop)
+            try:
+                for row, event in events:
+                    yield indices[row], event
+            finally:
+                events.close()
+                session.close()
+
+    def __iter__(self) -> Iterator[tuple[int, Event]]:
+        return self._iterator
+
+    def close(self) -> None:
+        self._cancel.set()
+        if self._stream is None:
+            self._held[0].close()
+            return
+        try:
+            self._iterator.close()
+        finally:  # each producer gives its own slot back as it ends (it runs from the start)
+            self._stream.close(60)
+
+    def __enter__(self) -> "BatchAnswer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _producer(held: InSlot, cancel: threading.Event):
+    def produce(emit, cancelled) -> None:
+        try:
+            for item in held:
+                if cancelled.is_set() or cancel.is_set():
+                    break
+                emit(item)
+        finally:
+            held.close()
+
+    return produce
+
+
+class Answer:
+    """An answer being generated, one row; closing it (or leaving the ``with``) stops it and ends
+    what it holds (its session, its slot). ``session``: the petals session answering it (its live
+    route), once there is one."""
+
+    def __init__(self, events: Iterator[Event], close: Callable[[], None],
+                 session: Union[ChatSession, Callable[[], Optional[ChatSession]], None] = None):
+        self._session = session
+        self._events = events
+        self._close = close
+
+    @property
+    def session(self) -> Optional[ChatSession]:
+        return self._session() if callable(self._session) else self._session
+
+    def __iter__(self) -> Iterator[Event]:
+        return self._events
+
+    def close(self) -> None:
+        try:
+            self._events.close()
+        finally:
+            self._close()
+
+    def __enter__(self) -> "Answer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
