@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from monitor.core.common import HOUR
 from monitor.core.assess import flagged, round_trip_speeds
-from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG, Assessment
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_UNREACHABLE, CAUSE_WRONG, Assessment
+from monitor.core.compute_checks import confirming_request
 from monitor.core.snapshot import ChatOutcome
 
 from chat.policy import OutcomeSink, PeerWeight, weights_from_outcomes
@@ -58,6 +59,7 @@ class StoreWeights:
         self.period = period
         self.outcome_window = outcome_window
         self._weights: dict[str, PeerWeight] = {}
+        self.probed: dict[str, float] = {}  # peer -> what its newest probes measured (round trip included)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -78,11 +80,14 @@ class StoreWeights:
         weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.outcome_window)
         for peer, seconds in probe_speeds(assessments, outcomes).items():
             weights[peer] = replace(weights.get(peer, PeerWeight()), seconds_per_token_per_block=seconds)
-        for peer in {**flagged(assessments, CAUSE_WRONG), **flagged(assessments, CAUSE_FAILING)}:
+        unusable = {**flagged(assessments, CAUSE_WRONG), **flagged(assessments, CAUSE_FAILING),
+                    **flagged(assessments, CAUSE_UNREACHABLE)}
+        for peer in unusable:
             weights[peer] = replace(weights.get(peer, PeerWeight()), score=UNUSABLE_SCORE)
         for peer, policy in policies.items():
             weights[peer] = replace(weights.get(peer, PeerWeight()), policy=policy)
         self._weights = weights
+        self.probed = {peer: seconds for peer, (seconds, _) in round_trip_speeds(assessments).items()}
         return self._weights
 
     def start(self) -> "StoreWeights":
@@ -119,10 +124,25 @@ def store_outcome_sink(store: Any, weights: Optional[StoreWeights] = None) -> Ou
         except Exception as e:  # noqa: BLE001
             log.warning("chat outcome for %s not recorded: %s", outcome.peer_id, e)
             return
+        ask_to_confirm(store, outcome, weights.probed.get(outcome.peer_id) if weights is not None else None,
+                       by="chat")
         if weights is not None:
             weights.refresh_soon()
 
     return sink
+
+
+def ask_to_confirm(store: Any, outcome: ChatOutcome, probed: Optional[float], *, by: str) -> None:
+    """A user's failure (or a span far slower than probed) asks the leader, through the store, for
+    a confirming check of that server (``compute_checks.confirming_request``); never fails the caller."""
+    request = confirming_request(outcome, probed)
+    if request is None:
+        return
+    try:
+        store.request_job(request.job, target=request.peer_id, by=by, why=request.why,
+                          min_interval=request.min_interval)
+    except Exception as e:  # noqa: BLE001 - the check comes in its turn instead
+        log.warning("no confirming check of %s asked for: %s", request.peer_id, e)
 
 
 def store_coverage_check(store: Any) -> Callable[[str], tuple[bool, str]]:

@@ -136,6 +136,12 @@ class Settings(BaseModel):
     chat_max_visitors: int = Field(default=500, ge=1, le=1_000_000)  # the least recently active idle one goes
 
     # Measured speed and correctness (README: Measured speed and correctness): server probes
+    # Compute checks (monitor/core/compute_checks.py): one token through the first block of every
+    # ONLINE server's span each period (a failed one confirmed 2 s later): names a server that died,
+    # froze or fails every step within a period and a few seconds
+    compute_check_period: float = Field(default=20, gt=0)
+    compute_check_timeout: float = Field(default=5, gt=0, le=120)  # seconds for its answer
+    compute_check_concurrency: int = Field(default=16, gt=0, le=256)  # checks at once, all servers
     speed_probe_period: float = Field(default=300, gt=0)  # each server probed once per period (a verdict-changing probe confirmed after half)
     speed_probe_timeout: float = Field(default=10, gt=0, le=600)  # seconds per step of a probe session
     speed_probe_concurrency: int = Field(default=2, gt=0, le=64)  # probe sessions at once, all servers

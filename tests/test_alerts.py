@@ -99,6 +99,36 @@ def test_a_flap_shorter_than_for_pages_nobody():
     assert run.memory == {}
 
 
+def confirmed(state: str) -> ModelView:
+    """The model's state rests on confirmed checks only (a server whose two compute checks failed)."""
+    return replace(model(state), troubled=(("QmFailing", "failing-server"),), confirmed=True)
+
+
+def test_a_state_resting_on_confirmed_checks_is_told_at_once_not_after_for():
+    run = Run(HEALTH)
+    assert run.at(T0, models=[model("healthy")]) == []
+    [fired] = run.at(T0 + 5, models=[confirmed("degraded")])  # for is 120 s: the confirmation is enough
+    assert (fired.event, fired.state, fired.since) == (FIRED, "degraded", T0 + 5)
+    [changed] = run.at(T0 + 10, models=[confirmed("broken")])
+    assert (changed.event, changed.previous_state, changed.state) == (core.CHANGED, "degraded", "broken")
+    assert run.at(T0 + 20, models=[model("degraded")]) == []  # an unconfirmed change waits out for again
+
+
+def test_a_confirmed_flap_within_a_minute_is_one_notice_pair_and_a_clean_restart_none():
+    run = Run(HEALTH)
+    timeline = ["healthy", "degraded", "healthy", "degraded", "healthy", "degraded", "healthy"]
+    for i, state in enumerate(timeline):  # down and up every 10 s
+        run.at(T0 + 10 * i, models=[confirmed(state) if state != "healthy" else model(state)])
+    assert [n.event for n in run.notices] == [FIRED]  # the ups within a minute resolve nothing yet
+    assert run.at(T0 + 10 * len(timeline) + 30, models=[model("healthy")]) == []
+    [resolved] = run.at(T0 + 10 * len(timeline) + 60, models=[model("healthy")])  # clear for a minute
+    assert resolved.event == RESOLVED and run.memory == {}
+    restart = Run(HEALTH)  # a clean stop (OFFLINE: not confirmed) back within a minute: nobody is told
+    for i, state in enumerate(["healthy", "degraded", "degraded", "healthy", "healthy"]):
+        restart.at(T0 + 20 * i, models=[model(state)])
+    assert restart.notices == []
+
+
 def test_degraded_then_broken_is_one_changed_notice_once_broken_holds_for():
     run = Run(HEALTH)
     run.at(T0, models=[model("degraded")])

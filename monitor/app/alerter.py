@@ -148,12 +148,14 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
         return {row.peer_id for row in snapshot.servers
                 if row.model == prefix and row.state == ONLINE and row.peer_id not in excluded}
 
-    models = tuple(
-        core.ModelView(dht_prefix=model.dht_prefix, name=model.name or model.dht_prefix,
-                       state=diagnoses[model.dht_prefix].state, reasons=tuple(diagnoses[model.dht_prefix].reasons),
-                       troubled=memory.lost(model.dht_prefix, serving(model.dht_prefix)) if memory is not None else ())
-        for model in (snapshot.models if snapshot else ()) if model.dht_prefix in diagnoses
-    )
+    def model_view(model) -> core.ModelView:
+        assessment = diagnoses[model.dht_prefix]
+        troubled = memory.lost(model.dht_prefix, serving(model.dht_prefix)) if memory is not None else ()
+        return core.ModelView(dht_prefix=model.dht_prefix, name=model.name or model.dht_prefix,
+                              state=assessment.state, reasons=tuple(assessment.reasons), troubled=troubled,
+                              confirmed=assessment.confirmed(peer for peer, _ in troubled))
+
+    models = tuple(model_view(model) for model in (snapshot.models if snapshot else ()) if model.dht_prefix in diagnoses)
     configured = set(settings.resolved_initial_peers)
     bootstrap = tuple(
         core.BootstrapView(peer_id=probe.peer_id or (probe.address or "?"), up=probe.ok, error=probe.error)

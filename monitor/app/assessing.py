@@ -2,10 +2,10 @@
 
 The scrape job assesses its own poll before storing it (``assess_poll``: the poll and its
 assessments land in one transaction); every other input of that poll — a reachability round, a
-probe round, a generation check — is followed by ``assess_latest``, which assesses the newest
+probe round, a compute-check round that changed a verdict, a generation check — is followed by ``assess_latest``, which assesses the newest
 stored poll again with the newest inputs and stores that against the same poll (readers take the
-newest). Each reads its inputs at one ``now``: the server probes of the recent window and the
-generation checks. petals' own routing prices the routes (``monitor.swarm.routing``).
+newest). Each reads its inputs at one ``now``: the server probes and compute checks of their
+windows and the generation checks. petals' own routing prices the routes (``monitor.swarm.routing``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 
 from monitor.core.assess import Thresholds, assess
 from monitor.core.assessment import Assessment
+from monitor.core.compute_checks import window as compute_window
 from monitor.core.probes import recent_window
 from monitor.core.snapshot import ReachabilityResult, Snapshot
 from monitor.store import StoreError
@@ -29,7 +30,8 @@ ASSESS_TRIES = 3  # a newer poll stored by another process meanwhile: assess tha
 def thresholds(settings) -> Thresholds:
     return Thresholds(min_tokens_per_s=settings.min_tokens_per_s, min_cache_tokens=settings.min_cache_tokens,
                       probe_window=recent_window(settings.speed_probe_period),
-                      generation_check_period=settings.generation_check_period)
+                      generation_check_period=settings.generation_check_period,
+                      compute_window=compute_window(settings.compute_check_period))
 
 
 def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult],
@@ -49,7 +51,13 @@ def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, 
     except StoreError as e:
         log.warning("generation checks not read, assessing without them: %s", e)
         checks = {}
-    return assess(snapshot, reachability, probes, checks, now=now, thresholds=limits, routing=PETALS_ROUTING)
+    try:
+        computed = store.recent_compute_checks(now - limits.compute_window)
+    except StoreError as e:
+        log.warning("compute checks not read, assessing without them: %s", e)
+        computed = []
+    return assess(snapshot, reachability, probes, checks, now=now, thresholds=limits, routing=PETALS_ROUTING,
+                  compute=computed)
 
 
 def assess_latest(store, settings, snapshot: Optional[Snapshot] = None) -> bool:

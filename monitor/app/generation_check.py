@@ -100,6 +100,10 @@ class GenerationChecker:
                     if isinstance(event, Finished):
                         finished = event
         except Exception as e:  # noqa: BLE001 - whatever failed, it is this check's result
+            from chat.feedback import ask_to_confirm
+
+            for outcome in outcomes:  # the servers that failed it: a compute check confirms each now
+                ask_to_confirm(self.store, outcome, None, by="generation-check")
             failed = _spans(outcomes)
             if isinstance(e, ModelNotServed):
                 error = e.reason
@@ -174,6 +178,17 @@ class _OwnEngine:
             if self.weights is not None:
                 self.weights.close()
             self.engine = self.weights = None
+
+
+def run_round(poller) -> list:
+    """``swarm-monitor job generation-check --once``: one round, by a checker of its own."""
+    checker = generation_checker(poller)
+    if checker is None:
+        return []
+    try:
+        return checker.run_once()
+    finally:
+        checker.close()
 
 
 def generation_checker(poller) -> Optional[GenerationChecker]:

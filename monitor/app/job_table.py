@@ -7,8 +7,9 @@ the store (``Store.request_job``: "scrape now", "check this server now"), which 
 same way. ``swarm-monitor job NAME --once`` runs any one of them against the configured store, as
 a cron line or an operator would (a leader-only job refuses while another poller leads).
 
-``scheduled``: the poller's scheduler runs it every ``period`` (``probes`` and ``generation-check``
-run in rounds on threads of their own, due by server; ``alerts`` and ``alert-delivery`` are added
+``scheduled``: the poller's scheduler runs it every ``period`` (``probes``, ``compute-checks`` and
+``generation-check`` run in rounds on threads of their own, due by server; ``compute-check`` runs
+when requested; ``alerts`` and ``alert-delivery`` are added
 with their listeners by ``app.alerter.schedule_alerts``; ``assess`` runs after every stored input,
 ``heartbeat`` after every stored poll).
 """
@@ -45,6 +46,11 @@ JOBS: tuple[Job, ...] = (
         lambda s: s.reachability_period, needs_dht=True),
     Job("probes", "speed and correctness probes of the servers that are due, then assess again",
         lambda s: s.speed_probe_period, needs_dht=True, scheduled=False),
+    Job("compute-checks", "one token through the first block of every ONLINE server that is due; a "
+        "changed verdict assessed at once", lambda s: s.compute_check_period, needs_dht=True, scheduled=False),
+    Job("compute-check", "a compute check now of the servers a request names (a user met them failing), "
+        "else of every ONLINE server",
+        lambda s: None, needs_dht=True, scheduled=False),
     Job("generation-check", "a few tokens end to end per model through the chat's engine, then assess again",
         lambda s: s.generation_check_period, needs_dht=True, scheduled=False),
     Job("assess", "each model's assessment of the newest poll from the newest stored inputs",

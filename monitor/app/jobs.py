@@ -108,7 +108,7 @@ class Poller:
             from monitor.app.heartbeat import Heartbeat
 
             self.heartbeat = Heartbeat(settings.heartbeat_url, may_ping=self.leads, counted=self._count_heartbeat)
-        self.prober = self.generation_checker = self.alerter = None
+        self.prober = self.generation_checker = self.alerter = self.compute_checker = None
         self._run_now = True
         self._stopping = False
         self._rounds_lock = threading.Lock()  # starting and stopping the probe rounds, one at a time
@@ -154,8 +154,8 @@ class Poller:
         except Exception as e:  # noqa: BLE001 - a failed scrape must not stop the scheduler
             log.exception("scrape failed")
             self.stats.failed("scrape", e)
-            self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), short_error(e, 1000)),
-                                job="scrape")
+            why = short_error(e, 1000)
+            self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), why), job="scrape")
             return None
         with self._lock:
             healths = self.assess(snapshot, self._latest_reachability())
@@ -320,25 +320,30 @@ class Poller:
 
     def job_probes(self) -> list:
         """One probe round of the servers that are due (all of them, to a prober of its own)."""
-        from monitor.app.probing import ServerProber
+        from monitor.app.probing import run_round
 
-        prober = ServerProber(self.settings, self.store, self.dht, snapshot=self.latest_snapshot,
-                              after_round=self.assess_latest)
-        try:
-            return prober.run_once()
-        finally:
-            prober.close()
+        return run_round(self)
+
+    def job_compute_checks(self) -> list:
+        """One compute-check round of the servers that are due (all of them, to a checker of its own)."""
+        from monitor.app.compute_checking import run_round
+
+        return run_round(self)
+
+    def compute_check_now(self, peers: list[str], by: Optional[str] = None) -> list:
+        """A compute check of these servers now (requested through the store), then assessed."""
+        from monitor.app.compute_checking import check_now
+
+        return check_now(self, peers, by=by)
+
+    def job_compute_check(self) -> list:
+        """Out of turn, every ONLINE server of the newest poll (a request names its servers instead)."""
+        return self.compute_check_now(sorted(_online(self.latest_snapshot())), by="operator")
 
     def job_generation_check(self) -> list:
-        from monitor.app.generation_check import generation_checker
+        from monitor.app.generation_check import run_round
 
-        checker = generation_checker(self)
-        if checker is None:
-            return []
-        try:
-            return checker.run_once()
-        finally:
-            checker.close()
+        return run_round(self)
 
     def _alerter(self):
         from monitor.app.alerter import Alerter
@@ -371,6 +376,10 @@ class Poller:
             try:
                 if name == "reachability" and len(targets) == len(requests):
                     self.check_now(targets)
+                elif name == "compute-check" and len(targets) == len(requests):
+                    self.compute_check_now(targets, by=requests[0].by)
+                elif name == "probes" and targets and self.prober is not None:
+                    self.prober.due_now(set(targets))  # (the rounds thread probes them next)
                 elif name in BY_NAME and name != "requests":
                     BY_NAME[name].run(self)
                 else:
@@ -447,6 +456,7 @@ class Poller:
         """The probe rounds and generation checks: threads of their own, while this poller leads
         and its DHT client is up."""
         from monitor.app.generation_check import start_generation_checks  # end to end, through the chat's engine
+        from monitor.app.compute_checking import start_compute_checks  # does each server still compute
         from monitor.app.probing import start_probing  # measured speed and correctness
 
         with self._rounds_lock:
@@ -454,12 +464,17 @@ class Poller:
                 return
             if self.prober is None:
                 self.prober = start_probing(self, run_now=self._run_now)
+            if self.compute_checker is None:
+                self.compute_checker = start_compute_checks(self, run_now=self._run_now)
             if self.generation_checker is None:
                 self.generation_checker = start_generation_checks(self, run_now=self._run_now)
 
     def _stop_rounds(self) -> None:
         with self._rounds_lock:
             prober, checker, self.prober, self.generation_checker = self.prober, self.generation_checker, None, None
+            computing, self.compute_checker = self.compute_checker, None
+            if computing is not None:  # its thread, its P2P replica
+                computing.close()
             if prober is not None:  # its probe loop and P2P replica
                 prober.close()
             if checker is not None:  # its thread, and an engine of its own

@@ -222,6 +222,13 @@ class ServerProber:
             judged.append(probe)
         return judged
 
+    def due_now(self, peers: set) -> None:
+        """Probe these servers at the next round (their compute checks say they answer again: a
+        probe that failed with their own error before would keep calling them failing a period)."""
+        for key in list(self.next_due):
+            if key[0] in peers:
+                self.next_due[key] = 0.0
+
     # ---- the job's thread ----------------------------------------------------------------------
     def seconds_to_next_round(self) -> float:
         """Until the first server is due (so each is probed on time), but at least half a second
@@ -257,3 +264,13 @@ def start_probing(poller, *, run_now: bool = True) -> ServerProber:
     prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=poller.latest_snapshot,
                               after_round=poller.assess_latest)
     return prober.start(stats=poller.stats, run_now=run_now)
+
+
+def run_round(poller) -> list[ServerProbe]:
+    """``swarm-monitor job probes --once``: one round of the servers that are due, by a prober of its own."""
+    prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=poller.latest_snapshot,
+                          after_round=poller.assess_latest)
+    try:
+        return prober.run_once()
+    finally:
+        prober.close()

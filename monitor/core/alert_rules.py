@@ -88,6 +88,7 @@ class ModelView:
     state: str  # healthy | degraded | broken (``diagnosis``)
     reasons: tuple[str, ...] = ()
     troubled: tuple[tuple[str, Optional[str]], ...] = ()  # (peer id, name) of its recent servers not serving now
+    confirmed: bool = False  # its state rests only on confirmed verdicts (``Assessment.confirmed``)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class Condition:
     peer: Optional[str] = None  # the peer's id, when known
     peer_name: Optional[str] = None
     causes: tuple[tuple[str, Optional[str]], ...] = ()  # a model's: the servers it lost (``muting.holds``)
+    confirmed: bool = False  # it rests on confirmed checks only: told at once, without waiting ``for``
 
 
 # ---- the memory and the output --------------------------------------------------------------
@@ -185,6 +187,7 @@ class Alert(_Labelled):
     held: tuple[str, ...] = ()  # why its notices are held now (``muting.holds``); empty: they are not
     announced_state: Optional[str] = None  # the state its receivers were last told; None: told nothing
     causes: tuple[tuple[str, Optional[str]], ...] = ()  # a model alert's: the servers it lost
+    clear_since: Optional[float] = None  # fired on confirmation, its condition clear since (``RESOLVE_HOLD``)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -274,7 +277,8 @@ def _model_condition(rule: Rule, dht_prefix: str, model: Optional[ModelView]) ->
     return Condition(subject=dht_prefix, label=label, active=active, state=state if active else "ok",
                      severity=severity_for(rule.kind, state if active else "ok"),
                      summary=short_error(summary, SUMMARY_CHARS), details=_details(reasons), models=(dht_prefix,),
-                     causes=model.troubled if active and model is not None else ())
+                     causes=model.troubled if active and model is not None else (),
+                     confirmed=active and model is not None and model.confirmed)
 
 
 def _model_conditions(rule: Rule, view: SwarmView) -> dict[str, Condition]:
@@ -416,6 +420,10 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
     if condition is None or not condition.active:
         if alert is None or alert.status == PENDING:
             return None, None  # nothing, or a flap shorter than ``for``: nobody hears of it
+        if condition is not None and _fired_on_confirmation(rule, alert):
+            clear_since = alert.clear_since if alert.clear_since is not None else now
+            if now - clear_since < min(rule.for_seconds, RESOLVE_HOLD):  # a flap: one notice pair at most
+                return replace(alert, clear_since=clear_since), None
         condition = condition or _gone(alert)
         return None, _notice(alert, RESOLVED, now, previous=alert.state, condition=condition)
     text = dict(label=condition.label, summary=condition.summary, details=condition.details,
@@ -428,23 +436,28 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
         since = alert.since if alert is not None else now
         alert = Alert(rule=rule.name, kind=rule.kind, subject=condition.subject, status=PENDING,
                       state=condition.state, severity=condition.severity, since=since, **text)
-        if now - since >= rule.for_seconds:
+        if now - since >= rule.for_seconds or condition.confirmed:
             alert = replace(alert, status=FIRING, fired_at=now, notified_at=now)
             return alert, _notice(alert, FIRED, now)
         return alert, None
     if condition.state != alert.state:
         next_since = alert.next_since if alert.next_state == condition.state and alert.next_since else now
-        if now - next_since >= rule.for_seconds:
+        if now - next_since >= rule.for_seconds or condition.confirmed:
             previous = alert.state
             alert = replace(alert, state=condition.state, severity=condition.severity, notified_at=now,
                             next_state=None, next_since=None, **text)
             return alert, _notice(alert, CHANGED, now, previous=previous)
         return replace(alert, next_state=condition.state, next_since=next_since, **text), None
-    alert = replace(alert, next_state=None, next_since=None, **text)
+    alert = replace(alert, next_state=None, next_since=None, clear_since=None, **text)
     if rule.repeat_seconds > 0 and now - (alert.notified_at or alert.fired_at or now) >= rule.repeat_seconds:
         alert = replace(alert, notified_at=now)
         return alert, _notice(alert, REPEATED, now)
     return alert, None
+
+
+def _fired_on_confirmation(rule: Rule, alert: Alert) -> bool:
+    """It fired before its ``for`` was over, on confirmed checks: its resolution waits out a flap."""
+    return alert.fired_at is not None and alert.fired_at - alert.since < rule.for_seconds
 
 
 def _tell(memory: Mapping[tuple[str, str], Alert], alerts: dict[tuple[str, str], Alert],
@@ -530,6 +543,7 @@ def evaluate(rules: Iterable[Rule], view: SwarmView, memory: Mapping[tuple[str, 
 
 DEFAULT_FOR_PERIODS = 2  # a rule's default ``for``: two scrape periods (one bad poll pages nobody)
 DEFAULT_REPEAT = 4 * 3600.0  # remind every 4 h while an alert fires (Alertmanager's default)
+RESOLVE_HOLD = 60.0  # an alert told on confirmation resolves once clear this long (or its ``for``, if shorter)
 
 
 HEARTBEAT = 60.0  # the store learns that the rules were evaluated at least this often (/alerts, /metrics)

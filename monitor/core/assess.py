@@ -16,8 +16,11 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
 from monitor.core import coverage, generation
-from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, CAUSE_SLOW, CAUSE_WRONG, Assessment, ServerAssessment
+from monitor.core.assessment import (CAUSE_FAILING, CAUSE_SERVING, CAUSE_SLOW, CAUSE_UNREACHABLE, CAUSE_WRONG,
+                                     Assessment, ServerAssessment)
 from monitor.core.common import short_error
+from monitor.core.compute_checks import ComputeCheck, ComputeVerdicts, failing_with, reachability_with
+from monitor.core.compute_checks import verdicts as compute_verdicts
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import RecentProbes, ServerProbe, latest_per_peer, slowness
 from monitor.core.snapshot import ReachabilityResult, Snapshot
@@ -33,13 +36,16 @@ class Thresholds:
     min_cache_tokens: int
     probe_window: float  # seconds of server probes every verdict reads (``probes.recent_window``)
     generation_check_period: float  # a check older than ``generation.MAX_AGE_PERIODS`` of it is ignored
+    compute_window: float = 60.0  # seconds of compute checks a verdict reads (``compute_checks.window``)
 
 
 def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[str, Optional[float]],
-                       causes: Mapping[str, str]) -> dict[str, ServerAssessment]:
+                       causes: Mapping[str, str], compute: Optional[ComputeVerdicts] = None,
+                       failing: Optional[Mapping[str, str]] = None) -> dict[str, ServerAssessment]:
     """peer -> its assessment for ``model``: ``announced_rps``, peer -> the inference_rps it
     announces (every server of the model); ``causes``: the diagnosis' causes of the servers that
-    do not serve (the others serve, or serve slowly)."""
+    do not serve (the others serve, or serve slowly); ``compute``: the compute checks' verdicts;
+    ``failing``: the failing servers (the probes' and the checks', else the probes')."""
     speeds = recent.speeds(model)
     round_trips = recent.round_trip_speeds(model)
     confirmed = recent.confirmed(model)
@@ -47,7 +53,8 @@ def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[
     newest = latest_per_peer(fresh)
     timed = latest_per_peer(p for p in fresh if p.ok and p.seconds_per_token is not None)
     checked = latest_per_peer([p for p in fresh if p.verdict is not None])
-    failing, wrong, disagreeing = recent.failing(model), recent.wrong(model), recent.disagreeing(model)
+    failing = recent.failing(model) if failing is None else failing
+    wrong, disagreeing = recent.wrong(model), recent.disagreeing(model)
     counts: dict[str, int] = {}
     for probe in fresh:
         counts[probe.peer_id] = counts.get(probe.peer_id, 0) + 1
@@ -56,36 +63,44 @@ def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[
         others = [seconds for other, seconds in speeds.items() if other != peer]
         slow = slowness(speeds.get(peer), rps, others, confirmed=peer in confirmed)
         cause = causes.get(peer) or (CAUSE_SLOW if slow is not None and slow.slow else CAUSE_SERVING)
+        settled = (cause in (CAUSE_FAILING, CAUSE_WRONG) or (cause == CAUSE_SLOW and slow.confirmed)
+                     or (cause == CAUSE_UNREACHABLE and compute is not None and peer in compute.silent))
         servers[peer] = ServerAssessment(
             peer_id=peer, cause=cause, measured=speeds.get(peer), round_trip=round_trips.get(peer),
             measured_at=timed[peer].at if peer in timed else None, slowness=slow, verdict=checked.get(peer),
             last=newest.get(peer), probes=counts.get(peer, 0), failing=failing.get(peer),
-            wrong_outputs=wrong.get(peer), disagreeing=disagreeing.get(peer))
+            wrong_outputs=wrong.get(peer), disagreeing=disagreeing.get(peer),
+            checked=compute.newest.get(peer) if compute is not None else None, confirmed=settled)
     return servers
 
 
 def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], probes: Sequence[ServerProbe],
            checks: Mapping[str, GenerationCheck], *, now: float, thresholds: Thresholds,
-           routing: coverage.Routing) -> list[Assessment]:
-    """Each polled model's assessment at ``now``. A model whose diagnosis fails (a bug, or a value
-    the DHT edge should have bounded) is assessed as not diagnosed, with the error, so that every
-    reader shows it and none diagnoses by itself; the other models are not affected."""
+           routing: coverage.Routing, compute: Sequence[ComputeCheck] = ()) -> list[Assessment]:
+    """Each polled model's assessment at ``now``. ``compute``: the compute checks of the window
+    (``compute_checks``: their confirmed verdicts count as the newest evidence of whether a server
+    answers and computes). A model whose diagnosis fails (a bug, or a value the DHT edge should
+    have bounded) is assessed as not diagnosed, with the error, so that every reader shows it and
+    none diagnoses by itself; the other models are not affected."""
     recent = RecentProbes(probes, now, thresholds.probe_window)
+    found = compute_verdicts(compute, now=now, max_age=thresholds.compute_window)
+    reachability = reachability_with(reachability, found)
     current = {model: check for model, check in checks.items()
                if generation.is_current(check, now, thresholds.generation_check_period)}
     assessed = []
     for model in snapshot.models:
         prefix = model.dht_prefix
         rows = snapshot.rows_for(prefix)
+        failing = failing_with(recent.failing(prefix), found)
         try:
             health = coverage.diagnose(
                 model, rows, reachability, routing=routing,
                 min_tokens_per_s=thresholds.min_tokens_per_s, min_cache_tokens=thresholds.min_cache_tokens,
                 measured=recent.speeds(prefix), confirmed=recent.confirmed(prefix), wrong=recent.wrong(prefix),
-                disagreeing=recent.disagreeing(prefix), failing=recent.failing(prefix),
+                disagreeing=recent.disagreeing(prefix), failing=failing,
                 generation=current.get(prefix))
             servers = server_assessments(recent, prefix, {row.peer_id: row.inference_rps for row in rows},
-                                         health.excluded_causes)
+                                         health.excluded_causes, found, failing)
         except Exception as e:  # noqa: BLE001 - one model's failure costs only its own assessment
             log.exception("assessing %s failed; stored as not diagnosed", prefix)  # (a bug: its traceback)
             health, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}

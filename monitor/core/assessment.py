@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Optional
 
+from monitor.core.compute_checks import ComputeCheck
 from monitor.core.common import jsonable
 from monitor.core.probes import WRONG, ServerProbe, Slowness, describe_verdict
 
@@ -102,6 +103,8 @@ class ServerAssessment:
     failing: Optional[str] = None  # the server's own error, when its newest probes all failed with it
     wrong_outputs: Optional[str] = None  # why its outputs are wrong (its newest verdict says so)
     disagreeing: Optional[str] = None  # its disagreement with other servers nobody outvotes
+    checked: Optional[ComputeCheck] = None  # its newest compute check (``core.compute_checks``)
+    confirmed: bool = False  # its cause rests on confirming checks (two failed ones, a verdict on its outputs)
 
     @property
     def slow(self) -> bool:
@@ -121,7 +124,8 @@ class ServerAssessment:
             return ServerProbe(**data[key]) if data.get(key) else None
 
         return cls(**{**data, "slowness": Slowness(**data["slowness"]) if data.get("slowness") else None,
-                      "verdict": probe("verdict"), "last": probe("last")})
+                      "verdict": probe("verdict"), "last": probe("last"),
+                      "checked": ComputeCheck(**data["checked"]) if data.get("checked") else None})
 
 
 @dataclass(frozen=True)
@@ -151,12 +155,26 @@ class Assessment:
 
     def flagged(self, cause: str) -> dict[str, str]:
         """peer -> why, for the servers of this cause: CAUSE_FAILING (their own error), CAUSE_WRONG
-        (why their outputs are wrong)."""
+        (why their outputs are wrong), CAUSE_UNREACHABLE (announced, but no answer)."""
         if cause == CAUSE_FAILING:
             return {peer: s.failing for peer, s in self.servers.items() if s.failing is not None}
         if cause == CAUSE_WRONG:
             return {peer: s.wrong_outputs for peer, s in self.servers.items() if s.wrong_outputs is not None}
+        if cause == CAUSE_UNREACHABLE:
+            return {peer: CAUSE_PHRASE[cause] for peer, s in self.servers.items() if s.cause == cause}
         raise ValueError(f"no reasons are kept for cause {cause!r}")
+
+    def confirmed(self, troubled: Iterable[str]) -> bool:
+        """Whether the model's state rests on confirmed verdicts only: every server it lost
+        (``troubled``: recent servers not serving now) is excluded for a confirmed cause, and every
+        slow one is confirmed slow — told at once by the alerts. A server that left or stopped
+        (OFFLINE, gone from the DHT) is not: a clean restart is back before ``for`` is over."""
+        troubled = set(troubled)
+        if self.state == HEALTHY or not (troubled or any(s.cause == CAUSE_SLOW for s in self.servers.values())):
+            return False
+        if any(peer not in self.servers or not self.servers[peer].confirmed for peer in troubled):
+            return False
+        return all(s.confirmed for s in self.servers.values() if s.cause == CAUSE_SLOW)
 
     @classmethod
     def not_diagnosed(cls, model: str, num_blocks: int, error: str) -> "Assessment":

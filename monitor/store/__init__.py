@@ -36,13 +36,14 @@ from typing import Iterable, Optional, Sequence
 
 from monitor.core import leadership
 from monitor.core.assessment import Assessment
+from monitor.core.compute_checks import ComputeCheck
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import ServerProbe
 from monitor.core.scores import PeerAggregates, PeerScore
 from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
-from monitor.store import generation_checks, job_requests
+from monitor.store import compute_checks, generation_checks, job_requests
 from monitor.store import leases
 from monitor.store import mutes
 from monitor.store import notes, status_history
@@ -131,6 +132,16 @@ class Store:
         if probes:
             with self.db.write("recording server probes") as conn:
                 server_probes.record(conn, probes)
+
+    def record_compute_checks(self, checks: Iterable[ComputeCheck], *, now: Optional[float] = None) -> None:
+        """Compute checks of servers (``monitor/app/compute_checking.py``); older ones pruned."""
+        with self.db.write("recording compute checks") as conn:
+            compute_checks.record(conn, list(checks), now=time.time() if now is None else now)
+
+    def recent_compute_checks(self, since: float, *, peer_id: Optional[str] = None) -> list[ComputeCheck]:
+        """Compute checks since ``since``, oldest first (of one peer if given)."""
+        with self.db.read("reading compute checks") as conn:
+            return compute_checks.recent(conn, since, peer_id=peer_id)
 
     def record_chat_outcome(self, outcome: ChatOutcome) -> None:
         self.record_chat_outcomes([outcome])

@@ -68,7 +68,8 @@ def _alert_values(alert: Alert) -> dict:
             "next_state": alert.next_state, "next_since": alert.next_since, "models": jsonable(alert.models),
             "peer": _cut(alert.peer, 128), "peer_name": _cut(alert.peer_name, 200),
             "held": jsonable([_cut(why, 300) for why in alert.held]), "announced_state": alert.announced_state,
-            "causes": jsonable([[peer, name] for peer, name in alert.causes[:MAX_CAUSES]])}
+            "causes": jsonable([[peer, name] for peer, name in alert.causes[:MAX_CAUSES]]),
+            "clear_since": alert.clear_since}
 
 
 def _alert(row) -> Alert:
@@ -77,7 +78,8 @@ def _alert(row) -> Alert:
                  details=tuple(row.details or ()), fired_at=row.fired_at, notified_at=row.notified_at,
                  next_state=row.next_state, next_since=row.next_since, models=tuple(row.models or ()),
                  peer=row.peer, peer_name=row.peer_name, held=tuple(row.held or ()),
-                 announced_state=row.announced_state, causes=tuple((p, n) for p, n in (row.causes or ())))
+                 announced_state=row.announced_state, causes=tuple((p, n) for p, n in (row.causes or ())),
+                 clear_since=row.clear_since)
 
 
 def _notice(fields, prefix: str = "") -> Notice:

@@ -254,6 +254,7 @@ class AlertRow(SQLModel, table=True):
     held: Any = _json_field()  # list of reasons (``core/muting.py``)
     announced_state: Optional[str] = Field(default=None, max_length=32)
     causes: Any = _json_field()  # a model alert's lost servers: [[peer id, name], ...]
+    clear_since: Optional[float] = None  # (revision 0017) fired on confirmation, clear since
 
 
 class AlertEventRow(SQLModel, table=True):
@@ -327,6 +328,27 @@ class ServerProbeRow(SQLModel, table=True):
     tolerance: Optional[float] = None
     checked_against: Optional[str] = Field(default=None, max_length=16)  # reference | peers
     detail: Optional[str] = Field(default=None, max_length=300)
+
+
+# ---- compute checks (revision 0017): does each server still compute ---------------------------
+
+
+class ComputeCheckRow(SQLModel, table=True):
+    """One compute check (``core/compute_checks.py``'s ``ComputeCheck``): one token through one block
+    of one server; kept ``compute_checks.RETENTION`` (an hour), pruned with every round."""
+
+    __tablename__ = "compute_checks"
+    __table_args__ = (sa.Index(None, "at"), sa.Index(None, "peer", "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    at: float
+    peer: int = Field(foreign_key="peers.id")
+    model: str = Field(max_length=256)
+    block: int
+    ok: bool
+    duration: Optional[float] = None
+    error: Optional[str] = Field(default=None, max_length=300)
+    error_kind: Optional[str] = Field(default=None, max_length=16)  # server | timeout | client; NULL: ok
+    requested_by: Optional[str] = Field(default=None, max_length=64)  # NULL: its turn
 
 
 # hourly rollups: ``hour`` is the hour's start (unix seconds); rows exist for completed hours only.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import statistics
 import threading
 import time
@@ -34,6 +35,7 @@ from typing import Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import remote_error, short_error
+from monitor.core.compute_checks import ComputeCheck
 from monitor.core.probes import (
     CLIENT_ERROR,
     DECODE_STEPS,
@@ -80,6 +82,20 @@ class SpanResult:
     torch_dtype: Optional[str] = None  # what the server computes in, from its schema
 
 
+@dataclass(frozen=True)
+class ForwardTarget:
+    """One compute check: one token through block ``block`` of ``model`` on ``peer_id``."""
+
+    peer_id: str
+    model: str
+    block: int
+    requested_by: Optional[str] = None
+
+    @property
+    def uid(self) -> str:
+        return f"{self.model}.{self.block}"
+
+
 class ProbeError(RuntimeError):
     """The span could not be probed; the message says what failed (short, safe to show). Raised
     for what the server answered (an unusable schema or output): ``kind`` is the server's fault."""
@@ -97,8 +113,17 @@ def failure_kind(error: BaseException) -> tuple[str, str]:
     if isinstance(error, ProbeError):
         return error.kind, str(error)
     if isinstance(error, P2PHandlerError):  # a stream's error names the handler, a unary call's is a repr
-        return SERVER_ERROR, remote_error(error) or short_error(str(error))
+        return SERVER_ERROR, remote_error(error) or short_error(_unrepr(str(error)))
     return CLIENT_ERROR, short_error(error)
+
+
+_REPR = re.compile(r"""^\s*[A-Za-z_][\w.]*\((['"])(.*)\1\)\s*$""", re.S)
+
+
+def _unrepr(text: str) -> str:
+    """``RuntimeError('CUDA error: …')`` (how a unary call's failure reaches us) -> ``CUDA error: …``."""
+    found = _REPR.match(text)
+    return found.group(2) if found else text
 
 
 def default_input(hidden_size: int, tokens: int = PREFILL_TOKENS + DECODE_STEPS, seed: int = INPUT_SEED):
@@ -126,6 +151,7 @@ class ProbeLoop:
         self._p2p = None
         self._semaphore: Optional[asyncio.Semaphore] = None
         self._lock = threading.Lock()
+        self._schemas: dict = {}  # (peer, uid) -> (schema, when read): the compute checks' rpc_info, reused
 
     def _call(self, coroutine, timeout: float):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
@@ -169,6 +195,26 @@ class ProbeLoop:
                 future.cancel()
                 results.append(_failed(target, time.time(), None, f"probe did not finish: {short_error(e)}",
                                        TIMEOUT))
+        return results
+
+    def forward_checks(self, targets: Sequence[ForwardTarget], *, timeout: float) -> list[ComputeCheck]:
+        """A compute check of every target (one token through one block, ``rpc_forward``), at most
+        ``concurrency`` at once; each bounded by ``timeout`` (its rpc_info and its forward step)."""
+        if not targets:
+            return []
+        p2p = self.p2p()
+        semaphore = self._semaphore
+        futures = [asyncio.run_coroutine_threadsafe(_forward_one(p2p, semaphore, target, timeout, self._schemas),
+                                                    self._loop) for target in targets]
+        deadline = time.monotonic() + 2 * timeout * (1 + len(targets) / max(1, self.concurrency)) + 10
+        results = []
+        for target, future in zip(targets, futures):
+            try:
+                results.append(future.result(max(0.0, deadline - time.monotonic())))
+            except Exception as e:  # noqa: BLE001 - a timeout, or the loop failed this one
+                future.cancel()
+                results.append(_check_failed(target, time.time(), None, f"check did not finish: {short_error(e)}",
+                                             TIMEOUT))
         return results
 
     def close(self) -> None:
@@ -329,3 +375,62 @@ async def _session(p2p, target: SpanTarget, timeout: float, at: float, started: 
     # non-finite outputs are kept as they are: the correctness check judges them wrong
     return SpanResult(probe, outputs=joined if target.keep_outputs else None,
                       torch_dtype=str(dtype).replace("torch.", ""))
+
+
+# ---- compute checks -----------------------------------------------------------------------------
+
+SCHEMA_REUSE = 600.0  # seconds a server's rpc_info is reused by its compute checks
+MAX_SCHEMAS = 20_000  # (peer, block) schemas remembered at most
+
+
+def _check_failed(target: ForwardTarget, at: float, duration: Optional[float], error: str, kind: str) -> ComputeCheck:
+    text = clean_text(error[:MAX_RAW_TEXT_CHARS]) or "check failed"
+    return ComputeCheck(peer_id=target.peer_id, model=target.model, block=target.block, at=at, ok=False,
+                        duration=duration, error=text, error_kind=kind, requested_by=target.requested_by)
+
+
+async def _forward_one(p2p, semaphore: asyncio.Semaphore, target: ForwardTarget, timeout: float,
+                       schemas: dict) -> ComputeCheck:
+    async with semaphore:
+        at, started = time.time(), time.perf_counter()
+        try:
+            await _forward_step(p2p, target, timeout, schemas)
+        except asyncio.TimeoutError:
+            return _check_failed(target, at, time.perf_counter() - started, f"no answer within {timeout:g} s", TIMEOUT)
+        except Exception as e:  # noqa: BLE001 - whatever the server did, it is this check's result
+            schemas.pop((target.peer_id, target.uid), None)  # (read it again next time)
+            kind, text = failure_kind(e)
+            return _check_failed(target, at, time.perf_counter() - started, text, kind)
+        return ComputeCheck(peer_id=target.peer_id, model=target.model, block=target.block, at=at, ok=True,
+                            duration=time.perf_counter() - started, requested_by=target.requested_by)
+
+
+async def _forward_step(p2p, target: ForwardTarget, timeout: float, schemas: dict) -> None:
+    """One token's hidden state through the block, as petals' client sends a forward pass
+    (``petals.client.remote_forward_backward``): no session, no attention cache on the server."""
+    from hivemind import MSGPackSerializer, deserialize_torch_tensor, serialize_torch_tensor
+    from hivemind.p2p import PeerID
+    from hivemind.proto import runtime_pb2
+    from petals.server.handler import TransformerConnectionHandler
+    from petals.utils.misc import DUMMY
+    from petals.utils.packaging import pack_args_kwargs
+
+    stub = TransformerConnectionHandler.get_stub(p2p, PeerID.from_base58(target.peer_id))
+    key = (target.peer_id, target.uid)
+    known = schemas.get(key)
+    if known is None or time.monotonic() - known[1] > SCHEMA_REUSE:
+        if len(schemas) >= MAX_SCHEMAS:
+            schemas.clear()
+        known = schemas[key] = (await _schema(stub, target.uid, timeout), time.monotonic())
+    hidden, dtype, compression = known[0]
+    inputs = default_input(hidden, tokens=1)
+    flat, structure = pack_args_kwargs(inputs.to(dtype), DUMMY)
+    request = runtime_pb2.ExpertRequest(
+        uid=target.uid, tensors=[serialize_torch_tensor(t, compression if t.is_floating_point() else 0) for t in flat],
+        metadata=MSGPackSerializer.dumps({"args_structure": structure}))
+    answer = await asyncio.wait_for(stub.rpc_forward(request, timeout=timeout), timeout)
+    if not answer.tensors:
+        raise ProbeError("the server answered the forward step without outputs")
+    output = deserialize_torch_tensor(answer.tensors[0])
+    if tuple(output.shape) != tuple(inputs.shape):
+        raise ProbeError(f"the server answered {tuple(output.shape)} for an input of {tuple(inputs.shape)}")

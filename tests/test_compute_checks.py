@@ -1,0 +1,139 @@
+"""Specs of the compute checks (``core/compute_checks.py``, ``app/compute_checking.py``) on a real
+private swarm: one token through the first block of each server names a server that fails every
+step, that froze, or that a user met failing — confirmed by a second check seconds later, and
+assessed at once so that every reader sees it — and the same server healthy again at its next check.
+
+One swarm for the module (tiny Llama, three servers of all 8 blocks), a real SQLite store, the
+real poller; compute-check rounds are run by the specs, at their own pace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from monitor.app.compute_checking import ComputeChecker
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, CAUSE_UNREACHABLE
+from monitor.core.compute_checks import CONFIRM_DELAY
+from monitor.core.probes import SERVER_ERROR, TIMEOUT
+from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+from monitor.harness.server_process import FAIL_MESSAGE
+from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from monitor.app.jobs import Poller
+from support import STEADY_UPDATE_PERIOD, sqlite_store, tiny_settings, wait_until
+
+SPECS = tuple(ServerSpec(name, 0, TINY_NUM_BLOCKS, throughput=100.0) for name in ("steady", "flaky", "frozen"))
+
+
+@pytest.fixture(scope="module")
+def checked(tiny_model, tmp_path_factory):
+    """(swarm, poller, checker, store): the poller has scraped once; rounds are run by the specs."""
+    data_dir = tmp_path_factory.mktemp("compute-checks")
+    with LocalSwarm(tiny_model, TINY_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as swarm:
+        swarm.start(SPECS)
+        settings = tiny_settings(swarm, data_dir, tiny_model, compute_check_period=20, compute_check_timeout=2)
+        store = sqlite_store(data_dir)
+        poller = Poller(settings, store, swarm.dht)
+        assert poller.poll_once() is not None
+        checker = ComputeChecker(settings, store, swarm.dht, snapshot=poller.latest_snapshot,
+                                 after_change=poller.assess_latest)
+        poller.compute_checker = checker  # (as the poller's rounds would: requested checks go to it)
+        try:
+            yield swarm, poller, checker, store
+        finally:
+            swarm.unfail("flaky")
+            checker.close()
+            store.close()
+
+
+def causes(store) -> dict[str, str]:
+    assessment = store.latest_assessments()[TINY_DHT_PREFIX]
+    return {peer: server.cause for peer, server in assessment.servers.items()}
+
+
+def test_every_server_computes_one_token_through_its_first_block(checked):
+    swarm, poller, checker, store = checked
+    started = time.time()
+    checks = {c.peer_id: c for c in checker.run_once()}
+    assert set(checks) == {swarm.peer_id(name) for name in ("steady", "flaky", "frozen")}
+    for check in checks.values():
+        assert check.ok and check.error is None and check.block == 0, check
+        assert 0 < check.duration < 2
+    stored = store.recent_compute_checks(started - 1)
+    assert {c.peer_id for c in stored} == set(checks)
+    assert checker.run_once() == []  # nobody is due before a period
+    assert set(causes(store).values()) == {CAUSE_SERVING}
+
+
+def test_a_server_failing_every_step_is_named_failing_once_a_second_check_confirms_it(checked):
+    swarm, poller, checker, store = checked
+    flaky = swarm.peer_id("flaky")
+    swarm.fail("flaky")
+    try:
+        checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0  # due now (as if its period had passed)
+        (first,) = checker.run_once()
+        assert (first.ok, first.error_kind, first.error) == (False, SERVER_ERROR, FAIL_MESSAGE)
+        assert causes(store)[flaky] == CAUSE_SERVING  # one failure names nobody
+        assert checker.next_due[(flaky, TINY_DHT_PREFIX)] == pytest.approx(first.at + CONFIRM_DELAY)
+        time.sleep(CONFIRM_DELAY)
+        (second,) = checker.run_once()
+        assert not second.ok and second.error_kind == SERVER_ERROR
+        assessment = store.latest_assessments()[TINY_DHT_PREFIX]
+        server = assessment.servers[flaky]
+        assert server.cause == CAUSE_FAILING and server.failing == FAIL_MESSAGE  # assessed at once
+        assert server.checked is not None and server.checked.at == second.at
+        assert assessment.flagged(CAUSE_FAILING) == {flaky: FAIL_MESSAGE}
+        assert checker.next_due[(flaky, TINY_DHT_PREFIX)] == pytest.approx(second.at + checker.period)
+    finally:
+        swarm.unfail("flaky")
+    checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
+    (healed,) = checker.run_once()
+    assert healed.ok
+    assert causes(store)[flaky] == CAUSE_SERVING  # one success ends it, for every reader
+
+
+def test_a_frozen_server_is_named_unreachable_and_serving_again_when_it_thaws(checked):
+    swarm, poller, checker, store = checked
+    frozen = swarm.peer_id("frozen")
+    pid = swarm.pid("frozen")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for _ in range(2):
+            checker.next_due[(frozen, TINY_DHT_PREFIX)] = 0.0
+            (check,) = checker.run_once()
+            assert not check.ok and check.error_kind == TIMEOUT, check
+        server = store.latest_assessments()[TINY_DHT_PREFIX].servers[frozen]
+        assert server.cause == CAUSE_UNREACHABLE
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    def answers():
+        checker.next_due[(frozen, TINY_DHT_PREFIX)] = 0.0
+        return all(c.ok for c in checker.run_once())
+
+    wait_until(answers, timeout=30, step=1)
+    assert causes(store)[frozen] == CAUSE_SERVING
+
+
+def test_a_user_s_failure_asks_the_leader_for_a_check_through_the_store(checked):
+    swarm, poller, checker, store = checked
+    flaky = swarm.peer_id("flaky")
+    swarm.fail("flaky")
+    try:
+        assert store.request_job("compute-check", target=flaky, by="chat", why="a chat step failed")
+        before = time.time()
+        poller.job_requests()  # the leader's requests job: checks it now, out of turn
+        asked = [c for c in store.recent_compute_checks(before, peer_id=flaky)]
+        assert [(c.ok, c.requested_by) for c in asked] == [(False, "chat")]
+        assert store.pending_job_requests() == []
+        time.sleep(CONFIRM_DELAY)
+        checker.run_once()  # its confirmation, due CONFIRM_DELAY later
+        assert causes(store)[flaky] == CAUSE_FAILING
+    finally:
+        swarm.unfail("flaky")
+    checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
+    checker.run_once()
+    assert causes(store)[flaky] == CAUSE_SERVING

@@ -1,0 +1,126 @@
+"""Spec: what compute checks say (``core/compute_checks.py``) and how the one assessment takes it —
+two failed checks name a server, one success clears it, the newest evidence wins over an older
+reachability round, and a user's failure asks for a confirming check (pure: no swarm)."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.app import assessing
+from monitor.core.assess import assess
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_OFFLINE, CAUSE_SERVING, CAUSE_UNREACHABLE
+from monitor.core.compute_checks import (
+    CONFIRM_DELAY, PROBE_REQUEST_INTERVAL, REQUEST_INTERVAL, ComputeCheck, confirming_request, due_after, verdicts,
+)
+from monitor.core.probes import CLIENT_ERROR, SERVER_ERROR, TIMEOUT
+from monitor.core.snapshot import OFFLINE, ChatOutcome, ReachabilityResult, Snapshot
+from monitor.swarm.routing import PETALS_ROUTING
+from support import PEERS, TINY, poll_rows, web_settings
+
+NOW = 1_700_000_000.0
+OOM = "CUDA error: out of memory"
+FULL = PEERS["full"]
+
+
+def check(at: float, ok: bool = True, kind: str | None = None, peer: str = FULL, error: str | None = None):
+    return ComputeCheck(peer, TINY.dht_prefix, 0, at=NOW + at, ok=ok, duration=0.01,
+                        error=error or (None if ok else "failed"), error_kind=None if ok else kind)
+
+
+def test_two_failed_checks_name_a_server_and_one_success_clears_it():
+    failed_once = [check(-20), check(-2, False, SERVER_ERROR, error=OOM)]
+    assert verdicts(failed_once, now=NOW, max_age=60).failing == {}  # one failure names nobody
+    twice = failed_once + [check(0, False, SERVER_ERROR, error=OOM)]
+    found = verdicts(twice, now=NOW, max_age=60)
+    assert found.failing == {FULL: OOM} and found.silent == {}
+    silent = verdicts([check(-2, False, TIMEOUT), check(0, False, CLIENT_ERROR)], now=NOW, max_age=60)
+    assert list(silent.silent) == [FULL] and "no answer to its last 2 compute checks" in silent.silent[FULL]
+    mixed = verdicts([check(-2, False, TIMEOUT), check(0, False, SERVER_ERROR)], now=NOW, max_age=60)
+    assert (mixed.failing, mixed.silent) == ({}, {})  # two failures of two kinds: neither is confirmed
+    healed = verdicts(twice + [check(1)], now=NOW + 1, max_age=60)
+    assert (healed.failing, healed.silent) == ({}, {})
+    old = verdicts(twice, now=NOW + 61, max_age=60)
+    assert old.failing == {}  # past the window
+
+
+def test_a_failure_is_confirmed_seconds_later_and_a_confirmed_one_looked_at_every_period():
+    first = check(0, False, SERVER_ERROR)
+    assert due_after(first, check(-20), 20) == pytest.approx(first.at + CONFIRM_DELAY)
+    assert due_after(first, None, 20) == pytest.approx(first.at + CONFIRM_DELAY)
+    second = check(2, False, SERVER_ERROR)
+    assert due_after(second, first, 20) == pytest.approx(second.at + 20)
+    assert due_after(check(0), check(-20), 20) == pytest.approx(NOW + 20)
+
+
+def assessed(computed, reachable=True):
+    settings = web_settings(compute_check_period=20)
+    snapshot = Snapshot(taken_at=NOW - 1, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+    reachability = {peer: ReachabilityResult(peer, "server", True, rtt=0.004) for peer in
+                    (PEERS["first"], PEERS["second"], FULL)}
+    if not reachable:
+        reachability[FULL] = ReachabilityResult(FULL, "server", False, error="timed out")
+    (assessment,) = assess(snapshot, reachability, [], {}, now=NOW, thresholds=assessing.thresholds(settings),
+                           routing=PETALS_ROUTING, compute=computed)
+    return assessment
+
+
+def test_the_assessment_takes_the_confirmed_verdicts_as_the_newest_evidence():
+    failing = assessed([check(-2, False, SERVER_ERROR, error=OOM), check(0, False, SERVER_ERROR, error=OOM)])
+    server = failing.servers[FULL]
+    assert (server.cause, server.failing, server.confirmed) == (CAUSE_FAILING, OOM, True)
+    assert server.checked.at == NOW and failing.flagged(CAUSE_FAILING) == {FULL: OOM}
+    assert any("ONLINE but failing" in reason for reason in failing.reasons)
+
+    silent = assessed([check(-2, False, TIMEOUT), check(0, False, TIMEOUT)])
+    assert (silent.servers[FULL].cause, silent.servers[FULL].confirmed) == (CAUSE_UNREACHABLE, True)
+    assert silent.flagged(CAUSE_UNREACHABLE) == {FULL: "ONLINE but unreachable"}
+    assert silent.confirmed([FULL])  # what the alerts tell at once
+
+    answering = assessed([check(0)], reachable=False)  # a check newer than the failed rpc_info round
+    assert answering.servers[FULL].cause == CAUSE_SERVING
+    unconfirmed = assessed([check(0, False, TIMEOUT)], reachable=False)  # the round alone: not confirmed
+    assert unconfirmed.servers[FULL].cause == CAUSE_UNREACHABLE and not unconfirmed.servers[FULL].confirmed
+    assert not unconfirmed.confirmed([FULL])
+
+
+def test_a_server_that_left_is_never_confirmed_so_a_clean_restart_waits_out_for():
+    settings = web_settings()
+    rows = [row if row.peer_id != FULL else row.__class__(**{**row.__dict__, "state": OFFLINE})
+            for row in poll_rows(1)]
+    snapshot = Snapshot(taken_at=NOW, duration=0.5, models=(TINY,), servers=tuple(rows))
+    (assessment,) = assess(snapshot, {}, [], {}, now=NOW, thresholds=assessing.thresholds(settings),
+                           routing=PETALS_ROUTING)
+    assert assessment.servers[FULL].cause == CAUSE_OFFLINE and not assessment.confirmed([FULL])
+
+
+def test_a_user_s_failure_asks_for_a_compute_check_and_a_slow_span_for_a_probe():
+    failed = ChatOutcome(NOW, FULL, TINY.dht_prefix, 0, 8, ok=False, error=OOM)
+    request = confirming_request(failed, None)
+    assert (request.job, request.peer_id, request.min_interval) == ("compute-check", FULL, REQUEST_INTERVAL)
+    assert OOM in request.why
+    slow = ChatOutcome(NOW, FULL, TINY.dht_prefix, 0, 8, ok=True, seconds_per_token=8 * 0.04)
+    probe = confirming_request(slow, probed=0.01)  # 0.04 s a block against 0.01 s probed: 4×
+    assert (probe.job, probe.min_interval) == ("probes", PROBE_REQUEST_INTERVAL) and "4.0×" in probe.why
+    assert confirming_request(slow, probed=0.02) is None  # 2×: within what one request may vary
+    assert confirming_request(slow, probed=None) is None  # nothing to compare with
+
+
+def test_the_chat_s_failures_reach_the_leader_as_one_request_per_server_per_interval(tmp_path):
+    import time
+
+    from chat.feedback import store_outcome_sink
+    from support import sqlite_store
+
+    store = sqlite_store(tmp_path)
+    try:
+        sink = store_outcome_sink(store)
+        now = time.time()
+        for i in range(5):  # a busy chat meeting the same failing server again and again
+            sink(ChatOutcome(now + i * 0.1, FULL, TINY.dht_prefix, 0, 8, ok=False, error=OOM))
+        sink(ChatOutcome(now, PEERS["first"], TINY.dht_prefix, 0, 4, ok=True, seconds_per_token=0.01))
+        pending = store.pending_job_requests()
+        assert [(r.job, r.target, r.by) for r in pending] == [("compute-check", FULL, "chat")]
+        assert OOM in pending[0].why
+        assert len(store.recent_chat_outcomes(now - 1)) == 6  # every outcome is still recorded
+    finally:
+        store.close()
