@@ -31,7 +31,7 @@ from monitor.app import webhooks
 from monitor.alert_settings import WebhookConfig
 from monitor.core import alert_rules as core
 from monitor.core import muting
-from monitor.core.assess import flagged
+from monitor.core.assess import assessed_reachability, flagged
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG
 from monitor.core.common import DAY, HOUR, short_error
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ReachabilityResult, Snapshot
@@ -105,7 +105,7 @@ class PeerMemory:
 
 def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResult], scores: dict,
                 wrong: dict[str, str], failing: dict[str, str],
-                memory: Optional[PeerMemory] = None) -> tuple[core.PeerView, ...]:
+                memory: Optional[PeerMemory] = None, assessments: Optional[dict] = None) -> tuple[core.PeerView, ...]:
     names: dict[str, Optional[str]] = {}
     states: dict[str, str] = {}
     models: dict[str, set] = {}
@@ -115,6 +115,9 @@ def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResu
         if _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(states.get(row.peer_id), 0):
             states[row.peer_id] = row.state
     known = memory.known if memory is not None else {}
+    confirmed = {peer for assessment in (assessments or {}).values()
+                 for peer, server in assessment.servers.items() if server.confirmed}
+    probes = assessed_reachability(probes, assessments or {})  # as the assessments judged it
     peers = sorted(set(names) | {p for p, probe in probes.items() if probe.kind == "server"} | set(scores)
                    | set(wrong) | set(failing) | set(known))
     return tuple(
@@ -123,7 +126,7 @@ def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResu
                       probe_ok=_probe_ok(probes.get(peer)),
                       probe_error=probes[peer].error if peer in probes else None,
                       score=scores[peer].score if peer in scores else None,
-                      wrong_outputs=wrong.get(peer), failing=failing.get(peer),
+                      wrong_outputs=wrong.get(peer), failing=failing.get(peer), confirmed=peer in confirmed,
                       models=tuple(sorted(models[peer])) if peer in models else known.get(peer, (None, ()))[1])
         for peer in peers if peer
     )
@@ -162,7 +165,7 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
         for probe in probes.values() if probe.kind == "bootstrap" and probe.address in configured
     )
     peers = _peer_views(snapshot, probes, state.scores, flagged(diagnoses, CAUSE_WRONG),
-                        flagged(diagnoses, CAUSE_FAILING), memory) if needs_peers else ()
+                        flagged(diagnoses, CAUSE_FAILING), memory, diagnoses) if needs_peers else ()
     return core.SwarmView(at=now, scrape_period=settings.scrape_period,
                           last_ok_poll_at=snapshot.taken_at if snapshot else None, watching_since=watching_since,
                           models=models, peers=peers, bootstrap=bootstrap)

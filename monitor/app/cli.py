@@ -357,9 +357,9 @@ def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers
         _run_service(settings)
         return
 
-    from monitor.harness.demo_swarm import (DEMO_GENERATION_CHECK_PERIOD, DEMO_ROUND_PERIOD,
-                                            DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD, DemoControls,
-                                            demo_expect, demo_layout, prepare_model)
+    from monitor.harness.demo_swarm import (DEMO_COMPUTE_CHECK_PERIOD, DEMO_GENERATION_CHECK_PERIOD,
+                                            DEMO_ROUND_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD,
+                                            DemoControls, demo_expect, demo_layout, prepare_model)
     from monitor.harness.local_swarm import LocalSwarm, SwarmError
 
     if not tiny:
@@ -396,6 +396,7 @@ def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers
             "speed_probe_period": min(settings.speed_probe_period, DEMO_SPEED_PROBE_PERIOD),
             "speed_probe_max_share": max(settings.speed_probe_max_share, DEMO_SPEED_PROBE_MAX_SHARE),
             "generation_check_period": min(settings.generation_check_period, DEMO_GENERATION_CHECK_PERIOD),
+            "compute_check_period": min(settings.compute_check_period, DEMO_COMPUTE_CHECK_PERIOD),
         })
         _run_service(settings, demo_controls=DemoControls(swarm))
     click.echo("Stopped.")

@@ -102,6 +102,7 @@ class PeerView:
     wrong_outputs: Optional[str] = None  # why correctness probes judge its outputs wrong; None: they do not
     failing: Optional[str] = None  # the error it answers every recent probe with; None: it does not
     models: tuple[str, ...] = ()  # the models it serves (or served, the last time a poll saw it)
+    confirmed: bool = False  # its assessment's cause rests on confirming checks (``ServerAssessment.confirmed``)
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,7 @@ def _peer_label(target: str, matches: list[PeerView]) -> str:
 def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Condition:
     label = _peer_label(target, matches)
     details: tuple[str, ...] = ()
+    confirmed = False  # offline and low scores wait out ``for``: a clean restart is back before it
     if rule.kind == PEER_OFFLINE:
         states = sorted({p.state for p in matches if p.state})
         active = ONLINE not in states
@@ -319,18 +321,19 @@ def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Conditi
     elif rule.kind == PEER_UNREACHABLE:
         failed = [p for p in matches if p.state == ONLINE and p.probe_ok is False]
         active = bool(failed)
+        confirmed = active and all(p.confirmed for p in failed)
         summary = (f"{label} announces ONLINE but does not answer probes: {failed[0].probe_error or 'unreachable'}"
                    if active else f"{label} answers probes again")
         state = "unreachable"
     elif rule.kind == PEER_WRONG_OUTPUTS:
         details = tuple(p.wrong_outputs for p in matches if p.wrong_outputs)
-        active = bool(details)
+        active = confirmed = bool(details)
         summary = (f"{label} returns wrong outputs in correctness probes" if active
                    else f"{label} passes correctness probes again")
         state = "wrong-outputs"
     elif rule.kind == PEER_FAILING:
         details = tuple(p.failing for p in matches if p.failing)
-        active = bool(details)
+        active = confirmed = bool(details)
         summary = (f"{label} is ONLINE and reachable, but fails every probe with its own error" if active
                    else f"{label} answers probes without errors again")
         state = "failing"
@@ -349,7 +352,8 @@ def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Conditi
     return Condition(subject=target, label=label, active=active, state=state if active else "ok",
                      severity=severity_for(rule.kind, state if active else "ok"),
                      summary=short_error(summary, SUMMARY_CHARS), details=_details(details),
-                     models=tuple(sorted({m for p in matches for m in p.models})), peer=peer, peer_name=name)
+                     models=tuple(sorted({m for p in matches for m in p.models})), peer=peer, peer_name=name,
+                     confirmed=active and confirmed)
 
 
 def _peer_conditions(rule: Rule, view: SwarmView) -> dict[str, Condition]:

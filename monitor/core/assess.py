@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
 from monitor.core import coverage, generation
-from monitor.core.assessment import (CAUSE_FAILING, CAUSE_SERVING, CAUSE_SLOW, CAUSE_UNREACHABLE, CAUSE_WRONG,
-                                     Assessment, ServerAssessment)
+from monitor.core.assessment import (CAUSE_FAILING, CAUSE_PHRASE, CAUSE_SERVING, CAUSE_SLOW, CAUSE_UNREACHABLE,
+                                     CAUSE_WRONG, Assessment, ServerAssessment)
 from monitor.core.common import short_error
 from monitor.core.compute_checks import ComputeCheck, ComputeVerdicts, failing_with, reachability_with
 from monitor.core.compute_checks import verdicts as compute_verdicts
@@ -116,6 +116,26 @@ def flagged(assessments: Mapping[str, Assessment], cause: str) -> dict[str, str]
         for peer, why in assessment.flagged(cause).items():
             found.setdefault(peer, why)
     return found
+
+
+def assessed_reachability(reachability: Mapping[str, ReachabilityResult], assessments: Mapping[str, Assessment]
+                          ) -> dict[str, ReachabilityResult]:
+    """Each peer's reachability as its assessment judged it (readers show this, not the raw round):
+    where a server's newest compute check is newer than its last reachability round, the check
+    decides — unreachable where the assessment calls it so (its confirmed checks went unanswered),
+    answering where its newest check succeeded (``compute_checks.reachability_with``, as stored)."""
+    merged = dict(reachability)
+    for assessment in assessments.values():
+        for peer, server in assessment.servers.items():
+            check, known = server.checked, merged.get(peer)
+            if check is None or (known is not None and known.at is not None and check.at <= known.at):
+                continue
+            if server.cause == CAUSE_UNREACHABLE and (known is None or known.ok):
+                why = f"no answer to its compute checks: {check.error}" if check.error else CAUSE_PHRASE[CAUSE_UNREACHABLE]
+                merged[peer] = ReachabilityResult(peer, "server", False, error=why, at=check.at)
+            elif check.ok and known is not None and not known.ok and not known.joining:
+                merged[peer] = ReachabilityResult(peer, "server", True, rtt=check.duration, at=check.at)
+    return merged
 
 
 def round_trip_speeds(assessments: Mapping[str, Assessment]) -> dict[str, tuple[float, float]]:

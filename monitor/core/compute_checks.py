@@ -108,15 +108,15 @@ def reachability_with(reachability: Mapping[str, ReachabilityResult], found: Com
                       ) -> dict[str, ReachabilityResult]:
     """The reachability the diagnosis reads, with the newest evidence of the compute checks: a
     server that answers none of its confirmed checks is unreachable, whatever an older rpc_info
-    said; one whose newest check succeeded answers (its newest check is newer than any reachability
-    round's)."""
+    said; one whose newest check succeeded after a failed round answers."""
     merged = dict(reachability)
     for peer, why in found.silent.items():
         merged[peer] = ReachabilityResult(peer_id=peer, kind="server", ok=False, error=why)
     for peer, check in found.newest.items():
         known = merged.get(peer)
-        if check.ok and known is not None and not known.ok and not known.joining:
-            merged[peer] = ReachabilityResult(peer_id=peer, kind="server", ok=True, rtt=check.duration)
+        if (check.ok and known is not None and not known.ok and not known.joining
+                and (known.at is None or check.at > known.at)):
+            merged[peer] = ReachabilityResult(peer_id=peer, kind="server", ok=True, rtt=check.duration, at=check.at)
     return merged
 
 

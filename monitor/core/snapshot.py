@@ -79,6 +79,7 @@ class ReachabilityResult:
     error: Optional[str] = None  # short, when not ok
     joining: bool = False  # "protocol not supported": still loading, not unreachable
     address: Optional[str] = None  # bootstrap multiaddr
+    at: Optional[float] = field(default=None, compare=False)  # when it was checked (read back by the store)
 
 
 def unreachable(check: Optional[ReachabilityResult]) -> bool:

@@ -140,7 +140,7 @@ def latest_snapshot(conn: Connection) -> Optional[Snapshot]:
 def latest_reachability(conn: Connection) -> dict[str, ReachabilityResult]:
     """Each peer's latest probe."""
     t, peers = LatestProbeRow.__table__.c, Peer.__table__
-    query = sa.select(peers.c.peer_id, t.kind, t.ok, t.rtt, t.error, t.joining, t.address).join(
+    query = sa.select(peers.c.peer_id, t.kind, t.ok, t.rtt, t.error, t.joining, t.address, t.at).join(
         peers, peers.c.id == t.peer)
     return {r[0]: probe(*r) for r in conn.execute(query)}
 
@@ -232,9 +232,9 @@ def status_dict(r: Mapping[str, Any]) -> dict:
             "est_tokens_per_s": r["est_tokens_per_s"]}
 
 
-def probe(peer_id, kind, ok, rtt, error, joining, address) -> ReachabilityResult:
+def probe(peer_id, kind, ok, rtt, error, joining, address, at=None) -> ReachabilityResult:
     return ReachabilityResult(peer_id=peer_id, kind=kind, ok=bool(ok), rtt=rtt, error=error, joining=bool(joining),
-                       address=address)
+                              address=address, at=at)
 
 
 def pings_from_json(pings: Optional[Mapping[str, Optional[float]]]) -> dict[str, float]:

@@ -144,6 +144,10 @@ def model_families(cur: queries.Current) -> Iterable:
     model_state = GaugeMetricFamily("swarm_monitor_model_state",
                                     "1 for the model's current state (healthy, degraded, broken), else 0",
                                     labels=["model", "state"])
+    confirmed = GaugeMetricFamily("swarm_monitor_model_confirmed",
+                                  "1 when the model's degraded or broken state rests only on confirmed checks of the "
+                                  "servers it announces (two failed compute checks, failing probes, wrong outputs, "
+                                  "two slow probes): alert at once", labels=["model"])
     coverage = GaugeMetricFamily("swarm_monitor_model_coverage_percent", "Blocks served by an online, reachable server",
                                  labels=["model"])
     redundancy = GaugeMetricFamily("swarm_monitor_model_min_redundancy",
@@ -169,6 +173,7 @@ def model_families(cur: queries.Current) -> Iterable:
             model_state.add_metric([model, name], 1.0 if state_api.monitor_state(health) == name else 0.0)
         if health is None:
             continue
+        confirmed.add_metric([model], 1.0 if health.confirmed(health.excluded_peers) else 0.0)
         if finite(health.coverage_pct) is not None:
             coverage.add_metric([model], finite(health.coverage_pct))
         if health.min_redundancy is not None:
@@ -178,7 +183,7 @@ def model_families(cur: queries.Current) -> Iterable:
         if finite(health.est_tokens_per_s) is not None:
             speed.add_metric([model], finite(health.est_tokens_per_s))
     yield from (n_blocks, servers_num, blocks_total, blocks, online_min, rps_avg, rps_min,
-                model_state, coverage, redundancy, online, speed)
+                model_state, confirmed, coverage, redundancy, online, speed)
     yield from generation_families(cur)
 
 

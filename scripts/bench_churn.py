@@ -1,0 +1,316 @@
+#!/usr/bin/env python
+"""Figure: truth within a minute at the settings people run — every kind of broken server, applied
+and healed one after another, timed on the dashboard and at the webhook; and honest churn that
+must raise no alarm.
+
+    .venv/bin/python scripts/bench_churn.py [--runs 5] [--kinds kill freeze fail throttle corrupt]
+    .venv/bin/python scripts/bench_churn.py --honest 60      # minutes of clean restarts, joins, leaves
+
+Swarm: a bootstrap peer and 4 servers of the tiny model (every block served twice), started by the
+swarm harness on 127.0.0.1, announcing every 60 s as petals' servers do. The monitor is
+``swarm-monitor serve`` in its own process at the **default** settings: the config names only the
+swarm, the model (its local checkpoint: the correctness reference) and one webhook (a receiver on
+127.0.0.1). Each run faults one server (in turn), then:
+
+- *named*: until the model page (the dashboard, read every second over HTTP) gives that server a
+  cause other than serving;
+- *notified*: until the webhook has a "firing" (or "changed") notice of the default rule;
+- the fault is healed; *healthy*: from the server being healthy again (ONLINE in the DHT after a
+  restart; at once for the others) to the page calling it serving again.
+
+Kinds: ``kill`` (SIGKILL, then a restart with the same identity), ``freeze`` (SIGSTOP of the whole
+server, then SIGCONT), ``fail`` (every step raises), ``throttle`` (its compute paused 80 % of the
+time: 5× slower), ``corrupt`` (fast, wrong outputs). False alarms: a server that is not faulted
+named anything but serving, a notice outside a fault (and its heal). Cost: the compute checks' and
+probes' time on each server over the run (from the monitor's store), and the monitor's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_common as bc  # noqa: E402
+
+KINDS = ("kill", "freeze", "fail", "throttle", "corrupt")
+BOUNDS = {  # kind -> (named, notified) in seconds (#31)
+    "kill": (60, 90), "freeze": (60, 90), "fail": (60, 90), "throttle": (180, 240), "corrupt": (180, 240)}
+HEALTHY_BOUND = 60
+GIVE_UP = 600  # seconds a run waits for a figure before recording it as missed
+SETTLE = 30  # seconds between runs
+_ROW = re.compile(r'data-peer-id="([^"]+)" data-state="[^"]*" data-cause="([^"]+)"')
+
+
+class Watch:
+    """Reads the model page every second on a thread: peer -> cause, with when each was first seen."""
+
+    def __init__(self, base: str, prefix: str):
+        self.url = f"{base}/models/{prefix}"
+        self.causes: dict[str, str] = {}
+        self.history: list[tuple[float, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                page = urllib.request.urlopen(self.url, timeout=10).read().decode()
+                self.causes = dict(_ROW.findall(page))
+                self.history.append((time.time(), dict(self.causes)))
+            except OSError:
+                pass
+            self._stop.wait(1.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+def config(tmp: Path, swarm, model_path: Path, prefix: str, blocks: int, hook_url: str, port: int) -> Path:
+    path = tmp / "monitor.toml"
+    peers = ", ".join(json.dumps(p) for p in swarm.initial_peers)
+    path.write_text(f"""data_dir = {json.dumps(str(tmp / "data"))}
+port = {port}
+initial_peers = [{peers}]
+discover_models = false
+
+[[models]]
+dht_prefix = {json.dumps(prefix)}
+num_blocks = {blocks}
+path = {json.dumps(str(model_path))}
+
+[alerts]
+webhooks = [{{ name = "bench", url = {json.dumps(hook_url)} }}]
+""")
+    return path
+
+
+def apply(swarm, kind: str, name: str) -> None:
+    import os
+    import signal
+
+    if kind == "kill":
+        swarm.kill(name)
+    elif kind == "freeze":
+        os.kill(swarm.pid(name), signal.SIGSTOP)
+    elif kind == "fail":
+        swarm.fail(name)
+    elif kind == "throttle":
+        swarm.throttle(name, duty=0.8, period=0.25)
+    elif kind == "corrupt":
+        swarm.corrupt(name)
+
+
+def heal(swarm, kind: str, name: str) -> None:
+    import os
+    import signal
+
+    if kind == "kill":
+        swarm.restart(name)  # returns once it is ONLINE in the DHT
+    elif kind == "freeze":
+        os.kill(swarm.pid(name), signal.SIGCONT)
+    elif kind == "fail":
+        swarm.unfail(name)
+    elif kind == "throttle":
+        swarm.unthrottle(name)
+    elif kind == "corrupt":
+        swarm.uncorrupt(name)
+
+
+def firing_after(hook, since: float) -> list:
+    return [r for r in hook.received if r.at >= since and r.body and 200 <= r.status < 300
+            and r.body.get("event") in ("firing", "changed")]
+
+
+def run(args) -> dict:
+    import psutil
+
+    from monitor.harness.demo_swarm import demo_layout
+    from monitor.harness.local_swarm import LocalSwarm
+    from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
+    from monitor.harness.webhook_receiver import WebhookReceiver
+    from monitor.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="bench-churn-") as tmp_name, WebhookReceiver() as hook:
+        tmp = Path(tmp_name)
+        model_path = ensure_tiny_model(tmp / "models")
+        with LocalSwarm(model_path, TINY_DHT_PREFIX, update_period=60) as swarm:
+            swarm.start(demo_layout(TINY_NUM_BLOCKS, 4))
+            names = sorted(swarm.servers)
+            port = bc.free_port()
+            cfg = config(tmp, swarm, model_path, TINY_DHT_PREFIX, TINY_NUM_BLOCKS, hook.url, port)
+            base = f"http://127.0.0.1:{port}"
+            args_ = [str(Path(sys.executable).parent / "swarm-monitor"), "serve", "--config", str(cfg)]
+            with bc.process(args_, tmp / "serve.log") as proc:
+                bc.wait_http(base, proc, tmp / "serve.log", 180)
+                watch = Watch(base, TINY_DHT_PREFIX)
+                ids = {name: swarm.peer_id(name) for name in names}
+                if not bc.wait(lambda: len(watch.causes) == len(names) and
+                               set(watch.causes.values()) == {"serving"}, 300, step=1):
+                    raise SystemExit(f"the servers never all served: {watch.causes}")
+                time.sleep(SETTLE)
+                monitor = psutil.Process(proc.pid)
+                cpu0, wall0 = sum(monitor.cpu_times()[:2]), time.time()
+                started = time.time()
+                if args.honest:
+                    results = honest(args, swarm, names, ids, watch, hook)
+                else:
+                    results = faults(args, swarm, names, ids, watch, hook)
+                cpu = (sum(monitor.cpu_times()[:2]) - cpu0) / max(1.0, time.time() - wall0)
+                watch.close()
+                store = Store(f"sqlite:///{tmp / 'data' / 'monitor.db'}")
+                try:
+                    share = cost(store, ids, started, time.time())
+                finally:
+                    store.close()
+        return {"results": results, "cpu": cpu, "share": share, "honest": args.honest}
+
+
+def faults(args, swarm, names, ids, watch, hook) -> list[dict]:
+    results = []
+    order = [(kind, run) for run in range(args.runs) for kind in args.kinds]
+    for index, (kind, _) in enumerate(order):
+        victim = names[index % len(names)]
+        peer = ids[victim]
+        time.sleep(random.uniform(0, 20))  # a random moment of the checks' cycle
+        at = time.time()
+        apply(swarm, kind, victim)
+        named = bc.wait(lambda: watch.causes.get(peer, "serving") != "serving", GIVE_UP, step=0.2)
+        named_at = time.time() if named else None
+        cause = watch.causes.get(peer)
+        notified = bc.wait(lambda: firing_after(hook, at), max(1, GIVE_UP - (time.time() - at)), step=0.2)
+        notified_at = firing_after(hook, at)[0].at if notified else None
+        false_named = sorted(n for n in names if n != victim and watch.causes.get(ids[n], "serving") != "serving")
+        heal(swarm, kind, victim)
+        healed_at = time.time()
+        back = bc.wait(lambda: watch.causes.get(peer) == "serving", GIVE_UP, step=0.2)
+        results.append({"kind": kind, "victim": victim, "cause": cause,
+                        "named": named_at - at if named_at else None,
+                        "notified": notified_at - at if notified_at else None,
+                        "healthy": time.time() - healed_at if back else None, "false_named": false_named})
+        print(f"{kind:9s} {victim}: named {bc.fmt(results[-1]['named'])} ({cause}), notified "
+              f"{bc.fmt(results[-1]['notified'])}, healthy {bc.fmt(results[-1]['healthy'])}"
+              + (f", also named: {false_named}" if false_named else ""), flush=True)
+        resolved = bc.wait(lambda: any(r.body and r.body.get("event") == "resolved" and r.at >= healed_at
+                                       for r in hook.received), 300, step=0.5)
+        if not resolved:
+            print("  (no resolved notice within 300 s)", flush=True)
+        time.sleep(SETTLE)
+    return results
+
+
+def honest(args, swarm, names, ids, watch, hook) -> list[dict]:
+    """Clean restarts (a server stops, announcing OFFLINE, and is back within a minute) of a random
+    server every 1–3 minutes for ``--honest`` minutes; every server named anything but serving (or
+    OFFLINE/JOINING while restarting) and every notice is a false alarm."""
+    deadline = time.time() + args.honest * 60
+    events, false_named = [], set()
+    notices_before = len(hook.received)
+    while time.time() < deadline:
+        victim = random.choice(names)
+        at = time.time()
+        swarm.stop(victim)
+        time.sleep(random.uniform(5, 30))
+        swarm.restart(victim)
+        events.append({"victim": victim, "down": time.time() - at})
+        print(f"clean restart of {victim}: down {time.time() - at:.0f} s", flush=True)
+        until = time.time() + random.uniform(60, 180)
+        while time.time() < min(until, deadline):
+            for name in names:
+                cause = watch.causes.get(ids[name], "serving")
+                if cause not in ("serving", "OFFLINE", "JOINING") or (name != victim and cause != "serving"):
+                    false_named.add((name, cause))
+            time.sleep(1)
+    notices = [r.body.get("event") for r in hook.received[notices_before:] if r.body]
+    return [{"restarts": len(events), "false_named": sorted(false_named), "notices": notices}]
+
+
+def cost(store, ids: dict, since: float, until: float) -> dict:
+    """peer name -> (compute checks' share, probes' share) of its time over the run."""
+    checks = store.recent_compute_checks(since)
+    probes = store.recent_server_probes(since)
+    span = max(1.0, until - since)
+    found = {}
+    for name, peer in ids.items():
+        c = sum(x.duration or 0 for x in checks if x.peer_id == peer)
+        p = sum(x.duration or 0 for x in probes if x.peer_id == peer)
+        found[name] = (c / span, p / span, sum(1 for x in checks if x.peer_id == peer))
+    return found
+
+
+def report(out: dict) -> str:
+    share = out["share"]
+    cost_line = (f"Cost over the run: compute checks {max(s[0] for s in share.values()) * 100:.3f} % of a server's "
+                 f"time at most ({max(s[2] for s in share.values())} checks), speed and correctness probes "
+                 f"{max(s[1] for s in share.values()) * 100:.2f} % at most; the monitor's process (poller, "
+                 f"web, reference model) {out['cpu'] * 100:.0f} % of one core.")
+    if out["honest"]:
+        (r,) = out["results"]
+        return (f"Honest churn, {out['honest']:.0f} min at the defaults: {r['restarts']} clean restarts (a server "
+                f"stops, announcing OFFLINE, and is back within a minute). False alarms: "
+                f"{len(r['false_named'])} servers named ({r['false_named'] or 'none'}), "
+                f"{len([n for n in r['notices'] if n == 'firing'])} notices ({r['notices'] or 'none'}).\n\n{cost_line}")
+    rows = []
+    for kind in KINDS:
+        runs = [r for r in out["results"] if r["kind"] == kind]
+        if not runs:
+            continue
+        bound_named, bound_notified = BOUNDS[kind]
+
+        def column(key):
+            values = [r[key] for r in runs]
+            missed = sum(v is None for v in values)
+            known = [v for v in values if v is not None]
+            return known, missed
+
+        named, missed_named = column("named")
+        notified, missed_notified = column("notified")
+        healthy, missed_healthy = column("healthy")
+        worst = lambda values, missed: "missed" if missed else bc.fmt(max(values))  # noqa: E731
+        ok = (not missed_named and max(named) <= bound_named and not missed_notified
+              and max(notified) <= bound_notified and not missed_healthy and max(healthy) <= HEALTHY_BOUND)
+        rows.append([kind, len(runs), ", ".join(sorted({r["cause"] or "?" for r in runs})),
+                     f"{bc.fmt(statistics.median(named)) if named else '—'} / **{worst(named, missed_named)}**",
+                     f"{bc.fmt(statistics.median(notified)) if notified else '—'} / **{worst(notified, missed_notified)}**",
+                     f"{bc.fmt(statistics.median(healthy)) if healthy else '—'} / **{worst(healthy, missed_healthy)}**",
+                     f"≤ {bound_named} s / ≤ {bound_notified} s / ≤ {HEALTHY_BOUND} s",
+                     sum(len(r["false_named"]) for r in runs), bc.verdict(ok)])
+    table = bc.table(["fault", "runs", "named as", "named (median / worst)", "notified (median / worst)",
+                      "healthy again (median / worst)", "bounds", "false alarms", ""], rows)
+    return (f"{table}\n\nDefault settings (`swarm-monitor serve` with only the swarm, the model and a webhook "
+            f"configured); 4 tiny-Llama servers, every block served twice, announcing every 60 s. Which check "
+            f"names each kind: kill and freeze — the compute checks (no answer, twice); fail — the compute checks "
+            f"(the server's own error, twice); throttle — the speed probes (two slow probes); corrupt — the "
+            f"correctness probe (one wrong output against the monitor's own blocks).\n\n{cost_line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--honest", type=float, default=0, help="minutes of honest churn instead of faults")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    print(bc.machine(), flush=True)
+    out = run(args)
+    text = report(out)
+    print(text)
+    if not args.no_write:
+        bc.write_section("churn-honest" if args.honest else "churn", text)
+
+
+if __name__ == "__main__":
+    bc.run_and_exit(main)
