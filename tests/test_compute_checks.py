@@ -137,3 +137,32 @@ def test_a_user_s_failure_asks_the_leader_for_a_check_through_the_store(checked)
     checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
     checker.run_once()
     assert causes(store)[flaky] == CAUSE_SERVING
+
+
+def test_a_confirmed_failure_is_notified_at_once_not_after_the_rule_s_for(checked, tmp_path):
+    from monitor.app.alerter import Alerter
+    from monitor.harness.webhook_receiver import WebhookReceiver
+
+    swarm, poller, checker, store = checked
+    flaky = swarm.peer_id("flaky")
+    with WebhookReceiver() as hook:
+        settings = tiny_settings(swarm, tmp_path, alerts={
+            "check_period": 1, "default_rules": False, "webhooks": [{"name": "ops", "url": hook.url}],
+            "rules": [{"name": "flaky-box", "kind": "peer_failing", "peers": [flaky], "for": "10m"}]})
+        alerter = Alerter(settings, store, watching_since=time.time() - 3600)
+        assert alerter.evaluate().notices == ()
+        swarm.fail("flaky")
+        try:
+            for _ in range(2):  # the check and its confirmation
+                checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
+                checker.run_once()
+            started = time.time()
+            (fired,) = alerter.evaluate().notices  # the rule's for is 10 minutes: the confirmation is enough
+            assert (fired.event, fired.state, fired.peer) == ("firing", "failing", flaky)
+            assert alerter.deliver()["delivered"] == 1
+            assert [r.body["event"] for r in hook.received] == ["firing"] and time.time() - started < 10
+        finally:
+            swarm.unfail("flaky")
+        checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
+        checker.run_once()
+        assert alerter.evaluate().notices == ()  # clear, but told on confirmation: it waits out a flap

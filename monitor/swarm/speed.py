@@ -178,43 +178,39 @@ class ProbeLoop:
 
     def probe(self, targets: Sequence[SpanTarget], *, timeout: float) -> list[SpanResult]:
         """Probe every target, at most ``concurrency`` at once; a failure costs its own target."""
-        if not targets:
-            return []
-        p2p = self.p2p()
-        semaphore = self._semaphore
-        futures = [asyncio.run_coroutine_threadsafe(_probe_one(p2p, semaphore, target, timeout), self._loop)
-                   for target in targets]
         # each session is bounded by its timeout per step; waiting for its turn by the others'
         per_session = timeout * (3 + DECODE_STEPS + EMPTY_STEPS) + STEP_GAP * (DECODE_STEPS + EMPTY_STEPS)
-        deadline = time.monotonic() + per_session * (1 + len(targets) / max(1, self.concurrency)) + 30
-        results = []
-        for target, future in zip(targets, futures):
-            try:
-                results.append(future.result(max(0.0, deadline - time.monotonic())))
-            except Exception as e:  # noqa: BLE001 - a timeout, or the loop failed this one
-                future.cancel()
-                results.append(_failed(target, time.time(), None, f"probe did not finish: {short_error(e)}",
-                                       TIMEOUT))
-        return results
+        return self._run_all(targets, lambda p2p, semaphore, target: _probe_one(p2p, semaphore, target, timeout),
+                             per_session, 30,
+                             lambda target, e: _failed(target, time.time(), None,
+                                                       f"probe did not finish: {short_error(e)}", TIMEOUT))
 
     def forward_checks(self, targets: Sequence[ForwardTarget], *, timeout: float) -> list[ComputeCheck]:
         """A compute check of every target (one token through one block, ``rpc_forward``), at most
         ``concurrency`` at once; each bounded by ``timeout`` (its rpc_info and its forward step)."""
+        return self._run_all(targets, lambda p2p, semaphore, target: _forward_one(p2p, semaphore, target, timeout,
+                                                                                  self._schemas),
+                             2 * timeout, 10,
+                             lambda target, e: _check_failed(target, time.time(), None,
+                                                             f"check did not finish: {short_error(e)}", TIMEOUT))
+
+    def _run_all(self, targets: Sequence, coroutine, each: float, slack: float, failed) -> list:
+        """``coroutine(p2p, semaphore, target)`` for every target on the loop, at most ``concurrency``
+        at once, all within ``each`` seconds per turn plus ``slack``; one that does not finish (or
+        that the loop failed) becomes ``failed(target, error)`` and costs only itself."""
         if not targets:
             return []
         p2p = self.p2p()
         semaphore = self._semaphore
-        futures = [asyncio.run_coroutine_threadsafe(_forward_one(p2p, semaphore, target, timeout, self._schemas),
-                                                    self._loop) for target in targets]
-        deadline = time.monotonic() + 2 * timeout * (1 + len(targets) / max(1, self.concurrency)) + 10
+        futures = [asyncio.run_coroutine_threadsafe(coroutine(p2p, semaphore, target), self._loop) for target in targets]
+        deadline = time.monotonic() + each * (1 + len(targets) / max(1, self.concurrency)) + slack
         results = []
         for target, future in zip(targets, futures):
             try:
                 results.append(future.result(max(0.0, deadline - time.monotonic())))
             except Exception as e:  # noqa: BLE001 - a timeout, or the loop failed this one
                 future.cancel()
-                results.append(_check_failed(target, time.time(), None, f"check did not finish: {short_error(e)}",
-                                             TIMEOUT))
+                results.append(failed(target, e))
         return results
 
     def close(self) -> None:
