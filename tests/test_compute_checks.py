@@ -166,3 +166,35 @@ def test_a_confirmed_failure_is_notified_at_once_not_after_the_rule_s_for(checke
         checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
         checker.run_once()
         assert alerter.evaluate().notices == ()  # clear, but told on confirmation: it waits out a flap
+
+
+def test_a_chat_that_meets_a_failing_server_asks_for_its_confirming_check(checked, tiny_model):
+    from chat.engine import ChatEngine, ChatError, GenerationParams
+    from chat.feedback import store_outcome_sink
+    from chat.policy import RoutingSettings
+    from monitor.settings import ModelConfig
+
+    swarm, poller, checker, store = checked
+    flaky = swarm.peer_id("flaky")
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                        outcome_sink=store_outcome_sink(store), routing=RoutingSettings(pinned=(flaky,)),
+                        max_retries=1, request_timeout=5)
+    swarm.fail("flaky")
+    try:
+        ids = engine.encode(TINY_DHT_PREFIX, "Petals runs large language models")
+        with pytest.raises(ChatError):  # its only server fails every step
+            with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=2)) as answer:
+                list(answer)
+        asked = [r for r in store.pending_job_requests() if r.job == "compute-check"]
+        assert [(r.target, r.by) for r in asked] == [(flaky, "chat")]  # once, however often it retried
+        assert FAIL_MESSAGE in asked[0].why
+        poller.job_requests()  # the leader checks it now; its confirmation follows 2 s later
+        time.sleep(CONFIRM_DELAY)
+        checker.run_once()
+        assert causes(store)[flaky] == CAUSE_FAILING
+    finally:
+        swarm.unfail("flaky")
+        engine.close()
+    checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
+    checker.run_once()
+    assert causes(store)[flaky] == CAUSE_SERVING
