@@ -41,12 +41,20 @@ def checked(tiny_model, tmp_path_factory):
         checker = ComputeChecker(settings, store, swarm.dht, snapshot=poller.latest_snapshot,
                                  after_change=poller.assess_latest)
         poller.compute_checker = checker  # (as the poller's rounds would: requested checks go to it)
+        checker.poll_interval = 0.0  # (each spec's first failure asks for its own poll)
         try:
             yield swarm, poller, checker, store
         finally:
             swarm.unfail("flaky")
             checker.close()
             store.close()
+
+
+def polled_again(poller, store) -> None:
+    """The leader's requests job, as it runs every 2 s: a first failed check asked for a poll (a
+    server that stopped cleanly would be seen leaving, not called unreachable)."""
+    assert any(r.job == "scrape" and r.by == "compute-check" for r in store.pending_job_requests())
+    poller.job_requests()
 
 
 def causes(store) -> dict[str, str]:
@@ -78,6 +86,7 @@ def test_a_server_failing_every_step_is_named_failing_once_a_second_check_confir
         assert (first.ok, first.error_kind, first.error) == (False, SERVER_ERROR, FAIL_MESSAGE)
         assert causes(store)[flaky] == CAUSE_SERVING  # one failure names nobody
         assert checker.next_due[(flaky, TINY_DHT_PREFIX)] == pytest.approx(first.at + CONFIRM_DELAY)
+        polled_again(poller, store)  # the poll it asked for: still announced ONLINE
         time.sleep(CONFIRM_DELAY)
         (second,) = checker.run_once()
         assert not second.ok and second.error_kind == SERVER_ERROR
@@ -101,10 +110,12 @@ def test_a_frozen_server_is_named_unreachable_and_serving_again_when_it_thaws(ch
     pid = swarm.pid("frozen")
     os.kill(pid, signal.SIGSTOP)
     try:
-        for _ in range(2):
+        for attempt in range(2):
             checker.next_due[(frozen, TINY_DHT_PREFIX)] = 0.0
             (check,) = checker.run_once()
             assert not check.ok and check.error_kind == TIMEOUT, check
+            if attempt == 0:
+                polled_again(poller, store)
         server = store.latest_assessments()[TINY_DHT_PREFIX].servers[frozen]
         assert server.cause == CAUSE_UNREACHABLE
     finally:
@@ -128,6 +139,7 @@ def test_a_user_s_failure_asks_the_leader_for_a_check_through_the_store(checked)
         poller.job_requests()  # the leader's requests job: checks it now, out of turn
         asked = [c for c in store.recent_compute_checks(before, peer_id=flaky)]
         assert [(c.ok, c.requested_by) for c in asked] == [(False, "chat")]
+        polled_again(poller, store)
         assert store.pending_job_requests() == []
         time.sleep(CONFIRM_DELAY)
         checker.run_once()  # its confirmation, due CONFIRM_DELAY later
@@ -153,9 +165,11 @@ def test_a_confirmed_failure_is_notified_at_once_not_after_the_rule_s_for(checke
         assert alerter.evaluate().notices == ()
         swarm.fail("flaky")
         try:
-            for _ in range(2):  # the check and its confirmation
+            for attempt in range(2):  # the check and its confirmation
                 checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
                 checker.run_once()
+                if attempt == 0:
+                    polled_again(poller, store)
             started = time.time()
             (fired,) = alerter.evaluate().notices  # the rule's for is 10 minutes: the confirmation is enough
             assert (fired.event, fired.state, fired.peer) == ("firing", "failing", flaky)
@@ -175,26 +189,49 @@ def test_a_chat_that_meets_a_failing_server_asks_for_its_confirming_check(checke
     from monitor.settings import ModelConfig
 
     swarm, poller, checker, store = checked
-    flaky = swarm.peer_id("flaky")
+    victim = swarm.peer_id("frozen")  # (no check of it was asked for yet: one per 10 s)
     engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
-                        outcome_sink=store_outcome_sink(store), routing=RoutingSettings(pinned=(flaky,)),
+                        outcome_sink=store_outcome_sink(store), routing=RoutingSettings(pinned=(victim,)),
                         max_retries=1, request_timeout=5)
-    swarm.fail("flaky")
+    swarm.fail("frozen")
     try:
         ids = engine.encode(TINY_DHT_PREFIX, "Petals runs large language models")
         with pytest.raises(ChatError):  # its only server fails every step
             with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=2)) as answer:
                 list(answer)
         asked = [r for r in store.pending_job_requests() if r.job == "compute-check"]
-        assert [(r.target, r.by) for r in asked] == [(flaky, "chat")]  # once, however often it retried
+        assert [(r.target, r.by) for r in asked] == [(victim, "chat")]  # once, however often it retried
         assert FAIL_MESSAGE in asked[0].why
         poller.job_requests()  # the leader checks it now; its confirmation follows 2 s later
+        polled_again(poller, store)
         time.sleep(CONFIRM_DELAY)
         checker.run_once()
-        assert causes(store)[flaky] == CAUSE_FAILING
+        assert causes(store)[victim] == CAUSE_FAILING
     finally:
-        swarm.unfail("flaky")
+        swarm.unfail("frozen")
         engine.close()
-    checker.next_due[(flaky, TINY_DHT_PREFIX)] = 0.0
+    checker.next_due[(victim, TINY_DHT_PREFIX)] = 0.0
     checker.run_once()
-    assert causes(store)[flaky] == CAUSE_SERVING
+    assert causes(store)[victim] == CAUSE_SERVING
+
+
+def test_a_clean_stop_is_seen_leaving_not_called_unreachable(checked):
+    """(Last: it stops a server for good.) A stopped server announces OFFLINE; the poll its first
+    failed check asks for sees it leave, so no check confirms it unreachable and no alert is told
+    at once: a clean restart waits out the rules' ``for``."""
+    swarm, poller, checker, store = checked
+    steady = swarm.peer_id("steady")
+    swarm.stop("steady")
+    for _ in range(2):  # its check and the confirmation, both before the poll it asked for
+        checker.next_due[(steady, TINY_DHT_PREFIX)] = 0.0
+        (failed,) = checker.run_once()
+        assert not failed.ok
+        time.sleep(CONFIRM_DELAY)
+    server = store.latest_assessments()[TINY_DHT_PREFIX].servers[steady]  # assessed at once, on the old poll
+    assert server.cause != CAUSE_UNREACHABLE and not server.confirmed  # not yet: did it leave?
+    polled_again(poller, store)  # the poll it asked for: OFFLINE (or gone), no longer ONLINE
+    assert steady not in {c.peer_id for c in checker.run_once()}  # no ONLINE span left to check
+    assessment = store.latest_assessments()[TINY_DHT_PREFIX]
+    server = assessment.servers.get(steady)
+    assert server is None or (server.cause != CAUSE_UNREACHABLE and not server.confirmed)
+    assert not assessment.confirmed([steady])

@@ -124,3 +124,9 @@ def test_the_chat_s_failures_reach_the_leader_as_one_request_per_server_per_inte
         assert len(store.recent_chat_outcomes(now - 1)) == 6  # every outcome is still recorded
     finally:
         store.close()
+
+
+def test_a_failure_counts_only_once_a_poll_after_it_still_announces_the_server():
+    pair = [check(-2, False, CLIENT_ERROR), check(0, False, CLIENT_ERROR)]
+    assert verdicts(pair, now=NOW, max_age=60, poll_at=NOW - 3).silent == {}  # no poll since: did it leave?
+    assert list(verdicts(pair, now=NOW, max_age=60, poll_at=NOW - 1).silent) == [FULL]

@@ -24,7 +24,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from monitor.app.rounds import start_rounds
-from monitor.core.compute_checks import ComputeCheck, due_after, verdicts, window
+from monitor.core.compute_checks import SCRAPE_REQUEST_INTERVAL, ComputeCheck, due_after, verdicts, window
 from monitor.core.snapshot import ONLINE, Snapshot
 from monitor.swarm.speed import ForwardTarget, ProbeLoop
 
@@ -45,6 +45,8 @@ class ComputeChecker:
         self.newest: dict[tuple[str, str], ComputeCheck] = {}
         self.kept: list[ComputeCheck] = []  # the window's checks, for the verdicts before and after a round
         self.rounds = self.checks = self.failures = 0
+        self.awaiting_poll: Optional[float] = None  # the first failure no poll has followed yet
+        self.poll_interval = SCRAPE_REQUEST_INTERVAL
         self._lock = threading.Lock()  # one round (or requested check) at a time
         self._loop: Optional[ProbeLoop] = None
         self._stop = threading.Event()
@@ -58,6 +60,7 @@ class ComputeChecker:
             return []
         now = time.time() if now is None else now
         with self._lock:
+            self._ask_for_poll(snapshot)
             return self._run(self._due(snapshot, now), now)
 
     def check_now(self, peers: Iterable[str], *, by: Optional[str] = None) -> list[ComputeCheck]:
@@ -69,6 +72,19 @@ class ComputeChecker:
         targets = [t for t in _targets(snapshot, by=by) if t.peer_id in wanted]
         with self._lock:
             return self._run(targets, time.time())
+
+    def _ask_for_poll(self, snapshot: Optional[Snapshot]) -> None:
+        """After a first failure, a poll at once (did the server leave? a clean stop announces
+        OFFLINE; ``compute_checks.verdicts`` waits for a poll after the failure): asked for through
+        the store, again each round (an equal request within ``poll_interval`` is not written) until
+        a poll newer than the failure is there."""
+        if self.awaiting_poll is None:
+            return
+        if snapshot is not None and snapshot.taken_at >= self.awaiting_poll:
+            self.awaiting_poll = None
+            return
+        self.store.request_job("scrape", by="compute-check", min_interval=self.poll_interval,
+                               why="a server failed its compute check: did it leave?")
 
     def _due(self, snapshot: Snapshot, now: float) -> list[ForwardTarget]:
         due, known = [], {}
@@ -101,6 +117,10 @@ class ComputeChecker:
             self.newest[key] = check
         self.kept = [c for c in self.kept if c.at >= now - self.max_age] + checks
         self.store.record_compute_checks(checks, now=now)
+        first = [c.at for c in checks if not c.ok and self.next_due[(c.peer_id, c.model)] - c.at < self.period]
+        if first:
+            self.awaiting_poll = min([*first, *([self.awaiting_poll] if self.awaiting_poll else [])])
+            self._ask_for_poll(None)
         self.rounds += 1
         self.checks += len(checks)
         self.failures += sum(1 for c in checks if not c.ok)

@@ -83,7 +83,7 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
     have bounded) is assessed as not diagnosed, with the error, so that every reader shows it and
     none diagnoses by itself; the other models are not affected."""
     recent = RecentProbes(probes, now, thresholds.probe_window)
-    found = compute_verdicts(compute, now=now, max_age=thresholds.compute_window)
+    found = compute_verdicts(compute, now=now, max_age=thresholds.compute_window, poll_at=snapshot.taken_at)
     reachability = reachability_with(reachability, found)
     current = {model: check for model, check in checks.items()
                if generation.is_current(check, now, thresholds.generation_check_period)}

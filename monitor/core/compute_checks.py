@@ -11,8 +11,10 @@ broken cache path), blocks other than the span's first, and slowness (one step's
 round trip): the speed and correctness probes (``monitor.core.probes``) see those, more rarely.
 
 A failed check is confirmed ``CONFIRM_DELAY`` seconds later (and at once when a user's request met
-the server failing: ``Store.request_job("compute-check", peer)``); a verdict rests on the
-server's newest ``CONFIRMATIONS`` checks within ``window(period)``, all failed:
+the server failing: ``Store.request_job("compute-check", peer)``), and asks for a poll at once
+(``Store.request_job("scrape")``): a server that stopped cleanly announces OFFLINE, and that poll
+sees it leave. A verdict rests on the server's newest ``CONFIRMATIONS`` checks within
+``window(period)``, all failed, the first of them before a poll that still announces the server:
 
 - all with the server's own error → **failing** (the newest error is the one told);
 - else, none answered → **not answering** (the diagnosis calls it unreachable).
@@ -33,6 +35,7 @@ CONFIRM_DELAY = 2.0  # seconds after a failed check, its confirmation
 WINDOW_PERIODS = 3.0  # checks older than this many periods no longer count
 RETENTION = 3600.0  # seconds a stored check is kept (the peer page shows the last hour)
 REQUEST_INTERVAL = 10.0  # at most one requested check per server this often, whatever the traffic
+SCRAPE_REQUEST_INTERVAL = 5.0  # a first failure asks for a poll (did it leave?) at most this often
 PROBE_REQUEST_INTERVAL = 60.0  # at most one requested speed probe per server this often
 
 
@@ -81,12 +84,18 @@ def newest_per_peer(checks: Iterable[ComputeCheck], *, now: float, max_age: floa
     return found
 
 
-def verdicts(checks: Iterable[ComputeCheck], *, now: float, max_age: float) -> ComputeVerdicts:
-    """Each peer's verdict from its newest ``CONFIRMATIONS`` checks in the window."""
+def verdicts(checks: Iterable[ComputeCheck], *, now: float, max_age: float,
+             poll_at: Optional[float] = None) -> ComputeVerdicts:
+    """Each peer's verdict from its newest ``CONFIRMATIONS`` checks in the window. ``poll_at``: the
+    poll the verdict is drawn for — a failure counts only once a poll taken after it began still
+    announces the server (a clean stop announces OFFLINE at once: the poll the first failure asks
+    for sees it leave, and it is not called unreachable)."""
     failing, silent, newest = {}, {}, {}
     for peer, kept in newest_per_peer(checks, now=now, max_age=max_age).items():
         newest[peer] = kept[0]
         if len(kept) < CONFIRMATIONS or any(check.ok for check in kept):
+            continue
+        if poll_at is not None and kept[-1].at > poll_at:
             continue
         if all(check.error_kind == SERVER_ERROR for check in kept):
             failing[peer] = kept[0].error or "the server answered its compute checks with an error"
