@@ -13,7 +13,7 @@ swarm, the model (its local checkpoint: the correctness reference) and one webho
 127.0.0.1). Each run faults one server (in turn), then:
 
 - *named*: until the model page (the dashboard, read every second over HTTP) gives that server a
-  cause other than serving;
+  cause other than serving, or flags it slow;
 - *notified*: until the webhook has a "firing" (or "changed") notice of the default rule;
 - the fault is healed; *healthy*: from the server being healthy again (ONLINE in the DHT after a
   restart; at once for the others) to the page calling it serving again.
@@ -50,7 +50,7 @@ BOUNDS = {  # kind -> (named, notified) in seconds (#31)
 HEALTHY_BOUND = 60
 GIVE_UP = 600  # seconds a run waits for a figure before recording it as missed
 SETTLE = 30  # seconds between runs
-_ROW = re.compile(r'data-peer-id="([^"]+)" data-state="[^"]*" data-cause="([^"]+)"')
+_ROW = re.compile(r'data-peer-id="([^"]+)" data-state="[^"]*" data-cause="([^"]+)"(.*?)</tr>', re.S)
 
 
 class Watch:
@@ -68,7 +68,9 @@ class Watch:
         while not self._stop.is_set():
             try:
                 page = urllib.request.urlopen(self.url, timeout=10).read().decode()
-                self.causes = dict(_ROW.findall(page))
+                # a slow server still serves (its cause column says so); its speed cell says "slow"
+                self.causes = {peer: "slow" if cause == "serving" and 'class="badge slow"' in cells else cause
+                               for peer, cause, cells in _ROW.findall(page)}
                 self.history.append((time.time(), dict(self.causes)))
             except OSError:
                 pass

@@ -28,7 +28,9 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from monitor.core.common import short_peer_id
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_SLOW, CAUSE_WRONG
 from monitor.core.probes import (
+    WRONG,
     BY_PEERS,
     BY_REFERENCE,
     ServerProbe,
@@ -100,10 +102,12 @@ class ServerProber:
             raise
         probes = self._judge(rows, results, now)
         confirm = self._worth_confirming(probes, rows, now)
+        judged_bad = self._judged_bad()
         for probe in probes:  # counted from the probe's own start (a round may take a while)
             key = (probe.peer_id, probe.model)
             self.next_due[key] = probe.at + next_probe_delay(
-                probe.duration, self.period, self.settings.speed_probe_max_share, confirm=key in confirm)
+                probe.duration, self.period, self.settings.speed_probe_max_share, confirm=key in confirm,
+                recovering=key in judged_bad or probe.verdict == WRONG)
         self.store.record_server_probes(probes)
         self.rounds += 1
         self.probes += len(probes)
@@ -137,6 +141,17 @@ class ServerProber:
                                 announced.get((probe.peer_id, probe.model)), others):
                 found.add((probe.peer_id, probe.model))
         return found
+
+    def _judged_bad(self) -> set:
+        """(peer, model) of the servers the stored assessments call slow, wrong or failing: probed
+        every ``RECOVERY_AFTER`` of a period, so that their recovery is seen within a minute."""
+        try:
+            assessments = self.store.latest_assessments()
+        except Exception as e:  # noqa: BLE001 - then every period, as without this
+            log.warning("assessments not read, no server probed sooner: %s", e)
+            return set()
+        return {(peer, model) for model, assessment in assessments.items()
+                for peer, server in assessment.servers.items() if server.cause in (CAUSE_SLOW, CAUSE_WRONG, CAUSE_FAILING)}
 
     def _due_rows(self, snapshot: Snapshot, now: float) -> list[ServerRow]:
         """ONLINE rows not failing their reachability probe, one per (peer, model), that are due."""

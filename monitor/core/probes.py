@@ -59,6 +59,7 @@ MAX_AGE_PERIODS = 4.0
 SPEED_SAMPLES = 3  # a server's measured speed is the low median of its newest this many probes
 SLOW_CONFIRMATIONS = 2  # fresh probes a "slow" verdict rests on, at least: one noisy probe calls no server slow
 CONFIRM_AFTER = 0.5  # of a period: a probe that would change a server's verdict is confirmed this soon
+RECOVERY_AFTER = 0.25  # of a period: a server judged slow, wrong or failing is probed this often (its recovery seen soon)
 
 # Why a probe failed (``ServerProbe.error_kind``).
 SERVER_ERROR, TIMEOUT, CLIENT_ERROR = "server", "timeout", "client"
@@ -355,13 +356,15 @@ def median_or_none(values: Sequence[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
-def next_probe_delay(duration: Optional[float], period: float, max_share: float, *, confirm: bool = False) -> float:
+def next_probe_delay(duration: Optional[float], period: float, max_share: float, *, confirm: bool = False,
+                     recovering: bool = False) -> float:
     """Seconds until a server may be probed again: ``period`` (``CONFIRM_AFTER`` of it when the last
-    probe is worth confirming, ``worth_confirming``), or longer when its last probe took so long that
+    probe is worth confirming, ``worth_confirming``; ``RECOVERY_AFTER`` of it while the server is
+    judged slow, wrong or failing, so that two good probes clear it within half a period), or longer when its last probe took so long that
     a probe that soon would exceed ``max_share`` of its time: a probe whose steps took ``d`` seconds is
     never followed by another before ``d / max_share`` (a slow server is probed less often, and
     probes never take more than ``max_share`` of its time)."""
-    wait = CONFIRM_AFTER * period if confirm else period
+    wait = RECOVERY_AFTER * period if recovering else CONFIRM_AFTER * period if confirm else period
     if not duration or duration <= 0:
         return wait
     return max(wait, duration / max_share)
