@@ -49,7 +49,7 @@ BOUNDS = {  # kind -> (named, notified) in seconds (#31)
     "kill": (60, 90), "freeze": (60, 90), "fail": (60, 90), "throttle": (180, 240), "corrupt": (180, 240)}
 HEALTHY_BOUND = 60
 GIVE_UP = 600  # seconds a run waits for a figure before recording it as missed
-SETTLE = 30  # seconds between runs
+SETTLE = 15  # seconds between runs (after the previous alert resolved)
 _ROW = re.compile(r'data-peer-id="([^"]+)" data-state="[^"]*" data-cause="([^"]+)"(.*?)</tr>', re.S)
 
 
@@ -167,13 +167,28 @@ def run(args) -> dict:
                 monitor = psutil.Process(proc.pid)
                 cpu0, wall0 = sum(monitor.cpu_times()[:2]), time.time()
                 started = time.time()
+                store_url = f"sqlite:///{tmp / 'data' / 'monitor.db'}"
+
+                def progress(results):  # the section so far, after every run (a long run keeps what it measured)
+                    if args.no_write:
+                        return
+                    store = Store(store_url)
+                    try:
+                        share = cost(store, ids, started, time.time())
+                    finally:
+                        store.close()
+                    cpu_now = (sum(monitor.cpu_times()[:2]) - cpu0) / max(1.0, time.time() - wall0)
+                    partial = {"results": results, "cpu": cpu_now, "share": share, "honest": args.honest}
+                    bc.write_section("churn", report(partial) + f"\n\n(In progress: {len(results)} of "
+                                     f"{args.runs * len(args.kinds)} runs.)")
+
                 if args.honest:
                     results = honest(args, swarm, names, ids, watch, hook)
                 else:
-                    results = faults(args, swarm, names, ids, watch, hook)
+                    results = faults(args, swarm, names, ids, watch, hook, progress)
                 cpu = (sum(monitor.cpu_times()[:2]) - cpu0) / max(1.0, time.time() - wall0)
                 watch.close()
-                store = Store(f"sqlite:///{tmp / 'data' / 'monitor.db'}")
+                store = Store(store_url)
                 try:
                     share = cost(store, ids, started, time.time())
                 finally:
@@ -181,7 +196,7 @@ def run(args) -> dict:
         return {"results": results, "cpu": cpu, "share": share, "honest": args.honest}
 
 
-def faults(args, swarm, names, ids, watch, hook) -> list[dict]:
+def faults(args, swarm, names, ids, watch, hook, progress=None) -> list[dict]:
     results = []
     order = [(kind, run) for run in range(args.runs) for kind in args.kinds]
     for index, (kind, _) in enumerate(order):
@@ -210,6 +225,8 @@ def faults(args, swarm, names, ids, watch, hook) -> list[dict]:
                                        for r in hook.received), 300, step=0.5)
         if not resolved:
             print("  (no resolved notice within 300 s)", flush=True)
+        if progress is not None:
+            progress(results)
         time.sleep(SETTLE)
     return results
 
