@@ -137,7 +137,9 @@ def test_a_killed_or_frozen_leader_is_replaced_within_the_bound_without_a_gap_a_
             times = poll_times(store, first.started_at)
             longest, shortest = max(gaps(times)), min(gaps(times))
             assert longest <= PERIOD + BOUND + SLACK, gaps(times)
-            assert shortest >= 0.3 * PERIOD, gaps(times)  # two pollers storing one round would be ~0 s apart
+            # two pollers storing one round would be ~0 s apart (a poll a failed compute check asked for,
+            # when the server stopped, may come sooner than a period, but not in the same instant as another)
+            assert shortest >= 0.2, gaps(times)
 
             # ---- every poller gone: the heartbeat stops ----
             assert abs(len(beat.received) - len(times)) <= 3  # one ping per stored poll, give or take those under way
