@@ -26,6 +26,9 @@ from monitor.core.probes import (
     RecentProbes,
     ServerProbe,
     measured_speeds,
+    RECOVERY_AFTER,
+    RECOVERY_CONFIRM_AFTER,
+    RECOVERY_SHARE_FACTOR,
     next_probe_delay,
     slowness,
     worth_confirming,
@@ -103,6 +106,29 @@ def test_a_server_is_probed_once_per_period_or_less_often_when_its_probes_are_lo
     # a probe worth confirming: half a period, unless the share bound says later
     assert next_probe_delay(0.5, period=20, max_share=0.25, confirm=True) == pytest.approx(20 * CONFIRM_AFTER)
     assert next_probe_delay(4.0, period=20, max_share=0.25, confirm=True) == pytest.approx(16)
+
+
+def test_a_server_judged_bad_is_probed_sooner_and_its_recovery_confirmed_within_a_minute_at_the_defaults():
+    """Recovering (judged slow, wrong or failing): a quarter period, within RECOVERY_SHARE_FACTOR
+    times the share; a probe that would clear it confirmed after RECOVERY_CONFIRM_AFTER. The worst
+    case at the defaults: healed just after a slow probe of d_slow, the next (fast) probe waits
+    out the share bound, its confirmation a few seconds more — the two fast probes a recovery
+    needs (the low median of SPEED_SAMPLES) land well within 60 s while d_slow ≤ 1.5 s."""
+    from monitor.settings import Settings
+
+    defaults = Settings()
+    period, share = defaults.speed_probe_period, defaults.speed_probe_max_share
+    assert next_probe_delay(0.1, period, share, recovering=True) == pytest.approx(RECOVERY_AFTER * period)
+    assert next_probe_delay(0.1, period, share, recovering=True, confirm=True) == pytest.approx(
+        RECOVERY_CONFIRM_AFTER * period)
+    d_slow, d_fast = 1.5, 0.3  # the bench's throttled tiny server, and healthy
+    assert next_probe_delay(d_slow, period, share, recovering=True) == pytest.approx(
+        d_slow / (share * RECOVERY_SHARE_FACTOR))  # the share bound still holds, relaxed
+    assert next_probe_delay(d_slow, period, share) == pytest.approx(max(period, d_slow / share))  # not recovering
+    second_fast = (next_probe_delay(d_slow, period, share, recovering=True) + d_fast
+                   + next_probe_delay(d_fast, period, share, recovering=True, confirm=True) + d_fast)
+    assert second_fast <= 45, second_fast  # + a tick, the re-assessment and the page: under 60 s
+    assert next_probe_delay(1.0, period=10, max_share=0.4, recovering=True) == pytest.approx(2.5)  # ≤ half
 
 
 def test_a_probe_that_would_change_a_servers_verdict_is_confirmed_sooner():

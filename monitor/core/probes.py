@@ -60,6 +60,8 @@ SPEED_SAMPLES = 3  # a server's measured speed is the low median of its newest t
 SLOW_CONFIRMATIONS = 2  # fresh probes a "slow" verdict rests on, at least: one noisy probe calls no server slow
 CONFIRM_AFTER = 0.5  # of a period: a probe that would change a server's verdict is confirmed this soon
 RECOVERY_AFTER = 0.25  # of a period: a server judged slow, wrong or failing is probed this often (its recovery seen soon)
+RECOVERY_CONFIRM_AFTER = 0.05  # of a period: such a server's probe that would clear it is confirmed this soon
+RECOVERY_SHARE_FACTOR = 2.5  # such a server's probes may take this many times speed_probe_max_share (5 % at the defaults)
 
 # Why a probe failed (``ServerProbe.error_kind``).
 SERVER_ERROR, TIMEOUT, CLIENT_ERROR = "server", "timeout", "client"
@@ -359,12 +361,21 @@ def median_or_none(values: Sequence[float]) -> Optional[float]:
 def next_probe_delay(duration: Optional[float], period: float, max_share: float, *, confirm: bool = False,
                      recovering: bool = False) -> float:
     """Seconds until a server may be probed again: ``period`` (``CONFIRM_AFTER`` of it when the last
-    probe is worth confirming, ``worth_confirming``; ``RECOVERY_AFTER`` of it while the server is
-    judged slow, wrong or failing, so that two good probes clear it within half a period), or longer when its last probe took so long that
+    probe is worth confirming, ``worth_confirming``), or longer when its last probe took so long that
     a probe that soon would exceed ``max_share`` of its time: a probe whose steps took ``d`` seconds is
     never followed by another before ``d / max_share`` (a slow server is probed less often, and
-    probes never take more than ``max_share`` of its time)."""
-    wait = RECOVERY_AFTER * period if recovering else CONFIRM_AFTER * period if confirm else period
+    probes never take more than ``max_share`` of its time).
+
+    ``recovering``: the server is judged slow, wrong or failing (our routing sends it nothing), so
+    its recovery is what is worth knowing: probed every ``RECOVERY_AFTER`` of a period, a probe that
+    would clear it confirmed after ``RECOVERY_CONFIRM_AFTER``, within ``RECOVERY_SHARE_FACTOR``
+    times ``max_share`` of its time (a throttled server's probe takes several times a healthy one's:
+    at ``max_share`` alone its recovery would wait for minutes)."""
+    if recovering:
+        wait = (RECOVERY_CONFIRM_AFTER if confirm else RECOVERY_AFTER) * period
+        max_share = min(0.5, max_share * RECOVERY_SHARE_FACTOR)
+    else:
+        wait = CONFIRM_AFTER * period if confirm else period
     if not duration or duration <= 0:
         return wait
     return max(wait, duration / max_share)
