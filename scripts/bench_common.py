@@ -145,6 +145,19 @@ def timed(fn, *args, **kwargs) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill PID`` of a benchmark) exits through the ``with`` blocks, so the processes a
+    benchmark started are ended with it (the default action would end only the script)."""
+    import signal
+    import threading
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, stop)
+
+
 @contextlib.contextmanager
 def process(args: Sequence[str], log_path: Path, *, env: dict | None = None) -> Iterator:
     """A command in its own session, output to ``log_path``; on exit SIGTERM (60 s grace), then
@@ -152,6 +165,7 @@ def process(args: Sequence[str], log_path: Path, *, env: dict | None = None) -> 
     import signal
     import subprocess
 
+    stop_on_sigterm()
     log = open(log_path, "wb")
     proc = subprocess.Popen(list(args), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

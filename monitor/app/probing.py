@@ -103,18 +103,25 @@ class ServerProber:
         probes = self._judge(rows, results, now)
         confirm = self._worth_confirming(probes, rows, now)
         judged_bad = self._judged_bad()
-        for probe in probes:  # counted from the probe's own start (a round may take a while)
-            key = (probe.peer_id, probe.model)
-            self.next_due[key] = probe.at + next_probe_delay(
-                probe.duration, self.period, self.settings.speed_probe_max_share, confirm=key in confirm,
-                recovering=key in judged_bad or probe.verdict == WRONG)
+        self._schedule(probes, confirm, judged_bad)
         self.store.record_server_probes(probes)
         self.rounds += 1
         self.probes += len(probes)
         self.failures += sum(1 for p in probes if not p.ok)
         if self.after_round is not None:
             self.after_round()
+            newly_bad = self._judged_bad() - judged_bad  # this round's probes made the verdict
+            self._schedule([p for p in probes if (p.peer_id, p.model) in newly_bad], confirm, newly_bad)
         return probes
+
+    def _schedule(self, probes: list[ServerProbe], confirm: set, judged_bad: set) -> None:
+        """When each probed server is due again, counted from its probe's own start (a round may
+        take a while): ``next_probe_delay``, recovering when it is judged bad (or just measured wrong)."""
+        for probe in probes:
+            key = (probe.peer_id, probe.model)
+            self.next_due[key] = probe.at + next_probe_delay(
+                probe.duration, self.period, self.settings.speed_probe_max_share, confirm=key in confirm,
+                recovering=key in judged_bad or probe.verdict == WRONG)
 
     def _worth_confirming(self, probes: list[ServerProbe], rows: list[ServerRow], now: float) -> set:
         """(peer, model) of the probes that would change their server's verdict against what the
