@@ -19,35 +19,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
-from monitor.core.common import HOUR
-from monitor.core.assess import flagged, round_trip_speeds
-from monitor.core.assessment import CAUSE_FAILING, CAUSE_UNREACHABLE, CAUSE_WRONG, Assessment
+from monitor.core.assess import round_trip_speeds
 from monitor.core.compute_checks import confirming_request
+from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, UNUSABLE_SCORE, PeerRouting, peer_routing, probe_speeds
 from monitor.core.snapshot import ChatOutcome
 
-from chat.policy import OutcomeSink, PeerWeight, weights_from_outcomes
+from chat.policy import NEUTRAL_SCORE, OutcomeSink, PeerWeight
 
 log = logging.getLogger(__name__)
 
-CHAT_OUTCOME_WINDOW = HOUR  # seconds of chat outcomes the router learns from
-UNUSABLE_SCORE = 0.0  # the routing score of a server whose outputs are wrong or whose every step fails
+__all__ = ["CHAT_OUTCOME_WINDOW", "UNUSABLE_SCORE", "probe_speeds", "StoreWeights", "as_weight",
+           "store_outcome_sink", "ask_to_confirm", "store_coverage_check"]
 
 
-def probe_speeds(assessments: Mapping[str, Assessment], outcomes: list[ChatOutcome]) -> dict[str, float]:
-    """peer -> seconds per token per block as the assessments' probes measured it, for every peer
-    whose newest timed probe is newer than its newest chat outcome (the newest kind of evidence
-    wins: a server throttled since the chat last used it is known slow before a chat tries it
-    again). The value is the median of its newest probes' one-token steps, round trip included, per
-    block: what a chat request measures on a span."""
-    last_chat: dict[str, float] = {}
-    for outcome in outcomes:
-        if outcome.ok and outcome.seconds_per_token is not None:
-            last_chat[outcome.peer_id] = max(outcome.at, last_chat.get(outcome.peer_id, 0.0))
-    return {peer: seconds for peer, (seconds, at) in round_trip_speeds(assessments).items()
-            if at > last_chat.get(peer, 0.0)}
+def as_weight(known: PeerRouting) -> PeerWeight:
+    """The policy's weight of what routing knows of a peer (a peer not scored yet: neutral)."""
+    return PeerWeight(score=NEUTRAL_SCORE if known.score is None else known.score,
+                      seconds_per_token_per_block=known.seconds_per_token_per_block, policy=known.policy)
 
 
 class StoreWeights:
@@ -77,15 +67,9 @@ class StoreWeights:
         except Exception as e:  # noqa: BLE001 - keep routing on the last weights while the DB is away
             log.warning("peer weights not refreshed (keeping the last ones): %s", e)
             return self._weights
-        weights = weights_from_outcomes(outcomes, scores=scores, now=now, window=self.outcome_window)
-        for peer, seconds in probe_speeds(assessments, outcomes).items():
-            weights[peer] = replace(weights.get(peer, PeerWeight()), seconds_per_token_per_block=seconds)
-        unusable = {**flagged(assessments, CAUSE_WRONG), **flagged(assessments, CAUSE_FAILING),
-                    **flagged(assessments, CAUSE_UNREACHABLE)}
-        for peer in unusable:
-            weights[peer] = replace(weights.get(peer, PeerWeight()), score=UNUSABLE_SCORE)
-        for peer, policy in policies.items():
-            weights[peer] = replace(weights.get(peer, PeerWeight()), policy=policy)
+        routing = peer_routing(scores=scores, outcomes=outcomes, assessments=assessments, policies=policies,
+                               now=now, window=self.outcome_window)
+        weights = {peer: as_weight(known) for peer, known in routing.items()}
         self._weights = weights
         self.probed = {peer: seconds for peer, (seconds, _) in round_trip_speeds(assessments).items()}
         return self._weights

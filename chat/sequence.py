@@ -1,8 +1,9 @@
 """The seam into petals: a sequence manager that routes by ``chat.policy``, and an inference
 session that times each server's span and survives a server failing mid-answer.
 
-petals has no hooks for either, so both are subclasses overriding petals 2.2 internals
-(``_build_inference_graph``, ``_make_sequence_with_max_throughput``, ``_update``, the inference
+petals has no hooks for either, so both are subclasses overriding petals 2.2 internals (routing:
+``_build_inference_graph`` and ``_make_sequence_with_max_throughput``, in
+``swarm_monitor_client.routing``, shared with other petals clients; here ``_update``, the inference
 session's ``_update_sequence`` and ``_exit_server_sessions``). Everything petals-specific about
 chat lives here (and in ``chat.remote_model``, which builds the model around this manager), so a
 petals upgrade is checked in one place. Each peer's outcome (``ChatOutcome``) goes to the
@@ -12,7 +13,6 @@ configured ``outcome_sink``, which the monitor turns into scores.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import sys
@@ -25,20 +25,11 @@ from monitor.core.common import short_error
 from monitor.core.snapshot import ChatOutcome
 
 from petals.client.inference_session import InferenceSession
-from petals.client.routing.sequence_manager import MissingBlocksError, RemoteSequenceManager
+from petals.client.routing.sequence_manager import RemoteSequenceManager
 
-from chat.policy import (
-    PETALS_DEFAULT_SECONDS_PER_BLOCK,
-    Explorer,
-    OutcomeSink,
-    PeerWeight,
-    RouteHop,
-    RoutingSettings,
-    ScoreSource,
-    measured_speed,
-    peers_to_leave_out,
-    relative_penalties,
-)
+from swarm_monitor_client.routing import MonitorRouting
+
+from chat.policy import OutcomeSink, PeerWeight, RouteHop, RoutingSettings, ScoreSource
 
 logger = logging.getLogger(__name__)
 
@@ -46,18 +37,10 @@ CLOSE_TIMEOUT = 5.0  # seconds to wait for a server to acknowledge the end of a 
 REFRESH_TIMEOUT = 30.0  # seconds to wait for a fresh view of the swarm (then the view at hand is used)
 
 
-def _announced(span) -> float:
-    """Seconds per block the span's server announces (petals' default if it announces none)."""
-    rps = span.server_info.inference_rps
-    return 1.0 / rps if rps else PETALS_DEFAULT_SECONDS_PER_BLOCK
-
-
-def _by_name(spans) -> dict[str, tuple[int, int]]:
-    return {span.peer_id.to_base58(): (span.start, span.end) for span in spans}
-
-
-class HealthAwareSequenceManager(RemoteSequenceManager):
-    """petals' RemoteSequenceManager, routing by peer health (see ``chat.policy``).
+class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
+    """petals' RemoteSequenceManager, routing by peer health (``MonitorRouting``: the policy
+    shared with ``swarm_monitor_client.route_with``), with the chat's own additions: the operator's
+    pins and blocks applied at every refresh, and span timing.
 
     Configure a subclass with ``configured(...)`` and hand it to ``load_remote_model``; petals
     creates sub-managers with ``type(self)(...)``, so the configuration lives on the class.
@@ -85,13 +68,11 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._policies: tuple[set, set] = (set(), set())  # PeerIDs pinned, blocked by the operator
-        self._explorer = Explorer()
         # refreshes of the swarm view started / finished (one thread runs them, one at a time):
         # ``missing_blocks(refresh=True)`` waits for one that started after it was called
         self._refreshes = threading.Condition()
         self._refreshes_started = self._refreshes_finished = 0
         super().__init__(*args, **kwargs)
-        self.ping_aggregator.ping = self._ping_with_first_servers(self.ping_aggregator.ping)
         if self.routing.pinned:
             pinned = self._peer_ids_to_set(list(self.routing.pinned))
             self.allowed_servers = pinned if self.allowed_servers is None else self.allowed_servers & pinned
@@ -139,129 +120,6 @@ class HealthAwareSequenceManager(RemoteSequenceManager):
             with self._refreshes:
                 self._refreshes_finished += 1
                 self._refreshes.notify_all()
-
-    def _ping_with_first_servers(self, petals_ping):
-        """petals 2.2's ``_update`` means to ping up to ``max_pinged`` servers of the first block,
-        of the middle and of the last, but assigns the middle sample over the first one; so a
-        server that starts the route but is missing from the middle sample keeps no RTT, and the
-        route's first hop through it is priced at petals' 150 ms "unknown" delay until a later
-        refresh happens to sample it (here: a 3× faster route lost to a throttled server).
-        Wrapped around the aggregator's ``ping``, which ``_update`` calls with its sample just
-        after updating the spans: the first block's unpinged servers join that sample."""
-        from petals.utils.random import sample_up_to
-
-        def ping(peer_ids, **kwargs):
-            with self.lock_changes:
-                spans = self.state.sequence_info.spans_containing_block
-                first = [span.peer_id for span in spans[0]] if spans else []
-            known = self.ping_aggregator.to_dict()
-            unpinged = [peer for peer in first if peer not in known and peer not in peer_ids]
-            return petals_ping(list(peer_ids) + list(sample_up_to(unpinged, self.config.max_pinged)), **kwargs)
-
-        return ping
-
-    # -- weights ------------------------------------------------------------------------------
-    def peer_weights(self) -> dict[str, PeerWeight]:
-        """The score source's current view (peer id -> weight); empty, so routing goes on
-        unweighted, if there is no source or it fails."""
-        if self.score_source is None:
-            return {}
-        try:
-            return dict(self.score_source())
-        except Exception as e:  # noqa: BLE001 - a broken store must not break chat
-            logger.warning("score source failed, routing without scores: %r", e)
-            return {}
-
-    def _relative_penalties(self, spans, weights: Mapping[str, PeerWeight]) -> dict:
-        """PeerID -> ``relative_penalties`` among these spans' peers."""
-        factors = relative_penalties({span.peer_id.to_base58(): _announced(span) for span in spans}, weights)
-        return {span.peer_id: factors[span.peer_id.to_base58()] for span in spans}
-
-    def _explored_around(self, spans, start_index: int, end_index: int, weights: Mapping[str, PeerWeight]) -> set:
-        """The measured peers (PeerIDs) this route skips to try unmeasured ones, if it explores."""
-        speeds = {span.peer_id.to_base58(): measured_speed(weights.get(span.peer_id.to_base58()), _announced(span))
-                  for span in spans}
-        names = self._explorer.around(_by_name(spans), start_index, end_index, speeds)
-        if names:
-            logger.info("routing around %s (measured) to measure the peers that could replace them", names)
-        return {span.peer_id for span in spans if span.peer_id.to_base58() in names}
-
-    def _left_out(self, spans, start_index: int, end_index: int, weights: Mapping[str, PeerWeight]) -> set:
-        """Peers petals banned a moment ago (they just failed), then peers below min_score: each
-        left out only while the others still cover [start_index, end_index)."""
-        banned = {span.peer_id.to_base58(): PeerWeight(score=-1.0) for span in spans
-                  if span.peer_id in self.state.banned_peers}
-        if self.routing.mode == "health":
-            weights = {**weights, **banned}
-            threshold = self.routing.min_score
-        else:
-            weights, threshold = banned, 0.0
-        names = peers_to_leave_out(_by_name(spans), start_index, end_index, weights, threshold)
-        return {span.peer_id for span in spans if span.peer_id.to_base58() in names}
-
-    # -- petals overrides ---------------------------------------------------------------------
-    def _build_inference_graph(self, start_index: int, end_index: int, *, cache_tokens_needed, **kwargs):
-        """petals' graph, without the left-out peers, with compute edges scaled by penalty.
-
-        Both modes leave out peers petals has just banned: petals 2.2 bans a failed peer but keeps
-        routing to it until its next DHT refresh (its spans are not recomputed on failure)."""
-        graph = super()._build_inference_graph(start_index, end_index, cache_tokens_needed=cache_tokens_needed, **kwargs)
-        spans = [
-            span for span in self.state.sequence_info.spans_by_priority
-            if span.start < end_index and span.end > start_index
-        ]
-        health = self.routing.mode == "health"
-        weights = self.peer_weights() if health else {}
-        left_out = self._left_out(spans, start_index, end_index, weights)
-        if health:
-            left_out |= self._explored_around([s for s in spans if s.peer_id not in left_out],
-                                              start_index, end_index, weights)
-        kept = [span for span in spans if span.peer_id not in left_out]
-        factors = self._relative_penalties(kept, weights) if health else {}
-        for span in spans:
-            blocks = range(max(span.start, start_index), min(span.end, end_index))
-            if span.peer_id in left_out:
-                for block_idx in [*blocks, blocks.stop]:
-                    if (span.peer_id, block_idx) in graph.get_data():
-                        graph.remove_node((span.peer_id, block_idx))
-                continue
-            if not health:
-                continue
-            for block_idx in blocks:
-                u, v = (span.peer_id, block_idx), (span.peer_id, block_idx + 1)
-                graph.add_edge(u, v, graph.get_edge(u, v) * factors[span.peer_id])
-        return graph
-
-    def _make_sequence_with_max_throughput(self, start_index: int, end_index: int):
-        """petals' choice (longer spans more likely, unreachable peers almost never), with each
-        span's chance divided by its penalty and low-score peers left out like in inference."""
-        if self.routing.mode != "health":
-            return super()._make_sequence_with_max_throughput(start_index, end_index)
-        import numpy as np
-
-        rtts = self.ping_aggregator.to_dict()
-        all_spans = {
-            span.peer_id: span for spans in self.state.sequence_info.spans_containing_block[start_index:end_index]
-            for span in spans
-        }
-        weights = self.peer_weights()
-        left_out = self._left_out(list(all_spans.values()), start_index, end_index, weights)
-        factors = self._relative_penalties([s for s in all_spans.values() if s.peer_id not in left_out], weights)
-        sequence, current = [], start_index
-        while current < end_index:
-            candidates = [
-                span for span in self.state.sequence_info.spans_containing_block[current] if span.peer_id not in left_out
-            ]
-            if not candidates:
-                raise MissingBlocksError(current)
-            chances = np.array(
-                [(span.length if rtts.get(span.peer_id) != np.inf else 1e-6) / factors[span.peer_id] for span in candidates],
-                dtype=np.float64,
-            )
-            chosen = np.random.choice(candidates, p=chances / chances.sum())
-            sequence.append(dataclasses.replace(chosen, start=current))
-            current = chosen.end
-        return sequence
 
     def on_request_success(self, peer_id) -> None:
         super().on_request_success(peer_id)

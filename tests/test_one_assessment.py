@@ -5,7 +5,7 @@ At the edge of the probe window a verdict drawn again from the raw probes at the
 of the window. The model page, the state API, /metrics, the alerts' view and the chat's routing
 weights all say what the stored assessment says — failing until the poller assesses the poll
 again, then not failing, together. Through a real store (SQLite), the real web app, the alert
-job's reader and the chat's StoreWeights.
+job's reader, the chat's StoreWeights and the routing view other petals clients read.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def readers_say_failing(store, settings, client) -> dict[str, bool]:
         "/metrics": bool(re.search(r"^swarm_monitor_servers_failing 1\.0$", metrics, re.M)),
         "alerts": next(p for p in view.peers if p.peer_id == full).failing is not None,
         "chat": full in weights and weights[full].score == UNUSABLE_SCORE,
+        "routing view": any(entry["peer_id"] == full and entry["failing"] and entry["score"] == UNUSABLE_SCORE
+                            for entry in client.get(f"/api/v1/routing/{TINY.dht_prefix}").get_json()["peers"]),
     }
 
 

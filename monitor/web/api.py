@@ -1,5 +1,7 @@
 """JSON API: health.petals.dev's ``/api/v1/state`` and ``/api/v1/is_reachable``, plus history
-(within retention and at most ``history_max_points`` points a series: ``monitor.web.history``).
+(within retention and at most ``history_max_points`` points a series: ``monitor.web.history``)
+and the routing view other petals clients route by (``/api/v1/routing/<prefix>``:
+``monitor.core.routing_view``, read by ``swarm_monitor_client``).
 
 Errors are JSON ``{"error": message, "status": code}`` with a 4xx/5xx status; the message names the
 bad value and what to send instead.
@@ -7,13 +9,16 @@ bad value and what to send instead.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Optional
 
-from flask import Blueprint, abort, current_app, jsonify, request
+from flask import Blueprint, Response, abort, current_app, jsonify, request
 
+from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, peer_routing, routing_view
 from monitor.core.snapshot import ReachabilityResult
 from monitor.web import deps, history, peer_view, queries, security, state_api, timerange
 
@@ -46,6 +51,37 @@ def state():
     if cur.snapshot is None:
         return _no_poll_yet(cur)
     return jsonify({**queries.state_dict(cur, d.settings), "poller": queries.pollers(d, cur, time.time())})
+
+
+ROUTING_MAX_AGE = 5  # seconds a client or cache may keep a routing view (clients refresh every 10 s)
+
+
+@bp.get("/routing/<prefix>")
+def routing(prefix: str):
+    """The routing view of one model (``routing_view``), from the stored assessment, scores, chat
+    outcomes and the operator's policies; compact JSON with an ETag (304 when unchanged)."""
+    d, cur = _current()
+    if cur.snapshot is None:
+        return _no_poll_yet(cur)
+    model = cur.model(prefix)
+    if model is None:
+        known = ", ".join(sorted(m.dht_prefix for m in cur.models)[:20]) or "none yet"
+        return jsonify(error=f"no model with DHT prefix {prefix[:100]!r} in the latest poll (known: {known})",
+                       status=404), 404
+    now = time.time()
+
+    def compute() -> bytes:
+        known = peer_routing(scores={peer: s.score for peer, s in cur.scores.items()},
+                             outcomes=d.store.recent_chat_outcomes(now - CHAT_OUTCOME_WINDOW),
+                             assessments=cur.healths, policies=d.store.peer_policies(), now=now)
+        view = routing_view(prefix, model.num_blocks, cur.snapshot.servers, known, cur.healths.get(prefix))
+        return json.dumps(view, separators=(",", ":"), allow_nan=False).encode()
+
+    body = d.cache.now(cur.marks, now, ("routing", prefix), compute)
+    response = Response(body, mimetype="application/json")
+    response.set_etag(hashlib.sha256(body).hexdigest()[:32])
+    response.headers["Cache-Control"] = f"public, max-age={ROUTING_MAX_AGE}"
+    return response.make_conditional(request)
 
 
 def _live_check(d, peer_id: str):
