@@ -96,3 +96,12 @@ def test_the_client_installs_alone_into_a_fresh_environment_beside_petals(tmp_pa
     assert found["file"].startswith(str(fresh_site)), found  # the installed wheel, not this checkout
     assert found["requires"] == ["petals"] and found["ours"] == [], found
     assert found["petals"] and "site-packages" in found["petals"], found
+
+
+def test_only_the_chat_imports_the_client_so_the_monitor_runs_without_it():
+    """The dashboard, the poller and the store never need the client package (the built wheel's
+    web serves without it: tests/test_wheel.py); only the chat routes by it."""
+    wrong = [str(path.relative_to(ROOT)) for path in (ROOT / "monitor").rglob("*.py")
+             if "swarm_monitor_client" in imports(path)]
+    assert not wrong, wrong
+    assert any("swarm_monitor_client" in imports(path) for path in (ROOT / "chat").rglob("*.py"))
