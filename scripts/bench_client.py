@@ -194,7 +194,7 @@ def report(found: dict, scale: dict, args) -> str:
             "routing in a fresh process of `scripts/plain_petals.py` (petals' own model and `generate`; the "
             "monitor's part: `swarm_monitor_client` only). A = first half of the blocks, B = second half, C = all, "
             "all announcing throughput 100; the monitor a `swarm-monitor serve` with speed probes every 10 s. "
-            f"Routing view: `scripts/simulate_swarm.py` 500 servers of one model, its's view read "
+            f"Routing view: `scripts/simulate_swarm.py` 500 servers of one model, its view read "
             f"{VIEW_REQUESTS}× by each of {VIEW_CLIENTS} threads ({scale['requests']} requests; werkzeug, the "
             "all-in-one `serve`).")
 
