@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.core.assessment import format_ranges, ranges
+from monitor.core.requests import RequestRecord
 
 from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slots, SlotsLoad
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
@@ -141,8 +142,10 @@ class ChatEngine:
         max_retries: int = 3,
         request_timeout: float = 60.0,
         client_config: Optional[dict] = None,
+        request_sink: Optional[Callable[[RequestRecord], None]] = None,
     ):
         self.dht = dht
+        self.request_sink = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
         self.coverage_check = coverage_check
         self.routing = routing or RoutingSettings()
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(
@@ -300,17 +303,17 @@ class ChatEngine:
 
     def answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-               prompt_param: str = "prompt") -> Answer:
+               prompt_param: str = "prompt", api: str = "openai") -> Answer:
         """One answer in its own session (``chat.request.answer``): Delta events, then one Finished."""
         return request.answer(self, name, input_ids, params, client=client, stop_event=stop_event,
-                              prompt_param=prompt_param)
+                              prompt_param=prompt_param, api=api)
 
     def answer_batch(self, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                      client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-                     prompt_param: str = "prompt") -> BatchAnswer:
+                     prompt_param: str = "prompt", api: str = "openai") -> BatchAnswer:
         """Every row of one request (``chat.request.answer_batch``); refusals raise before any token."""
         return request.answer_batch(self, name, rows, params, client=client, stop_event=stop_event,
-                                    prompt_param=prompt_param)
+                                    prompt_param=prompt_param, api=api)
 
     def load(self) -> EngineLoad:
         """Slots, queue and open sessions now."""

@@ -1,4 +1,5 @@
-"""The chat's two links to the monitor's store: peer weights in, request outcomes out.
+"""The chat's links to the monitor's store: peer weights in; each span's outcome and each
+request's row (``StoreRequests``) out.
 
 Routing asks for peer weights every time it builds a route, inside petals' routing lock, so the
 weights are served from memory and refreshed from the store by a background thread: the latest
@@ -17,12 +18,14 @@ request already routes by what the last one measured.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from typing import Any, Callable, Optional
 
 from monitor.core.assess import round_trip_speeds
 from monitor.core.compute_checks import confirming_request
+from monitor.core.requests import RequestRecord
 from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, UNUSABLE_SCORE, PeerRouting, peer_routing, probe_speeds
 from monitor.core.snapshot import ChatOutcome
 
@@ -30,7 +33,7 @@ from chat.policy import NEUTRAL_SCORE, OutcomeSink, PeerWeight
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHAT_OUTCOME_WINDOW", "UNUSABLE_SCORE", "probe_speeds", "StoreWeights", "as_weight",
+__all__ = ["CHAT_OUTCOME_WINDOW", "UNUSABLE_SCORE", "probe_speeds", "StoreWeights", "StoreRequests", "as_weight",
            "store_outcome_sink", "ask_to_confirm", "store_coverage_check"]
 
 
@@ -95,6 +98,70 @@ class StoreWeights:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+
+
+class StoreRequests:
+    """The engine's ``request_sink``: request rows queued in memory (a request never waits for the
+    database) and written in batches by a thread of their own, at least every ``period`` seconds.
+    At most ``max_queued`` rows wait; beyond that (the database away for long) new rows are dropped
+    and counted (``dropped``), with one warning per run of drops."""
+
+    def __init__(self, store: Any, *, period: float = 1.0, batch: int = 500, max_queued: int = 10_000):
+        self.store, self.period, self.batch = store, period, batch
+        self._queue: "queue.Queue[RequestRecord]" = queue.Queue(max_queued)
+        self.dropped = self.written = 0
+        self._dropping = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __call__(self, record: RequestRecord) -> None:
+        try:
+            self._queue.put_nowait(record)
+            self._dropping = False
+        except queue.Full:
+            self.dropped += 1
+            if not self._dropping:
+                log.warning("request rows dropped: %d wait for the database already", self._queue.maxsize)
+            self._dropping = True
+
+    def flush(self) -> int:
+        """Write what waits (in batches); returns how many rows were written. Rows whose batch fails
+        go back to wait for the next flush (as many as fit)."""
+        written = 0
+        while True:
+            rows = []
+            while len(rows) < self.batch:
+                try:
+                    rows.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if not rows:
+                return written
+            try:
+                self.store.record_requests(rows)
+            except Exception as e:  # noqa: BLE001 - kept for the next flush
+                log.warning("request rows not recorded yet (%d): %s", len(rows), e)
+                for row in rows:
+                    self(row)
+                return written
+            written += len(rows)
+            self.written += len(rows)
+
+    def start(self) -> "StoreRequests":
+        def loop():
+            while not self._stop.wait(self.period):
+                self.flush()
+            self.flush()
+
+        self._thread = threading.Thread(target=loop, name="request-rows", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
 
 
 def store_outcome_sink(store: Any, weights: Optional[StoreWeights] = None) -> OutcomeSink:

@@ -18,21 +18,32 @@ calls ``answer`` or ``answer_batch``; a WebSocket turn calls ``turn`` on the ses
    fed to the monitor's scores through the outcome sink).
 4. **give the slot back** — ``chat.capacity.InSlot``, the one place a slot goes back: when what was
    computed in it ends, fails or is closed, started or not.
+5. **leave its row** — ``RequestLog``: one request row (``monitor.core.requests.RequestRecord``, no
+   text) to the engine's ``request_sink`` when the request ends: answered, failed, refused (but for
+   the client's own mistakes) or left by its client.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import statistics
 import threading
+import time
 from collections import deque
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
+from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord
+
 from chat.capacity import InSlot, Slot
 from chat.decoding import Delta, Finished, GenerationParams
-from chat.errors import InvalidRequest, check_fits_context
+from chat.errors import (Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, SessionExpired, UnknownModel,
+                         check_fits_context)
 from chat.policy import OutcomeSink
 from chat.session import ChatSession
 from chat.streams import ThreadStream
+
+log = logging.getLogger(__name__)
 
 Engine = Any  # a chat.engine.ChatEngine (which imports this module): models, slots, open sessions
 Event = Union[Delta, Finished]
@@ -68,29 +79,36 @@ def plan_groups(rows: Sequence[Sequence[int]], params: GenerationParams, context
 # -- the entry points -------------------------------------------------------------------------------
 def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                  client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-                 prompt_param: str = "prompt") -> "BatchAnswer":
+                 prompt_param: str = "prompt", api: str = "openai") -> "BatchAnswer":
     """Start answering every row (a prompt's token ids) of one request; everything that can be
     refused (unknown model, prompt too long, too many rows, model not served, busy) raises here,
-    before any token."""
-    model = engine.loaded(name)
-    groups = plan_groups(rows, params, model.context_length, max_rows=engine.max_batch_rows,
-                         max_logprobs=engine.max_logprobs, prompt_param=prompt_param)
-    engine.check_served(model)
-    slots = engine.slots.take(client, wanted=len(groups))
+    before any token. ``api``: which API it came through (its request row's)."""
+    record = RequestLog(getattr(engine, "request_sink", None), name, api)
+    try:
+        model = engine.loaded(name)
+        groups = plan_groups(rows, params, model.context_length, max_rows=engine.max_batch_rows,
+                             max_logprobs=engine.max_logprobs, prompt_param=prompt_param)
+        engine.check_served(model)
+        waiting = time.perf_counter()
+        slots = engine.slots.take(client, wanted=len(groups))
+        record.waited = time.perf_counter() - waiting
+    except ChatError as e:
+        record.refused(e)
+        raise
 
     def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
         return ChatSession(engine.remote(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
                            tokenizer=model.tokenizer, stall_timeout=engine.stall_timeout, rows=len(prompts))
 
-    return BatchAnswer(open_group, groups, slots, stop_event)
+    return BatchAnswer(open_group, groups, slots, stop_event, record=record, rows=len(rows))
 
 
 def answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
            client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-           prompt_param: str = "prompt") -> "Answer":
+           prompt_param: str = "prompt", api: str = "openai") -> "Answer":
     """One answer in its own session: a batch of one row."""
     batch = answer_batch(engine, name, [input_ids], params, client=client, stop_event=stop_event,
-                         prompt_param=prompt_param)
+                         prompt_param=prompt_param, api=api)
     return Answer((event for _, event in batch), batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
 
 
@@ -115,10 +133,14 @@ def open_session(engine: Engine, name: str, max_length: int, *, client: Optional
 
 
 def turn(session: ChatSession, input_ids: Optional[Sequence[int]], params: GenerationParams, *,
-         stop_event: Optional[threading.Event] = None, slot_timeout: Optional[float] = None) -> Iterator[Event]:
+         stop_event: Optional[threading.Event] = None, slot_timeout: Optional[float] = None,
+         request_sink: Optional[Callable[[RequestRecord], None]] = None, api: str = "petals") -> Iterator[Event]:
     """One turn of a kept-open session: waits for a slot in turn (at most ``slot_timeout``), then
-    continues the session's text with ``input_ids`` (None: from its last token)."""
-    return session.generate(input_ids, params, stop_event=stop_event, slot_timeout=slot_timeout)
+    continues the session's text with ``input_ids`` (None: from its last token). Its request row
+    goes to ``request_sink`` (its slot wait is not told apart from the answer's start)."""
+    record = RequestLog(request_sink, session.model, api)
+    return record.observe(session.generate(input_ids, params, stop_event=stop_event, slot_timeout=slot_timeout),
+                          lambda: [session], rows=1)
 
 
 def check_answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
@@ -148,8 +170,10 @@ class BatchAnswer:
     batch (or leaving the ``with``) stops every row and gives back every slot."""
 
     def __init__(self, open_group: Callable[[list[list[int]], GenerationParams], ChatSession],
-                 groups: Sequence[Group], slots: Sequence[Slot], stop_event: Optional[threading.Event] = None):
+                 groups: Sequence[Group], slots: Sequence[Slot], stop_event: Optional[threading.Event] = None, *,
+                 record: Optional["RequestLog"] = None, rows: int = 1):
         self._open_group = open_group
+        self._record = record
         self._groups = deque(groups)
         self._lock = threading.Lock()
         self._stop = stop_event  # the caller's: a row stopped by it ends "cancelled"
@@ -162,6 +186,8 @@ class BatchAnswer:
             self._iterator: Iterator = self._stream.items()
         else:
             self._iterator = self._held[0]
+        if record is not None:
+            self._iterator = record.observe(self._iterator, lambda: self.sessions, rows=rows, batch=True)
 
     def _next_group(self) -> Optional[Group]:
         with self._lock:
@@ -186,13 +212,17 @@ class BatchAnswer:
 
     def close(self) -> None:
         self._cancel.set()
-        if self._stream is None:
-            self._held[0].close()
-            return
         try:
-            self._iterator.close()
-        finally:  # each producer gives its own slot back as it ends (it runs from the start)
-            self._stream.close(60)
+            if self._stream is None:
+                self._held[0].close()
+                return
+            try:
+                self._iterator.close()
+            finally:  # each producer gives its own slot back as it ends (it runs from the start)
+                self._stream.close(60)
+        finally:
+            if self._record is not None:
+                self._record.end(lambda: self.sessions)
 
     def __enter__(self) -> "BatchAnswer":
         return self
@@ -243,3 +273,74 @@ class Answer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- 5. leave its row -------------------------------------------------------------------------------
+ERROR_KINDS = ((Busy, "busy"), (ModelNotServed, "not_served"), (SessionExpired, "expired"),
+               (GenerationFailed, "failed"))
+NOT_COUNTED = (InvalidRequest, UnknownModel)  # the client's own mistakes: no request of the model's
+
+
+def error_kind(error: BaseException) -> str:
+    return next((kind for cls, kind in ERROR_KINDS if isinstance(error, cls)), "error")
+
+
+class RequestLog:
+    """One request's row, sent to ``sink`` once, when the request ends (a sink that fails costs
+    only the row, never the request)."""
+
+    def __init__(self, sink: Optional[Callable[[RequestRecord], None]], model: str, api: str):
+        self.sink, self.model, self.api = sink, model, api
+        self.at = time.time()
+        self.waited: Optional[float] = None
+        self._finished: list[Finished] = []
+        self._rows = 1
+        self._written = False
+        self._lock = threading.Lock()
+
+    def refused(self, error: ChatError) -> None:
+        """Refused before any token: a row of its error, unless it was the client's own mistake."""
+        if not isinstance(error, NOT_COUNTED):
+            self._write(ERROR, error_kind(error), ())
+
+    def observe(self, events: Iterator, sessions: Callable[[], list], *, rows: int, batch: bool = False) -> Iterator:
+        """``events`` as they come; the row is written when they end, fail, or are left."""
+        self._rows = rows
+        try:
+            for item in events:
+                event = item[1] if batch else item
+                if isinstance(event, Finished):
+                    self._finished.append(event)
+                yield item
+        except ChatError as e:
+            self._write(ERROR, error_kind(e), sessions())
+            raise
+        finally:
+            self.end(sessions)
+
+    def end(self, sessions: Callable[[], list]) -> None:
+        """The request is over: answered if every row finished (and none was cancelled), else left."""
+        done = len(self._finished) >= self._rows and all(f.finish_reason != "cancelled" for f in self._finished)
+        self._write(OK if done else CANCELLED, None, sessions())
+
+    def _write(self, outcome: str, kind: Optional[str], sessions) -> None:
+        with self._lock:
+            if self._written or self.sink is None:
+                self._written = True
+                return
+            self._written = True
+        finished = self._finished
+        speeds = [f.tokens_per_second for f in finished if f.tokens_per_second is not None]
+        firsts = [f.time_to_first_token for f in finished if f.time_to_first_token is not None]
+        route = tuple(dict.fromkeys((hop.peer_id, hop.start, hop.end) for f in finished for hop in f.route))
+        record = RequestRecord(
+            at=self.at, model=self.model, api=self.api, outcome=outcome, error_kind=kind, route=route,
+            waited=self.waited, time_to_first_token=min(firsts) if firsts else None,
+            tokens=sum(f.completion_tokens for f in finished),
+            tokens_per_second=statistics.median(speeds) if speeds else None,
+            failovers=sum(getattr(s, "failovers", 0) for s in sessions or ()))
+        try:
+            self.sink(record)
+        except Exception as e:  # noqa: BLE001 - the row is lost, the request is not
+            log.warning("request row not recorded: %r", e)
+

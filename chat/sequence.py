@@ -184,6 +184,7 @@ class SpanRecorder:
         self._seen: set[int] = set()  # id() of server sessions that already stepped once
         self._decode: dict[tuple, list[float]] = {}  # (peer, start, end) -> seconds per 1-token step
         self._prefill: dict[tuple, float] = {}
+        self.failures = 0  # spans that failed (petals then replaced their server): the session's failovers
 
     def begin_step(self, n_tokens: int) -> None:
         self._mark = time.perf_counter()
@@ -211,6 +212,7 @@ class SpanRecorder:
 
     def span_failed(self, peer_id, error: str) -> None:
         self._mark = time.perf_counter()
+        self.failures += 1
         server_session = self._server_session(peer_id)
         start, end = (server_session.span.start, server_session.span.end) if server_session else (0, 0)
         self._emit(ChatOutcome(at=time.time(), peer_id=peer_id.to_base58(), model=self.model,

@@ -81,6 +81,11 @@ class ChatSession:
         """How many tokens may still be generated after ``new_input_tokens`` more input."""
         return self.max_length - self.used - new_input_tokens
 
+    @property
+    def failovers(self) -> int:
+        """Spans of this session that failed and were taken over by another server."""
+        return self._petals.recorder.failures
+
     def route(self) -> tuple[RouteHop, ...]:
         """The route now (live while generating), else the last answer's route."""
         hops = self._petals.recorder.route(self._manager.peer_weights())

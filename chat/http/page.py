@@ -255,7 +255,7 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
     answer_text = None
     try:
         with engine.answer(turn.model, turn.input_ids, turn.params, client=client, stop_event=turn.stop_event,
-                           prompt_param="message") as answer:
+                           prompt_param="message", api="page") as answer:
             for event in answer:
                 if isinstance(event, Delta) and event.text:
                     yield sse(event.text, "token")  # plain text: the page adds it as a text node

@@ -85,7 +85,8 @@ def http_generate(engine: ChatEngine, limits: ChatLimits) -> Response:
         raise InvalidRequest("inputs", f"inputs has {len(input_ids)} tokens; the model's context is {context}")
     generation = generation_params(engine, model, params, n_input=len(input_ids), used=0,
                                    room=context - len(input_ids), stop_mode="exclude")
-    with engine.answer(model, input_ids, generation, client=client_address(), prompt_param="inputs") as answer:
+    with engine.answer(model, input_ids, generation, client=client_address(), prompt_param="inputs",
+                       api="petals") as answer:
         finished = last_finished(answer)
     return jsonify(ok=True, outputs=finished.text, token_count=finished.completion_tokens,
                    route=[hop.to_dict() for hop in finished.route])
@@ -205,7 +206,8 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
     text, count = "", 0
     # its user waits for this answer: the turn waits for a slot in turn, for as long as the session may
     # last (turns waiting at once are bounded by the open sessions, and so is the wait)
-    events = chat_request.turn(session, input_ids or None, generation, slot_timeout=clock.remaining())
+    events = chat_request.turn(session, input_ids or None, generation, slot_timeout=clock.remaining(),
+                               request_sink=engine.request_sink)
     for event in events:
         if clock.expired():  # leaving the generator stops the answer after the current token
             events.close()

@@ -39,6 +39,7 @@ class Service:
         self.poller = None
         self.engine = None
         self.weights = None
+        self.requests = None
         self.app = None
         self._server = None
         self._thread: Optional[threading.Thread] = None
@@ -69,10 +70,11 @@ class Service:
 
     def _make_chat_engine(self):
         from chat.engine import Capacity, ChatEngine
-        from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
+        from chat.feedback import StoreRequests, StoreWeights, store_coverage_check, store_outcome_sink
         from chat.policy import RoutingSettings
 
         self.weights = StoreWeights(self.store).start()
+        self.requests = StoreRequests(self.store).start()
         return ChatEngine(
             self.dht, [m for m in self.settings.models if m.path],
             score_source=self.weights,
@@ -82,6 +84,7 @@ class Service:
             capacity=Capacity.from_settings(self.settings),
             max_batch_rows=self.settings.max_batch_rows,
             max_logprobs=self.settings.max_logprobs,
+            request_sink=self.requests,
         )
 
     def _make_app(self):
@@ -135,6 +138,8 @@ class Service:
             self.engine.close()
         if self.weights is not None:
             self.weights.close()
+        if self.requests is not None:
+            self.requests.close()  # (what waits is written first)
         if self.dht_client is not None:
             self.dht_client.shutdown()
             self.dht_client = self.dht = None

@@ -39,11 +39,12 @@ from monitor.core.assessment import Assessment
 from monitor.core.compute_checks import ComputeCheck
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import ServerProbe
+from monitor.core.requests import RequestRecord
 from monitor.core.scores import PeerAggregates, PeerScore
 from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
-from monitor.store import compute_checks, generation_checks, job_requests
+from monitor.store import compute_checks, generation_checks, job_requests, requests
 from monitor.store import leases
 from monitor.store import mutes
 from monitor.store import notes, status_history
@@ -430,6 +431,22 @@ class Store:
         model page's plot of time to first token and tokens per second."""
         with self.db.read("reading generation check history") as conn:
             return generation_checks.history(conn, model, since, until, limit=limit)
+
+    # ---- request rows (store/requests.py) ---------------------------------------------------
+
+    def record_requests(self, records: Iterable[RequestRecord]) -> int:
+        """Requests the chat served (``core/requests.py``); returns how many were out of range."""
+        records = list(records)
+        if not records:
+            return 0
+        with self.db.write("recording requests") as conn:
+            return requests.record(conn, records)
+
+    def requests_since(self, since: float, *, model: Optional[str] = None,
+                       limit: int = requests.MAX_ROWS) -> list[RequestRecord]:
+        """Requests at or after ``since`` (of ``model``), the newest ``limit``, oldest first."""
+        with self.db.read("reading requests") as conn:
+            return requests.since(conn, since, model=model, limit=limit)
 
     # ---- silences and maintenance windows (store/mutes.py) ----------------------------------
 

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from monitor.core.common import DAY, HOUR
 from monitor.core.assessment import STATE_SEVERITY
 from monitor.core.snapshot import JOINING, ONLINE
-from monitor.store import aggregates, generation_checks, server_probes
+from monitor.store import aggregates, generation_checks, requests, server_probes
 from monitor.store.engine import Database, count_if
 from monitor.store.writes import ASSESSMENT_RETENTION, prune_assessments
 from monitor.store.hours import PRUNED, WATERMARK, floor_hour, mean, raw_pruned_until, rolled_up_until, set_meta
@@ -121,6 +121,7 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
     counts["server_probes"] = server_probes.prune(conn, cutoff)  # (raw only, no rollup)
     counts["generation_checks"] = generation_checks.prune(conn, cutoff)  # (raw only, no rollup)
+    counts["requests"] = requests.prune(conn, cutoff)  # (raw only, no rollup yet)
     counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (kept as long as raw rows)
     return counts
 

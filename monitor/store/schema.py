@@ -450,6 +450,26 @@ class GenerationCheckRow(SQLModel, table=True):
     route: Any = _json_field()  # [{peer_id, start, end, error}, ...]: the spans taken, then those that failed
 
 
+class RequestRow(SQLModel, table=True):
+    """One request the chat served (``core/requests.py``'s ``RequestRecord``): no prompt or answer
+    text; kept ``raw_retention_days`` like the other raw rows."""
+
+    __tablename__ = "requests"
+    __table_args__ = (sa.Index(None, "at"), sa.Index(None, "model", "at"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    at: float
+    model: str = Field(max_length=256)
+    api: str = Field(max_length=16)  # page | petals | openai
+    outcome: str = Field(max_length=16)  # ok | error | cancelled
+    error_kind: Optional[str] = Field(default=None, max_length=32)
+    waited: Optional[float] = None
+    time_to_first_token: Optional[float] = None
+    tokens: int = 0
+    tokens_per_second: Optional[float] = None
+    failovers: int = 0
+    route: Any = _json_field()  # [[peer_id, start, end], ...]
+
+
 # the operators' tables (their own module, re-exported: every table is a class of this schema)
 from monitor.store.schema_operations import (  # noqa: E402,F401
     JobRequestRow,

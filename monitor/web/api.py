@@ -20,7 +20,7 @@ from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, peer_routing, routing_view
 from monitor.core.snapshot import ReachabilityResult
-from monitor.web import deps, history, peer_view, queries, security, state_api, timerange
+from monitor.web import deps, history, peer_view, queries, request_stats, security, state_api, timerange
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,19 @@ def state():
     if cur.snapshot is None:
         return _no_poll_yet(cur)
     return jsonify({**queries.state_dict(cur, d.settings), "poller": queries.pollers(d, cur, time.time())})
+
+
+@bp.get("/models/<prefix>/stats")
+def model_request_stats(prefix: str):
+    """Statistics from the requests the chat served for one model (``web.request_stats``): success
+    over 5 min / 30 min / 1 day; time to first token, tokens/s and slot wait at p50 / p90 / p99 over
+    30 min and 1 day; the same per server its requests went through."""
+    d, cur = _current()
+    if cur.snapshot is not None and cur.model(prefix) is None and prefix not in {m.dht_prefix for m in d.settings.models}:
+        return jsonify(error=f"no model with DHT prefix {prefix[:100]!r}", status=404), 404
+    now = time.time()
+    return jsonify(d.cache.now(cur.marks, now, ("request-stats", prefix),
+                               lambda: request_stats.model_stats(d.store, prefix, now)))
 
 
 ROUTING_MAX_AGE = 5  # seconds a client or cache may keep a routing view (clients refresh every 10 s)

@@ -17,7 +17,7 @@ from monitor.core import scores as scores_module
 from monitor.core.common import DAY, MINUTE, WEEK
 from monitor.core.assessment import CAUSES
 from monitor.store import PEER_POLICIES
-from monitor.web import auth, charts, deps, peer_view, probe_views, queries, security, state_api, timerange
+from monitor.web import auth, charts, deps, peer_view, probe_views, queries, request_stats, security, state_api, timerange
 from monitor.web.render import htmx_target, render
 
 bp = Blueprint("pages", __name__)
@@ -106,6 +106,7 @@ def model(dht_prefix: str):
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
             measured=probe_views.model_servers(health),
             generation_figure=_generation_chart(d.store, dht_prefix, now - DAY, now),
+            requests=request_stats.model_stats(d.store, dht_prefix, now, servers=False),
         )))
     if target in (None, "model-heatmaps"):
         context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // MINUTE)), lambda: [

@@ -1,0 +1,60 @@
+"""Request rows in SQL: one per request the chat served (``core/requests.py``), no text.
+
+Written by the chat (its own process, or the service's thread) in batches; read by the pages, the
+stats API and /metrics (the newest ``MAX_ROWS`` in a window). Raw rows only, kept as long as the
+other raw rows (the retention prunes them with the polls). Every function takes a connection
+inside a transaction the caller opened; one bad row costs only itself (``clean``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from monitor.core.common import finite
+from monitor.core.requests import APIS, MAX_HOPS, MAX_ROWS, OUTCOMES, RequestRecord
+from monitor.store.schema import RequestRow
+
+
+def clean(record: RequestRecord) -> Optional[dict]:
+    """The row to store, or None for a record out of its ranges."""
+    if record.api not in APIS or record.outcome not in OUTCOMES or finite(record.at) is None or not record.model:
+        return None
+    route = [[str(peer)[:128], int(start), int(end)] for peer, start, end in record.route[:MAX_HOPS]
+             if 0 <= int(start) < int(end) < 1 << 20]
+    numbers = {name: finite(getattr(record, name)) for name in ("waited", "time_to_first_token", "tokens_per_second")}
+    if any(value is not None and value < 0 for value in numbers.values()):
+        return None
+    return {"at": float(record.at), "model": str(record.model)[:256], "api": record.api, "outcome": record.outcome,
+            "error_kind": None if record.error_kind is None else str(record.error_kind)[:32],
+            "tokens": max(0, min(int(record.tokens), 1 << 30)), "failovers": max(0, min(int(record.failovers), 1 << 20)),
+            "route": route, **numbers}
+
+
+def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
+    """Stores the records in range; returns how many were left out."""
+    rows = [row for row in map(clean, records) if row is not None]
+    if rows:
+        conn.execute(sa.insert(RequestRow.__table__), rows)
+    return len(records) - len(rows)
+
+
+def since(conn: Connection, since_at: float, *, model: Optional[str] = None, limit: int = MAX_ROWS) -> list[RequestRecord]:
+    """Requests at or after ``since_at`` (of ``model``, if given), the newest ``limit``, oldest first."""
+    t = RequestRow.__table__
+    query = sa.select(t).where(t.c.at >= since_at)
+    if model is not None:
+        query = query.where(t.c.model == model)
+    rows = conn.execute(query.order_by(t.c.at.desc(), t.c.id.desc()).limit(limit)).mappings().all()
+    return [RequestRecord(
+        at=r["at"], model=r["model"], api=r["api"], outcome=r["outcome"], error_kind=r["error_kind"],
+        route=tuple((str(p), int(s), int(e)) for p, s, e in (r["route"] or ())), waited=r["waited"],
+        time_to_first_token=r["time_to_first_token"], tokens=r["tokens"], tokens_per_second=r["tokens_per_second"],
+        failovers=r["failovers"]) for r in reversed(rows)]
+
+
+def prune(conn: Connection, before: float) -> int:
+    t = RequestRow.__table__
+    return conn.execute(sa.delete(t).where(t.c.at < before)).rowcount or 0

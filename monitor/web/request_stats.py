@@ -1,0 +1,21 @@
+"""Statistics from real requests, as the pages and the API show them (``core/requests.py``): read
+from the stored request rows, never from a verdict of their own."""
+
+from __future__ import annotations
+
+from monitor.core.common import DAY
+from monitor.core.requests import LATENCY_WINDOWS, MAX_ROWS, PERCENTILES, SUCCESS_WINDOWS, stats, stats_by_server
+
+MAX_SERVERS = 500  # servers listed in a model's stats (those with the most requests)
+
+
+def model_stats(store, model: str, now: float, *, servers: bool = True) -> dict:
+    """The model's figures over the windows, and each server's (``servers``)."""
+    records = store.requests_since(now - DAY, model=model, limit=MAX_ROWS)
+    found = {"model": model, "at": now, "rows": len(records), "truncated": len(records) >= MAX_ROWS,
+             "windows": {"success": [name for name, _ in SUCCESS_WINDOWS],
+                         "latency": [name for name, _ in LATENCY_WINDOWS]},
+             "percentiles": [f"p{q}" for q in PERCENTILES], **stats(records, now=now)}
+    if servers:
+        found["servers"] = stats_by_server(records, now=now, limit=MAX_SERVERS)
+    return found

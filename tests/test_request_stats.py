@@ -1,0 +1,156 @@
+"""Spec: statistics from real requests (``core/requests.py``, ``store/requests.py``, the chat's
+``RequestLog`` and ``StoreRequests``, ``GET /api/v1/models/<prefix>/stats``, the model page).
+
+Every request the chat serves leaves one row without text: answered, failed, refused (but for the
+client's own mistakes) or left by its client. The figures are the exact percentiles of the stored
+rows, by nearest rank, over fixed windows. On the session swarm: real answers through the chat's
+engine and the OpenAI and chat.petals.dev APIs leave their rows, read back through the API.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from chat.engine import ChatEngine, GenerationParams
+from chat.feedback import StoreRequests
+from chat.http import create_blueprint
+from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord, percentile, stats, stats_by_server
+from monitor.harness.tiny_model import TINY_DHT_PREFIX
+from monitor.settings import ModelConfig, Settings
+from monitor.web import create_app
+from support import PEERS, TINY, poll_rows, sqlite_store, wait_until, web_settings
+
+A, B = PEERS["first"], PEERS["second"]
+
+
+def test_percentiles_are_exact_by_nearest_rank():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert [percentile(values, q) for q in (50, 90, 99, 100)] == [3.0, 5.0, 5.0, 5.0]
+    assert percentile(list(range(1, 101)), 90) == 90 and percentile(list(range(1, 101)), 99) == 99
+    assert percentile([], 50) is None and percentile([float("nan"), 2.0], 50) == 2.0
+
+
+def rows_at(now: float) -> list[RequestRecord]:
+    through_a = ((A, 0, 4), (B, 4, 8))
+    return [
+        RequestRecord(at=now - 60, model="m", api="openai", outcome=OK, route=through_a, time_to_first_token=0.2,
+                      tokens=10, tokens_per_second=20.0, waited=0.0),
+        RequestRecord(at=now - 120, model="m", api="page", outcome=OK, route=((B, 0, 8),), time_to_first_token=0.4,
+                      tokens=10, tokens_per_second=10.0, waited=1.0),
+        RequestRecord(at=now - 600, model="m", api="petals", outcome=ERROR, error_kind="failed", route=through_a),
+        RequestRecord(at=now - 30, model="m", api="openai", outcome=CANCELLED, route=through_a, tokens=3),
+        RequestRecord(at=now - 7200, model="m", api="openai", outcome=OK, route=through_a, time_to_first_token=3.0,
+                      tokens=5, tokens_per_second=1.0),
+    ]
+
+
+def test_success_over_5_min_30_min_and_a_day_and_latency_over_30_min_and_a_day():
+    now = 1_000_000.0
+    found = stats(rows_at(now), now=now)
+    assert found["success"]["5m"] == {"requests": 2, "ok": 2, "rate": 1.0}  # the cancelled one is not judged
+    assert found["success"]["30m"] == {"requests": 3, "ok": 2, "rate": pytest.approx(2 / 3)}
+    assert found["success"]["1d"]["requests"] == 4
+    assert found["latency"]["30m"]["tokens_per_second"] == {"p50": 10.0, "p90": 20.0, "p99": 20.0}
+    assert found["latency"]["1d"]["time_to_first_token"]["p50"] == 0.4 and found["latency"]["1d"]["requests"] == 3
+    by_server = stats_by_server(rows_at(now), now=now)
+    assert set(by_server) == {A, B}
+    assert by_server[A]["success"]["30m"] == {"requests": 2, "ok": 1, "rate": 0.5}
+    assert by_server[B]["latency"]["30m"]["requests"] == 2
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = sqlite_store(tmp_path)
+    yield store
+    store.close()
+
+
+def test_rows_keep_no_text_and_one_bad_row_costs_only_itself(store):
+    now = time.time()
+    bad = [RequestRecord(at=now, model="m", api="smtp", outcome=OK),
+           RequestRecord(at=now, model="m", api="openai", outcome="maybe"),
+           RequestRecord(at=float("nan"), model="m", api="openai", outcome=OK),
+           RequestRecord(at=now, model="m", api="openai", outcome=OK, time_to_first_token=-1.0)]
+    assert store.record_requests(rows_at(now) + bad) == len(bad)
+    back = store.requests_since(now - 86400, model="m")
+    assert len(back) == 5 and back == sorted(back, key=lambda r: r.at)  # within a day, oldest first
+    assert {r.api for r in back} == {"openai", "page", "petals"}
+    assert back[-1].route == ((A, 0, 4), (B, 4, 8))
+    from monitor.store.schema import RequestRow
+
+    assert not set(RequestRow.__table__.c.keys()) & {"prompt", "text", "answer", "messages", "inputs"}
+
+
+def test_the_api_and_the_model_page_show_the_exact_percentiles_of_the_stored_rows(store):
+    settings = web_settings()
+    from monitor.app import assessing
+    from monitor.core.snapshot import Snapshot
+
+    now = time.time()
+    snapshot = Snapshot(taken_at=now, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+    store.record_poll(snapshot, assessing.assess_poll(store, settings, snapshot, {}, now=now))
+    records = [RequestRecord(at=now - i * 10, model=TINY.dht_prefix, api="openai", outcome=OK, route=((A, 0, 8),),
+                             time_to_first_token=0.01 * (i + 1), tokens=8, tokens_per_second=float(100 - i))
+               for i in range(37)]
+    store.record_requests(records)
+    client = create_app(settings, store).test_client()
+    body = client.get(f"/api/v1/models/{TINY.dht_prefix}/stats").get_json()
+    ttfts = sorted(r.time_to_first_token for r in records)
+    for q in (50, 90, 99):
+        exact = ttfts[math.ceil(q / 100 * len(ttfts)) - 1]
+        assert body["latency"]["30m"]["time_to_first_token"][f"p{q}"] == pytest.approx(exact)
+    assert body["success"]["5m"]["requests"] == 30 and body["success"]["1d"]["rate"] == 1.0
+    assert body["servers"][A]["latency"]["1d"]["requests"] == 37
+    assert client.get("/api/v1/models/no-such-model/stats").status_code == 404
+    page = client.get(f"/models/{TINY.dht_prefix}").get_data(as_text=True)
+    assert "Real requests" in page and "37 requests in the last 24 h" in page
+
+
+# ---- on the session swarm: the chat's own requests --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat(swarm, tiny_model, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("request-rows")
+    store = sqlite_store(data_dir)
+    rows = StoreRequests(store, period=0.2).start()
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                        max_sessions=1, queue_size=1, queue_timeout=5, retry_after=1, request_sink=rows)
+    app = create_app(Settings(data_dir=data_dir, chat_rate_limit="1000 per minute"), store,
+                     chat_blueprints=[create_blueprint(engine)])
+    yield engine, store, rows, app
+    engine.close()
+    rows.close()
+    store.close()
+
+
+def test_every_request_the_chat_serves_leaves_one_row(chat, swarm):
+    engine, store, rows, app = chat
+    started = time.time()
+    params = GenerationParams(max_new_tokens=6)
+    with engine.answer(TINY_DHT_PREFIX, [1, 2, 3], params) as answer:
+        finished = list(answer)[-1]
+    client = app.test_client()
+    done = client.post("/v1/completions", json={"model": TINY_DHT_PREFIX, "prompt": "Hello", "max_tokens": 4})
+    assert done.status_code == 200, done.get_data(as_text=True)
+    assert client.post("/api/v1/generate", data={"model": TINY_DHT_PREFIX, "inputs": "Hi",
+                                                 "max_new_tokens": 3}).status_code == 200
+    bad = client.post("/v1/completions", json={"model": TINY_DHT_PREFIX, "prompt": "x", "max_tokens": -5})
+    assert bad.status_code == 400  # the client's own mistake: no row
+    with engine.answer(TINY_DHT_PREFIX, [1, 2, 3], GenerationParams(max_new_tokens=30)) as left:
+        next(iter(left))  # the client leaves after its first event
+    rows.flush()
+    found = wait_until(lambda: [r for r in store.requests_since(started - 1, model=TINY_DHT_PREFIX)], 10)
+    assert [(r.api, r.outcome) for r in found] == [("openai", OK), ("openai", OK), ("petals", OK),
+                                                    ("openai", CANCELLED)], found
+    first = found[0]
+    assert first.tokens == finished.completion_tokens and first.time_to_first_token == finished.time_to_first_token
+    assert first.route == tuple((hop.peer_id, hop.start, hop.end) for hop in finished.route)
+    assert first.waited is not None and 0 <= first.waited < 1 and first.failovers == 0
+    assert {peer for r in found[:3] for peer, _, _ in r.route} <= {swarm.peer_id(n) for n in swarm.servers}
+    text = json.dumps([r.__dict__ for r in found])
+    assert "Hello" not in text and "Hi" not in text  # no prompt, no answer
