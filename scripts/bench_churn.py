@@ -232,29 +232,59 @@ def faults(args, swarm, names, ids, watch, hook, progress=None) -> list[dict]:
 
 
 def honest(args, swarm, names, ids, watch, hook) -> list[dict]:
-    """Clean restarts (a server stops, announcing OFFLINE, and is back within a minute) of a random
-    server every 1–3 minutes for ``--honest`` minutes; every server named anything but serving (or
-    OFFLINE/JOINING while restarting) and every notice is a false alarm."""
+    """Honest churn for ``--honest`` minutes, an event every 1–3 minutes, in turn: a clean restart
+    of a random server (it stops, announcing OFFLINE, and is back within a minute), or a new server
+    joining (a span of its own) — which leaves cleanly at the next join. Every server named
+    anything but serving (a restarting, joining or leaving one: OFFLINE or JOINING too) and every
+    notice is a false alarm."""
+    from monitor.harness.local_swarm import ServerSpec
+    from monitor.harness.tiny_model import TINY_NUM_BLOCKS
+
     deadline = time.time() + args.honest * 60
     events, false_named = [], set()
     notices_before = len(hook.received)
+    watched = dict(ids)
+    changing: set[str] = set()
+    joined: list[str] = []
+    turn = 0
     while time.time() < deadline:
-        victim = random.choice(names)
+        turn += 1
         at = time.time()
-        swarm.stop(victim)
-        time.sleep(random.uniform(5, 30))
-        swarm.restart(victim)
-        events.append({"victim": victim, "down": time.time() - at})
-        print(f"clean restart of {victim}: down {time.time() - at:.0f} s", flush=True)
+        if turn % 2:  # a clean restart
+            victim = random.choice(names)
+            changing = {victim}
+            swarm.stop(victim)
+            time.sleep(random.uniform(5, 30))
+            swarm.restart(victim)
+            events.append({"kind": "restart", "server": victim, "down": time.time() - at})
+            print(f"clean restart of {victim}: down {time.time() - at:.0f} s", flush=True)
+        else:  # the last joiner leaves, a new one joins
+            changing = set(joined)
+            for name in joined:
+                swarm.stop(name)
+                events.append({"kind": "leave", "server": name})
+                print(f"{name} left", flush=True)
+            start = random.randrange(0, TINY_NUM_BLOCKS - 1)
+            name = f"joiner-{turn}"
+            watched[name] = swarm.add_server(ServerSpec(name, start, random.randrange(start + 1, TINY_NUM_BLOCKS + 1),
+                                                        throughput=100.0))
+            joined = [name]
+            changing.add(name)
+            events.append({"kind": "join", "server": name})
+            print(f"{name} joined ({swarm.specs[name].block_indices}) after {time.time() - at:.0f} s", flush=True)
         until = time.time() + random.uniform(60, 180)
         while time.time() < min(until, deadline):
-            for name in names:
-                cause = watch.causes.get(ids[name], "serving")
-                if cause not in ("serving", "OFFLINE", "JOINING") or (name != victim and cause != "serving"):
+            for name, peer in watched.items():
+                cause = watch.causes.get(peer, "serving")
+                allowed = ("serving", "OFFLINE", "JOINING") if name in changing or name not in names + joined \
+                    else ("serving",)
+                if cause not in allowed:
                     false_named.add((name, cause))
             time.sleep(1)
     notices = [r.body.get("event") for r in hook.received[notices_before:] if r.body]
-    return [{"restarts": len(events), "false_named": sorted(false_named), "notices": notices}]
+    return [{"restarts": sum(e["kind"] == "restart" for e in events), "joins": sum(e["kind"] == "join" for e in events),
+             "leaves": sum(e["kind"] == "leave" for e in events), "false_named": sorted(false_named),
+             "notices": notices}]
 
 
 def cost(store, ids: dict, since: float, until: float) -> dict:
@@ -279,7 +309,8 @@ def report(out: dict) -> str:
     if out["honest"]:
         (r,) = out["results"]
         return (f"Honest churn, {out['honest']:.0f} min at the defaults: {r['restarts']} clean restarts (a server "
-                f"stops, announcing OFFLINE, and is back within a minute). False alarms: "
+                f"stops, announcing OFFLINE, and is back within a minute), {r['joins']} servers joining and "
+                f"{r['leaves']} leaving cleanly. False alarms: "
                 f"{len(r['false_named'])} servers named ({r['false_named'] or 'none'}), "
                 f"{len([n for n in r['notices'] if n == 'firing'])} notices ({r['notices'] or 'none'}).\n\n{cost_line}")
     rows = []
