@@ -108,6 +108,11 @@ def test_the_api_and_the_model_page_show_the_exact_percentiles_of_the_stored_row
     assert client.get("/api/v1/models/no-such-model/stats").status_code == 404
     page = client.get(f"/models/{TINY.dht_prefix}").get_data(as_text=True)
     assert "Real requests" in page and "37 requests in the last 24 h" in page
+    metrics = client.get("/metrics").get_data(as_text=True)
+    p90 = ttfts[math.ceil(0.9 * len(ttfts)) - 1]
+    line = f'swarm_monitor_request_first_token_seconds{{model="{TINY.dht_prefix}",quantile="0.9",window="30m"}}'
+    assert any(l.startswith(line) and float(l.split()[-1]) == pytest.approx(p90) for l in metrics.splitlines()), line
+    assert f'swarm_monitor_requests_success_ratio{{model="{TINY.dht_prefix}",window="1d"}} 1.0' in metrics
 
 
 # ---- on the session swarm: the chat's own requests --------------------------------------------

@@ -31,7 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from monitor.core.common import finite
 from monitor.core.snapshot import ModelInfo, ServerRow
-from monitor.web import probe_views, queries, state_api
+from monitor.web import probe_views, queries, request_stats, state_api
 
 bp = Blueprint("metrics", __name__)
 
@@ -357,6 +357,34 @@ def poller_families(pollers: dict) -> Iterable:
     yield problems
 
 
+def request_families(d, cur: queries.Current) -> Iterable:
+    """Statistics from real requests (``web.request_stats``: the stored request rows), per watched
+    model: gauges over fixed windows (label values: the models, the windows, the quantiles), read
+    once per store change and ``LIVE_SECONDS`` like the API's."""
+    ratio = GaugeMetricFamily("swarm_monitor_requests_success_ratio", "Share of the chat's requests answered "
+                              "(those their clients left not counted), over the window", labels=["model", "window"])
+    count = GaugeMetricFamily("swarm_monitor_requests", "Requests the chat served and judged, over the window",
+                              labels=["model", "window"])
+    first = GaugeMetricFamily("swarm_monitor_request_first_token_seconds", "Time to the first token of the chat's "
+                              "answered requests: exact quantiles over the window", labels=["model", "window", "quantile"])
+    speed = GaugeMetricFamily("swarm_monitor_request_tokens_per_second", "Decode tokens per second of the chat's "
+                              "answered requests: exact quantiles over the window", labels=["model", "window", "quantile"])
+    now = time.time()
+    for model in cur.models:
+        found = d.cache.now(cur.marks, now, ("request-stats-metrics", model.dht_prefix),
+                            lambda: request_stats.model_stats(d.store, model.dht_prefix, now, servers=False))
+        for window, figures in found["success"].items():
+            count.add_metric([label(model.dht_prefix), window], figures["requests"])
+            if figures["rate"] is not None:
+                ratio.add_metric([label(model.dht_prefix), window], figures["rate"])
+        for window, figures in found["latency"].items():
+            for family, key in ((first, "time_to_first_token"), (speed, "tokens_per_second")):
+                for name, value in figures[key].items():
+                    if value is not None:
+                        family.add_metric([label(model.dht_prefix), window, str(int(name[1:]) / 100)], value)
+    yield from (ratio, count, first, speed)
+
+
 class StoreCollector:
     """Reads the store on every scrape (the latest state through the app's cache: once per change)."""
 
@@ -380,6 +408,7 @@ class StoreCollector:
         yield from server_families(cur)
         yield from model_families(cur)
         yield from peer_families(cur, self.settings.resolved_initial_peers)
+        yield from request_families(self.d, cur)
 
 
 def registry_for(d) -> CollectorRegistry:
