@@ -33,7 +33,7 @@ from monitor.harness.server_process import FAIL_MESSAGE
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.settings import ModelConfig, SettingsError, load_settings
 from monitor.store import Store
-from support import STEADY_UPDATE_PERIOD, sqlite_store, tiny_settings
+from support import STEADY_UPDATE_PERIOD, sqlite_store, tiny_settings, wait_until
 
 HALF = TINY_NUM_BLOCKS // 2
 SPECS = (ServerSpec("first", 0, HALF, throughput=50.0), ServerSpec("second", HALF, TINY_NUM_BLOCKS, throughput=50.0),
@@ -209,6 +209,34 @@ def test_with_every_server_of_some_blocks_failing_the_check_records_the_servers_
 
     (recovered,) = checker_for(checked).run_once()  # unfailed: the next check goes through again
     assert recovered.ok, recovered.error
+
+
+def test_after_a_failed_check_the_job_checks_again_soon_not_a_period_later(checked, monkeypatch):
+    """The job's own thread, period an hour: a failed round is followed by the next after
+    RETRY_AFTER (a model a failed check called broken is seen working again within a minute),
+    then, once it succeeds, by nothing for the period."""
+    from monitor.app import generation_check
+
+    monkeypatch.setattr(generation_check, "RETRY_AFTER", 2.0)
+    swarm, _, store, _ = checked
+    started = time.time()
+    for name in ("first", "full"):
+        swarm.fail(name)
+    checker = checker_for(checked).start()
+    try:
+        assert wait_until(lambda: checker.rounds >= 1, 120), "no first round"
+        for name in ("first", "full"):
+            swarm.unfail(name)
+        assert wait_until(lambda: checker.rounds >= 2, 60), "no second round soon after the failed one"
+        checks = store.generation_check_history(TINY_DHT_PREFIX, started)
+        assert [c.ok for c in checks][:1] == [False] and checks[-1].ok, checks
+        rounds = checker.rounds
+        time.sleep(5)
+        assert checker.rounds == rounds  # succeeded: the next is a period (an hour) away
+    finally:
+        checker.close()
+        for name in ("first", "full"):
+            swarm.unfail(name)
 
 
 def test_the_pollers_job_checks_every_model_with_a_path_on_its_own_engine(checked, tmp_path):

@@ -24,6 +24,9 @@ The engine: the one the process's chat serves with, when it has one (``swarm-mon
 ``demo``: ``Poller.chat_engine``); else (``swarm-monitor poll`` alone) one made for the checks, with
 the chat's routing settings and peer weights and neither outcome sink nor coverage check.
 After each round the newest poll is diagnosed again (``after_round``), as after a probe round.
+A round with a failed check is followed by the next after ``RETRY_AFTER`` seconds (not a period),
+until every check succeeds: a model a failed check calls broken is seen working again within a
+minute of its servers (the failure itself asks for compute checks of the servers that failed it).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from monitor.core.snapshot import ChatOutcome
 from monitor.app.rounds import start_rounds
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER = 30.0  # seconds: after a round with a failed check, the next one (at most the period)
 
 
 def _spans(outcomes: list[ChatOutcome]) -> list[RouteSpan]:
@@ -131,13 +136,19 @@ class GenerationChecker:
         where each round counts as job "generation" (failures with their error)."""
         period = self.settings.generation_check_period
         began = [time.monotonic()]
+        failed = [False]
 
         def round_() -> None:
             began[0] = time.monotonic()
-            self.run_once()
+            failed[0] = True  # (until the round says otherwise: a round that raised is retried soon too)
+            failed[0] = not all(check.ok for check in self.run_once())
 
-        self._thread = start_rounds("generation", round_, lambda: max(1.0, period - (time.monotonic() - began[0])),
-                                    self._stop, stats=stats, first_pause=None if run_now else period)
+        def pause() -> float:
+            wait = min(period, RETRY_AFTER) if failed[0] else period
+            return max(1.0, wait - (time.monotonic() - began[0]))
+
+        self._thread = start_rounds("generation", round_, pause, self._stop, stats=stats,
+                                    first_pause=None if run_now else period)
         return self
 
     def close(self, timeout: float = 30.0) -> None:
