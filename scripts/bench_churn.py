@@ -223,8 +223,10 @@ def faults(args, swarm, names, ids, watch, hook, progress=None) -> list[dict]:
               + (f", also named: {false_named}" if false_named else ""), flush=True)
         resolved = bc.wait(lambda: any(r.body and r.body.get("event") == "resolved" and r.at >= healed_at
                                        for r in hook.received), 300, step=0.5)
-        if not resolved:
-            print("  (no resolved notice within 300 s)", flush=True)
+        results[-1]["resolved"] = (min(r.at for r in hook.received if r.body and r.body.get("event") == "resolved"
+                                       and r.at >= healed_at) - healed_at) if resolved else None
+        print(f"  resolved notice {bc.fmt(results[-1]['resolved'])} after the heal" if resolved
+              else "  (no resolved notice within 300 s)", flush=True)
         if progress is not None:
             progress(results)
         time.sleep(SETTLE)
@@ -300,6 +302,16 @@ def cost(store, ids: dict, since: float, until: float) -> dict:
     return found
 
 
+def resolved_cell(values: list) -> str:
+    """The resolved notices' times (after the flap hold, ``RESOLVE_HOLD``); no bound of their own."""
+    known = [v for v in values if v is not None]
+    missing = len(values) - len(known)
+    if not known:
+        return "—" if not missing else f"none in 300 s ({missing})"
+    text = f"{bc.fmt(statistics.median(known))} / {bc.fmt(max(known))}"
+    return text + (f", {missing} none in 300 s" if missing else "")
+
+
 def report(out: dict) -> str:
     share = out["share"]
     cost_line = (f"Cost over the run: compute checks {max(s[0] for s in share.values()) * 100:.3f} % of a server's "
@@ -337,9 +349,11 @@ def report(out: dict) -> str:
                      f"{bc.fmt(statistics.median(notified)) if notified else '—'} / **{worst(notified, missed_notified)}**",
                      f"{bc.fmt(statistics.median(healthy)) if healthy else '—'} / **{worst(healthy, missed_healthy)}**",
                      f"≤ {bound_named} s / ≤ {bound_notified} s / ≤ {HEALTHY_BOUND} s",
+                     resolved_cell([r.get("resolved") for r in runs]),
                      sum(len(r["false_named"]) for r in runs), bc.verdict(ok)])
     table = bc.table(["fault", "runs", "named as", "named (median / worst)", "notified (median / worst)",
-                      "healthy again (median / worst)", "bounds", "false alarms", ""], rows)
+                      "healthy again (median / worst)", "bounds", "resolved notice after the heal (median / worst)",
+                      "false alarms", ""], rows)
     return (f"{table}\n\nDefault settings (`swarm-monitor serve` with only the swarm, the model and a webhook "
             f"configured); 4 tiny-Llama servers, every block served twice, announcing every 60 s. Which check "
             f"names each kind: kill and freeze — the compute checks (no answer, twice); fail — the compute checks "
