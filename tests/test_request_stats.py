@@ -113,6 +113,12 @@ def test_the_api_and_the_model_page_show_the_exact_percentiles_of_the_stored_row
     line = f'swarm_monitor_request_first_token_seconds{{model="{TINY.dht_prefix}",quantile="0.9",window="30m"}}'
     assert any(l.startswith(line) and float(l.split()[-1]) == pytest.approx(p90) for l in metrics.splitlines()), line
     assert f'swarm_monitor_requests_success_ratio{{model="{TINY.dht_prefix}",window="1d"}} 1.0' in metrics
+    # the server its requests went through: its own figures, by its hop rows, on its page and in the API
+    through = client.get(f"/api/v1/peers/{A}/stats").get_json()
+    assert through["rows"] == 37 and through["latency"]["30m"] == body["latency"]["30m"]
+    assert client.get(f"/api/v1/peers/{B}/stats").get_json()["rows"] == 0
+    peer_page = client.get(f"/peers/{A}").get_data(as_text=True)
+    assert "Real requests through this server" in peer_page and "37 requests in the last 24 h" in peer_page
 
 
 # ---- on the session swarm: the chat's own requests --------------------------------------------

@@ -448,6 +448,11 @@ class Store:
         with self.db.read("reading requests") as conn:
             return requests.since(conn, since, model=model, limit=limit)
 
+    def requests_through(self, peer_id: str, since: float, *, limit: int = requests.MAX_ROWS) -> list[RequestRecord]:
+        """Requests at or after ``since`` whose route went through ``peer_id``, oldest first."""
+        with self.db.read("reading a server's requests") as conn:
+            return requests.through(conn, peer_id, since, limit=limit)
+
     # ---- silences and maintenance windows (store/mutes.py) ----------------------------------
 
     def create_silence(self, silence, *, via: str) -> int:

@@ -15,7 +15,8 @@ from sqlalchemy.engine import Connection
 
 from monitor.core.common import finite
 from monitor.core.requests import APIS, MAX_HOPS, MAX_ROWS, OUTCOMES, RequestRecord
-from monitor.store.schema import RequestRow
+from monitor.store.schema import Peer, RequestHopRow, RequestRow
+from monitor.store.writes import peer_keys
 
 
 def clean(record: RequestRecord) -> Optional[dict]:
@@ -34,10 +35,18 @@ def clean(record: RequestRecord) -> Optional[dict]:
 
 
 def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
-    """Stores the records in range; returns how many were left out."""
+    """Stores the records in range, each with a hop row per server of its route; returns how many
+    were left out."""
     rows = [row for row in map(clean, records) if row is not None]
-    if rows:
-        conn.execute(sa.insert(RequestRow.__table__), rows)
+    if not rows:
+        return len(records)
+    t = RequestRow.__table__
+    ids = conn.execute(sa.insert(t).returning(t.c.id, sort_by_parameter_order=True), rows).scalars().all()
+    keys = peer_keys(conn, [peer for row in rows for peer, _, _ in row["route"]])
+    hops = [{"request": request, "at": row["at"], "peer": keys[peer], "start": start, "end": end}
+            for request, row in zip(ids, rows) for peer, start, end in row["route"]]
+    if hops:
+        conn.execute(sa.insert(RequestHopRow.__table__), hops)
     return len(records) - len(rows)
 
 
@@ -48,13 +57,29 @@ def since(conn: Connection, since_at: float, *, model: Optional[str] = None, lim
     if model is not None:
         query = query.where(t.c.model == model)
     rows = conn.execute(query.order_by(t.c.at.desc(), t.c.id.desc()).limit(limit)).mappings().all()
-    return [RequestRecord(
+    return [_record(r) for r in reversed(rows)]
+
+
+def _record(r) -> RequestRecord:
+    return RequestRecord(
         at=r["at"], model=r["model"], api=r["api"], outcome=r["outcome"], error_kind=r["error_kind"],
         route=tuple((str(p), int(s), int(e)) for p, s, e in (r["route"] or ())), waited=r["waited"],
         time_to_first_token=r["time_to_first_token"], tokens=r["tokens"], tokens_per_second=r["tokens_per_second"],
-        failovers=r["failovers"]) for r in reversed(rows)]
+        failovers=r["failovers"])
+
+
+def through(conn: Connection, peer_id: str, since_at: float, *, limit: int = MAX_ROWS) -> list[RequestRecord]:
+    """Requests at or after ``since_at`` whose route went through ``peer_id`` (by its hop rows'
+    index), the newest ``limit``, oldest first."""
+    t, hops, peers = RequestRow.__table__, RequestHopRow.__table__, Peer.__table__
+    wanted = (sa.select(hops.c.request).join(peers, peers.c.id == hops.c.peer)
+              .where(peers.c.peer_id == peer_id, hops.c.at >= since_at))
+    rows = conn.execute(sa.select(t).where(t.c.id.in_(wanted)).order_by(t.c.at.desc(), t.c.id.desc())
+                        .limit(limit)).mappings().all()
+    return [_record(r) for r in reversed(rows)]
 
 
 def prune(conn: Connection, before: float) -> int:
-    t = RequestRow.__table__
+    t, hops = RequestRow.__table__, RequestHopRow.__table__
+    conn.execute(sa.delete(hops).where(hops.c.at < before))
     return conn.execute(sa.delete(t).where(t.c.at < before)).rowcount or 0

@@ -470,6 +470,20 @@ class RequestRow(SQLModel, table=True):
     route: Any = _json_field()  # [[peer_id, start, end], ...]
 
 
+class RequestHopRow(SQLModel, table=True):
+    """One server of a request's route (``RequestRow.route``), so that a server's figures are read
+    by its own index; deleted with its request."""
+
+    __tablename__ = "request_hops"
+    __table_args__ = (sa.Index(None, "peer", "at"), sa.Index(None, "request"))
+    id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
+    request: int = Field(sa_column=sa.Column(BigId, sa.ForeignKey("requests.id", ondelete="CASCADE"), nullable=False))
+    at: float
+    peer: int = Field(foreign_key="peers.id")
+    start: int
+    end: int
+
+
 # the operators' tables (their own module, re-exported: every table is a class of this schema)
 from monitor.store.schema_operations import (  # noqa: E402,F401
     JobRequestRow,

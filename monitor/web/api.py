@@ -66,6 +66,16 @@ def model_request_stats(prefix: str):
                                lambda: request_stats.model_stats(d.store, prefix, now)))
 
 
+@bp.get("/peers/<peer_id>/stats")
+def peer_request_stats(peer_id: str):
+    """Statistics from the chat's requests whose route went through this server (every model)."""
+    security.require_peer_id(peer_id)
+    d, cur = _current()
+    now = time.time()
+    return jsonify(d.cache.now(cur.marks, now, ("request-stats-peer", peer_id),
+                               lambda: request_stats.peer_stats(d.store, peer_id, now)))
+
+
 ROUTING_MAX_AGE = 5  # seconds a client or cache may keep a routing view (clients refresh every 10 s)
 
 

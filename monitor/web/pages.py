@@ -161,7 +161,8 @@ def peer(peer_id: str):
         return my_server
     live = peer_view.rendered(d, cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
-                        measured=probe_views.peer_probes(d.store, peer_id, cur.healths))))
+                        measured=probe_views.peer_probes(d.store, peer_id, cur.healths),
+                        requests=request_stats.peer_stats(d.store, peer_id, now))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,
                                                               **context)
 

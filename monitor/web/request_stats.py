@@ -19,3 +19,12 @@ def model_stats(store, model: str, now: float, *, servers: bool = True) -> dict:
     if servers:
         found["servers"] = stats_by_server(records, now=now, limit=MAX_SERVERS)
     return found
+
+
+def peer_stats(store, peer_id: str, now: float) -> dict:
+    """The figures of the requests whose route went through ``peer_id`` (every model)."""
+    records = store.requests_through(peer_id, now - DAY, limit=MAX_ROWS)
+    return {"peer_id": peer_id, "at": now, "rows": len(records), "truncated": len(records) >= MAX_ROWS,
+            "windows": {"success": [name for name, _ in SUCCESS_WINDOWS],
+                        "latency": [name for name, _ in LATENCY_WINDOWS]},
+            "percentiles": [f"p{q}" for q in PERCENTILES], **stats(records, now=now)}
