@@ -442,11 +442,12 @@ class Store:
         with self.db.write("recording requests") as conn:
             return requests.record(conn, records)
 
-    def requests_since(self, since: float, *, model: Optional[str] = None,
-                       limit: int = requests.MAX_ROWS) -> list[RequestRecord]:
-        """Requests at or after ``since`` (of ``model``), the newest ``limit``, oldest first."""
+    def requests_since(self, since: float, *, model: Optional[str] = None, limit: int = requests.MAX_ROWS,
+                       route: bool = True) -> list[RequestRecord]:
+        """Requests at or after ``since`` (of ``model``), the newest ``limit``, oldest first
+        (``route`` False: without their routes)."""
         with self.db.read("reading requests") as conn:
-            return requests.since(conn, since, model=model, limit=limit)
+            return requests.since(conn, since, model=model, limit=limit, route=route)
 
     def requests_through(self, peer_id: str, since: float, *, limit: int = requests.MAX_ROWS) -> list[RequestRecord]:
         """Requests at or after ``since`` whose route went through ``peer_id``, oldest first."""

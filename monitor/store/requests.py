@@ -50,10 +50,12 @@ def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
     return len(records) - len(rows)
 
 
-def since(conn: Connection, since_at: float, *, model: Optional[str] = None, limit: int = MAX_ROWS) -> list[RequestRecord]:
-    """Requests at or after ``since_at`` (of ``model``, if given), the newest ``limit``, oldest first."""
+def since(conn: Connection, since_at: float, *, model: Optional[str] = None, limit: int = MAX_ROWS,
+          route: bool = True) -> list[RequestRecord]:
+    """Requests at or after ``since_at`` (of ``model``, if given), the newest ``limit``, oldest first
+    (``route`` False: without their routes, which a model's own figures do not need)."""
     t = RequestRow.__table__
-    query = sa.select(t).where(t.c.at >= since_at)
+    query = sa.select(*[c for c in t.c if route or c.name != "route"]).where(t.c.at >= since_at)
     if model is not None:
         query = query.where(t.c.model == model)
     rows = conn.execute(query.order_by(t.c.at.desc(), t.c.id.desc()).limit(limit)).mappings().all()
@@ -63,7 +65,7 @@ def since(conn: Connection, since_at: float, *, model: Optional[str] = None, lim
 def _record(r) -> RequestRecord:
     return RequestRecord(
         at=r["at"], model=r["model"], api=r["api"], outcome=r["outcome"], error_kind=r["error_kind"],
-        route=tuple((str(p), int(s), int(e)) for p, s, e in (r["route"] or ())), waited=r["waited"],
+        route=tuple((str(p), int(s), int(e)) for p, s, e in (r.get("route") or ())), waited=r["waited"],
         time_to_first_token=r["time_to_first_token"], tokens=r["tokens"], tokens_per_second=r["tokens_per_second"],
         failovers=r["failovers"])
 

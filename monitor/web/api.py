@@ -62,8 +62,8 @@ def model_request_stats(prefix: str):
     if cur.snapshot is not None and cur.model(prefix) is None and prefix not in {m.dht_prefix for m in d.settings.models}:
         return jsonify(error=f"no model with DHT prefix {prefix[:100]!r}", status=404), 404
     now = time.time()
-    return jsonify(d.cache.now(cur.marks, now, ("request-stats", prefix),
-                               lambda: request_stats.model_stats(d.store, prefix, now)))
+    return jsonify(request_stats.cached(d, cur, ("request-stats", prefix), now,
+                                        lambda: request_stats.model_stats(d.store, prefix, now)))
 
 
 @bp.get("/peers/<peer_id>/stats")
@@ -72,8 +72,8 @@ def peer_request_stats(peer_id: str):
     security.require_peer_id(peer_id)
     d, cur = _current()
     now = time.time()
-    return jsonify(d.cache.now(cur.marks, now, ("request-stats-peer", peer_id),
-                               lambda: request_stats.peer_stats(d.store, peer_id, now)))
+    return jsonify(request_stats.cached(d, cur, ("request-stats-peer", peer_id), now,
+                                        lambda: request_stats.peer_stats(d.store, peer_id, now)))
 
 
 ROUTING_MAX_AGE = 5  # seconds a client or cache may keep a routing view (clients refresh every 10 s)

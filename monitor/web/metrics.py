@@ -360,7 +360,7 @@ def poller_families(pollers: dict) -> Iterable:
 def request_families(d, cur: queries.Current) -> Iterable:
     """Statistics from real requests (``web.request_stats``: the stored request rows), per watched
     model: gauges over fixed windows (label values: the models, the windows, the quantiles), read
-    once per store change and ``LIVE_SECONDS`` like the API's."""
+    once per store change and minute, as the API's and the model page's."""
     ratio = GaugeMetricFamily("swarm_monitor_requests_success_ratio", "Share of the chat's requests answered "
                               "(those their clients left not counted), over the window", labels=["model", "window"])
     count = GaugeMetricFamily("swarm_monitor_requests", "Requests the chat served and judged, over the window",
@@ -371,8 +371,8 @@ def request_families(d, cur: queries.Current) -> Iterable:
                               "answered requests: exact quantiles over the window", labels=["model", "window", "quantile"])
     now = time.time()
     for model in cur.models:
-        found = d.cache.now(cur.marks, now, ("request-stats-metrics", model.dht_prefix),
-                            lambda: request_stats.model_stats(d.store, model.dht_prefix, now, servers=False))
+        found = request_stats.cached(d, cur, ("request-stats-model", model.dht_prefix), now,
+                                     lambda: request_stats.model_stats(d.store, model.dht_prefix, now, servers=False))
         for window, figures in found["success"].items():
             count.add_metric([label(model.dht_prefix), window], figures["requests"])
             if figures["rate"] is not None:

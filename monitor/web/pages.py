@@ -106,7 +106,8 @@ def model(dht_prefix: str):
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
             measured=probe_views.model_servers(health),
             generation_figure=_generation_chart(d.store, dht_prefix, now - DAY, now),
-            requests=request_stats.model_stats(d.store, dht_prefix, now, servers=False),
+            requests=request_stats.cached(d, cur, ("request-stats-model", dht_prefix), now,
+                                          lambda: request_stats.model_stats(d.store, dht_prefix, now, servers=False)),
         )))
     if target in (None, "model-heatmaps"):
         context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // MINUTE)), lambda: [
@@ -162,7 +163,8 @@ def peer(peer_id: str):
     live = peer_view.rendered(d, cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
                         measured=probe_views.peer_probes(d.store, peer_id, cur.healths),
-                        requests=request_stats.peer_stats(d.store, peer_id, now))))
+                        requests=request_stats.cached(d, cur, ("request-stats-peer", peer_id), now,
+                                                      lambda: request_stats.peer_stats(d.store, peer_id, now)))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,
                                                               **context)
 

@@ -1,17 +1,23 @@
 """Statistics from real requests, as the pages and the API show them (``core/requests.py``): read
-from the stored request rows, never from a verdict of their own."""
+from the stored request rows, never from a verdict of their own; computed at most once a minute
+per store change (``cached``: a day of a busy chat's rows takes a second or two to read)."""
 
 from __future__ import annotations
 
-from monitor.core.common import DAY
+from monitor.core.common import DAY, MINUTE
 from monitor.core.requests import LATENCY_WINDOWS, MAX_ROWS, PERCENTILES, SUCCESS_WINDOWS, stats, stats_by_server
 
 MAX_SERVERS = 500  # servers listed in a model's stats (those with the most requests)
 
 
+def cached(d, cur, key: tuple, now: float, compute):
+    """``compute()`` once per store change and minute (the figures' windows are minutes to a day)."""
+    return d.cache.page(cur.marks, (*key, int(now // MINUTE)), compute)
+
+
 def model_stats(store, model: str, now: float, *, servers: bool = True) -> dict:
     """The model's figures over the windows, and each server's (``servers``)."""
-    records = store.requests_since(now - DAY, model=model, limit=MAX_ROWS)
+    records = store.requests_since(now - DAY, model=model, limit=MAX_ROWS, route=servers)
     found = {"model": model, "at": now, "rows": len(records), "truncated": len(records) >= MAX_ROWS,
              "windows": {"success": [name for name, _ in SUCCESS_WINDOWS],
                          "latency": [name for name, _ in LATENCY_WINDOWS]},
