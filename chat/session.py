@@ -57,7 +57,9 @@ class ChatSession:
         self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
         self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
+        self._outcome_sink = outcome_sink
         self._petals = TimedInferenceSession(self._manager, max_length, outcome_sink=outcome_sink)
+        self._replay: list[int] = []  # the text so far, for a longer session to take in first (``grow``)
         self._stall_timeout = stall_timeout
         self._registry, self._take_slot = registry, take_slot
         self._closed = False
@@ -75,7 +77,30 @@ class ChatSession:
     def used(self) -> int:
         """Tokens the session's servers have processed or will process next (the last one)."""
         output_ids = self._petals.output_ids
-        return output_ids.shape[1] if output_ids is not None else 0
+        return output_ids.shape[1] if output_ids is not None else len(self._replay)
+
+    def grow(self, new_input_tokens: int, wanted: int, limit: int) -> bool:
+        """Make room for ``new_input_tokens`` and ``wanted`` tokens more when the session has less: a
+        longer petals session (twice as long, or as long as needed, at most ``limit``: the model's
+        context) takes the place of this one, and the text so far is replayed into it with the next
+        input — as fail-over replays it to a new server: no error, no reconnect. False when it
+        cannot (there is room already, the session is at ``limit``, it answers several rows, or it
+        is closed); the caller then refuses as before."""
+        if self.room(new_input_tokens) >= wanted or self.rows != 1 or self._closed or self.max_length >= limit:
+            return False
+        with self._lock:
+            output_ids = self._petals.output_ids
+            history = output_ids[0].tolist() if output_ids is not None else list(self._replay)
+            length = min(limit, max(2 * self.max_length, len(history) + new_input_tokens + wanted))
+            old, self._petals = self._petals, TimedInferenceSession(self._manager, length,
+                                                                     outcome_sink=self._outcome_sink)
+            self.max_length, self._replay = length, history
+        try:
+            old.close()
+        except Exception as e:  # noqa: BLE001 - its servers free the cache on their own timeout
+            logger.debug("closing the outgrown inference session failed: %r", e)
+        logger.info("session %s grew to max_length %d (%d tokens replayed)", self.label, length, len(history))
+        return True
 
     def room(self, new_input_tokens: int) -> int:
         """How many tokens may still be generated after ``new_input_tokens`` more input."""
@@ -134,6 +159,9 @@ class ChatSession:
         prompt_tokens = self.used + n_input
         run = AnswerRun(self.tokenizer, params, self.rows, stop_event)
         new_rows = [list(r) for r in rows] if n_input else None
+        if self._replay:  # a grown session: the text so far first, then the new input
+            new_rows = [self._replay + (new_rows[0] if new_rows else [])]
+            self._replay = []
         with self._lock:
             stream = ThreadStream([lambda emit, cancelled: self._work(run, emit, cancelled, new_rows, budget, params)],
                                   name=f"chat-{self.model}")
@@ -175,7 +203,7 @@ class ChatSession:
             raise InvalidRequest(None, f"a session of {self.rows} rows continues with {self.rows} inputs of one "
                                        f"length")
         n_input = len(rows[0]) if rows else 0
-        if not n_input and self._petals.output_ids is None:
+        if not n_input and self._petals.output_ids is None and not self._replay:
             raise InvalidRequest("inputs", "the first request of a session needs inputs")
         budget = min(params.max_new_tokens, self.room(n_input))
         if budget <= 0 and not (params.max_new_tokens == 0 and params.prompt_logprobs and self.room(n_input) >= 0):

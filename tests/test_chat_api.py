@@ -188,6 +188,32 @@ def test_ws_v2_one_reply_without_stop_sequence_and_continues_the_session(base_ur
                                                                     clean_up_tokenization_spaces=False)
 
 
+def test_ws_a_turn_that_outgrows_its_session_is_answered_on_the_same_socket(base_url, local):
+    """chat.petals.dev's page opens a session of some max_length and sends turns; a turn longer
+    than what is left is answered on the same socket — a longer session replays the text so far —
+    exactly as a session opened long enough would have answered it."""
+    tokenizer, greedy = local
+    long_turn = " ".join([PROMPT] * 6)
+    prompt_ids = tokenizer(PROMPT)["input_ids"]
+    turn_ids = tokenizer(long_turn, add_special_tokens=False)["input_ids"]
+    ws = ws_connect(base_url)
+    try:
+        assert ws_ask(ws, {"type": "open_inference_session", "model": TINY_DHT_PREFIX, "max_length": 24})["ok"]
+        first = ws_ask(ws, {"type": "generate", "inputs": PROMPT, "max_new_tokens": 4})
+        assert len(prompt_ids) + 4 + len(turn_ids) > 24  # the next turn does not fit in what was opened
+        second = ws_ask(ws, {"type": "generate", "inputs": long_turn, "max_new_tokens": 4})
+        third = ws_ask(ws, {"type": "generate", "max_new_tokens": 3})  # and the grown session goes on
+    finally:
+        close_ws(ws)
+    assert first["ok"] and second["ok"] and third["ok"], (first, second, third)
+    assert second["token_count"] == 4 and third["token_count"] == 3
+    first_ids, _ = greedy(prompt_ids, 4, skip_special_tokens=False)
+    context = prompt_ids + first_ids + turn_ids
+    expected_ids, _ = greedy(context, 7, skip_special_tokens=False)
+    assert second["outputs"] + third["outputs"] == tokenizer.decode(expected_ids, skip_special_tokens=False,
+                                                                    clean_up_tokenization_spaces=False)
+
+
 # ---- refusals -------------------------------------------------------------------------------------
 
 CHAT = {"model": TINY_DHT_PREFIX, "messages": [{"role": "user", "content": "hi"}]}

@@ -5,8 +5,10 @@ connection, continued request after request).
 Errors keep that API's shape, ``{"ok": false, "traceback": ...}``, but the "traceback" is a short
 message for people, never a Python traceback, an exception's text or a path. The two messages
 chat.petals.dev's page acts on keep petals' words: "Maximum length exceeded: …" when a session's
-``max_length`` is used up (also when an answer streams to the session's end before its stop
-sequence: the page opens a longer session and resends the conversation), and "Session <id>
+``max_length`` is used up and cannot grow (a turn whose input does not fit is first answered by a
+longer session the text so far is replayed into: ``ChatSession.grow``, up to the model's context),
+also when an answer streams to the session's end before its stop sequence (the page opens a longer
+session and resends the conversation), and "Session <id>
 expired: …" when the chat ends a session — after ``ws_idle_timeout`` seconds without a request,
 after ``ws_max_lifetime`` seconds in all (``chat.http.limits.WsClock``), or when an idle session is
 closed to make room for another (``chat.capacity.OpenSessions``) — on which the page opens a new
@@ -192,6 +194,8 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
             raise InvalidRequest("stop_sequence", f"extra_stop_sequences need stop_sequence to be exactly 1 token; "
                                                   f"{stop_sequence!r} is {len(ids)} tokens")
         cont_token = ids[0]
+    if session.room(len(input_ids)) <= 0:  # a turn that outgrows the session: a longer one replays it (no error)
+        session.grow(len(input_ids), 1, engine.context_length(model))
     room = session.room(len(input_ids))
     if room <= 0:
         raise MaxLengthExceeded(f"prefix {session.used} + current {len(input_ids)} tokens leave no room in the "
