@@ -296,6 +296,17 @@ class Slots:
         with self._lock:
             return self._estimate(self._waiting())
 
+    def expected_wait(self) -> float:
+        """Seconds a request arriving now would wait for its slot: none while a slot is free and
+        nobody waits, else the median hold time once per round of slots ahead of it (a forecast's,
+        not Retry-After's whole seconds)."""
+        with self._lock:
+            ahead = self._waiting()
+            if not ahead and self._total_busy() < self.capacity.slots:
+                return 0.0
+            hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
+            return min(float(MAX_RETRY_AFTER), (ahead // max(1, self.capacity.slots) + 1) * hold)
+
     def held_by(self, client: Optional[str]) -> int:
         with self._lock:
             return self._busy[client]

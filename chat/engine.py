@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.core.assessment import format_ranges, ranges
+from monitor.core.forecast import Forecast, ForecastInputs, forecast
 from monitor.core.requests import RequestRecord
 
 from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slots, SlotsLoad
@@ -143,9 +144,11 @@ class ChatEngine:
         request_timeout: float = 60.0,
         client_config: Optional[dict] = None,
         request_sink: Optional[Callable[[RequestRecord], None]] = None,
+        forecast_source: Optional[Callable[[], Mapping[str, ForecastInputs]]] = None,
     ):
         self.dht = dht
         self.request_sink = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
+        self.forecast_source = forecast_source  # what forecasts rest on, per model (e.g. StoreForecasts)
         self.coverage_check = coverage_check
         self.routing = routing or RoutingSettings()
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(
@@ -314,6 +317,18 @@ class ChatEngine:
         """Every row of one request (``chat.request.answer_batch``); refusals raise before any token."""
         return request.answer_batch(self, name, rows, params, client=client, stop_event=stop_event,
                                     prompt_param=prompt_param, api=api)
+
+    def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int) -> Forecast:
+        """What a request of ``prompt_tokens`` asking for ``max_tokens`` would get if it came now
+        (``monitor.core.forecast``): the queue's wait now, and what real requests (or the probes) say."""
+        known = {}
+        if self.forecast_source is not None:
+            try:
+                known = self.forecast_source()
+            except Exception as e:  # noqa: BLE001 - a forecast of nothing, not a failed request
+                logger.warning("forecast inputs unavailable: %r", e)
+        return forecast(known.get(name) or ForecastInputs(name), wait=self.slots.expected_wait(),
+                        prompt_tokens=prompt_tokens, max_tokens=max_tokens)
 
     def load(self) -> EngineLoad:
         """Slots, queue and open sessions now."""

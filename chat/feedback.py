@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from monitor.core.assess import round_trip_speeds
 from monitor.core.compute_checks import confirming_request
+from monitor.core.forecast import WINDOW as FORECAST_WINDOW, ForecastInputs, inputs as forecast_inputs
 from monitor.core.requests import RequestRecord
 from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, UNUSABLE_SCORE, PeerRouting, peer_routing, probe_speeds
 from monitor.core.snapshot import ChatOutcome
@@ -33,7 +34,8 @@ from chat.policy import NEUTRAL_SCORE, OutcomeSink, PeerWeight
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHAT_OUTCOME_WINDOW", "UNUSABLE_SCORE", "probe_speeds", "StoreWeights", "StoreRequests", "as_weight",
+__all__ = ["CHAT_OUTCOME_WINDOW", "UNUSABLE_SCORE", "probe_speeds", "StoreWeights", "StoreRequests", "StoreForecasts",
+           "as_weight",
            "store_outcome_sink", "ask_to_confirm", "store_coverage_check"]
 
 
@@ -162,6 +164,48 @@ class StoreRequests:
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
+
+
+class StoreForecasts:
+    """The engine's ``forecast_source``: per model what its forecasts rest on (``core/forecast.py``:
+    the model's answered requests of the last half hour, the stored assessment), read from the store
+    every ``period`` seconds on a thread of its own; the last good read while the database is away."""
+
+    def __init__(self, store: Any, models: list[str], *, period: float = 30.0):
+        self.store, self.models, self.period = store, list(models), period
+        self._known: dict[str, ForecastInputs] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __call__(self) -> dict[str, ForecastInputs]:
+        return self._known
+
+    def refresh(self) -> dict[str, ForecastInputs]:
+        now = time.time()
+        try:
+            assessments = self.store.latest_assessments()
+            known = {model: forecast_inputs(model, self.store.requests_since(now - FORECAST_WINDOW, model=model,
+                                                                             route=False),
+                                            assessments.get(model), now=now) for model in self.models}
+        except Exception as e:  # noqa: BLE001 - the last forecasts stand
+            log.warning("forecast inputs not refreshed (keeping the last ones): %s", e)
+            return self._known
+        self._known = known
+        return known
+
+    def start(self) -> "StoreForecasts":
+        self.refresh()
+
+        def loop():
+            while not self._stop.wait(self.period):
+                self.refresh()
+
+        self._thread = threading.Thread(target=loop, name="forecasts", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def store_outcome_sink(store: Any, weights: Optional[StoreWeights] = None) -> OutcomeSink:

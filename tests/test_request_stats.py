@@ -16,7 +16,7 @@ import time
 import pytest
 
 from chat.engine import ChatEngine, GenerationParams
-from chat.feedback import StoreRequests
+from chat.feedback import StoreForecasts, StoreRequests
 from chat.http import create_blueprint
 from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord, percentile, stats, stats_by_server
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
@@ -129,12 +129,15 @@ def chat(swarm, tiny_model, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("request-rows")
     store = sqlite_store(data_dir)
     rows = StoreRequests(store, period=0.2).start()
+    forecasts = StoreForecasts(store, [TINY_DHT_PREFIX], period=3600).start()  # refreshed by the specs
     engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
-                        max_sessions=1, queue_size=1, queue_timeout=5, retry_after=1, request_sink=rows)
+                        max_sessions=1, queue_size=1, queue_timeout=5, retry_after=1, request_sink=rows,
+                        forecast_source=forecasts)
     app = create_app(Settings(data_dir=data_dir, chat_rate_limit="1000 per minute"), store,
                      chat_blueprints=[create_blueprint(engine)])
     yield engine, store, rows, app
     engine.close()
+    forecasts.close()
     rows.close()
     store.close()
 
@@ -165,3 +168,32 @@ def test_every_request_the_chat_serves_leaves_one_row(chat, swarm):
     assert {peer for r in found[:3] for peer, _, _ in r.route} <= {swarm.peer_id(n) for n in swarm.servers}
     text = json.dumps([r.__dict__ for r in found])
     assert "Hello" not in text and "Hi" not in text  # no prompt, no answer
+
+
+def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
+    engine, store, rows, app = chat
+    client = app.test_client()
+    body = {"model": TINY_DHT_PREFIX, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 6}
+    before = client.post("/v1/estimate", json=body)
+    assert before.status_code == 200, before.get_data(as_text=True)
+    first = before.get_json()
+    assert first["object"] == "estimate" and first["max_tokens"] == 6 and first["prompt_tokens"] > 0
+    assert first["petals"]["served"] and first["petals"]["forecast"]["wait"] == 0.0
+    for _ in range(6):  # real requests, then the forecast rests on them
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    rows.flush()
+    engine.forecast_source.refresh()
+    forecast = client.post("/v1/estimate", json=body).get_json()["petals"]["forecast"]
+    done = [r for r in store.requests_since(time.time() - 1800, model=TINY_DHT_PREFIX) if r.outcome == OK]
+    assert forecast["source"] == "requests" and forecast["based_on"] == len(done) >= 6
+    assert forecast["tokens_per_second"] == pytest.approx(percentile([r.tokens_per_second for r in done], 50), rel=1e-3)
+    assert forecast["time_to_first_token"] == pytest.approx(percentile([r.time_to_first_token for r in done], 50), rel=1e-3)
+    assert forecast["total"] == pytest.approx(forecast["wait"] + forecast["time_to_first_token"]
+                                              + 5 / forecast["tokens_per_second"], rel=1e-2)
+    stored = len(store.requests_since(0, model=TINY_DHT_PREFIX))
+    card = client.get(f"/v1/models/{TINY_DHT_PREFIX}").get_json()["petals"]["forecast"]
+    assert card["max_tokens"] == 256 and card["source"] == "requests"
+    bad = client.post("/v1/estimate", json={**body, "max_tokens": -1})
+    assert bad.status_code == 400 and "max_tokens" in bad.get_json()["error"]["message"]
+    rows.flush()
+    assert len(store.requests_since(0, model=TINY_DHT_PREFIX)) == stored  # estimates generate nothing, leave no row

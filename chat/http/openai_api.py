@@ -213,9 +213,28 @@ def _finish_reason(finished: Finished) -> str:
     return "length" if finished.finish_reason == "length" else "stop"
 
 
-def _model_card(status: ModelStatus) -> dict:
+CARD_FORECAST_TOKENS = 256  # the model list's forecast: a request of this many tokens, arriving now
+
+
+def _model_card(engine: ChatEngine, status: ModelStatus) -> dict:
+    forecast = engine.forecast(status.name, prompt_tokens=0, max_tokens=CARD_FORECAST_TOKENS)
     return {"id": status.name, "object": "model", "created": 0, "owned_by": "petals",
-            "petals": {"title": status.title, "served": status.served, "reason": status.reason or None}}
+            "petals": {"title": status.title, "served": status.served, "reason": status.reason or None,
+                       "forecast": {"max_tokens": CARD_FORECAST_TOKENS, **forecast.to_dict()}}}
+
+
+def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
+    """``POST /v1/estimate``: the body of a chat or text completion; its forecast, nothing generated."""
+    params = request_params()
+    name, model = _requested_model(engine, params)
+    chat = params.raw("messages") is not None
+    request = (_chat_request if chat else _text_request)(engine, model, params, limits)
+    status = engine.status(model)
+    prompt_tokens = max(len(row) for row in request.rows)
+    forecast = engine.forecast(model, prompt_tokens=prompt_tokens, max_tokens=request.generation.max_new_tokens)
+    return jsonify(object="estimate", model=name, prompt_tokens=prompt_tokens,
+                   max_tokens=request.generation.max_new_tokens, answers=len(request.rows),
+                   petals={"served": status.served, "reason": status.reason or None, "forecast": forecast.to_dict()})
 
 
 @dataclass(frozen=True)
@@ -434,8 +453,12 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
 
     @bp.get("/v1/models")
     def openai_models():
-        return answer(lambda: jsonify(object="list", data=[_model_card(s) for s in engine.statuses()]))
+        return answer(lambda: jsonify(object="list", data=[_model_card(engine, s) for s in engine.statuses()]))
 
     @bp.get("/v1/models/<path:name>")
     def openai_model(name):
-        return answer(lambda: jsonify(_model_card(engine.status(engine.resolve(name)))))
+        return answer(lambda: jsonify(_model_card(engine, engine.status(engine.resolve(name)))))
+
+    @bp.post("/v1/estimate")
+    def openai_estimate():
+        return answer(lambda: estimate(engine, limits))

@@ -40,6 +40,7 @@ class Service:
         self.engine = None
         self.weights = None
         self.requests = None
+        self.forecasts = None
         self.app = None
         self._server = None
         self._thread: Optional[threading.Thread] = None
@@ -70,11 +71,13 @@ class Service:
 
     def _make_chat_engine(self):
         from chat.engine import Capacity, ChatEngine
-        from chat.feedback import StoreRequests, StoreWeights, store_coverage_check, store_outcome_sink
+        from chat.feedback import StoreForecasts, StoreRequests, StoreWeights, store_coverage_check, store_outcome_sink
         from chat.policy import RoutingSettings
 
         self.weights = StoreWeights(self.store).start()
         self.requests = StoreRequests(self.store).start()
+        chat_models = [m for m in self.settings.models if m.path]
+        self.forecasts = StoreForecasts(self.store, [m.dht_prefix for m in chat_models]).start()
         return ChatEngine(
             self.dht, [m for m in self.settings.models if m.path],
             score_source=self.weights,
@@ -85,6 +88,7 @@ class Service:
             max_batch_rows=self.settings.max_batch_rows,
             max_logprobs=self.settings.max_logprobs,
             request_sink=self.requests,
+            forecast_source=self.forecasts,
         )
 
     def _make_app(self):
@@ -140,6 +144,8 @@ class Service:
             self.weights.close()
         if self.requests is not None:
             self.requests.close()  # (what waits is written first)
+        if self.forecasts is not None:
+            self.forecasts.close()
         if self.dht_client is not None:
             self.dht_client.shutdown()
             self.dht_client = self.dht = None
