@@ -195,5 +195,9 @@ def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
     assert card["max_tokens"] == 256 and card["source"] == "requests"
     bad = client.post("/v1/estimate", json={**body, "max_tokens": -1})
     assert bad.status_code == 400 and "max_tokens" in bad.get_json()["error"]["message"]
+    shown = client.get(f"/chat/forecast?model={TINY_DHT_PREFIX}&max_new_tokens=6").get_data(as_text=True)
+    assert 'data-forecast-source="requests"' in shown and f"from the last {len(done)} answers" in shown
+    assert " tokens/s</strong>" in shown and "6 tokens in" in shown
+    assert "/chat/forecast" in client.get("/chat").get_data(as_text=True)  # the page asks for it before Send
     rows.flush()
     assert len(store.requests_since(0, model=TINY_DHT_PREFIX)) == stored  # estimates generate nothing, leave no row

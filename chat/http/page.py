@@ -273,6 +273,9 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
         conversations.finish(turn, answer_text)
 
 
+FORECAST_TOKENS = 256  # the page's forecast when the form does not say how many tokens
+
+
 def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
     """Add the chat page's routes to the chat blueprint (templates/chat/*.html name them)."""
     conversations = _Conversations(limits.conversations_per_visitor, limits.max_visitors)
@@ -295,6 +298,19 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
             model = engine.resolve(request.args.get("model", ""))
             return render_template("chat/_params.html", defaults=engine.defaults(model),
                                    context=engine.context_length(model))
+        except ChatError as e:
+            return _error(e)
+
+    @bp.get("/chat/forecast")
+    def forecast_partial():
+        """What a turn would get if sent now (``ChatEngine.forecast``), refreshed by the page."""
+        try:
+            model = engine.resolve(request.args.get("model", ""))
+            tokens = request.args.get("max_new_tokens", "")
+            max_tokens = int(tokens) if tokens.isdigit() and 0 < int(tokens) <= 1 << 16 else FORECAST_TOKENS
+            return render_template("chat/_forecast.html", forecast=engine.forecast(model, prompt_tokens=0,
+                                                                                  max_tokens=max_tokens),
+                                   max_tokens=max_tokens)
         except ChatError as e:
             return _error(e)
 
