@@ -205,9 +205,11 @@ def test_a_conversation_past_512_tokens_grows_its_session_as_chat_petals_devs_pa
         second = page.say(TURN * 9)  # the conversation is now past 512 tokens
     finally:
         page.close()
-    assert page.shown == [], page.shown  # no error box: the page recovered by itself
-    assert page.sent == [("open", 512), ("generate",), ("generate",), ("open", 2048), ("generate",)], page.sent
-    assert len(page.received_errors) == 1 and page.received_errors[0].startswith("Maximum length exceeded: ")
+    assert page.shown == [], page.shown  # no error box
+    # the turn that outgrew the session was answered on the same socket (a longer session replayed the
+    # text so far: ChatSession.grow), so the page never had to reopen one
+    assert page.sent == [("open", 512), ("generate",), ("generate",)], page.sent
+    assert page.received_errors == [], page.received_errors
     # and the answer came, ending in the stop token (the tiny model may choose it first: an empty answer)
     assert second.startswith("Assistant:") and "".join(page.streamed).endswith(MODEL.stop_token), page.streamed
     conversation = "".join(text for _, text in page.replicas)
