@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,10 +50,14 @@ def run_script(swarm, path: Path, *, monitor: str | None, requests: int, tokens:
         args += ["--peer", peer]
     if monitor:
         args += ["--monitor", monitor]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"plain_petals.py failed: {done.stderr[-2000:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{") and '"tokens"' in line]
+    with tempfile.TemporaryDirectory(prefix="bench-client-script-") as tmp:
+        log = Path(tmp) / "script.log"
+        with bc.process(args, log) as proc:  # its own group: its DHT process and p2pd end with it
+            code = proc.wait(900)
+        output = log.read_text(errors="replace")
+    if code != 0:
+        raise SystemExit(f"plain_petals.py failed: {output[-2000:]}")
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{") and '"tokens"' in line]
 
 
 def summary(answers: list[dict], swarm) -> dict:

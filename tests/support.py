@@ -23,6 +23,7 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 # One compute thread per process (torch's OpenMP and MKL pools), here and in every process the
@@ -225,6 +226,27 @@ def stop_process(process: subprocess.Popen, output: list[str], *, signum: int, t
         stopped = False
     reader.join(1.0)
     return stopped
+
+
+def run_in_group(args: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+    """``args`` run to its end in a process group of its own, its output captured; whatever it
+    left behind in that group (a petals client's DHT process and its p2pd outlive an interpreter
+    that exits without shutting them down) is killed when it ends, or when ``timeout`` passes."""
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+    finally:
+        reap_group(process)
+
+
+def reap_group(process: subprocess.Popen) -> None:
+    """Kill what is left of ``process``'s group (started with ``start_new_session``) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
 
 
 # ---- the swarm's layout ------------------------------------------------------------------------

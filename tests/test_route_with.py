@@ -25,7 +25,7 @@ from monitor.core.assessment import CAUSE_FAILING, CAUSE_SLOW
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.web import create_app
-from support import STEADY_UPDATE_PERIOD, polled_prober, sqlite_store, tiny_settings, wait_until
+from support import STEADY_UPDATE_PERIOD, polled_prober, reap_group, run_in_group, sqlite_store, tiny_settings, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 HALF = TINY_NUM_BLOCKS // 2
@@ -121,7 +121,7 @@ def test_route_with_avoids_the_throttled_and_the_failing_server_from_the_first_r
     swarm, monitor, causes = trap
     assert causes.get("c") == CAUSE_SLOW and causes.get("d") == CAUSE_FAILING, causes
 
-    routed = subprocess.run(script(swarm, tiny_model, monitor=monitor.url), capture_output=True, text=True, timeout=300)
+    routed = run_in_group(script(swarm, tiny_model, monitor=monitor.url), timeout=300)
     assert routed.returncode == 0, routed.stderr[-3000:]
     header = json.loads(routed.stdout.splitlines()[0])
     assert header["routed"] and header["route_with_seconds"] < 2.5  # the first view, within its bound
@@ -133,7 +133,7 @@ def test_route_with_avoids_the_throttled_and_the_failing_server_from_the_first_r
             (answer["routes"], {name: swarm.peer_id(name)[-6:] for name in "abcd"})
 
     # petals' own routing, same script without route_with: the one-hop routes through C or D
-    plain = subprocess.run(script(swarm, tiny_model, requests=3), capture_output=True, text=True, timeout=300)
+    plain = run_in_group(script(swarm, tiny_model, requests=3), timeout=300)
     assert plain.returncode == 0, plain.stderr[-3000:]
     met = set().union(*(names_on(r, swarm) for a in results(plain.stdout) for r in a["routes"]))
     assert met & {"c", "d"}, results(plain.stdout)
@@ -141,13 +141,12 @@ def test_route_with_avoids_the_throttled_and_the_failing_server_from_the_first_r
 
 def test_the_monitor_stopped_mid_answer_changes_nothing_of_the_answer(trap, tiny_model):
     swarm, monitor, _ = trap
-    reference = subprocess.run(script(swarm, tiny_model, monitor=monitor.url, requests=1, tokens=24),
-                               capture_output=True, text=True, timeout=300)
+    reference = run_in_group(script(swarm, tiny_model, monitor=monitor.url, requests=1, tokens=24), timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
     [expected] = results(reference.stdout)
 
     process = subprocess.Popen(script(swarm, tiny_model, monitor=monitor.url, requests=1, tokens=24, progress=True),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         lines = []
         for line in process.stdout:
@@ -157,9 +156,7 @@ def test_the_monitor_stopped_mid_answer_changes_nothing_of_the_answer(trap, tiny
                 break
         rest, err = process.communicate(timeout=300)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        reap_group(process)  # the script, and its DHT process and p2pd if it left them
     assert process.returncode == 0, err[-3000:]
     [answer] = results("".join(lines) + rest)
     assert answer["ok"] and answer["tokens"] == expected["tokens"] and answer["retries"] == 0, answer
