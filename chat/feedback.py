@@ -45,6 +45,27 @@ def as_weight(known: PeerRouting) -> PeerWeight:
                       seconds_per_token_per_block=known.seconds_per_token_per_block, policy=known.policy)
 
 
+def every(period: float, work: Callable[[], object], *, name: str, stop: threading.Event,
+          wake: Optional[threading.Event] = None, last: Optional[Callable[[], object]] = None) -> threading.Thread:
+    """A daemon thread calling ``work`` every ``period`` seconds (at once when ``wake`` is set) until
+    ``stop`` is set, then ``last`` once: the refresh loop of each link to the store."""
+    wake = wake or stop
+
+    def loop():
+        while not stop.is_set():
+            wake.wait(period)
+            if wake is not stop:
+                wake.clear()
+            if not stop.is_set():
+                work()
+        if last is not None:
+            last()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 class StoreWeights:
     """A cheap ``score_source`` for HealthAwareSequenceManager, refreshed every ``period`` s; chat
     outcomes count for ``outcome_window``."""
@@ -81,16 +102,7 @@ class StoreWeights:
 
     def start(self) -> "StoreWeights":
         self.refresh()
-
-        def loop():
-            while not self._stop.is_set():
-                self._wake.wait(self.period)
-                self._wake.clear()
-                if not self._stop.is_set():
-                    self.refresh()
-
-        self._thread = threading.Thread(target=loop, name="peer-weights", daemon=True)
-        self._thread.start()
+        self._thread = every(self.period, self.refresh, name="peer-weights", stop=self._stop, wake=self._wake)
         return self
 
     def refresh_soon(self) -> None:
@@ -150,13 +162,7 @@ class StoreRequests:
             self.written += len(rows)
 
     def start(self) -> "StoreRequests":
-        def loop():
-            while not self._stop.wait(self.period):
-                self.flush()
-            self.flush()
-
-        self._thread = threading.Thread(target=loop, name="request-rows", daemon=True)
-        self._thread.start()
+        self._thread = every(self.period, self.flush, name="request-rows", stop=self._stop, last=self.flush)
         return self
 
     def close(self) -> None:
@@ -195,13 +201,7 @@ class StoreForecasts:
 
     def start(self) -> "StoreForecasts":
         self.refresh()
-
-        def loop():
-            while not self._stop.wait(self.period):
-                self.refresh()
-
-        self._thread = threading.Thread(target=loop, name="forecasts", daemon=True)
-        self._thread.start()
+        self._thread = every(self.period, self.refresh, name="forecasts", stop=self._stop)
         return self
 
     def close(self) -> None:

@@ -83,7 +83,7 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
     """Start answering every row (a prompt's token ids) of one request; everything that can be
     refused (unknown model, prompt too long, too many rows, model not served, busy) raises here,
     before any token. ``api``: which API it came through (its request row's)."""
-    record = RequestLog(getattr(engine, "request_sink", None), name, api)
+    record = RequestLog(engine.request_sink, name, api)
     try:
         model = engine.loaded(name)
         groups = plan_groups(rows, params, model.context_length, max_rows=engine.max_batch_rows,

@@ -15,13 +15,19 @@ def cached(d, cur, key: tuple, now: float, compute):
     return d.cache.page(cur.marks, (*key, int(now // MINUTE)), compute)
 
 
+def figures(records: list, now: float, **head) -> dict:
+    """``head`` (what they are of), how many rows the figures rest on, the windows and percentiles
+    named, and ``stats``: the one shape of the API's and the pages' figures."""
+    return {**head, "at": now, "rows": len(records), "truncated": len(records) >= MAX_ROWS,
+            "windows": {"success": [name for name, _ in SUCCESS_WINDOWS],
+                        "latency": [name for name, _ in LATENCY_WINDOWS]},
+            "percentiles": [f"p{q}" for q in PERCENTILES], **stats(records, now=now)}
+
+
 def model_stats(store, model: str, now: float, *, servers: bool = True) -> dict:
     """The model's figures over the windows, and each server's (``servers``)."""
     records = store.requests_since(now - DAY, model=model, limit=MAX_ROWS, route=servers)
-    found = {"model": model, "at": now, "rows": len(records), "truncated": len(records) >= MAX_ROWS,
-             "windows": {"success": [name for name, _ in SUCCESS_WINDOWS],
-                         "latency": [name for name, _ in LATENCY_WINDOWS]},
-             "percentiles": [f"p{q}" for q in PERCENTILES], **stats(records, now=now)}
+    found = figures(records, now, model=model)
     if servers:
         found["servers"] = stats_by_server(records, now=now, limit=MAX_SERVERS)
     return found
@@ -29,8 +35,4 @@ def model_stats(store, model: str, now: float, *, servers: bool = True) -> dict:
 
 def peer_stats(store, peer_id: str, now: float) -> dict:
     """The figures of the requests whose route went through ``peer_id`` (every model)."""
-    records = store.requests_through(peer_id, now - DAY, limit=MAX_ROWS)
-    return {"peer_id": peer_id, "at": now, "rows": len(records), "truncated": len(records) >= MAX_ROWS,
-            "windows": {"success": [name for name, _ in SUCCESS_WINDOWS],
-                        "latency": [name for name, _ in LATENCY_WINDOWS]},
-            "percentiles": [f"p{q}" for q in PERCENTILES], **stats(records, now=now)}
+    return figures(store.requests_through(peer_id, now - DAY, limit=MAX_ROWS), now, peer_id=peer_id)
