@@ -215,10 +215,12 @@ def test_a_chat_that_meets_a_failing_server_asks_for_its_confirming_check(checke
     assert causes(store)[victim] == CAUSE_SERVING
 
 
-def test_a_clean_stop_is_seen_leaving_not_called_unreachable(checked):
-    """(Last: it stops a server for good.) A stopped server announces OFFLINE; the poll its first
+def test_a_clean_stop_is_seen_leaving_not_called_unreachable_nor_after_a_quick_restart(checked):
+    """(Last: it stops and restarts a server.) A stopped server announces OFFLINE; the poll its first
     failed check asks for sees it leave, so no check confirms it unreachable and no alert is told
-    at once: a clean restart waits out the rules' ``for``."""
+    at once: a clean restart waits out the rules' ``for``. Back within the checks' window, it is
+    serving at the first poll that sees it, before its next check: the checks that failed while it
+    was down count against nobody."""
     swarm, poller, checker, store = checked
     steady = swarm.peer_id("steady")
     swarm.stop("steady")
@@ -235,3 +237,13 @@ def test_a_clean_stop_is_seen_leaving_not_called_unreachable(checked):
     server = assessment.servers.get(steady)
     assert server is None or (server.cause != CAUSE_UNREACHABLE and not server.confirmed)
     assert not assessment.confirmed([steady])
+
+
+    failed_at = time.time()
+    swarm.restart("steady")  # back within the window: its failed checks are of the server that stopped
+    poller.poll_once()  # ONLINE again; its next check is not due yet
+    assert time.time() - failed_at < checker.max_age  # (the failed checks are still in the window)
+    server = store.latest_assessments()[TINY_DHT_PREFIX].servers[steady]
+    assert server.cause == CAUSE_SERVING, server
+    (again,) = [c for c in checker.run_once() if c.peer_id == steady]
+    assert again.ok

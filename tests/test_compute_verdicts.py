@@ -130,3 +130,14 @@ def test_a_failure_counts_only_once_a_poll_after_it_still_announces_the_server()
     pair = [check(-2, False, CLIENT_ERROR), check(0, False, CLIENT_ERROR)]
     assert verdicts(pair, now=NOW, max_age=60, poll_at=NOW - 3).silent == {}  # no poll since: did it leave?
     assert list(verdicts(pair, now=NOW, max_age=60, poll_at=NOW - 1).silent) == [FULL]
+
+
+def test_checks_that_failed_before_a_server_came_back_count_against_nobody():
+    """A clean restart quicker than the window: two checks failed while it was down, a poll saw it
+    OFFLINE (or JOINING), and the poll now announces it ONLINE again — not unreachable."""
+    pair = [check(-20, False, CLIENT_ERROR), check(-18, False, CLIENT_ERROR)]
+    assert list(verdicts(pair, now=NOW, max_age=60, poll_at=NOW).silent) == [FULL]  # still announced: named
+    assert verdicts(pair, now=NOW, max_age=60, poll_at=NOW, away={FULL: NOW - 10}).silent == {}  # it came back
+    assert list(verdicts(pair, now=NOW, max_age=60, poll_at=NOW, away={FULL: NOW - 30}).silent) == [FULL]  # away before
+    after = pair + [check(-5, False, SERVER_ERROR), check(-3, False, SERVER_ERROR)]
+    assert list(verdicts(after, now=NOW, max_age=60, poll_at=NOW, away={FULL: NOW - 10}).failing) == [FULL]  # back, broken

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 
 from monitor.core.assess import Thresholds, assess
 from monitor.core.assessment import Assessment
-from monitor.core.compute_checks import window as compute_window
+from monitor.core.compute_checks import suspects, window as compute_window
 from monitor.core.probes import recent_window
 from monitor.core.snapshot import ReachabilityResult, Snapshot
 from monitor.store import StoreError
@@ -56,8 +56,13 @@ def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, 
     except StoreError as e:
         log.warning("compute checks not read, assessing without them: %s", e)
         computed = []
+    try:  # the servers whose newest check failed: were they away (a restart) since?
+        away = store.last_away(suspects(computed, now=now, max_age=limits.compute_window), now - limits.compute_window)
+    except StoreError as e:
+        log.warning("server history not read, compute checks taken as they are: %s", e)
+        away = {}
     return assess(snapshot, reachability, probes, checks, now=now, thresholds=limits, routing=PETALS_ROUTING,
-                  compute=computed)
+                  compute=computed, away=away)
 
 
 def assess_latest(store, settings, snapshot: Optional[Snapshot] = None) -> bool:

@@ -76,14 +76,17 @@ def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[
 
 def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], probes: Sequence[ServerProbe],
            checks: Mapping[str, GenerationCheck], *, now: float, thresholds: Thresholds,
-           routing: coverage.Routing, compute: Sequence[ComputeCheck] = ()) -> list[Assessment]:
+           routing: coverage.Routing, compute: Sequence[ComputeCheck] = (),
+           away: Mapping[str, float] = {}) -> list[Assessment]:
     """Each polled model's assessment at ``now``. ``compute``: the compute checks of the window
     (``compute_checks``: their confirmed verdicts count as the newest evidence of whether a server
-    answers and computes). A model whose diagnosis fails (a bug, or a value the DHT edge should
+    answers and computes; ``away``: when each suspect was last seen not ONLINE, ``Store.last_away``).
+    A model whose diagnosis fails (a bug, or a value the DHT edge should
     have bounded) is assessed as not diagnosed, with the error, so that every reader shows it and
     none diagnoses by itself; the other models are not affected."""
     recent = RecentProbes(probes, now, thresholds.probe_window)
-    found = compute_verdicts(compute, now=now, max_age=thresholds.compute_window, poll_at=snapshot.taken_at)
+    found = compute_verdicts(compute, now=now, max_age=thresholds.compute_window, poll_at=snapshot.taken_at,
+                             away=away)
     reachability = reachability_with(reachability, found)
     current = {model: check for model, check in checks.items()
                if generation.is_current(check, now, thresholds.generation_check_period)}

@@ -85,12 +85,16 @@ def newest_per_peer(checks: Iterable[ComputeCheck], *, now: float, max_age: floa
 
 
 def verdicts(checks: Iterable[ComputeCheck], *, now: float, max_age: float,
-             poll_at: Optional[float] = None) -> ComputeVerdicts:
+             poll_at: Optional[float] = None, away: Mapping[str, float] = {}) -> ComputeVerdicts:
     """Each peer's verdict from its newest ``CONFIRMATIONS`` checks in the window. ``poll_at``: the
     poll the verdict is drawn for — a failure counts only once a poll taken after it began still
     announces the server (a clean stop announces OFFLINE at once: the poll the first failure asks
-    for sees it leave, and it is not called unreachable)."""
+    for sees it leave, and it is not called unreachable). ``away``: peer -> the newest poll that did
+    not see it ONLINE (``Store.last_away``) — checks before it are of a server that has left or
+    restarted since, and count against nobody (a clean restart within the window is not named)."""
     failing, silent, newest = {}, {}, {}
+    if away:
+        checks = [c for c in checks if c.at > away.get(c.peer_id, float("-inf"))]
     for peer, kept in newest_per_peer(checks, now=now, max_age=max_age).items():
         newest[peer] = kept[0]
         if len(kept) < CONFIRMATIONS or any(check.ok for check in kept):
@@ -103,6 +107,13 @@ def verdicts(checks: Iterable[ComputeCheck], *, now: float, max_age: float,
             silent[peer] = (f"no answer to its last {CONFIRMATIONS} compute checks"
                             + (f": {kept[0].error}" if kept[0].error else ""))
     return ComputeVerdicts(failing=failing, silent=silent, newest=newest)
+
+
+def suspects(checks: Iterable[ComputeCheck], *, now: float, max_age: float) -> list[str]:
+    """The peers whose newest check in the window failed: the only ones a verdict may name, for
+    which the assessment asks when they were last away (``verdicts``)."""
+    return sorted(peer for peer, kept in newest_per_peer(checks, now=now, max_age=max_age, keep=1).items()
+                  if not kept[0].ok)
 
 
 def due_after(check: ComputeCheck, before: Optional[ComputeCheck], period: float) -> float:

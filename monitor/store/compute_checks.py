@@ -46,3 +46,30 @@ def recent(conn: Connection, since: float, *, peer_id: Optional[str] = None, lim
     return [ComputeCheck(peer_id=r["peer_id"], model=r["model"], block=r["block"], at=r["at"], ok=bool(r["ok"]),
                          duration=r["duration"], error=r["error"], error_kind=r["error_kind"],
                          requested_by=r["requested_by"]) for r in reversed(rows)]
+
+
+def last_away(conn: Connection, peer_ids: Sequence[str], since: float) -> dict[str, float]:
+    """peer -> the newest successful poll since ``since`` that did not see it ONLINE (for any model):
+    it had left, or was starting again. A compute check failed before that is of a server that has
+    since come back, not evidence against the one now announced (``core.compute_checks.verdicts``)."""
+    from monitor.core.snapshot import ONLINE
+    from monitor.store.schema import Poll, ServerObservationRow
+
+    wanted = list(dict.fromkeys(peer_ids))[:1000]
+    if not wanted:
+        return {}
+    polls, obs, peers = Poll.__table__, ServerObservationRow.__table__, Peer.__table__
+    times = dict(conn.execute(sa.select(polls.c.id, polls.c.at).where(polls.c.ok, polls.c.at >= since)).all())
+    if not times:
+        return {}
+    online: dict[int, set[str]] = {poll: set() for poll in times}
+    for poll_id, peer_id in conn.execute(
+            sa.select(obs.c.poll_id, peers.c.peer_id).join(peers, peers.c.id == obs.c.peer)
+            .where(obs.c.poll_id.in_(list(times)), obs.c.state == ONLINE, peers.c.peer_id.in_(wanted))):
+        online[poll_id].add(peer_id)
+    found: dict[str, float] = {}
+    for poll_id, at in times.items():
+        for peer in wanted:
+            if peer not in online[poll_id] and at > found.get(peer, float("-inf")):
+                found[peer] = at
+    return found
