@@ -25,13 +25,16 @@ from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.core.assessment import format_ranges, ranges
 from monitor.core.forecast import Forecast, ForecastInputs, forecast
 from monitor.core.requests import RequestRecord
+from monitor.core.route_choice import RouteChoice, allowed, unmet
 
 from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slots, SlotsLoad
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
 from chat.errors import (
-    Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired, UnknownModel,
+    Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, RouteUnmet, SessionExpired,
+    UnknownModel,
 )
-from chat.policy import OutcomeSink, RoutingSettings, ScoreSource
+from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, OutcomeSink, RoutingSettings, ScoreSource
+from chat.server_load import ServerLoad
 from chat.remote_model import load_remote_model, sequence_manager_of
 from chat.sequence import HealthAwareSequenceManager
 from chat import request
@@ -49,7 +52,7 @@ DEFAULT_MAX_LOGPROBS = 20
 __all__ = [  # what the HTTP side and the service use, in one import
     "Answer", "BatchAnswer", "Busy", "Capacity", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta",
     "EngineLoad", "Finished", "GenerationFailed", "GenerationParams", "InvalidRequest", "MaxLengthExceeded",
-    "ModelNotServed", "ModelStatus", "SessionExpired", "TokenLogprob", "UnknownModel",
+    "ModelNotServed", "ModelStatus", "RouteChoice", "RouteUnmet", "SessionExpired", "TokenLogprob", "UnknownModel",
 ]
 
 
@@ -151,8 +154,12 @@ class ChatEngine:
         self.forecast_source = forecast_source  # what forecasts rest on, per model (e.g. StoreForecasts)
         self.coverage_check = coverage_check
         self.routing = routing or RoutingSettings()
+        self.capacity = capacity or Capacity(slots=max_sessions, queue_size=queue_size, queue_timeout=queue_timeout,
+                                             retry_after=retry_after)
+        # requests in flight per server (routes spread by it); directed ones bounded per server
+        self.server_load = ServerLoad(directed_limit=self.capacity.slots_per_client)
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(
-            score_source=score_source, outcome_sink=outcome_sink, routing=self.routing
+            score_source=score_source, outcome_sink=outcome_sink, routing=self.routing, server_load=self.server_load
         )
         # petals waits request_timeout (default 180 s) on a server that died mid-step before it
         # tries another one: a person waiting for an answer should not wait that long
@@ -160,8 +167,6 @@ class ChatEngine:
                                **(client_config or {})}
         # no token for this long means something below us hangs: give up on the answer
         self.stall_timeout = self._client_config["request_timeout"] * (max_retries + 1) + 60
-        self.capacity = capacity or Capacity(slots=max_sessions, queue_size=queue_size, queue_timeout=queue_timeout,
-                                             retry_after=retry_after)
         self.slots = Slots(self.capacity)
         self.sessions = OpenSessions(self.capacity)
         self.sessions.estimate_with(self.slots.estimate)
@@ -299,24 +304,59 @@ class ChatEngine:
         return self.encode(name, text), ("\nUser:", "\nSystem:")
 
     # -- requests (their life: chat.request) ------------------------------------------------------
-    def open_session(self, name: str, max_length: int, *, client: Optional[str] = None) -> ChatSession:
+    def open_session(self, name: str, max_length: int, *, client: Optional[str] = None,
+                     choice: Optional[RouteChoice] = None) -> ChatSession:
         """A petals inference session kept open between turns for ``client`` (``chat.request.open_session``).
-        Raises Busy, UnknownModel, ModelNotServed, InvalidRequest."""
-        return request.open_session(self, name, max_length, client=client)
+        Raises Busy, UnknownModel, ModelNotServed, InvalidRequest, RouteUnmet."""
+        return request.open_session(self, name, max_length, client=client, choice=choice)
 
     def answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-               prompt_param: str = "prompt", api: str = "openai") -> Answer:
+               prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None) -> Answer:
         """One answer in its own session (``chat.request.answer``): Delta events, then one Finished."""
         return request.answer(self, name, input_ids, params, client=client, stop_event=stop_event,
-                              prompt_param=prompt_param, api=api)
+                              prompt_param=prompt_param, api=api, choice=choice)
 
     def answer_batch(self, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                      client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-                     prompt_param: str = "prompt", api: str = "openai") -> BatchAnswer:
+                     prompt_param: str = "prompt", api: str = "openai",
+                     choice: Optional[RouteChoice] = None) -> BatchAnswer:
         """Every row of one request (``chat.request.answer_batch``); refusals raise before any token."""
         return request.answer_batch(self, name, rows, params, client=client, stop_event=stop_event,
-                                    prompt_param=prompt_param, api=api)
+                                    prompt_param=prompt_param, api=api, choice=choice)
+
+    def check_route_choice(self, name: str, choice: Optional[RouteChoice], *, prompt_tokens: int, max_tokens: int,
+                           field: str = "petals") -> None:
+        """Refuse, before any slot, routing choices no route can meet now (``RouteUnmet``, naming the
+        choice and what the swarm offers: ``monitor.core.route_choice.unmet``, on this manager's view
+        of the swarm, which the operator's pins and blocks already bound), and a directed request
+        (``only``) whose every server already runs its share of directed requests (``Busy``)."""
+        if choice is None or choice.empty:
+            return
+        manager = self.sequence_manager(name)
+        with manager.lock_changes:
+            found = list(manager.state.sequence_info.spans_by_priority)
+            num_blocks = len(manager)
+        spans = {span.peer_id.to_base58(): (span.start, span.end) for span in found}
+        weights = manager.peer_weights()
+        seconds = {}
+        for span in found:
+            peer = span.peer_id.to_base58()
+            weight = weights.get(peer)
+            rps = getattr(span.server_info, "inference_rps", None)
+            measured = weight.seconds_per_token_per_block if weight is not None else None
+            seconds[peer] = measured or (1.0 / rps if rps else PETALS_DEFAULT_SECONDS_PER_BLOCK)
+        verified = {peer for peer, weight in weights.items() if weight.verified}
+        usable = allowed(choice, spans, verified=verified)
+        known = self.forecast(name, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        problem = unmet(choice, spans=spans, num_blocks=num_blocks, seconds_per_block=seconds, allowed_peers=usable,
+                        all_peers=spans, time_to_first_token=known.time_to_first_token, wait=known.wait, field=field)
+        if problem is not None:
+            raise RouteUnmet(problem.field, problem.message)
+        if choice.directed and self.server_load.directed_full(usable):
+            raise Busy(f"the servers {field + '.' if field else ''}only allows already run their share of requests "
+                       f"that name their servers ({self.server_load.directed_limit} each); retry later or allow "
+                       f"more servers", self.capacity.retry_after)
 
     def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int) -> Forecast:
         """What a request of ``prompt_tokens`` asking for ``max_tokens`` would get if it came now

@@ -44,6 +44,17 @@ class MaxLengthExceeded(InvalidRequest):
         super().__init__("max_length", f"Maximum length exceeded: {detail}")
 
 
+class RouteUnmet(ChatError):
+    """A request's routing choices (``monitor.core.route_choice``) no route can meet now: ``param``
+    names the choice, the message what the swarm offers instead."""
+
+    status = 422
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 class UnknownModel(ChatError):
     status = 404
 

@@ -42,7 +42,8 @@ __all__ = ["CHAT_OUTCOME_WINDOW", "UNUSABLE_SCORE", "probe_speeds", "StoreWeight
 def as_weight(known: PeerRouting) -> PeerWeight:
     """The policy's weight of what routing knows of a peer (a peer not scored yet: neutral)."""
     return PeerWeight(score=NEUTRAL_SCORE if known.score is None else known.score,
-                      seconds_per_token_per_block=known.seconds_per_token_per_block, policy=known.policy)
+                      seconds_per_token_per_block=known.seconds_per_token_per_block, policy=known.policy,
+                      verified=known.verified)
 
 
 def every(period: float, work: Callable[[], object], *, name: str, stop: threading.Event,

@@ -34,11 +34,12 @@ from collections import deque
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord
+from monitor.core.route_choice import RouteChoice
 
 from chat.capacity import InSlot, Slot
 from chat.decoding import Delta, Finished, GenerationParams
-from chat.errors import (Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, SessionExpired, UnknownModel,
-                         check_fits_context)
+from chat.errors import (Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, RouteUnmet, SessionExpired,
+                         UnknownModel, check_fits_context)
 from chat.policy import OutcomeSink
 from chat.session import ChatSession
 from chat.streams import ThreadStream
@@ -79,16 +80,20 @@ def plan_groups(rows: Sequence[Sequence[int]], params: GenerationParams, context
 # -- the entry points -------------------------------------------------------------------------------
 def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                  client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-                 prompt_param: str = "prompt", api: str = "openai") -> "BatchAnswer":
+                 prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None
+                 ) -> "BatchAnswer":
     """Start answering every row (a prompt's token ids) of one request; everything that can be
-    refused (unknown model, prompt too long, too many rows, model not served, busy) raises here,
-    before any token. ``api``: which API it came through (its request row's)."""
+    refused (unknown model, prompt too long, too many rows, model not served, routing choices
+    nobody meets, busy) raises here, before any token. ``api``: which API it came through (its
+    request row's); ``choice``: the request's own routing choices."""
     record = RequestLog(engine.request_sink, name, api)
     try:
         model = engine.loaded(name)
         groups = plan_groups(rows, params, model.context_length, max_rows=engine.max_batch_rows,
                              max_logprobs=engine.max_logprobs, prompt_param=prompt_param)
         engine.check_served(model)
+        engine.check_route_choice(model.name, choice, prompt_tokens=max(len(r) for r in rows),
+                                  max_tokens=params.max_new_tokens)
         waiting = time.perf_counter()
         slots = engine.slots.take(client, wanted=len(groups))
         record.waited = time.perf_counter() - waiting
@@ -98,31 +103,34 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
 
     def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
         return ChatSession(engine.remote(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
-                           tokenizer=model.tokenizer, stall_timeout=engine.stall_timeout, rows=len(prompts))
+                           tokenizer=model.tokenizer, stall_timeout=engine.stall_timeout, rows=len(prompts),
+                           choice=choice)
 
     return BatchAnswer(open_group, groups, slots, stop_event, record=record, rows=len(rows))
 
 
 def answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
            client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-           prompt_param: str = "prompt", api: str = "openai") -> "Answer":
+           prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None) -> "Answer":
     """One answer in its own session: a batch of one row."""
     batch = answer_batch(engine, name, [input_ids], params, client=client, stop_event=stop_event,
-                         prompt_param=prompt_param, api=api)
+                         prompt_param=prompt_param, api=api, choice=choice)
     return Answer((event for _, event in batch), batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
 
 
-def open_session(engine: Engine, name: str, max_length: int, *, client: Optional[str] = None) -> ChatSession:
+def open_session(engine: Engine, name: str, max_length: int, *, client: Optional[str] = None,
+                 choice: Optional[RouteChoice] = None) -> ChatSession:
     """A session kept open between turns (chat.petals.dev's WebSocket), admitted among the open
     sessions (``chat.capacity.OpenSessions``, which may expire an idle one to make room). It holds
-    no slot while idle: each ``turn`` takes one."""
+    no slot while idle: each ``turn`` takes one. ``choice``: its routing choices, for every turn."""
     model = engine.loaded(name)
     if not 0 < max_length <= model.context_length:
         raise InvalidRequest("max_length", f"max_length must be between 1 and the model's context "
                                            f"length {model.context_length}, got {max_length}")
     engine.check_served(model)
+    engine.check_route_choice(model.name, choice, prompt_tokens=0, max_tokens=max_length, field="")
     session = ChatSession(engine.remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                          stall_timeout=engine.stall_timeout, registry=engine.sessions,
+                          stall_timeout=engine.stall_timeout, registry=engine.sessions, choice=choice,
                           take_slot=lambda timeout: engine.slots.take(client, timeout=timeout, queued=False)[0])
     try:
         engine.sessions.admit(session, client)
@@ -278,7 +286,7 @@ class Answer:
 # -- 5. leave its row -------------------------------------------------------------------------------
 ERROR_KINDS = ((Busy, "busy"), (ModelNotServed, "not_served"), (SessionExpired, "expired"),
                (GenerationFailed, "failed"))
-NOT_COUNTED = (InvalidRequest, UnknownModel)  # the client's own mistakes: no request of the model's
+NOT_COUNTED = (InvalidRequest, UnknownModel, RouteUnmet)  # the client's own asks: no request of the model's
 
 
 def error_kind(error: BaseException) -> str:

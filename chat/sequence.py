@@ -29,7 +29,10 @@ from petals.client.routing.sequence_manager import RemoteSequenceManager
 
 from swarm_monitor_client.routing import MonitorRouting
 
+from monitor.core.route_choice import RouteChoice, allowed
+
 from chat.policy import OutcomeSink, PeerWeight, RouteHop, RoutingSettings, ScoreSource
+from chat.server_load import ServerLoad
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
     score_source: Optional[ScoreSource] = None
     outcome_sink: Optional[OutcomeSink] = None
     routing: RoutingSettings = RoutingSettings()
+    server_load: Optional[ServerLoad] = None  # the chat's requests in flight per server (``chat.server_load``)
 
     @classmethod
     def configured(
@@ -57,14 +61,35 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         score_source: Optional[ScoreSource] = None,
         outcome_sink: Optional[OutcomeSink] = None,
         routing: Optional[RoutingSettings] = None,
+        server_load: Optional[ServerLoad] = None,
     ) -> type["HealthAwareSequenceManager"]:
         return type(
             cls.__name__,
             (cls,),
             {"score_source": staticmethod(score_source) if score_source else None,
              "outcome_sink": staticmethod(outcome_sink) if outcome_sink else None,
-             "routing": routing or RoutingSettings()},
+             "routing": routing or RoutingSettings(), "server_load": server_load},
         )
+
+    # -- the request routed now (the session stepping in this thread) and the load -------------
+    def route_excluded(self, spans, weights: Mapping[str, PeerWeight]) -> set[str]:
+        choice = _active_choice()
+        if choice is None or choice.empty:
+            return set()
+        names = {span.peer_id.to_base58() for span in spans}
+        verified = {peer for peer, weight in weights.items() if weight.verified}
+        return names - allowed(choice, names, verified=verified)
+
+    def route_sort(self) -> Optional[str]:
+        choice = _active_choice()
+        return choice.sort if choice is not None else None
+
+    def route_load(self, spans, cache_tokens_needed: Optional[int]) -> Mapping[str, float]:
+        if self.server_load is None:
+            return {}
+        return self.server_load.factors(
+            {span.peer_id.to_base58(): getattr(span.server_info, "cache_tokens_left", None) for span in spans},
+            cache_tokens_needed)
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._policies: tuple[set, set] = (set(), set())  # PeerIDs pinned, blocked by the operator
@@ -165,6 +190,15 @@ _ACTIVE = threading.local()  # .session: the TimedInferenceSession stepping in t
 def _active_recorder() -> Optional["SpanRecorder"]:
     session = getattr(_ACTIVE, "session", None)
     return session.recorder if session is not None else None
+
+
+def _active_choice() -> Optional[RouteChoice]:
+    session = getattr(_ACTIVE, "session", None)
+    return session.choice if session is not None else None
+
+
+class NoFallback(RuntimeError):
+    """A server of a route failed and the request said ``allow_fallbacks: false``."""
 
 
 class SpanRecorder:
@@ -274,10 +308,15 @@ class TimedInferenceSession(InferenceSession):
     """
 
     def __init__(self, sequence_manager: RemoteSequenceManager, max_length: int, *,
-                 outcome_sink: Optional[OutcomeSink] = None):
+                 outcome_sink: Optional[OutcomeSink] = None, choice: Optional[RouteChoice] = None):
         """``outcome_sink``: where each server's outcome goes, if not the sequence manager's (the
-        monitor's generation checks: none of theirs counts as a user's chat)."""
+        monitor's generation checks: none of theirs counts as a user's chat). ``choice``: the
+        request's own routing choices (``monitor.core.route_choice``), which every route of this
+        session (the first, and each fail-over's) honours."""
         super().__init__(sequence_manager, max_length)
+        self.choice = choice
+        self._load: Optional[ServerLoad] = getattr(sequence_manager, "server_load", None)
+        self._counted: list[str] = []  # the peers this session counts on in ``_load`` now
         self.recorder = SpanRecorder(
             self, sequence_manager.config.dht_prefix,
             outcome_sink if outcome_sink is not None else getattr(sequence_manager, "outcome_sink", None)
@@ -296,7 +335,11 @@ class TimedInferenceSession(InferenceSession):
 
     def _update_sequence(self, server_idx: int, block_idx: int, attempt_no: int):
         failed = self._server_sessions[server_idx] if server_idx < len(self._server_sessions) else None
+        if attempt_no >= 1 and self.choice is not None and not self.choice.allow_fallbacks:
+            who = failed.span.peer_id.to_base58() if failed is not None else "a server"
+            raise NoFallback(f"{who} failed and petals.allow_fallbacks is false: no other server takes its place")
         result = super()._update_sequence(server_idx, block_idx, attempt_no)
+        self._count_load()
         if failed is not None and failed.history is not None:
             replacement = self._server_sessions[server_idx]
             replacement.history = failed.history[:, : failed._position]
@@ -318,6 +361,18 @@ class TimedInferenceSession(InferenceSession):
             finally:
                 server_session._outputs_stream = server_session._inputs_queue = None
                 server_session.closed = True
+        self._count_load()
+
+    def _count_load(self) -> None:
+        """The chat's load per server follows this session's route (open server sessions)."""
+        if self._load is None:
+            return
+        now = [s.span.peer_id.to_base58() for s in self._server_sessions if not getattr(s, "closed", False)]
+        directed = self.choice is not None and self.choice.directed
+        if now != self._counted:
+            self._load.enter(now, directed=directed)
+            self._load.leave(self._counted, directed=directed)
+            self._counted = now
 
     def _enter_server_sessions(self, chosen_spans):
         sessions = super()._enter_server_sessions(chosen_spans)

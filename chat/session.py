@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
+from monitor.core.route_choice import RouteChoice
 
 from chat.capacity import GENERATING, IDLE, WAITING, InSlot, OpenSessions, Slot
 from chat.decoding import AnswerRun, Delta, Finished, GenerationParams, decode_steps
@@ -53,12 +54,13 @@ class ChatSession:
     def __init__(self, remote: Any, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
                  rows: int = 1, registry: Optional[OpenSessions] = None,
                  take_slot: Optional[Callable[[Optional[float]], Slot]] = None,
-                 outcome_sink: Optional[Callable] = None):
+                 outcome_sink: Optional[Callable] = None, choice: Optional[RouteChoice] = None):
         self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
         self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
         self._outcome_sink = outcome_sink
-        self._petals = TimedInferenceSession(self._manager, max_length, outcome_sink=outcome_sink)
+        self.choice = choice  # the request's own routing choices, honoured by every route it takes
+        self._petals = TimedInferenceSession(self._manager, max_length, outcome_sink=outcome_sink, choice=choice)
         self._replay: list[int] = []  # the text so far, for a longer session to take in first (``grow``)
         self._stall_timeout = stall_timeout
         self._registry, self._take_slot = registry, take_slot
@@ -93,7 +95,8 @@ class ChatSession:
             history = output_ids[0].tolist() if output_ids is not None else list(self._replay)
             length = min(limit, max(2 * self.max_length, len(history) + new_input_tokens + wanted))
             old, self._petals = self._petals, TimedInferenceSession(self._manager, length,
-                                                                     outcome_sink=self._outcome_sink)
+                                                                     outcome_sink=self._outcome_sink,
+                                                                     choice=self.choice)
             self.max_length, self._replay = length, history
         try:
             old.close()
@@ -270,6 +273,14 @@ def _as_chat_error(model: str, error: BaseException) -> ChatError:
         return error
     if isinstance(error, MissingBlocksError):
         return ModelNotServed(model, "servers went away while answering; some blocks have no server now")
+    from chat.sequence import NoFallback
+
+    if isinstance(error, NoFallback):
+        return GenerationFailed(f"a server of the route failed while answering with {model!r}, and "
+                                f"petals.allow_fallbacks is false: no other server took its place")
+    if type(error).__name__ == "NoPathError":  # dijkstar: the request's choices leave no route now
+        return GenerationFailed(f"no route through the servers the request allows serves {model!r} now "
+                                f"(they left or failed while answering)")
     # the petals error names peers, addresses and internals: it is for the operator's log only
     logger.warning("generation with %s failed: %s", model, short_error(error), exc_info=error)
     return GenerationFailed(f"the swarm's servers failed while answering with {model!r}, also after retrying "

@@ -12,7 +12,9 @@ prompt too (``max_tokens`` 0: only scores it), as evaluation harnesses ask.
 
 Parameters OpenAI defines but the swarm cannot honour (penalties other than repetition, logit
 bias, tools, best_of) are refused with a 400 naming them rather than silently ignored. Each answer
-carries a ``petals`` extension: its route and speed. Errors have OpenAI's shape, also mid-stream.
+carries a ``petals`` extension: its route and speed. A request may carry a ``petals`` object of
+routing choices (``monitor.core.route_choice``: ``only``, ``ignore``, ``sort``, bounds; a choice
+nobody meets is a 422 naming it) and a ``models`` list to fall back on. Errors have OpenAI's shape, also mid-stream.
 Prompts are bounded before they are tokenized (``chat.http.limits``): characters over all messages
 or prompts, token ids by the model's context.
 """
@@ -29,16 +31,21 @@ from typing import Iterator, Optional, Sequence
 from flask import Blueprint, Response, jsonify, stream_with_context
 
 from monitor.http_errors import openai_error_body
+from monitor.core.route_choice import ChoiceError, parse_choice
 
 from chat.engine import (
     BatchAnswer,
+    Busy,
     ChatEngine,
     ChatError,
     Delta,
     Finished,
     GenerationParams,
     InvalidRequest,
+    ModelNotServed,
     ModelStatus,
+    RouteChoice,
+    RouteUnmet,
 )
 from chat.http import logprobs as lp
 from chat.errors import check_fits_context
@@ -232,9 +239,18 @@ def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
     status = engine.status(model)
     prompt_tokens = max(len(row) for row in request.rows)
     forecast = engine.forecast(model, prompt_tokens=prompt_tokens, max_tokens=request.generation.max_new_tokens)
+    route = {"meets": True}
+    choice = route_choice(params)
+    if status.served and not choice.empty:
+        try:
+            engine.check_route_choice(model, choice, prompt_tokens=prompt_tokens,
+                                      max_tokens=request.generation.max_new_tokens)
+        except (RouteUnmet, Busy) as e:
+            route = {"meets": False, "param": getattr(e, "param", None), "status": e.status, "reason": str(e)}
     return jsonify(object="estimate", model=name, prompt_tokens=prompt_tokens,
                    max_tokens=request.generation.max_new_tokens, answers=len(request.rows),
-                   petals={"served": status.served, "reason": status.reason or None, "forecast": forecast.to_dict()})
+                   petals={"served": status.served, "reason": status.reason or None, "forecast": forecast.to_dict(),
+                           "route_choice": route})
 
 
 @dataclass(frozen=True)
@@ -305,11 +321,16 @@ class _Reply:
     request: _Request
     texts: lp.TokenTexts
     sent: dict = field(default_factory=dict)  # choice -> (token ids whose logprobs were streamed, characters sent)
+    fallbacks: list = field(default_factory=list)  # the models of ``models`` that gave way, and why
 
     @classmethod
-    def new(cls, chat: bool, model: str, request: _Request, tokenizer) -> "_Reply":
+    def new(cls, chat: bool, model: str, request: _Request, tokenizer, *, fallbacks: Sequence[dict] = ()) -> "_Reply":
         return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), int(time.time()),
-                   request, lp.TokenTexts(tokenizer))
+                   request, lp.TokenTexts(tokenizer), fallbacks=list(fallbacks))
+
+    def extension(self, finished: Finished) -> dict:
+        found = _petals_extension(finished)
+        return {**found, "fallbacks": self.fallbacks} if self.fallbacks else found
 
     # -- log-probabilities ----------------------------------------------------------------------
     def _chat_logprobs(self, index: int, logprobs: Sequence, before: Sequence[int]) -> Optional[dict]:
@@ -344,7 +365,7 @@ class _Reply:
                                 "logprobs": self._text_logprobs(index, done, echo), "finish_reason": reason})
         return {"id": self.ident, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": _usage(finished),
-                "petals": _petals_extension(finished[0])}
+                "petals": self.extension(finished[0])}
 
     # -- streamed -------------------------------------------------------------------------------
     def role_chunk(self, index: int) -> str:
@@ -373,7 +394,7 @@ class _Reply:
         """The choice's end: its finish reason, the log-probabilities not sent yet, its route."""
         sent = len(self.sent.get(index, ([], 0))[0])
         rest = finished.logprobs[sent:] if self.request.logprobs is not None else ()
-        return self.chunk(index, None, rest, _finish_reason(finished), petals=_petals_extension(finished))
+        return self.chunk(index, None, rest, _finish_reason(finished), petals=self.extension(finished))
 
     def usage_chunk(self, finished: Sequence[Finished]) -> str:
         return self._event(choices=[], usage=_usage(finished))
@@ -420,16 +441,60 @@ def _stream_events(batch: BatchAnswer, reply: _Reply, include_usage: bool) -> It
         yield "data: [DONE]\n\n"
 
 
+MAX_FALLBACK_MODELS = 8  # models in a request's ``models`` list
+FALLBACK_ON = (ModelNotServed, RouteUnmet)  # a model refused for these: the next of ``models`` is tried
+
+
+def route_choice(params: Params) -> RouteChoice:
+    """The request's ``petals`` routing choices (``monitor.core.route_choice``)."""
+    try:
+        return parse_choice(params.raw("petals"))
+    except ChoiceError as e:
+        raise InvalidRequest(e.field, str(e)) from None
+
+
+def _models(engine: ChatEngine, params: Params, first: tuple[str, str]) -> list[tuple[str, str]]:
+    """(name as asked, engine name) of ``model`` and then of each model in ``models`` (OpenRouter's
+    fallbacks), each once."""
+    listed = params.raw("models")
+    if listed is None:
+        return [first]
+    if not isinstance(listed, list) or not all(isinstance(m, str) and 0 < len(m) <= 500 for m in listed):
+        raise InvalidRequest("models", "models must be a list of model names")
+    if len(listed) > MAX_FALLBACK_MODELS:
+        raise InvalidRequest("models", f"models names {len(listed)} models; at most {MAX_FALLBACK_MODELS}")
+    found = {first[1]: first}
+    for index, name in enumerate(listed):
+        try:
+            found.setdefault(engine.resolve(name), (name, engine.resolve(name)))
+        except ChatError as e:
+            raise InvalidRequest(f"models[{index}]", str(e)) from None
+    return list(found.values())
+
+
 def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
-    """A chat completion (``chat``) or a text completion, whole or streamed, of one or more choices."""
+    """A chat completion (``chat``) or a text completion, whole or streamed, of one or more choices.
+    With ``models``, a model refused as not served or unable to meet the request's ``petals``
+    choices gives way to the next (``petals.fallbacks`` in the answer says which and why)."""
     params = request_params()
-    name, model = _requested_model(engine, params)
-    request = (_chat_request if chat else _text_request)(engine, model, params, limits)
+    first = _requested_model(engine, params)
+    choice = route_choice(params)
+    candidates = _models(engine, params, first)
     stream = params.boolean("stream")
     include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
-    batch = engine.answer_batch(model, request.rows, request.generation, client=client_address(),
-                                prompt_param=request.param)
-    reply = _Reply.new(chat, name, request, engine.tokenizer(model))
+    fallbacks: list[dict] = []
+    for index, (name, model) in enumerate(candidates):
+        request = (_chat_request if chat else _text_request)(engine, model, params, limits)
+        try:
+            batch = engine.answer_batch(model, request.rows, request.generation, client=client_address(),
+                                        prompt_param=request.param, choice=choice)
+        except FALLBACK_ON as e:
+            if index + 1 == len(candidates):
+                raise
+            fallbacks.append({"model": name, "status": e.status, "error": str(e)})
+            continue
+        break
+    reply = _Reply.new(chat, name, request, engine.tokenizer(model), fallbacks=fallbacks)
     if not stream:
         return jsonify(reply.whole(_collect(batch, len(request.rows))))
     return Response(stream_with_context(_stream_events(batch, reply, include_usage)),

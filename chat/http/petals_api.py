@@ -30,7 +30,10 @@ from typing import Any, Optional, Sequence
 from flask import Blueprint, Response, jsonify
 from simple_websocket import ConnectionClosed
 
+from monitor.core.route_choice import ChoiceError, parse_choice
+
 from chat import request as chat_request
+
 from chat.engine import (
     ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest, MaxLengthExceeded,
     SessionExpired,
@@ -110,7 +113,11 @@ def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:
         max_length = params.integer("max_length", lo=1, hi=context)
         if max_length is None:
             raise InvalidRequest("max_length", f"max_length is required (1 to {context})")
-        session = engine.open_session(model, max_length, client=client_address())
+        try:  # the routing choices of the OpenAI API's ``petals`` object, as fields of the message
+            choice = parse_choice(None, field="", fields=message)
+        except ChoiceError as e:
+            raise InvalidRequest(e.field, str(e)) from None
+        session = engine.open_session(model, max_length, client=client_address(), choice=choice)
         ws.send(json.dumps({"ok": True}))
         while True:
             message = _ws_receive(ws, clock, session)

@@ -40,6 +40,7 @@ class PeerWeight:
     score: float = NEUTRAL_SCORE
     seconds_per_token_per_block: Optional[float] = None
     policy: Optional[str] = None  # "pinned" or "blocked", set by an operator from the peer's page
+    verified: bool = False  # its newest correctness probe passed (a request's ``verified_only``)
 
 
 ScoreSource = Callable[[], Mapping[str, PeerWeight]]  # peer id -> weight, asked at every route

@@ -136,12 +136,31 @@ class MonitorRouting:
         names = peers_to_leave_out(spans_by_name(spans), start_index, end_index, weights, threshold)
         return {span.peer_id for span in spans if span.peer_id.to_base58() in names}
 
+    # -- a request's own choices and the load now (hooks: none here; the monitor's chat sets them) --
+    def route_excluded(self, spans, weights: Mapping[str, PeerWeight]) -> set[str]:
+        """Peer ids this route must not use, whatever the coverage (a request's ``only`` /
+        ``ignore`` / ``verified_only``): a route that needs them fails instead."""
+        return set()
+
+    def route_sort(self) -> Optional[str]:
+        """What this route is priced by: None (health and measured speed), "speed" (measured speed
+        only), "score" (health only) or "latency" (petals' own costs)."""
+        return None
+
+    def route_load(self, spans, cache_tokens_needed: Optional[int]) -> Mapping[str, float]:
+        """peer id -> a factor (≥ 1) on its compute edges for the load it carries now (requests in
+        flight through it, its cache left for ``cache_tokens_needed``): concurrent routes spread
+        over servers of like speed."""
+        return {}
+
     # -- petals overrides ---------------------------------------------------------------------
     def _build_inference_graph(self, start_index: int, end_index: int, *, cache_tokens_needed, **kwargs):
         """petals' graph, without the left-out peers, with compute edges scaled by penalty.
 
         Both modes leave out peers petals has just banned: petals bans a failed peer but keeps
-        routing to it until its next DHT refresh (its spans are not recomputed on failure)."""
+        routing to it until its next DHT refresh (its spans are not recomputed on failure). A
+        request's excluded peers (``route_excluded``) go whatever the coverage; its ``route_sort``
+        picks what the penalties weigh; ``route_load`` scales them by the load now."""
         graph = super()._build_inference_graph(start_index, end_index, cache_tokens_needed=cache_tokens_needed, **kwargs)
         spans = [
             span for span in self.state.sequence_info.spans_by_priority
@@ -149,12 +168,20 @@ class MonitorRouting:
         ]
         health = self.routing.mode == "health"
         weights = self.peer_weights() if health else {}
-        left_out = self._left_out(spans, start_index, end_index, weights)
-        if health:
+        excluded = self.route_excluded(spans, weights)
+        hard = {span.peer_id for span in spans if span.peer_id.to_base58() in excluded}
+        usable = [span for span in spans if span.peer_id not in hard]
+        sort = self.route_sort()
+        left_out = hard | self._left_out(usable, start_index, end_index, weights)
+        if health and sort is None and not excluded:
             left_out |= self._explored_around([s for s in spans if s.peer_id not in left_out],
                                               start_index, end_index, weights)
         kept = [span for span in spans if span.peer_id not in left_out]
-        factors = self._relative_penalties(kept, weights) if health else {}
+        factors = self._relative_penalties(kept, sorted_by(weights, sort)) if health and sort != "latency" else {}
+        load = self.route_load(kept, cache_tokens_needed)
+        if load:
+            factors = {span.peer_id: factors.get(span.peer_id, 1.0) * max(1.0, load.get(span.peer_id.to_base58(), 1.0))
+                       for span in kept}
         for span in spans:
             blocks = range(max(span.start, start_index), min(span.end, end_index))
             if span.peer_id in left_out:
@@ -162,7 +189,7 @@ class MonitorRouting:
                     if (span.peer_id, block_idx) in graph.get_data():
                         graph.remove_node((span.peer_id, block_idx))
                 continue
-            if not health:
+            if span.peer_id not in factors:
                 continue
             for block_idx in blocks:
                 u, v = (span.peer_id, block_idx), (span.peer_id, block_idx + 1)
@@ -199,6 +226,16 @@ class MonitorRouting:
             sequence.append(dataclasses.replace(chosen, start=current))
             current = chosen.end
         return sequence
+
+
+def sorted_by(weights: Mapping[str, PeerWeight], sort: Optional[str]) -> Mapping[str, PeerWeight]:
+    """The weights a route sorted by ``sort`` prices: "speed" forgets the scores, "score" the
+    measured speeds; None (or "latency", which prices by petals' costs alone) keeps both."""
+    if sort == "speed":
+        return {peer: dataclasses.replace(w, score=100.0) for peer, w in weights.items()}
+    if sort == "score":
+        return {peer: dataclasses.replace(w, seconds_per_token_per_block=None) for peer, w in weights.items()}
+    return weights
 
 
 # ---- putting it under a loaded model ------------------------------------------------------------

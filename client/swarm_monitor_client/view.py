@@ -89,14 +89,16 @@ def parse_view(body: bytes, prefix: str) -> dict[str, PeerWeight]:
             raise ViewError(f"not a peer id: {str(peer)[:40]!r}")
         score = _number(entry, "score", 0.0, 100.0)
         seconds = _number(entry, "seconds_per_token_per_block", 0.0, MAX_SECONDS_PER_BLOCK, low_open=True)
-        flags = {key: entry.get(key, False) for key in ("failing", "wrong", "unreachable", "slow", "blocked", "pinned")}
+        flags = {key: entry.get(key, False) for key in ("failing", "wrong", "unreachable", "slow", "blocked", "pinned",
+                                                           "verified")}
         if not all(isinstance(flag, bool) for flag in flags.values()):
             raise ViewError("a flag is not true or false")
         if flags["failing"] or flags["wrong"] or flags["unreachable"]:
             score = 0.0
         policy = "blocked" if flags["blocked"] else "pinned" if flags["pinned"] else None
         weight = PeerWeight(score=NEUTRAL_SCORE if score is None else score,
-                            seconds_per_token_per_block=seconds, policy=policy)
+                            seconds_per_token_per_block=seconds, policy=policy,
+                            verified=flags["verified"] and not flags["wrong"])
         known = weights.get(peer)  # a peer serving two spans: the worse of what is said of it
         weights[peer] = weight if known is None or weight.score < known.score else known
     return weights

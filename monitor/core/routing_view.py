@@ -19,6 +19,7 @@ from typing import Iterable, Mapping, Optional
 from monitor.core.assess import flagged, round_trip_speeds
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_SLOW, CAUSE_UNREACHABLE, CAUSE_WRONG, Assessment
 from monitor.core.common import HOUR, finite
+from monitor.core.probes import CORRECT
 from monitor.core.snapshot import ONLINE, ChatOutcome, ServerRow
 
 CHAT_OUTCOME_WINDOW = HOUR  # seconds of chat outcomes routing learns from
@@ -38,6 +39,7 @@ class PeerRouting:
     wrong: bool = False
     unreachable: bool = False
     slow: bool = False
+    verified: bool = False  # its newest correctness probe in the window passed (``petals.verified_only``)
 
 
 def outcome_speeds(outcomes: Iterable[ChatOutcome], *, now: float, window: float = CHAT_OUTCOME_WINDOW,
@@ -80,6 +82,8 @@ def peer_routing(*, scores: Mapping[str, float], outcomes: list[ChatOutcome], as
         for peer, server in assessment.servers.items():
             if server.cause == CAUSE_SLOW:
                 found[peer] = replace(found.get(peer, PeerRouting()), slow=True)
+            if server.verdict is not None and server.verdict.verdict == CORRECT and not server.wrong:
+                found[peer] = replace(found.get(peer, PeerRouting()), verified=True)
     for peer, policy in policies.items():
         found[peer] = replace(found.get(peer, PeerRouting()), policy=policy)
     return found
@@ -105,6 +109,7 @@ def routing_view(model: str, num_blocks: int, rows: Iterable[ServerRow], routing
             "seconds_per_token_per_block": _number(known.seconds_per_token_per_block, 4),
             "score": _number(known.score, 3),
             "failing": known.failing, "wrong": known.wrong, "unreachable": known.unreachable, "slow": known.slow,
+            "verified": known.verified,
             "blocked": known.policy == "blocked", "pinned": known.policy == "pinned",
         })
     return {

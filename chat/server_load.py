@@ -1,0 +1,76 @@
+"""The load this chat process puts on each server (pure: a lock, no petals): which requests are in
+flight through it now, and what that makes it cost a new route.
+
+Every petals inference session the chat opens counts once on each server of its route while it is
+open (``chat.sequence.TimedInferenceSession``: entered with its route, moved with a fail-over, left
+when it closes). Routing multiplies a server's compute edges by ``factor``: ``1 + LOAD_WEIGHT`` per
+request in flight through it — a server computing for n requests gives each about 1/(n+1) of its
+time — and up to ``2×`` more as its announced ``cache_tokens_left`` nears what the new session needs.
+So concurrent requests spread over routes of like speed, and a server far faster than the others
+still takes more of them. Counted per chat process (each gunicorn worker counts its own), as the
+generation slots are.
+
+A request that names its servers (``petals.only``) is *directed*: at most ``directed_limit`` such
+requests run through one server at a time, whoever sends them (``directed_full``), so a list of
+peers cannot aim everyone's load at one victim.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Iterable, Mapping, Optional
+
+LOAD_WEIGHT = 1.0  # added to a server's cost factor per request in flight through it
+CACHE_SLACK = 4  # below this many times the tokens a session needs, a server's cache left costs more
+
+
+def cache_factor(cache_tokens_left: Optional[int], needed: Optional[int]) -> float:
+    """1 while the server announces room for ``CACHE_SLACK`` sessions like this one (or nothing);
+    up to 2 as its room falls to one session's."""
+    if cache_tokens_left is None or not needed or needed <= 0:
+        return 1.0
+    room = cache_tokens_left / (CACHE_SLACK * needed)
+    return 1.0 + max(0.0, min(1.0, 1.0 - room))
+
+
+class ServerLoad:
+    """Requests in flight through each server (peer id), and the directed ones among them."""
+
+    def __init__(self, directed_limit: int = 2):
+        self.directed_limit = max(1, directed_limit)
+        self._lock = threading.Lock()
+        self._in_flight: Counter = Counter()
+        self._directed: Counter = Counter()
+
+    def enter(self, peers: Iterable[str], *, directed: bool = False) -> None:
+        with self._lock:
+            for peer in peers:
+                self._in_flight[peer] += 1
+                if directed:
+                    self._directed[peer] += 1
+
+    def leave(self, peers: Iterable[str], *, directed: bool = False) -> None:
+        with self._lock:
+            for peer in peers:
+                for counter in (self._in_flight, self._directed) if directed else (self._in_flight,):
+                    counter[peer] -= 1
+                    if counter[peer] <= 0:
+                        del counter[peer]
+
+    def in_flight(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._in_flight)
+
+    def directed_full(self, peers: Iterable[str]) -> bool:
+        """Every one of ``peers`` already runs ``directed_limit`` directed requests."""
+        peers = list(peers)
+        with self._lock:
+            return bool(peers) and all(self._directed[peer] >= self.directed_limit for peer in peers)
+
+    def factors(self, cache_tokens_left: Mapping[str, Optional[int]], needed: Optional[int]) -> dict[str, float]:
+        """peer -> its cost factor now, for the peers of ``cache_tokens_left`` (what each announces)."""
+        with self._lock:
+            counts = dict(self._in_flight)
+        return {peer: (1.0 + LOAD_WEIGHT * counts.get(peer, 0)) * cache_factor(left, needed)
+                for peer, left in cache_tokens_left.items()}

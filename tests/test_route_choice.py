@@ -1,0 +1,234 @@
+"""Spec: a request's own routing choices (``monitor.core.route_choice``, the ``petals`` object of the
+OpenAI API and the same fields of chat.petals.dev's ``open_inference_session``), the ``models`` list
+to fall back on, and load spread over the servers (``chat.server_load``).
+
+Pure parts first; then, on the session swarm (first-half 0:4, second-half 4:8, full 0:8), every
+constraint honoured in every route taken — read back from the stored request rows — a choice
+nobody meets refused with a 422 naming it and what the swarm offers, bad values with a 400 naming
+the field, a broken model giving way to the next, and directed requests bounded per server.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from chat.engine import ChatEngine, GenerationParams
+from chat.feedback import StoreRequests
+from chat.http import create_blueprint
+from chat.policy import RoutingSettings
+from chat.server_load import ServerLoad, cache_factor
+from monitor.core.requests import OK
+from monitor.core.route_choice import (
+    MAX_PEERS, ChoiceError, RouteChoice, allowed, best_route, missing, parse_choice, unmet,
+)
+from monitor.harness.tiny_model import TINY_DHT_PREFIX
+from monitor.settings import ModelConfig, Settings
+from monitor.web import create_app
+from support import PEERS, sqlite_store
+
+A, B, C = PEERS["first"], PEERS["second"], PEERS["full"]
+SPANS = {A: (0, 4), B: (4, 8), C: (0, 8)}
+
+
+# ---- pure ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, field", [
+    ({"sort": "fastest"}, "petals.sort"),
+    ({"only": "QmNotAList"}, "petals.only"),
+    ({"only": ["not a peer id!"]}, "petals.only"),
+    ({"ignore": ["Qm" + "x" * 44] * (MAX_PEERS + 1)}, "petals.ignore"),
+    ({"min_tokens_per_s": -1}, "petals.min_tokens_per_s"),
+    ({"min_tokens_per_s": True}, "petals.min_tokens_per_s"),
+    ({"max_time_to_first_token": 0}, "petals.max_time_to_first_token"),
+    ({"verified_only": "yes"}, "petals.verified_only"),
+    ({"allow_fallbacks": 1}, "petals.allow_fallbacks"),
+    ({"speed": "max"}, "petals.speed"),
+    ({"only": [A], "ignore": [A]}, "petals.ignore"),
+    ("fast", "petals"),
+])
+def test_every_bad_value_is_refused_naming_its_field(value, field):
+    with pytest.raises(ChoiceError) as e:
+        parse_choice(value)
+    assert e.value.field == field and field in str(e.value)
+
+
+def test_choices_narrow_what_the_operator_allows_never_widen_it():
+    choice = parse_choice({"only": [A, B, A], "sort": "speed", "min_tokens_per_s": 5, "verified_only": False})
+    assert choice.only == (A, B) and choice.directed and not choice.empty
+    assert parse_choice(None).empty and parse_choice({}).empty
+    assert parse_choice(None, field="", fields={"type": "open_inference_session", "only": [C]}).only == (C,)
+    assert allowed(choice, SPANS) == {A, B}
+    assert allowed(choice, SPANS, blocked=[B]) == {A}  # the operator's block holds
+    assert allowed(RouteChoice(ignore=(C,)), SPANS, pinned=[A, C]) == {A}  # and its pins
+    assert allowed(RouteChoice(verified_only=True), SPANS, verified=[C]) == {C}
+    assert missing(SPANS, 8, {A}) == [4, 5, 6, 7]
+
+
+def test_the_best_route_and_what_the_swarm_offers_when_a_choice_is_unmet():
+    seconds = {A: 0.01, B: 0.01, C: 0.05}
+    route = best_route(SPANS, 8, seconds, SPANS)
+    assert route.hops == (A, B) and route.seconds_per_token == pytest.approx(8 * 0.01 + 2 * 0.018)
+    assert best_route(SPANS, 8, seconds, {C}).hops == (C,) and best_route(SPANS, 8, seconds, {A}) is None
+    gap = unmet(RouteChoice(only=(A,)), spans=SPANS, num_blocks=8, seconds_per_block=seconds, allowed_peers={A},
+                all_peers=SPANS, time_to_first_token=None)
+    assert gap.field == "petals.only" and "blocks 4:8" in gap.message
+    slow = unmet(RouteChoice(only=(C,), min_tokens_per_s=5), spans=SPANS, num_blocks=8, seconds_per_block=seconds,
+                 allowed_peers={C}, all_peers=SPANS, time_to_first_token=None)
+    assert slow.field == "petals.min_tokens_per_s" and "2.39 tokens/s" in slow.message  # 1 / (0.4 + 0.018)
+    late = unmet(RouteChoice(only=(C,), max_time_to_first_token=1.0), spans=SPANS, num_blocks=8,
+                 seconds_per_block=seconds, allowed_peers={C}, all_peers=SPANS, time_to_first_token=0.3, wait=0.2)
+    assert late.field == "petals.max_time_to_first_token"  # 0.2 + 0.3 × 0.418 / 0.116 = 1.28 s
+    assert unmet(RouteChoice(max_time_to_first_token=1.0), spans=SPANS, num_blocks=8, seconds_per_block=seconds,
+                 allowed_peers=SPANS, all_peers=SPANS, time_to_first_token=0.3, wait=0.2) is None
+
+
+def test_the_load_of_requests_in_flight_makes_a_server_cost_more_and_directed_ones_are_bounded():
+    load = ServerLoad(directed_limit=2)
+    load.enter([A, B])
+    load.enter([A], directed=True)
+    assert load.in_flight() == {A: 2, B: 1}
+    factors = load.factors({A: None, B: None, C: None}, 100)
+    assert factors == {A: 3.0, B: 2.0, C: 1.0}
+    assert not load.directed_full([A])
+    load.enter([A], directed=True)
+    assert load.directed_full([A]) and not load.directed_full([A, C])
+    load.leave([A], directed=True)
+    load.leave([A], directed=True)
+    load.leave([A, B])
+    assert load.in_flight() == {} and not load.directed_full([A])
+    assert cache_factor(None, 100) == 1.0 and cache_factor(400, 100) == 1.0
+    assert cache_factor(100, 100) == pytest.approx(1.75) and cache_factor(0, 100) == 2.0
+
+
+# ---- on the session swarm --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat(swarm, tiny_model, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("route-choice")
+    store = sqlite_store(data_dir)
+    rows = StoreRequests(store, period=0.2).start()
+    models = [ModelConfig(dht_prefix="absent-model", path=tiny_model),  # announced by no server
+              ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)]
+    engine = ChatEngine(swarm.dht, models, max_sessions=4, queue_size=4, queue_timeout=10, retry_after=1,
+                        request_sink=rows)
+    app = create_app(Settings(data_dir=data_dir, chat_rate_limit="1000 per minute"), store,
+                     chat_blueprints=[create_blueprint(engine)])
+    yield engine, store, rows, app
+    engine.close()
+    rows.close()
+    store.close()
+
+
+def completion(app, petals=None, **extra):
+    body = {"model": TINY_DHT_PREFIX, "prompt": "Hello", "max_tokens": 4, **extra}
+    if petals is not None:
+        body["petals"] = petals
+    return app.test_client().post("/v1/completions", json=body)
+
+
+def test_every_route_taken_honours_the_request_s_choices(chat, swarm):
+    engine, store, rows, app = chat
+    full, first, second = (swarm.peer_id(n) for n in ("full", "first-half", "second-half"))
+    started = time.time()
+    asked = [{"only": [full]}, {"only": [first, second]}, {"ignore": [full]}, {"ignore": [first], "sort": "score"},
+             {"sort": "latency"}, {"sort": "speed", "allow_fallbacks": False}]
+    for choice in asked:
+        done = completion(app, choice)
+        assert done.status_code == 200, (choice, done.get_data(as_text=True))
+        hops = {hop["peer_id"] for hop in done.get_json()["petals"]["route"]}
+        assert hops and (not choice.get("only") or hops <= set(choice["only"])) and not hops & set(choice.get("ignore", ()))
+    rows.flush()
+    stored = [r for r in store.requests_since(started - 1, model=TINY_DHT_PREFIX) if r.outcome == OK]
+    assert len(stored) == len(asked)
+    for record, choice in zip(stored, asked):  # the stored rows say the same of every route
+        peers = {peer for peer, _, _ in record.route}
+        assert not choice.get("only") or peers <= set(choice["only"]), (choice, record.route)
+        assert not peers & set(choice.get("ignore", ())), (choice, record.route)
+        assert {(s, e) for _, s, e in record.route} in ({(0, 8)}, {(0, 4), (4, 8)})
+
+
+def test_a_choice_nobody_meets_is_a_422_naming_it_and_what_the_swarm_offers(chat, swarm):
+    engine, store, rows, app = chat
+    first = swarm.peer_id("first-half")
+    gap = completion(app, {"only": [first]})
+    assert gap.status_code == 422, gap.get_data(as_text=True)
+    error = gap.get_json()["error"]
+    assert error["param"] == "petals.only" and "blocks 4:8" in error["message"] and "serves them through" in error["message"]
+    fast = completion(app, {"min_tokens_per_s": 100000})
+    assert fast.status_code == 422 and fast.get_json()["error"]["param"] == "petals.min_tokens_per_s"
+    assert "expected at" in fast.get_json()["error"]["message"]
+    unverified = completion(app, {"verified_only": True})  # nobody's correctness probes known to this chat
+    assert unverified.status_code == 422 and unverified.get_json()["error"]["param"] == "petals.verified_only"
+    for bad, field in (({"sort": "fastest"}, "petals.sort"), ({"only": ["x"]}, "petals.only"),
+                       ({"max_time_to_first_token": -1}, "petals.max_time_to_first_token"), ("all", "petals")):
+        refused = completion(app, bad)
+        assert refused.status_code == 400 and refused.get_json()["error"]["param"] == field, refused.get_json()
+    estimate = app.test_client().post("/v1/estimate", json={"model": TINY_DHT_PREFIX, "prompt": "Hi", "max_tokens": 4,
+                                                            "petals": {"only": [first]}}).get_json()
+    assert estimate["petals"]["route_choice"]["meets"] is False
+    assert estimate["petals"]["route_choice"]["param"] == "petals.only"
+
+
+def test_a_broken_model_gives_way_to_the_next_of_models(chat):
+    engine, store, rows, app = chat
+    client = app.test_client()
+    alone = client.post("/v1/completions", json={"model": "absent-model", "prompt": "Hi", "max_tokens": 3})
+    assert alone.status_code == 503
+    started = time.perf_counter()
+    done = client.post("/v1/completions", json={"model": "absent-model", "models": [TINY_DHT_PREFIX],
+                                                "prompt": "Hi", "max_tokens": 3})
+    assert done.status_code == 200, done.get_data(as_text=True)
+    body = done.get_json()
+    assert body["model"] == TINY_DHT_PREFIX and body["petals"]["fallbacks"][0]["model"] == "absent-model"
+    assert body["petals"]["fallbacks"][0]["status"] == 503
+    assert time.perf_counter() - started < 30
+    unknown = client.post("/v1/completions", json={"model": "absent-model", "models": ["nope"], "prompt": "Hi"})
+    assert unknown.status_code == 400 and unknown.get_json()["error"]["param"] == "models[0]"
+
+
+def test_directed_requests_are_bounded_per_server_and_load_spreads_routes(chat, swarm):
+    engine, store, rows, app = chat
+    full, first, second = (swarm.peer_id(n) for n in ("full", "first-half", "second-half"))
+    limit = engine.server_load.directed_limit
+    engine.server_load.enter([full] * limit, directed=True)  # as many directed requests in flight through it
+    try:
+        busy = completion(app, {"only": [full]})
+        assert busy.status_code == 429 and "share" in busy.get_json()["error"]["message"]
+        assert completion(app, {"ignore": [first]}).status_code == 200  # undirected requests still go
+    finally:
+        engine.server_load.leave([full] * limit, directed=True)
+    params = GenerationParams(max_new_tokens=3)
+    engine.server_load.enter([first, second] * 50)  # the halves busy: the route goes through full
+    try:
+        with engine.answer(TINY_DHT_PREFIX, [1, 2, 3], params) as answer:
+            route = list(answer)[-1].route
+        assert [hop.peer_id for hop in route] == [full], route
+    finally:
+        engine.server_load.leave([first, second] * 50)
+    engine.server_load.enter([full] * 50)  # full busy: the halves
+    try:
+        with engine.answer(TINY_DHT_PREFIX, [1, 2, 3], params) as answer:
+            route = list(answer)[-1].route
+        assert [hop.peer_id for hop in route] == [first, second], route
+    finally:
+        engine.server_load.leave([full] * 50)
+    assert engine.server_load.in_flight() == {}  # every session counted itself out
+
+
+def test_the_operator_s_block_bounds_every_choice(swarm, tiny_model):
+    full = swarm.peer_id("full")
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], max_sessions=1,
+                        routing=RoutingSettings(blocked=(full,)))
+    try:
+        from chat.errors import RouteUnmet
+
+        with pytest.raises(RouteUnmet) as e:
+            engine.answer(TINY_DHT_PREFIX, [1, 2, 3], GenerationParams(max_new_tokens=2),
+                          choice=RouteChoice(only=(full,)))
+        assert e.value.param == "petals.only"
+    finally:
+        engine.close()
