@@ -39,6 +39,7 @@ from chat.errors import Busy, SessionExpired
 # seconds a request waited for its slot: the histogram's upper bounds (and +Inf)
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 RECENT_HOLDS = 64  # slot hold times the Retry-After estimate is taken from
+WAIT_TICK = 1.0  # seconds between two looks at a waiting request's place (``acquire``'s ``on_wait``)
 MAX_RETRY_AFTER = 600
 
 
@@ -167,14 +168,17 @@ class Slots:
         self._refused: Counter = Counter()
 
     # -- taking and giving back -------------------------------------------------------------------
-    def acquire(self, client: Optional[str], timeout: Optional[float] = None, *, queued: bool = True) -> Slot:
+    def acquire(self, client: Optional[str], timeout: Optional[float] = None, *, queued: bool = True,
+                on_wait: Optional[Callable[[int, float], object]] = None) -> Slot:
         """A slot for ``client`` (None: this process itself, e.g. a benchmark or a spec, which no
         share applies to): at once if one is free for it, else after waiting its turn (at
         most ``timeout``, by default the capacity's queue_timeout). Raises Busy, with a realistic
         Retry-After, when the queue (or the client's share of it) is full or the wait too long.
         ``queued`` False: a turn of a kept-open session, which waits in turn like any request but
         takes no place in the bounded queue (its connection and thread exist anyway, and open
-        sessions are bounded on their own); it is refused only when it waited too long."""
+        sessions are bounded on their own); it is refused only when it waited too long. ``on_wait``:
+        told ``(position, expected wait)`` when the request joins the queue and whenever either
+        changes while it waits (checked every ``WAIT_TICK`` seconds), e.g. to tell its client."""
         timeout = self.capacity.queue_timeout if timeout is None else timeout
         with self._lock:
             now = self._clock()
@@ -193,7 +197,7 @@ class Slots:
                                                        f"per client)", ahead=waiting)
             waiter = _Waiter(client, now, queued)
             self._queues.setdefault(client, deque()).append(waiter)
-        if not waiter.event.wait(timeout):
+        if not self._wait(waiter, timeout, on_wait):
             with self._lock:
                 if waiter.slot is None:  # not granted meanwhile: leave the queue
                     queue = self._queues.get(client)
@@ -206,11 +210,43 @@ class Slots:
                                                   f"waiting)", ahead=self._waiting())
         return waiter.slot
 
+    def _wait(self, waiter: _Waiter, timeout: float, on_wait: Optional[Callable[[int, float], object]]) -> bool:
+        """Wait for the waiter's slot (False: not granted within ``timeout``), telling ``on_wait``."""
+        if on_wait is None:
+            return waiter.event.wait(timeout)
+        deadline, told = time.monotonic() + timeout, None  # (real time: what Event.wait waits)
+        while True:
+            with self._lock:
+                now_told = None if waiter.slot is not None else self._place(waiter)
+            if now_told is not None and now_told != told:
+                told = now_told
+                try:
+                    on_wait(*now_told)
+                except Exception:  # noqa: BLE001 - telling the client must not lose its place
+                    pass
+            left = deadline - time.monotonic()
+            if waiter.event.wait(max(0.0, min(WAIT_TICK, left))):
+                return True
+            if left <= WAIT_TICK:
+                return waiter.event.is_set()
+
+    def _place(self, waiter: _Waiter) -> Optional[tuple[int, float]]:
+        """(position in the dispatch order, 1 = next; expected seconds until its slot), lock held:
+        the clients take turns, each its oldest request first (``_dispatch``)."""
+        order = list(self._queues)
+        if waiter.client not in order or waiter not in self._queues[waiter.client]:
+            return None
+        mine, index = order.index(waiter.client), self._queues[waiter.client].index(waiter)
+        ahead = sum(min(len(self._queues[c]), index + (1 if i < mine else 0)) for i, c in enumerate(order) if i != mine)
+        hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
+        position = ahead + index + 1
+        return position, round((position - 1) // max(1, self.capacity.slots) * hold + hold, 1)
+
     def take(self, client: Optional[str], wanted: int = 1, *, timeout: Optional[float] = None,
-             queued: bool = True) -> list[Slot]:
+             queued: bool = True, on_wait: Optional[Callable[[int, float], object]] = None) -> list[Slot]:
         """The slots a request computes in: the first waits its turn (``acquire``), up to
         ``wanted - 1`` more only when they are free now. Each goes back through ``InSlot``."""
-        slots = [self.acquire(client, timeout, queued=queued)]
+        slots = [self.acquire(client, timeout, queued=queued, on_wait=on_wait)]
         while len(slots) < wanted:
             extra = self.try_acquire(client)
             if extra is None:

@@ -320,10 +320,11 @@ class ChatEngine:
     def answer_batch(self, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                      client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
                      prompt_param: str = "prompt", api: str = "openai",
-                     choice: Optional[RouteChoice] = None) -> BatchAnswer:
+                     choice: Optional[RouteChoice] = None,
+                     on_wait: Optional[Callable[[int, float], object]] = None) -> BatchAnswer:
         """Every row of one request (``chat.request.answer_batch``); refusals raise before any token."""
         return request.answer_batch(self, name, rows, params, client=client, stop_event=stop_event,
-                                    prompt_param=prompt_param, api=api, choice=choice)
+                                    prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
 
     def check_route_choice(self, name: str, choice: Optional[RouteChoice], *, prompt_tokens: int, max_tokens: int,
                            field: str = "petals") -> None:

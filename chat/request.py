@@ -80,12 +80,13 @@ def plan_groups(rows: Sequence[Sequence[int]], params: GenerationParams, context
 # -- the entry points -------------------------------------------------------------------------------
 def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                  client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-                 prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None
-                 ) -> "BatchAnswer":
+                 prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
+                 on_wait: Optional[Callable[[int, float], object]] = None) -> "BatchAnswer":
     """Start answering every row (a prompt's token ids) of one request; everything that can be
     refused (unknown model, prompt too long, too many rows, model not served, routing choices
     nobody meets, busy) raises here, before any token. ``api``: which API it came through (its
-    request row's); ``choice``: the request's own routing choices."""
+    request row's); ``choice``: the request's own routing choices; ``on_wait``: told its place in
+    the queue and the expected wait while it waits for a slot (``Slots.acquire``)."""
     record = RequestLog(engine.request_sink, name, api)
     try:
         model = engine.loaded(name)
@@ -95,7 +96,7 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
         engine.check_route_choice(model.name, choice, prompt_tokens=max(len(r) for r in rows),
                                   max_tokens=params.max_new_tokens)
         waiting = time.perf_counter()
-        slots = engine.slots.take(client, wanted=len(groups))
+        slots = engine.slots.take(client, wanted=len(groups), on_wait=on_wait)
         record.waited = time.perf_counter() - waiting
     except ChatError as e:
         record.refused(e)

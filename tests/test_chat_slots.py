@@ -79,6 +79,31 @@ def test_waiting_requests_are_served_per_client_in_turn_not_first_come_first_ser
     assert order == ["alice", "bob", "carol", "alice", "alice"], order  # in turn, each client's own in order
 
 
+def test_a_waiting_request_is_told_its_place_in_the_turn_order_and_its_expected_wait():
+    slots = Slots(Capacity(slots=1, queue_size=10, slots_share=1.0, retry_after=4))
+    running = slots.acquire("carol")
+    told: dict = {}
+    results: list = []
+
+    def wait(client, key):
+        def run():
+            results.append(slots.acquire(client, timeout=10, on_wait=lambda p, w: told.setdefault(key, []).append((p, w))))
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+
+    for client, key in (("alice", "a1"), ("alice", "a2"), ("bob", "b1")):
+        wait(client, key)
+        assert wait_until(lambda: key in told, 5, step=0.01)
+    assert wait_until(lambda: told["a2"][-1][0] == 3, 3, step=0.05), told  # bob's first goes before alice's second
+    assert told["a1"][-1] == (1, 4.0) and told["b1"][-1] == (2, 8.0) and told["a2"][-1] == (3, 12.0)
+    running.release()  # alice's first is served: the others move up, and are told
+    assert wait_until(lambda: told["b1"][-1][0] == 1 and told["a2"][-1][0] == 2, 5, step=0.05), told
+    for _ in range(3):
+        assert wait_until(lambda: results, 5, step=0.01)
+        results.pop().release()
+    assert slots.load().waiting == 0
+
+
 def test_one_client_holds_at_most_its_share_of_the_slots_and_of_the_queue():
     slots = Slots(Capacity(slots=4, queue_size=4, slots_share=0.5))
     mine = [slots.acquire("alice"), slots.acquire("alice")]
@@ -356,3 +381,24 @@ def test_metrics_show_slots_queue_waits_and_open_sessions(base_url, engine):
     assert samples["swarm_monitor_chat_queue_wait_seconds_count"] >= 1
     assert samples['swarm_monitor_chat_queue_wait_seconds_bucket{le="+Inf"}'] == \
         samples["swarm_monitor_chat_queue_wait_seconds_count"]
+
+
+def test_a_waiting_streamed_request_hears_its_queue_position_then_its_answer(base_url, engine):
+    """Every slot held: a streamed OpenAI request gets its response at once, SSE comments with its
+    place and expected wait (which OpenAI's clients skip), then its answer when a slot frees."""
+    held = [engine.slots.acquire(f"203.0.113.{i}") for i in range(engine.capacity.slots)]
+    try:
+        response = requests.post(f"{base_url}/v1/chat/completions", headers=as_client("198.51.100.7"), stream=True,
+                                 timeout=120, json={"model": TINY_DHT_PREFIX, "stream": True, "max_tokens": 4,
+                                                    "messages": [{"role": "user", "content": "Hi"}]})
+        assert response.status_code == 200
+        lines = response.iter_lines(decode_unicode=True)
+        first = next(line for line in lines if line)
+        assert first.startswith(": queue position 1, expected wait "), first
+    finally:
+        for slot in held:
+            slot.release()
+    rest = [line for line in lines if line]
+    data = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert rest[-1] == "data: [DONE]" and data and all("error" not in d for d in data), rest
+    assert data[-1]["choices"][0]["finish_reason"] in ("length", "stop")

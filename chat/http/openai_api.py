@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
@@ -472,33 +474,110 @@ def _models(engine: ChatEngine, params: Params, first: tuple[str, str]) -> list[
     return list(found.values())
 
 
-def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
-    """A chat completion (``chat``) or a text completion, whole or streamed, of one or more choices.
-    With ``models``, a model refused as not served or unable to meet the request's ``petals``
-    choices gives way to the next (``petals.fallbacks`` in the answer says which and why)."""
-    params = request_params()
+@dataclass
+class _Started:
+    """A completion that has its slots: the model that took it, the request as that model reads it,
+    the batch being answered, and the models that gave way before it."""
+
+    name: str
+    model: str
+    request: _Request
+    batch: BatchAnswer
+    fallbacks: list
+
+
+def _start(engine: ChatEngine, limits: ChatLimits, params: Params, *, chat: bool, client: Optional[str],
+           on_wait=None) -> _Started:
+    """The request started on the first of its models that takes it (``models``: a model refused as
+    not served or unable to meet the ``petals`` choices gives way to the next)."""
     first = _requested_model(engine, params)
     choice = route_choice(params)
     candidates = _models(engine, params, first)
-    stream = params.boolean("stream")
-    include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
     fallbacks: list[dict] = []
     for index, (name, model) in enumerate(candidates):
         request = (_chat_request if chat else _text_request)(engine, model, params, limits)
         try:
-            batch = engine.answer_batch(model, request.rows, request.generation, client=client_address(),
-                                        prompt_param=request.param, choice=choice)
+            batch = engine.answer_batch(model, request.rows, request.generation, client=client,
+                                        prompt_param=request.param, choice=choice, on_wait=on_wait)
         except FALLBACK_ON as e:
             if index + 1 == len(candidates):
                 raise
             fallbacks.append({"model": name, "status": e.status, "error": str(e)})
             continue
-        break
-    reply = _Reply.new(chat, name, request, engine.tokenizer(model), fallbacks=fallbacks)
+        return _Started(name, model, request, batch, fallbacks)
+    raise AssertionError("no candidate model")  # (candidates is never empty)
+
+
+def queue_comment(position: int, wait: float) -> str:
+    """A waiting streamed request's place, as an SSE comment (OpenAI clients skip comments)."""
+    return f": queue position {position}, expected wait {wait:.1f} s\n\n"
+
+
+def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
+    """A chat completion (``chat``) or a text completion, whole or streamed, of one or more choices.
+    With ``models``, a model refused as not served or unable to meet the request's ``petals``
+    choices gives way to the next (``petals.fallbacks`` in the answer says which and why). A
+    streamed request that has to wait for a slot gets its response at once, and SSE comments with
+    its queue position and expected wait as they change; a refusal while it waits comes in the
+    stream, in OpenAI's shape."""
+    params = request_params()
+    stream = params.boolean("stream")
+    include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
+    client = client_address()
     if not stream:
-        return jsonify(reply.whole(_collect(batch, len(request.rows))))
-    return Response(stream_with_context(_stream_events(batch, reply, include_usage)),
-                    mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        started = _start(engine, limits, params, chat=chat, client=client)
+        reply = _Reply.new(chat, started.name, started.request, engine.tokenizer(started.model),
+                           fallbacks=started.fallbacks)
+        return jsonify(reply.whole(_collect(started.batch, len(started.request.rows))))
+    told: "queue.Queue[tuple]" = queue.Queue()
+    lock, left = threading.Lock(), threading.Event()
+
+    def run() -> None:
+        try:
+            started = _start(engine, limits, params, chat=chat, client=client,
+                             on_wait=lambda position, wait: told.put(("queued", position, wait)))
+        except BaseException as e:  # noqa: BLE001 - told to the request's thread, which answers it
+            told.put(("error", e))
+            return
+        with lock:
+            if left.is_set():  # its client went away while it waited: the slots go back at once
+                started.batch.close()
+                return
+            told.put(("ready", started))
+
+    threading.Thread(target=run, name="openai-start", daemon=True).start()
+    first = told.get()
+    if first[0] == "error":
+        raise first[1]
+
+    def events(item) -> Iterator[str]:
+        try:
+            while item[0] == "queued":
+                yield queue_comment(item[1], item[2])
+                item = told.get()
+            if item[0] == "error":
+                error = item[1]
+                body = openai_chat_error_body(error) if isinstance(error, ChatError) else openai_error_body(
+                    500, INTERNAL_ERROR)
+                if not isinstance(error, ChatError):
+                    logger.warning("streamed completion failed while waiting", exc_info=error)
+                yield sse(json.dumps(body))
+                yield "data: [DONE]\n\n"
+                return
+            started = item[1]
+            reply = _Reply.new(chat, started.name, started.request, engine.tokenizer(started.model),
+                               fallbacks=started.fallbacks)
+            yield from _stream_events(started.batch, reply, include_usage)
+        finally:
+            with lock:
+                left.set()
+            while not told.empty():  # started, but never streamed
+                late = told.get_nowait()
+                if late[0] == "ready":
+                    late[1].batch.close()
+
+    return Response(stream_with_context(events(first)), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
