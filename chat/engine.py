@@ -31,10 +31,10 @@ from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slots, SlotsLoad
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
 from chat.errors import (
     Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, RouteUnmet, SessionExpired,
-    UnknownModel,
+    SessionTooLong, UnknownModel,
 )
 from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, OutcomeSink, RoutingSettings, ScoreSource
-from chat.server_load import ServerLoad
+from chat.server_load import ServerLimits, ServerLoad
 from chat.remote_model import load_remote_model, sequence_manager_of
 from chat.sequence import HealthAwareSequenceManager
 from chat import request
@@ -52,7 +52,7 @@ DEFAULT_MAX_LOGPROBS = 20
 __all__ = [  # what the HTTP side and the service use, in one import
     "Answer", "BatchAnswer", "Busy", "Capacity", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta",
     "EngineLoad", "Finished", "GenerationFailed", "GenerationParams", "InvalidRequest", "MaxLengthExceeded",
-    "ModelNotServed", "ModelStatus", "RouteChoice", "RouteUnmet", "SessionExpired", "TokenLogprob", "UnknownModel",
+    "ModelNotServed", "ModelStatus", "RouteChoice", "RouteUnmet", "SessionExpired", "SessionTooLong", "TokenLogprob", "UnknownModel",
 ]
 
 
@@ -158,8 +158,10 @@ class ChatEngine:
                                              retry_after=retry_after)
         # requests in flight per server (routes spread by it); directed ones bounded per server
         self.server_load = ServerLoad(directed_limit=self.capacity.slots_per_client)
+        self.server_limits = ServerLimits()  # the longest session each server accepts, learned from refusals
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(
-            score_source=score_source, outcome_sink=outcome_sink, routing=self.routing, server_load=self.server_load
+            score_source=score_source, outcome_sink=outcome_sink, routing=self.routing, server_load=self.server_load,
+            server_limits=self.server_limits,
         )
         # petals waits request_timeout (default 180 s) on a server that died mid-step before it
         # tries another one: a person waiting for an answer should not wait that long
@@ -325,6 +327,19 @@ class ChatEngine:
         """Every row of one request (``chat.request.answer_batch``); refusals raise before any token."""
         return request.answer_batch(self, name, rows, params, client=client, stop_event=stop_event,
                                     prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
+
+    def session_limit(self, name: str) -> int:
+        """The longest session a request to this model may open now: its context, or less where
+        its servers refused longer sessions (``HealthAwareSequenceManager.longest_session``)."""
+        context = self.context_length(name)
+        longest = self.sequence_manager(name).longest_session()
+        return context if longest is None else min(context, longest)
+
+    def check_session_length(self, name: str, length: int, *, param: str, prompt_tokens: int = 0) -> None:
+        """``SessionTooLong`` when a session of ``length`` tokens is longer than any route accepts."""
+        longest = self.sequence_manager(name).longest_session()
+        if longest is not None and length > longest:
+            raise SessionTooLong(name, param, length, longest, prompt_tokens)
 
     def check_route_choice(self, name: str, choice: Optional[RouteChoice], *, prompt_tokens: int, max_tokens: int,
                            field: str = "petals") -> None:

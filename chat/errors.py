@@ -44,6 +44,20 @@ class MaxLengthExceeded(InvalidRequest):
         super().__init__("max_length", f"Maximum length exceeded: {detail}")
 
 
+class SessionTooLong(InvalidRequest):
+    """A session longer than any route's servers accept (their ``inference_max_length``, learned
+    from their refusals): ``param`` names what asked for the length. Not petals' "Maximum length
+    exceeded", on which chat.petals.dev's page would ask for a longer one again."""
+
+    def __init__(self, model: str, param: str, length: int, longest: int, prompt_tokens: int = 0):
+        fits = (f"ask for at most {longest - prompt_tokens} new tokens" if 0 < prompt_tokens < longest else
+                f"keep the prompt and the answer within {longest} tokens")
+        super().__init__(param, f"the request needs a session of {length} tokens (prompt and answer), but the "
+                                f"servers of {model!r} accept sessions of at most {longest} tokens (their "
+                                f"inference_max_length): {fits}")
+        self.longest = longest
+
+
 class RouteUnmet(ChatError):
     """A request's routing choices (``monitor.core.route_choice``) no route can meet now: ``param``
     names the choice, the message what the swarm offers instead."""

@@ -93,6 +93,9 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
         groups = plan_groups(rows, params, model.context_length, max_rows=engine.max_batch_rows,
                              max_logprobs=engine.max_logprobs, prompt_param=prompt_param)
         engine.check_served(model)
+        for _, prompts, group_params in groups:
+            engine.check_session_length(model.name, len(prompts[0]) + group_params.max_new_tokens,
+                                        param="max_tokens", prompt_tokens=len(prompts[0]))
         engine.check_route_choice(model.name, choice, prompt_tokens=max(len(r) for r in rows),
                                   max_tokens=params.max_new_tokens)
         waiting = time.perf_counter()
@@ -105,7 +108,7 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
     def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
         return ChatSession(engine.remote(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
                            tokenizer=model.tokenizer, stall_timeout=engine.stall_timeout, rows=len(prompts),
-                           choice=choice)
+                           choice=choice, length_param="max_tokens")
 
     return BatchAnswer(open_group, groups, slots, stop_event, record=record, rows=len(rows))
 
@@ -129,6 +132,7 @@ def open_session(engine: Engine, name: str, max_length: int, *, client: Optional
         raise InvalidRequest("max_length", f"max_length must be between 1 and the model's context "
                                            f"length {model.context_length}, got {max_length}")
     engine.check_served(model)
+    engine.check_session_length(model.name, max_length, param="max_length")
     engine.check_route_choice(model.name, choice, prompt_tokens=0, max_tokens=max_length, field="")
     session = ChatSession(engine.remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
                           stall_timeout=engine.stall_timeout, registry=engine.sessions, choice=choice,

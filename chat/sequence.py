@@ -32,7 +32,7 @@ from swarm_monitor_client.routing import MonitorRouting
 from monitor.core.route_choice import RouteChoice, allowed
 
 from chat.policy import OutcomeSink, PeerWeight, RouteHop, RoutingSettings, ScoreSource
-from chat.server_load import ServerLoad
+from chat.server_load import ServerLimits, ServerLoad, refused_length
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
     outcome_sink: Optional[OutcomeSink] = None
     routing: RoutingSettings = RoutingSettings()
     server_load: Optional[ServerLoad] = None  # the chat's requests in flight per server (``chat.server_load``)
+    server_limits: Optional[ServerLimits] = None  # the longest session each server accepts, as learned
 
     @classmethod
     def configured(
@@ -62,23 +63,41 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         outcome_sink: Optional[OutcomeSink] = None,
         routing: Optional[RoutingSettings] = None,
         server_load: Optional[ServerLoad] = None,
+        server_limits: Optional[ServerLimits] = None,
     ) -> type["HealthAwareSequenceManager"]:
         return type(
             cls.__name__,
             (cls,),
             {"score_source": staticmethod(score_source) if score_source else None,
              "outcome_sink": staticmethod(outcome_sink) if outcome_sink else None,
-             "routing": routing or RoutingSettings(), "server_load": server_load},
+             "routing": routing or RoutingSettings(), "server_load": server_load, "server_limits": server_limits},
         )
 
     # -- the request routed now (the session stepping in this thread) and the load -------------
-    def route_excluded(self, spans, weights: Mapping[str, PeerWeight]) -> set[str]:
-        choice = _active_choice()
-        if choice is None or choice.empty:
-            return set()
+    def route_excluded(self, spans, weights: Mapping[str, PeerWeight], cache_tokens_needed: Optional[int]) -> set[str]:
         names = {span.peer_id.to_base58() for span in spans}
-        verified = {peer for peer, weight in weights.items() if weight.verified}
-        return names - allowed(choice, names, verified=verified)
+        excluded = set()
+        if self.server_limits is not None and cache_tokens_needed:
+            excluded |= self.server_limits.too_short(names, cache_tokens_needed)
+        choice = _active_choice()
+        if choice is not None and not choice.empty:
+            verified = {peer for peer, weight in weights.items() if weight.verified}
+            excluded |= names - allowed(choice, names, verified=verified)
+        return excluded
+
+    def longest_session(self, choice: Optional[RouteChoice] = None) -> Optional[int]:
+        """The longest session a route of this model's servers (those ``choice`` allows) accepts, as
+        their refusals taught us (None: none refused; ``ServerLimits.longest``)."""
+        if self.server_limits is None:
+            return None
+        with self.lock_changes:
+            spans = {span.peer_id.to_base58(): (span.start, span.end)
+                     for span in self.state.sequence_info.spans_by_priority}
+        if choice is not None and not choice.empty:
+            verified = {peer for peer, weight in self.peer_weights().items() if weight.verified}
+            kept = allowed(choice, spans, verified=verified)
+            spans = {peer: span for peer, span in spans.items() if peer in kept}
+        return self.server_limits.longest(spans, len(self))
 
     def route_sort(self) -> Optional[str]:
         choice = _active_choice()
@@ -153,6 +172,13 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
             recorder.span_done(peer_id)
 
     def on_request_failure(self, peer_id) -> None:
+        limit = refused_length(sys.exc_info()[1])
+        if limit is not None and peer_id is not None and self.server_limits is not None:
+            # a server refusing a session longer than it accepts is not failing: learn its limit, and
+            # the retry routes around it (``route_excluded``) without banning it for everyone
+            self.server_limits.learn(peer_id.to_base58(), limit)
+            logger.info("%s accepts sessions of at most %d tokens", peer_id.to_base58(), limit)
+            return
         super().on_request_failure(peer_id)
         recorder = _active_recorder()
         if recorder is not None and peer_id is not None:

@@ -17,6 +17,7 @@ peers cannot aim everyone's load at one victim.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from typing import Iterable, Mapping, Optional
@@ -74,3 +75,58 @@ class ServerLoad:
             counts = dict(self._in_flight)
         return {peer: (1.0 + LOAD_WEIGHT * counts.get(peer, 0)) * cache_factor(left, needed)
                 for peer, left in cache_tokens_left.items()}
+
+
+# ---- the longest session each server accepts ------------------------------------------------------
+
+REFUSED_LENGTH = re.compile(r"Cannot allocate KV cache for (\d+) tokens, max = (\d+)")  # petals' server's words
+
+
+def refused_length(error: object) -> Optional[int]:
+    """The longest session a server said it accepts, when ``error`` is its refusal of a longer one
+    (petals servers refuse sessions beyond their ``inference_max_length`` — 2048 tokens by default,
+    8192 with grouped-query attention — and do not announce it)."""
+    found = REFUSED_LENGTH.search(str(error))
+    return int(found.group(2)) if found else None
+
+
+class ServerLimits:
+    """The longest session each server accepts, as learned from its refusals (per chat process)."""
+
+    MAX_KNOWN = 10_000  # servers remembered at most
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._max: dict[str, int] = {}
+
+    def learn(self, peer: str, max_length: int) -> None:
+        with self._lock:
+            if peer in self._max or len(self._max) < self.MAX_KNOWN:
+                self._max[peer] = max(0, int(max_length))
+
+    def known(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._max)
+
+    def too_short(self, peers: Iterable[str], length: int) -> set[str]:
+        """Of ``peers``, those known to refuse a session of ``length`` tokens."""
+        known = self.known()
+        return {peer for peer in peers if peer in known and known[peer] < length}
+
+    def longest(self, spans: Mapping[str, tuple[int, int]], num_blocks: int) -> Optional[int]:
+        """The longest session some route over ``spans`` accepts, as far as refusals tell (None: no
+        server refused anything: the servers' own limits are unknown, up to the model's context)."""
+        known = {peer: limit for peer, limit in self.known().items() if peer in spans}
+        if not known or _covers([span for peer, span in spans.items() if peer not in known], num_blocks):
+            return None  # a route of servers that never refused: their limits are their own
+        for length in sorted(set(known.values()), reverse=True):
+            if _covers([span for peer, span in spans.items() if known.get(peer, length) >= length], num_blocks):
+                return length
+        return 0
+
+
+def _covers(spans: Iterable[tuple[int, int]], num_blocks: int) -> bool:
+    covered: set[int] = set()
+    for start, end in spans:
+        covered.update(range(max(0, start), min(num_blocks, end)))
+    return len(covered) == num_blocks

@@ -31,7 +31,8 @@ from monitor.core.route_choice import RouteChoice
 
 from chat.capacity import GENERATING, IDLE, WAITING, InSlot, OpenSessions, Slot
 from chat.decoding import AnswerRun, Delta, Finished, GenerationParams, decode_steps
-from chat.errors import ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired
+from chat.errors import (ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired,
+                         SessionTooLong)
 from chat.policy import RouteHop
 from chat.remote_model import sequence_manager_of
 from chat.sequence import TimedInferenceSession
@@ -54,12 +55,14 @@ class ChatSession:
     def __init__(self, remote: Any, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
                  rows: int = 1, registry: Optional[OpenSessions] = None,
                  take_slot: Optional[Callable[[Optional[float]], Slot]] = None,
-                 outcome_sink: Optional[Callable] = None, choice: Optional[RouteChoice] = None):
+                 outcome_sink: Optional[Callable] = None, choice: Optional[RouteChoice] = None,
+                 length_param: str = "max_length"):
         self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
         self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
         self._outcome_sink = outcome_sink
         self.choice = choice  # the request's own routing choices, honoured by every route it takes
+        self.length_param = length_param  # what asked for its length (named when it is too long)
         self._petals = TimedInferenceSession(self._manager, max_length, outcome_sink=outcome_sink, choice=choice)
         self._replay: list[int] = []  # the text so far, for a longer session to take in first (``grow``)
         self._stall_timeout = stall_timeout
@@ -170,7 +173,7 @@ class ChatSession:
                                   name=f"chat-{self.model}")
             try:
                 yield from stream.items(stall_timeout=self._stall_timeout, on_stall=self._stalled,
-                                        as_error=lambda error: _as_chat_error(self.model, error))
+                                        as_error=lambda error: _as_chat_error(self.model, error, self._too_long()))
                 for index, row in enumerate(run.rows):
                     tail = row.decoder.finish()
                     if tail is not None:
@@ -179,6 +182,14 @@ class ChatSession:
                     yield index, self._finished(run, index, prompt_tokens, budget, rows, params)
             finally:
                 stream.close(self._stall_timeout)
+
+    def _too_long(self) -> Optional[ChatError]:
+        """``SessionTooLong`` if no route accepts a session as long as this one (learned from the
+        servers' refusals), else None."""
+        longest = getattr(self._manager, "longest_session", lambda choice: None)(self.choice)
+        if longest is not None and self.max_length > longest:
+            return SessionTooLong(self.model, self.length_param, self.max_length, longest)
+        return None
 
     def _stalled(self) -> GenerationFailed:
         return GenerationFailed(f"the swarm sent no token for {self._stall_timeout:.0f} s; try again")
@@ -266,11 +277,14 @@ class ChatSession:
             logger.debug("closing the inference session failed: %r", e)
 
 
-def _as_chat_error(model: str, error: BaseException) -> ChatError:
+def _as_chat_error(model: str, error: BaseException, too_long: Optional[ChatError] = None) -> ChatError:
+    """``too_long``: the session's own refusal, if its servers refuse sessions of its length."""
     from petals.client.routing.sequence_manager import MissingBlocksError
 
     if isinstance(error, ChatError):
         return error
+    if too_long is not None:
+        return too_long
     if isinstance(error, MissingBlocksError):
         return ModelNotServed(model, "servers went away while answering; some blocks have no server now")
     from chat.sequence import NoFallback

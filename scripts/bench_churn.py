@@ -244,6 +244,9 @@ def honest(args, swarm, names, ids, watch, hook) -> list[dict]:
 
     deadline = time.time() + args.honest * 60
     events, false_named = [], set()
+    moments: list[str] = []  # each false naming: when, how long after that server's last event
+    last_event: dict[str, float] = {}
+    began = time.time()
     notices_before = len(hook.received)
     watched = dict(ids)
     changing: set[str] = set()
@@ -258,6 +261,7 @@ def honest(args, swarm, names, ids, watch, hook) -> list[dict]:
             swarm.stop(victim)
             time.sleep(random.uniform(5, 30))
             swarm.restart(victim)
+            last_event[victim] = time.time()
             events.append({"kind": "restart", "server": victim, "down": time.time() - at})
             print(f"clean restart of {victim}: down {time.time() - at:.0f} s", flush=True)
         else:  # the last joiner leaves, a new one joins
@@ -271,6 +275,7 @@ def honest(args, swarm, names, ids, watch, hook) -> list[dict]:
             watched[name] = swarm.add_server(ServerSpec(name, start, random.randrange(start + 1, TINY_NUM_BLOCKS + 1),
                                                         throughput=100.0))
             joined = [name]
+            last_event[name] = time.time()
             changing.add(name)
             events.append({"kind": "join", "server": name})
             print(f"{name} joined ({swarm.specs[name].block_indices}) after {time.time() - at:.0f} s", flush=True)
@@ -281,11 +286,18 @@ def honest(args, swarm, names, ids, watch, hook) -> list[dict]:
                 allowed = ("serving", "OFFLINE", "JOINING") if name in changing or name not in names + joined \
                     else ("serving",)
                 if cause not in allowed:
+                    if (name, cause) not in false_named:
+                        since = time.time() - last_event[name] if name in last_event else None
+                        moments.append(f"{name} {cause} at {time.time() - began:.0f} s into the run"
+                                       + (f", {since:.0f} s after its last restart or join" if since is not None
+                                          else ", never restarted"))
+                        print("FALSE NAMING: " + moments[-1], flush=True)
                     false_named.add((name, cause))
             time.sleep(1)
     notices = [r.body.get("event") for r in hook.received[notices_before:] if r.body]
     return [{"restarts": sum(e["kind"] == "restart" for e in events), "joins": sum(e["kind"] == "join" for e in events),
              "leaves": sum(e["kind"] == "leave" for e in events), "false_named": sorted(false_named),
+             "moments": moments,
              "notices": notices}]
 
 
@@ -323,7 +335,8 @@ def report(out: dict) -> str:
         return (f"Honest churn, {out['honest']:.0f} min at the defaults: {r['restarts']} clean restarts (a server "
                 f"stops, announcing OFFLINE, and is back within a minute), {r['joins']} servers joining and "
                 f"{r['leaves']} leaving cleanly. False alarms: "
-                f"{len(r['false_named'])} servers named ({r['false_named'] or 'none'}), "
+                f"{len(r['false_named'])} servers named ({r['false_named'] or 'none'}"
+                + (f": {'; '.join(r.get('moments', []))}" if r.get("moments") else "") + "), "
                 f"{len([n for n in r['notices'] if n == 'firing'])} notices ({r['notices'] or 'none'}).\n\n{cost_line}")
     rows = []
     for kind in KINDS:

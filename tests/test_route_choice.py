@@ -26,7 +26,7 @@ from monitor.core.route_choice import (
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.settings import ModelConfig, Settings
 from monitor.web import create_app
-from support import PEERS, sqlite_store
+from support import PEERS, sqlite_store, wait_until
 
 A, B, C = PEERS["first"], PEERS["second"], PEERS["full"]
 SPANS = {A: (0, 4), B: (4, 8), C: (0, 8)}
@@ -230,5 +230,65 @@ def test_the_operator_s_block_bounds_every_choice(swarm, tiny_model):
             engine.answer(TINY_DHT_PREFIX, [1, 2, 3], GenerationParams(max_new_tokens=2),
                           choice=RouteChoice(only=(full,)))
         assert e.value.param == "petals.only"
+    finally:
+        engine.close()
+
+
+# ---- the longest session each server accepts -------------------------------------------------------
+
+
+def test_a_server_s_refusal_of_a_long_session_is_learned_as_its_limit():
+    from chat.server_load import ServerLimits, refused_length
+
+    assert refused_length(RuntimeError("rpc_inference failed: ValueError('Cannot allocate KV cache for 80 tokens, "
+                                       "max = 48')")) == 48
+    assert refused_length(RuntimeError("Broken input cache")) is None
+    limits = ServerLimits()
+    assert limits.longest(SPANS, 8) is None  # nobody refused: the servers' own limits
+    limits.learn(C, 48)
+    assert limits.longest(SPANS, 8) is None  # the halves never refused
+    limits.learn(A, 1024)
+    assert limits.longest(SPANS, 8) == 1024  # A+B (B never refused): A bounds that route
+    limits.learn(B, 512)
+    assert limits.longest(SPANS, 8) == 512 and limits.too_short(SPANS, 100) == {C}
+
+
+def test_sessions_longer_than_a_server_accepts_go_to_others_then_are_refused_naming_the_limit(make_swarm, tiny_model):
+    from monitor.harness.local_swarm import ServerSpec
+    from monitor.harness.tiny_model import TINY_NUM_BLOCKS
+
+    swarm = make_swarm([ServerSpec("short", 0, TINY_NUM_BLOCKS, throughput=1000.0, inference_max_length=48),
+                        ServerSpec("long", 0, TINY_NUM_BLOCKS, throughput=10.0)])
+    short, long = swarm.peer_id("short"), swarm.peer_id("long")
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], max_sessions=2)
+    try:
+        from chat.errors import SessionTooLong
+
+        prompt = list(range(1, 31))
+        with pytest.raises(SessionTooLong) as refused:  # only the short one: its refusal, then nobody left
+            with engine.answer(TINY_DHT_PREFIX, prompt, GenerationParams(max_new_tokens=50),
+                               choice=RouteChoice(only=(short,))) as answer:
+                list(answer)
+        assert refused.value.param == "max_tokens" and "at most 48 tokens" in str(refused.value)
+        assert engine.server_limits.known() == {short: 48}  # learned from its refusal, not banned as failing
+        manager = engine.sequence_manager(TINY_DHT_PREFIX)
+        assert next(s.peer_id for s in manager.state.sequence_info.spans_by_priority
+                    if s.peer_id.to_base58() == short) not in manager.state.banned_peers
+        for _ in range(3):  # long sessions now go to the server that takes them, at once
+            with engine.answer(TINY_DHT_PREFIX, prompt, GenerationParams(max_new_tokens=50)) as answer:
+                finished = list(answer)[-1]
+            assert finished.completion_tokens == 50 and [hop.peer_id for hop in finished.route] == [long]
+        with engine.answer(TINY_DHT_PREFIX, prompt[:10], GenerationParams(max_new_tokens=8),
+                           choice=RouteChoice(only=(short,))) as answer:
+            assert [hop.peer_id for hop in list(answer)[-1].route] == [short]  # short sessions still go there
+        swarm.stop("long")
+        assert wait_until(lambda: long not in {s.peer_id.to_base58() for s in manager.state.sequence_info.spans_by_priority}
+                          if not manager.missing_blocks(refresh=True) else False, 60)
+        started = time.perf_counter()
+        with pytest.raises(SessionTooLong) as refused:
+            engine.answer(TINY_DHT_PREFIX, prompt, GenerationParams(max_new_tokens=50))
+        assert time.perf_counter() - started < 1  # refused before any slot, from what was learned
+        assert refused.value.param == "max_tokens" and refused.value.longest == 48
+        assert "at most 48 tokens" in str(refused.value) and "at most 18 new tokens" in str(refused.value)
     finally:
         engine.close()

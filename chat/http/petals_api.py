@@ -202,7 +202,7 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
                                                   f"{stop_sequence!r} is {len(ids)} tokens")
         cont_token = ids[0]
     if session.room(len(input_ids)) <= 0:  # a turn that outgrows the session: a longer one replays it (no error)
-        session.grow(len(input_ids), 1, engine.context_length(model))
+        session.grow(len(input_ids), 1, engine.session_limit(model))
     room = session.room(len(input_ids))
     if room <= 0:
         raise MaxLengthExceeded(f"prefix {session.used} + current {len(input_ids)} tokens leave no room in the "

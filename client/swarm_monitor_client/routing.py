@@ -137,9 +137,10 @@ class MonitorRouting:
         return {span.peer_id for span in spans if span.peer_id.to_base58() in names}
 
     # -- a request's own choices and the load now (hooks: none here; the monitor's chat sets them) --
-    def route_excluded(self, spans, weights: Mapping[str, PeerWeight]) -> set[str]:
+    def route_excluded(self, spans, weights: Mapping[str, PeerWeight], cache_tokens_needed: Optional[int]) -> set[str]:
         """Peer ids this route must not use, whatever the coverage (a request's ``only`` /
-        ``ignore`` / ``verified_only``): a route that needs them fails instead."""
+        ``ignore`` / ``verified_only``, servers known to refuse sessions of ``cache_tokens_needed``
+        tokens): a route that needs them fails instead."""
         return set()
 
     def route_sort(self) -> Optional[str]:
@@ -168,7 +169,7 @@ class MonitorRouting:
         ]
         health = self.routing.mode == "health"
         weights = self.peer_weights() if health else {}
-        excluded = self.route_excluded(spans, weights)
+        excluded = self.route_excluded(spans, weights, cache_tokens_needed)
         hard = {span.peer_id for span in spans if span.peer_id.to_base58() in excluded}
         usable = [span for span in spans if span.peer_id not in hard]
         sort = self.route_sort()

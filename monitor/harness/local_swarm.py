@@ -45,6 +45,7 @@ class ServerSpec:
     end: int
     throughput: float = 100.0
     public_name: Optional[str] = None
+    inference_max_length: Optional[int] = None  # the longest session it accepts (petals' default: 2048)
 
     @property
     def block_indices(self) -> str:
@@ -183,6 +184,8 @@ class LocalSwarm:
         ]
         if spec.public_name:
             args += ["--public-name", spec.public_name]
+        if spec.inference_max_length:
+            args += ["--inference-max-length", str(spec.inference_max_length)]
         self.specs[spec.name] = spec
         self.servers[spec.name] = self._spawn(spec.name, args)
 
