@@ -15,8 +15,7 @@ bias, tools, best_of) are refused with a 400 naming them rather than silently ig
 carries a ``petals`` extension: its route and speed. A request may carry a ``petals`` object of
 routing choices (``monitor.core.route_choice``: ``only``, ``ignore``, ``sort``, bounds; a choice
 nobody meets is a 422 naming it) and a ``models`` list to fall back on. Errors have OpenAI's shape, also mid-stream.
-Prompts are bounded before they are tokenized (``chat.http.limits``): characters over all messages
-or prompts, token ids by the model's context.
+What a request asks for is read and checked in ``chat.http.openai_request``; this module answers it.
 """
 
 from __future__ import annotations
@@ -33,8 +32,6 @@ from typing import Iterator, Optional, Sequence
 from flask import Blueprint, Response, jsonify, stream_with_context
 
 from monitor.http_errors import openai_error_body
-from monitor.core.route_choice import ChoiceError, parse_choice
-
 from chat.engine import (
     BatchAnswer,
     Busy,
@@ -42,16 +39,20 @@ from chat.engine import (
     ChatError,
     Delta,
     Finished,
-    GenerationParams,
-    InvalidRequest,
-    ModelNotServed,
     ModelStatus,
-    RouteChoice,
     RouteUnmet,
 )
 from chat.http import logprobs as lp
-from chat.errors import check_fits_context
-from chat.http.limits import ChatLimits, check_token_ids
+from chat.http.limits import ChatLimits
+from chat.http.openai_request import (
+    FALLBACK_ON,
+    CompletionRequest,
+    chat_request,
+    fallback_models,
+    requested_model,
+    route_choice,
+    text_request,
+)
 from chat.http.params import Params, client_address, request_params
 from chat.http.responses import (
     INTERNAL_ERROR,
@@ -63,146 +64,6 @@ from chat.http.responses import (
 )
 
 logger = logging.getLogger(__name__)
-
-MAX_MESSAGES = 512
-MAX_CONTENT_PARTS = 64  # text parts of one message
-
-
-@dataclass(frozen=True)
-class _Logprobs:
-    """What a request asks of log-probabilities: ``top`` alternatives per token; ``echo``: the prompt's too."""
-
-    top: int
-    echo: bool = False
-
-
-def _logprobs(engine: ChatEngine, params: Params, *, chat: bool, echo: bool) -> Optional[_Logprobs]:
-    """The chat's ``logprobs`` (true/false) and ``top_logprobs`` (0 to max_logprobs), or the text
-    completions' ``logprobs`` (null, or 0 to max_logprobs alternatives)."""
-    bound = engine.max_logprobs
-    if chat:
-        wanted = params.boolean("logprobs")
-        top = params.integer("top_logprobs", lo=0, hi=bound)
-        if top and not wanted:
-            raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
-        return _Logprobs(top or 0) if wanted else None
-    if isinstance(params.raw("logprobs"), bool):
-        raise InvalidRequest("logprobs", f"logprobs must be null or an integer between 0 and {bound} here")
-    top = params.integer("logprobs", lo=0, hi=bound)
-    return None if top is None else _Logprobs(top, echo=echo)
-
-
-def _generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: int, *, chat: bool,
-                       default_max: int, extra_stops: Sequence[str] = (),
-                       logprobs: Optional[_Logprobs] = None) -> GenerationParams:
-    context = engine.context_length(model)
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = params.number(name, default=0.0, lo=-2, hi=2)
-        if value != 0:
-            raise InvalidRequest(name, f"{name} is not supported here (only 0); use repetition_penalty instead")
-    if params.raw("logit_bias"):
-        raise InvalidRequest("logit_bias", "logit_bias is not supported here")
-    if params.raw("tools") or params.raw("functions"):
-        raise InvalidRequest("tools" if params.raw("tools") else "functions", "tool and function calls are not supported here")
-    response_format = params.raw("response_format")
-    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
-        raise InvalidRequest("response_format", "only response_format {\"type\": \"text\"} is supported here")
-    params.integer("seed")  # accepted (checked), not used: the swarm gives no reproducible sampling
-    stream = params.boolean("stream")
-    stream_options = params.raw("stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise InvalidRequest("stream_options", "stream_options must be an object")
-    temperature = params.number("temperature", default=1.0, lo=0, hi=2)
-    sampling = params.sampling(top_p=1.0, top_k=0, repetition_penalty=1.0)
-    limit_name = "max_completion_tokens" if params.present("max_completion_tokens") else "max_tokens"
-    scoring = logprobs is not None and logprobs.echo
-    max_tokens = params.integer(limit_name, lo=0 if scoring else 1, hi=context)
-    if max_tokens == 0 and stream:
-        raise InvalidRequest(limit_name, f"{limit_name} 0 (scoring the prompt) is answered whole: set stream to false")
-    if scoring and stream:
-        raise InvalidRequest("echo", "echo with logprobs is answered whole: set stream to false")
-    check_fits_context("messages" if params.present("messages") else "prompt", n_prompt, context, what="the prompt")
-    if max_tokens is None:
-        max_tokens = min(default_max, context - n_prompt) if default_max else context - n_prompt
-    stops = params.strings("stop") + tuple(extra_stops)
-    return GenerationParams(max_new_tokens=max_tokens, temperature=temperature, **sampling, stop_sequences=stops,
-                            stop_mode="exclude", skip_special_tokens=True, logprobs=logprobs is not None,
-                            top_logprobs=logprobs.top if logprobs else 0, prompt_logprobs=scoring)
-
-
-def _messages(params: Params, limits: ChatLimits) -> list[dict]:
-    messages = params.raw("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages", "messages must be a non-empty list of {role, content} objects")
-    if len(messages) > MAX_MESSAGES:
-        raise InvalidRequest("messages", f"messages has {len(messages)} entries; at most {MAX_MESSAGES} are accepted")
-    result = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise InvalidRequest(where, f"{where} must be an object with role and content")
-        role = message.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise InvalidRequest(f"{where}.role", f"{where}.role must be 'system', 'user' or 'assistant', got {role!r}")
-        content = message.get("content")
-        if isinstance(content, list):
-            if len(content) > MAX_CONTENT_PARTS:
-                raise InvalidRequest(f"{where}.content", f"{where}.content has {len(content)} parts; at most "
-                                                         f"{MAX_CONTENT_PARTS} are accepted")
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequest(f"{where}.content[{j}]", f"{where}.content[{j}] must be a text part "
-                                                                   "{\"type\": \"text\", \"text\": ...}")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise InvalidRequest(f"{where}.content", f"{where}.content must be a string")
-        result.append({"role": role, "content": content})
-    limits.check_prompt_chars("messages", sum(len(m["content"]) for m in result),
-                              what="the content of messages, all together,")
-    return result
-
-
-def _token_ids(engine: ChatEngine, model: str, ids: list, param: str) -> list[int]:
-    check_token_ids(param, ids, engine.context_length(model))
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise InvalidRequest(param, f"{param} must be a string, a list of token ids, or a list of those")
-    vocab = len(engine.tokenizer(model))
-    if any(not 0 <= t < vocab for t in ids):
-        raise InvalidRequest(param, f"{param} token ids must be between 0 and {vocab - 1}")
-    return list(ids)
-
-
-def _completion_prompts(engine: ChatEngine, model: str, params: Params,
-                        limits: ChatLimits) -> list[tuple[list[int], str]]:
-    """(token ids, text) of every prompt: a string, a list of token ids, or a list of either."""
-    prompt = params.raw("prompt")
-    if isinstance(prompt, str):
-        prompts: list = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        prompts = prompt
-    elif isinstance(prompt, list) and prompt:
-        prompts = [prompt]  # one prompt of token ids
-    else:
-        raise InvalidRequest("prompt", "prompt must be a string, a list of token ids, or a list of those")
-    if len(prompts) > engine.max_batch_rows:
-        raise InvalidRequest("prompt", f"prompt has {len(prompts)} prompts; at most {engine.max_batch_rows} "
-                                       f"are answered per request")
-    limits.check_prompt_chars("prompt", sum(len(p) for p in prompts if isinstance(p, str)),
-                              what="prompt" if len(prompts) == 1 else "the prompts, all together,")
-    result = []
-    for p in prompts:
-        if isinstance(p, str):
-            result.append((engine.encode(model, p), p))
-        elif p:
-            ids = _token_ids(engine, model, p, "prompt")
-            result.append((ids, engine.tokenizer(model).decode(ids)))
-        else:
-            raise InvalidRequest("prompt", "prompt has an empty list of token ids")
-    return result
 
 
 def _petals_extension(finished: Finished) -> dict:
@@ -235,9 +96,9 @@ def _model_card(engine: ChatEngine, status: ModelStatus) -> dict:
 def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
     """``POST /v1/estimate``: the body of a chat or text completion; its forecast, nothing generated."""
     params = request_params()
-    name, model = _requested_model(engine, params)
+    name, model = requested_model(engine, params)
     chat = params.raw("messages") is not None
-    request = (_chat_request if chat else _text_request)(engine, model, params, limits)
+    request = (chat_request if chat else text_request)(engine, model, params, limits)
     status = engine.status(model)
     prompt_tokens = max(len(row) for row in request.rows)
     forecast = engine.forecast(model, prompt_tokens=prompt_tokens, max_tokens=request.generation.max_new_tokens)
@@ -255,63 +116,6 @@ def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
                            "route_choice": route})
 
 
-@dataclass(frozen=True)
-class _Request:
-    """What a completion asks for: its rows (token ids; prompt by prompt, ``n`` samples each), how
-    to generate, the parameter that holds the prompts (named in errors), each row's ``echo`` text
-    (text completions' ``echo``) and the log-probabilities it wants."""
-
-    rows: list[list[int]]
-    generation: GenerationParams
-    param: str
-    echoes: list[str]
-    logprobs: Optional[_Logprobs] = None
-
-
-def _samples(params: Params, engine: ChatEngine, n_prompts: int) -> int:
-    n = params.integer("n", default=1, lo=1, hi=engine.max_batch_rows)
-    if n * n_prompts > engine.max_batch_rows:
-        raise InvalidRequest("n", f"{n_prompts} prompts × n = {n} asks for {n * n_prompts} answers; at most "
-                                  f"{engine.max_batch_rows} are computed per request")
-    return n
-
-
-def _chat_request(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Request:
-    messages = _messages(params, limits)
-    n = _samples(params, engine, 1)
-    input_ids, extra_stops = engine.encode_chat(model, messages)
-    logprobs = _logprobs(engine, params, chat=True, echo=False)
-    generation = _generation_params(engine, model, params, len(input_ids), chat=True, default_max=0,
-                                    extra_stops=extra_stops, logprobs=logprobs)
-    return _Request([input_ids] * n, generation, "messages", [""] * n, logprobs)
-
-
-def _text_request(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> _Request:
-    if params.raw("suffix"):
-        raise InvalidRequest("suffix", "suffix is not supported here")
-    prompts = _completion_prompts(engine, model, params, limits)
-    n = _samples(params, engine, len(prompts))
-    echo = params.boolean("echo")
-    logprobs = _logprobs(engine, params, chat=False, echo=echo)
-    generation = _generation_params(engine, model, params, max(len(ids) for ids, _ in prompts), chat=False,
-                                    default_max=16, logprobs=logprobs)
-    rows = [ids for ids, _ in prompts for _ in range(n)]
-    echoes = [text if echo else "" for _, text in prompts for _ in range(n)]
-    return _Request(rows, generation, "prompt", echoes, logprobs)
-
-
-def _requested_model(engine: ChatEngine, params: Params) -> tuple[str, str]:
-    """(the model's name as asked, the engine's name for it), after the checks every completion
-    shares: a JSON body, best_of 1."""
-    if params.form:
-        raise InvalidRequest(None, "send the request as JSON (Content-Type: application/json)")
-    name = params.string("model", required=True, max_chars=500)
-    model = engine.resolve(name)
-    if params.integer("best_of", default=1, lo=1) != 1:
-        raise InvalidRequest("best_of", "only best_of = 1 is supported here (use n for several answers)")
-    return name, model
-
-
 @dataclass
 class _Reply:
     """The objects of one completion in OpenAI's shape, whole or as stream chunks."""
@@ -320,13 +124,13 @@ class _Reply:
     model: str  # as the client named it
     ident: str
     created: int
-    request: _Request
+    request: CompletionRequest
     texts: lp.TokenTexts
     sent: dict = field(default_factory=dict)  # choice -> (token ids whose logprobs were streamed, characters sent)
     fallbacks: list = field(default_factory=list)  # the models of ``models`` that gave way, and why
 
     @classmethod
-    def new(cls, chat: bool, model: str, request: _Request, tokenizer, *, fallbacks: Sequence[dict] = ()) -> "_Reply":
+    def new(cls, chat: bool, model: str, request: CompletionRequest, tokenizer, *, fallbacks: Sequence[dict] = ()) -> "_Reply":
         return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), int(time.time()),
                    request, lp.TokenTexts(tokenizer), fallbacks=list(fallbacks))
 
@@ -443,37 +247,6 @@ def _stream_events(batch: BatchAnswer, reply: _Reply, include_usage: bool) -> It
         yield "data: [DONE]\n\n"
 
 
-MAX_FALLBACK_MODELS = 8  # models in a request's ``models`` list
-FALLBACK_ON = (ModelNotServed, RouteUnmet)  # a model refused for these: the next of ``models`` is tried
-
-
-def route_choice(params: Params) -> RouteChoice:
-    """The request's ``petals`` routing choices (``monitor.core.route_choice``)."""
-    try:
-        return parse_choice(params.raw("petals"))
-    except ChoiceError as e:
-        raise InvalidRequest(e.field, str(e)) from None
-
-
-def _models(engine: ChatEngine, params: Params, first: tuple[str, str]) -> list[tuple[str, str]]:
-    """(name as asked, engine name) of ``model`` and then of each model in ``models`` (OpenRouter's
-    fallbacks), each once."""
-    listed = params.raw("models")
-    if listed is None:
-        return [first]
-    if not isinstance(listed, list) or not all(isinstance(m, str) and 0 < len(m) <= 500 for m in listed):
-        raise InvalidRequest("models", "models must be a list of model names")
-    if len(listed) > MAX_FALLBACK_MODELS:
-        raise InvalidRequest("models", f"models names {len(listed)} models; at most {MAX_FALLBACK_MODELS}")
-    found = {first[1]: first}
-    for index, name in enumerate(listed):
-        try:
-            found.setdefault(engine.resolve(name), (name, engine.resolve(name)))
-        except ChatError as e:
-            raise InvalidRequest(f"models[{index}]", str(e)) from None
-    return list(found.values())
-
-
 @dataclass
 class _Started:
     """A completion that has its slots: the model that took it, the request as that model reads it,
@@ -481,7 +254,7 @@ class _Started:
 
     name: str
     model: str
-    request: _Request
+    request: CompletionRequest
     batch: BatchAnswer
     fallbacks: list
 
@@ -490,12 +263,12 @@ def _start(engine: ChatEngine, limits: ChatLimits, params: Params, *, chat: bool
            on_wait=None) -> _Started:
     """The request started on the first of its models that takes it (``models``: a model refused as
     not served or unable to meet the ``petals`` choices gives way to the next)."""
-    first = _requested_model(engine, params)
+    first = requested_model(engine, params)
     choice = route_choice(params)
-    candidates = _models(engine, params, first)
+    candidates = fallback_models(engine, params, first)
     fallbacks: list[dict] = []
     for index, (name, model) in enumerate(candidates):
-        request = (_chat_request if chat else _text_request)(engine, model, params, limits)
+        request = (chat_request if chat else text_request)(engine, model, params, limits)
         try:
             batch = engine.answer_batch(model, request.rows, request.generation, client=client,
                                         prompt_param=request.param, choice=choice, on_wait=on_wait)
