@@ -143,32 +143,36 @@ def ws_ask(ws, message):
     return json.loads(ws.receive(timeout=60))
 
 
-def test_ws_v2_streams_token_by_token_and_equals_local_greedy(base_url, local):
+def test_ws_v2_streams_token_by_token_past_the_opened_max_length_and_equals_local_greedy(base_url, engine, local):
+    """chat.petals.dev's streaming: replies of max_new_tokens tokens until the stop sequence shows
+    up; this one never does, so the answer reaches the session's max_length (48) — and goes on, in a
+    longer session the text so far is replayed into, up to the longest the model's servers accept
+    (its context here), where petals' "Maximum length exceeded" ends it — or to EOS."""
     tokenizer, greedy = local
     prompt_ids = tokenizer(PROMPT)["input_ids"]
+    limit = engine.session_limit(TINY_DHT_PREFIX)
     ws = ws_connect(base_url)
     try:
         assert ws_ask(ws, {"type": "open_inference_session", "model": TINY_DHT_PREFIX, "max_length": 48}) == {"ok": True}
-        # chat.petals.dev's streaming: replies of max_new_tokens tokens until the stop sequence shows up;
-        # this one never does, so generation runs to the session's max_length (or to EOS)
         ws.send(json.dumps({"type": "generate", "inputs": PROMPT, "max_new_tokens": 1, "stop_sequence": "\x00never"}))
         replies = []
         while not replies or (replies[-1]["ok"] and not replies[-1]["stop"]):
             replies.append(json.loads(ws.receive(timeout=60)))
     finally:
         close_ws(ws)
-    expected_ids, expected = greedy(prompt_ids, 48 - len(prompt_ids), skip_special_tokens=False)
+    expected_ids, expected = greedy(prompt_ids, limit - len(prompt_ids), skip_special_tokens=False)
     if tokenizer.eos_token_id in expected_ids:
         expected_ids = expected_ids[: expected_ids.index(tokenizer.eos_token_id) + 1]
         expected = tokenizer.decode(expected_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         assert replies[-1]["ok"] and replies[-1]["stop"]
-    else:  # the session's end came before the stop sequence: petals' words, on which chat.petals.dev's page grows it
+    else:  # the longest session the servers accept ended before the stop sequence: petals' words
         assert replies[-1]["ok"] is False and replies[-1]["traceback"].startswith("Maximum length exceeded")
         replies.pop()
     assert all(r["ok"] for r in replies)
     assert "".join(r["outputs"] for r in replies) == expected
     assert sum(r["token_count"] for r in replies) == len(expected_ids)
     assert len(replies) > len(expected_ids) // 2, "not streamed token by token"
+    assert len(prompt_ids) + len(expected_ids) > 48 or tokenizer.eos_token_id in expected_ids, "never outgrew 48"
 
 
 def test_ws_v2_one_reply_without_stop_sequence_and_continues_the_session(base_url, local):

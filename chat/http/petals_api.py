@@ -5,10 +5,10 @@ connection, continued request after request).
 Errors keep that API's shape, ``{"ok": false, "traceback": ...}``, but the "traceback" is a short
 message for people, never a Python traceback, an exception's text or a path. The two messages
 chat.petals.dev's page acts on keep petals' words: "Maximum length exceeded: …" when a session's
-``max_length`` is used up and cannot grow (a turn whose input does not fit is first answered by a
-longer session the text so far is replayed into: ``ChatSession.grow``, up to the model's context),
-also when an answer streams to the session's end before its stop sequence (the page opens a longer
-session and resends the conversation), and "Session <id>
+``max_length`` is used up and cannot grow — a turn that does not fit, and a streamed answer that
+reaches the session's end before its stop sequence, are answered on by a longer session the text so
+far is replayed into (``ChatSession.grow``, up to the longest session the model's servers accept:
+``ChatEngine.session_limit``), so the page sees it only at that limit — and "Session <id>
 expired: …" when the chat ends a session — after ``ws_idle_timeout`` seconds without a request,
 after ``ws_max_lifetime`` seconds in all (``chat.http.limits.WsClock``), or when an idle session is
 closed to make room for another (``chat.capacity.OpenSessions``) — on which the page opens a new
@@ -201,43 +201,53 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
             raise InvalidRequest("stop_sequence", f"extra_stop_sequences need stop_sequence to be exactly 1 token; "
                                                   f"{stop_sequence!r} is {len(ids)} tokens")
         cont_token = ids[0]
-    if session.room(len(input_ids)) <= 0:  # a turn that outgrows the session: a longer one replays it (no error)
-        session.grow(len(input_ids), 1, engine.session_limit(model))
+    streaming = stop_sequence is not None
+    stops = ((stop_sequence,) if stop_sequence else ()) + extra
+    asked = generation_params(engine, model, params, n_input=len(input_ids), used=session.used,
+                              room=engine.context_length(model), stop_sequences=stops)
+    # a turn that outgrows the session: a longer one the text so far is replayed into (no error);
+    # a streamed answer grows it again when it reaches its end (below)
+    limit = engine.session_limit(model)
+    session.grow(len(input_ids), 1 if streaming else asked.max_new_tokens, limit)
     room = session.room(len(input_ids))
     if room <= 0:
         raise MaxLengthExceeded(f"prefix {session.used} + current {len(input_ids)} tokens leave no room in the "
                                 f"session's max_length {session.max_length}; open a session with a larger max_length")
-    streaming = stop_sequence is not None
-    stops = ((stop_sequence,) if stop_sequence else ()) + extra
-    generation = generation_params(engine, model, params, n_input=len(input_ids), used=session.used, room=room,
-                                   stop_sequences=stops)
-    chunk = generation.max_new_tokens
-    if streaming:  # like chat.petals.dev: chunks of max_new_tokens until a stop sequence (or the session's end)
-        generation = dataclasses.replace(generation, max_new_tokens=room)
-    text, count = "", 0
-    # its user waits for this answer: the turn waits for a slot in turn, for as long as the session may
-    # last (turns waiting at once are bounded by the open sessions, and so is the wait)
-    events = chat_request.turn(session, input_ids or None, generation, slot_timeout=clock.remaining(),
-                               request_sink=engine.request_sink)
-    for event in events:
-        if clock.expired():  # leaving the generator stops the answer after the current token
-            events.close()
-            raise clock.over(session.label)
-        if isinstance(event, Delta):
-            text, count = text + event.text, count + event.token_count
-            if streaming and count >= chunk:
-                ws.send(json.dumps({"ok": True, "outputs": text, "stop": False, "token_count": count}))
-                text, count = "", 0
-        elif isinstance(event, Finished):
-            if streaming and event.finish_reason == "length":  # the session ended before the stop sequence
-                if count:
+    chunk = asked.max_new_tokens
+    # like chat.petals.dev: chunks of max_new_tokens until a stop sequence (or the session's end)
+    generation = dataclasses.replace(asked, max_new_tokens=room if streaming else min(chunk, room))
+    text, count, pending = "", 0, input_ids or None
+    while True:
+        # its user waits for this answer: the turn waits for a slot in turn, for as long as the session
+        # may last (turns waiting at once are bounded by the open sessions, and so is the wait)
+        events = chat_request.turn(session, pending, generation, slot_timeout=clock.remaining(),
+                                   request_sink=engine.request_sink)
+        at_end = False
+        for event in events:
+            if clock.expired():  # leaving the generator stops the answer after the current token
+                events.close()
+                raise clock.over(session.label)
+            if isinstance(event, Delta):
+                text, count = text + event.text, count + event.token_count
+                if streaming and count >= chunk:
                     ws.send(json.dumps({"ok": True, "outputs": text, "stop": False, "token_count": count}))
-                raise MaxLengthExceeded(f"the answer reached the session's max_length {session.max_length} "
-                                        f"before its stop sequence; open a session with a larger max_length")
-            if cont_token is not None and event.finish_reason == "stop" and event.text and \
-                    any(event.text.endswith(seq) for seq in extra):
-                session.replace_last_token(cont_token)
-            ws.send(json.dumps({"ok": True, "outputs": text, "stop": True, "token_count": count}))
+                    text, count = "", 0
+            elif isinstance(event, Finished):
+                if streaming and event.finish_reason == "length":  # the session ended before the stop sequence
+                    at_end = True  # (the turn's generator ends first: it holds the session)
+                    continue
+                if cont_token is not None and event.finish_reason == "stop" and event.text and \
+                        any(event.text.endswith(seq) for seq in extra):
+                    session.replace_last_token(cont_token)
+                ws.send(json.dumps({"ok": True, "outputs": text, "stop": True, "token_count": count}))
+        if not at_end:
+            return
+        if not session.grow(0, chunk, limit):  # else the answer goes on in a longer session
+            if count:
+                ws.send(json.dumps({"ok": True, "outputs": text, "stop": False, "token_count": count}))
+            raise MaxLengthExceeded(f"the answer reached the session's max_length {session.max_length} before "
+                                    f"its stop sequence; the model's servers accept no longer session")
+        pending, generation = None, dataclasses.replace(generation, max_new_tokens=session.room(0))
 
 
 def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
