@@ -33,6 +33,7 @@ from chat.errors import (
     Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, RouteUnmet, SessionExpired,
     SessionTooLong, UnknownModel,
 )
+from chat.metrics import RequestHistograms
 from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, OutcomeSink, RoutingSettings, ScoreSource
 from chat.server_load import ServerLimits, ServerLoad
 from chat.remote_model import load_remote_model, sequence_manager_of
@@ -150,7 +151,7 @@ class ChatEngine:
         forecast_source: Optional[Callable[[], Mapping[str, ForecastInputs]]] = None,
     ):
         self.dht = dht
-        self.request_sink = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
+        self._request_rows = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
         self.forecast_source = forecast_source  # what forecasts rest on, per model (e.g. StoreForecasts)
         self.coverage_check = coverage_check
         self.routing = routing or RoutingSettings()
@@ -180,6 +181,14 @@ class ChatEngine:
             path = getattr(config, "path", None)
             self._models[name] = _Model(name=name, title=getattr(config, "name", None) or name,
                                         path=Path(path) if path else None, aliases=aliases)
+
+        self.request_histograms = RequestHistograms(self.model_names)  # /metrics (chat.metrics)
+
+    def request_sink(self, record: RequestRecord) -> None:
+        """Where each request's row goes when it ends: this process's histograms, then the sink given."""
+        self.request_histograms.observe(record)
+        if self._request_rows is not None:
+            self._request_rows(record)
 
     # -- models ----------------------------------------------------------------------------------
     @property

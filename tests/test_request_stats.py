@@ -168,6 +168,20 @@ def test_every_request_the_chat_serves_leaves_one_row(chat, swarm):
     assert {peer for r in found[:3] for peer, _, _ in r.route} <= {swarm.peer_id(n) for n in swarm.servers}
     text = json.dumps([r.__dict__ for r in found])
     assert "Hello" not in text and "Hi" not in text  # no prompt, no answer
+    # /metrics: the same requests as histograms of this chat process (label values bounded)
+    metrics = client.get("/metrics").get_data(as_text=True)
+    counted = {api: sum(1 for r in found if r.api == api and r.outcome == OK) for api in ("openai", "petals")}
+    for api, count in counted.items():
+        line = f'swarm_monitor_chat_requests_total{{api="{api}",model="{TINY_DHT_PREFIX}",outcome="ok"}} {float(count)}'
+        assert line in metrics, line
+    answered = [r.time_to_first_token for r in found if r.outcome == OK]
+    count_line = f'swarm_monitor_chat_request_first_token_seconds_count{{model="{TINY_DHT_PREFIX}"}} {float(len(answered))}'
+    assert count_line in metrics, count_line
+    inf = f'swarm_monitor_chat_request_first_token_seconds_bucket{{le="+Inf",model="{TINY_DHT_PREFIX}"}} {float(len(answered))}'
+    assert inf in metrics
+    within = sum(1 for t in answered if t <= 1.0)
+    assert f'swarm_monitor_chat_request_first_token_seconds_bucket{{le="1.0",model="{TINY_DHT_PREFIX}"}} {float(within)}' in metrics
+    assert 'model="other"' not in metrics
 
 
 def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
