@@ -14,7 +14,7 @@ import bisect
 import threading
 from typing import Any, Iterator, Sequence
 
-from monitor.core.requests import APIS, OK, OUTCOMES, RequestRecord
+from monitor.core.requests import APIS, FIRST_TOKEN_BUCKETS, OK, OUTCOMES, SPEED_BUCKETS, RequestRecord
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -23,8 +23,6 @@ REFUSALS = ("queue_full", "client_share", "timeout", "sessions_full")
 EXPIRIES = ("evicted", "idle", "lifetime")
 
 
-FIRST_TOKEN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # seconds
-SPEED_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0)  # decode tokens per second
 OTHER_MODEL = "other"  # the label of a model the engine does not serve (none: the label stays bounded)
 
 

@@ -18,7 +18,8 @@ import pytest
 from chat.engine import ChatEngine, GenerationParams
 from chat.feedback import StoreForecasts, StoreRequests
 from chat.http import create_blueprint
-from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord, percentile, stats, stats_by_server
+from monitor.core.requests import (CANCELLED, ERROR, FIRST_TOKEN_BUCKETS, OK, RequestRecord, hour_figures, percentile,
+                                   stats, stats_by_server)
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.settings import ModelConfig, Settings
 from monitor.web import create_app
@@ -119,6 +120,45 @@ def test_the_api_and_the_model_page_show_the_exact_percentiles_of_the_stored_row
     assert client.get(f"/api/v1/peers/{B}/stats").get_json()["rows"] == 0
     peer_page = client.get(f"/peers/{A}").get_data(as_text=True)
     assert "Real requests through this server" in peer_page and "37 requests in the last 24 h" in peer_page
+
+
+def test_rows_are_rolled_up_per_hour_and_the_hours_outlive_the_raw_rows(store):
+    """Kept like the other raw data: every completed hour becomes a row per model with its counts,
+    its exact percentiles and histogram bins; after the raw retention the hours are read from the
+    rollup with the figures the raw rows had, and the model page charts them."""
+    from monitor.app import assessing
+    from monitor.core.snapshot import Snapshot
+
+    settings = web_settings()
+    now = time.time()
+    hour = math.floor(now / 3600) * 3600
+    records = [RequestRecord(at=hour - 3 * 3600 + 60 * i, model=TINY.dht_prefix, api="openai",
+                             outcome=(OK, OK, OK, ERROR, CANCELLED)[i % 5], route=((A, 0, 8),), tokens=4,
+                             time_to_first_token=0.05 * (i + 1), tokens_per_second=float(10 + i), failovers=i % 2)
+               for i in range(40)]  # 40 minutes of the hour three hours ago
+    records += [RequestRecord(at=hour - 3600 + 30, model=TINY.dht_prefix, api="page", outcome=OK,
+                              time_to_first_token=2.0, tokens_per_second=5.0)]
+    assert store.record_requests(records) == 0
+    snapshot = Snapshot(taken_at=now, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+    store.record_poll(snapshot, assessing.assess_poll(store, settings, snapshot, {}, now=now))
+    raw = store.request_hours(TINY.dht_prefix, now - 7 * 86400, now)
+    assert [r["hour"] for r in raw] == [hour - 3 * 3600, hour - 3600]
+    assert raw[0] == {"hour": hour - 3 * 3600, **hour_figures(records[:40])}
+    ok = [r for r in records[:40] if r.outcome == OK]
+    assert raw[0]["ok"] == len(ok) == 24 and raw[0]["error"] == 8 and raw[0]["cancelled"] == 8
+    assert raw[0]["quantiles"]["time_to_first_token"]["p90"] == percentile([r.time_to_first_token for r in ok], 90)
+    assert sum(raw[0]["bins"]["time_to_first_token"]) == 24
+    assert raw[0]["bins"]["time_to_first_token"][FIRST_TOKEN_BUCKETS.index(0.5) + 1] == sum(
+        1 for r in ok if 0.5 < r.time_to_first_token <= 1.0)
+    # the rollup, then the raw rows before the last hour pruned (a raw retention of one hour)
+    store.rollup_and_prune(now, raw_retention_days=1 / 24, rollup_retention_days=90)
+    assert store.requests_since(now - 86400, model=TINY.dht_prefix) == records[40:]
+    assert store.request_hours(TINY.dht_prefix, now - 7 * 86400, now) == raw  # the same figures, from the rollup
+    page = create_app(settings, store).test_client().get(f"/models/{TINY.dht_prefix}").get_data(as_text=True)
+    assert "requests per hour over the last 7 days" in page and "1 request in the last 24 h" in page
+    # and the rollup is pruned with the others
+    store.rollup_and_prune(now + 120 * 86400, raw_retention_days=1 / 24, rollup_retention_days=90)
+    assert store.request_hours(TINY.dht_prefix, now - 7 * 86400, now) == []
 
 
 # ---- on the session swarm: the chat's own requests --------------------------------------------

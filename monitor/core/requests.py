@@ -11,10 +11,16 @@ Figures: the success rate over ``SUCCESS_WINDOWS`` (5 min, 30 min, 1 day) and ti
 decode tokens/s and slot wait at ``PERCENTILES`` (p50, p90, p99) over ``LATENCY_WINDOWS`` (30 min,
 1 day) — exact, by nearest rank, over the stored rows (at most ``MAX_ROWS`` of the newest). A
 request counts for a server when its route went through it.
+
+Kept like the other raw data: rows ``raw_retention_days``, then an hourly rollup per model
+(``hour_figures``: counts, that hour's exact percentiles, and histogram bins over
+``FIRST_TOKEN_BUCKETS`` / ``SPEED_BUCKETS``, the buckets /metrics counts in too) for the rollup
+retention.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
@@ -29,6 +35,8 @@ LATENCY_WINDOWS = (("30m", 30 * MINUTE), ("1d", DAY))
 PERCENTILES = (50, 90, 99)
 MAX_ROWS = 50_000  # rows a figure reads at most (the newest)
 MAX_HOPS = 32  # route hops kept per request
+FIRST_TOKEN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # seconds (histogram upper bounds)
+SPEED_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0)  # decode tokens per second
 
 
 @dataclass(frozen=True)
@@ -94,3 +102,27 @@ def stats_by_server(records: Iterable[RequestRecord], *, now: float, limit: int 
             through.setdefault(peer, []).append(record)
     busiest = sorted(through, key=lambda peer: (-len(through[peer]), peer))[:limit]
     return {peer: stats(through[peer], now=now) for peer in sorted(busiest)}
+
+
+def bins(values: Iterable[Optional[float]], bounds: Sequence[float]) -> list[int]:
+    """How many finite values fall at or below each bound (and above the last: the final count),
+    one count per bucket (not cumulative)."""
+    counts = [0] * (len(bounds) + 1)
+    for value in values:
+        if value is not None and math.isfinite(value):
+            counts[bisect.bisect_left(bounds, value)] += 1
+    return counts
+
+
+def hour_figures(records: Sequence[RequestRecord]) -> dict:
+    """What an hour's rollup keeps of its requests (of one model): counts by outcome, failovers and
+    tokens; the exact p50/p90/p99 of the answered ones' time to first token, decode tokens/s and
+    slot wait; and their histogram bins (``bins``)."""
+    done = [r for r in records if r.outcome == OK]
+    quantiles = {name: _quantiles([getattr(r, name) for r in done])
+                 for name in ("time_to_first_token", "tokens_per_second", "waited")}
+    return {"requests": len(records), "ok": len(done), "error": sum(r.outcome == ERROR for r in records),
+            "cancelled": sum(r.outcome == CANCELLED for r in records), "failovers": sum(r.failovers for r in done),
+            "tokens": sum(r.tokens for r in records), "quantiles": quantiles,
+            "bins": {"time_to_first_token": bins((r.time_to_first_token for r in done), FIRST_TOKEN_BUCKETS),
+                     "tokens_per_second": bins((r.tokens_per_second for r in done), SPEED_BUCKETS)}}

@@ -449,8 +449,7 @@ class Store:
 
     def requests_since(self, since: float, *, model: Optional[str] = None, limit: int = requests.MAX_ROWS,
                        route: bool = True) -> list[RequestRecord]:
-        """Requests at or after ``since`` (of ``model``), the newest ``limit``, oldest first
-        (``route`` False: without their routes)."""
+        """Requests at or after ``since`` (of ``model``), the newest ``limit``, oldest first."""
         with self.db.read("reading requests") as conn:
             return requests.since(conn, since, model=model, limit=limit, route=route)
 
@@ -458,6 +457,11 @@ class Store:
         """Requests at or after ``since`` whose route went through ``peer_id``, oldest first."""
         with self.db.read("reading a server's requests") as conn:
             return requests.through(conn, peer_id, since, limit=limit)
+
+    def request_hours(self, model: str, since: float, until: float) -> list[dict]:
+        """A model's requests per hour (``store.requests.hourly``: raw rows, else the rollup)."""
+        with self.db.read("reading requests per hour") as conn:
+            return requests.hourly(conn, model, since, until)
 
     # ---- silences and maintenance windows (store/mutes.py) ----------------------------------
 

@@ -1,9 +1,11 @@
 """Request rows in SQL: one per request the chat served (``core/requests.py``), no text.
 
 Written by the chat (its own process, or the service's thread) in batches; read by the pages, the
-stats API and /metrics (the newest ``MAX_ROWS`` in a window). Raw rows only, kept as long as the
-other raw rows (the retention prunes them with the polls). Every function takes a connection
-inside a transaction the caller opened; one bad row costs only itself (``clean``).
+stats API and /metrics (the newest ``MAX_ROWS`` in a window). Kept like the other raw rows: pruned
+with the polls, after the rollup has made an ``hourly_requests`` row per model and hour of them
+(``hour_rows``); ``hourly`` reads an hour from its raw rows while they are kept, else from its
+rollup. Every function takes a connection inside a transaction the caller opened; one bad row
+costs only itself (``clean``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from typing import Optional, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from monitor.core.common import finite
-from monitor.core.requests import APIS, MAX_HOPS, MAX_ROWS, OUTCOMES, RequestRecord
-from monitor.store.schema import Peer, RequestHopRow, RequestRow
+from monitor.core.common import HOUR, finite
+from monitor.core.requests import APIS, MAX_HOPS, MAX_ROWS, OUTCOMES, RequestRecord, hour_figures
+from monitor.store import hours
+from monitor.store.schema import HourlyRequestsRow, Peer, RequestHopRow, RequestRow
 from monitor.store.writes import peer_keys
 
 
@@ -40,6 +43,7 @@ def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
     rows = [row for row in map(clean, records) if row is not None]
     if not rows:
         return len(records)
+    hours.follow_writes(conn, min(row["at"] for row in rows))  # a late row: its hour is rolled up again
     t = RequestRow.__table__
     ids = conn.execute(sa.insert(t).returning(t.c.id, sort_by_parameter_order=True), rows).scalars().all()
     keys = peer_keys(conn, [peer for row in rows for peer, _, _ in row["route"]])
@@ -51,11 +55,14 @@ def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
 
 
 def since(conn: Connection, since_at: float, *, model: Optional[str] = None, limit: int = MAX_ROWS,
-          route: bool = True) -> list[RequestRecord]:
-    """Requests at or after ``since_at`` (of ``model``, if given), the newest ``limit``, oldest first
-    (``route`` False: without their routes, which a model's own figures do not need)."""
+          route: bool = True, before: Optional[float] = None) -> list[RequestRecord]:
+    """Requests at or after ``since_at`` (and before ``before``; of ``model``, if given), the newest
+    ``limit``, oldest first (``route`` False: without their routes, which a model's own figures do
+    not need)."""
     t = RequestRow.__table__
     query = sa.select(*[c for c in t.c if route or c.name != "route"]).where(t.c.at >= since_at)
+    if before is not None:
+        query = query.where(t.c.at < before)
     if model is not None:
         query = query.where(t.c.model == model)
     rows = conn.execute(query.order_by(t.c.at.desc(), t.c.id.desc()).limit(limit)).mappings().all()
@@ -85,3 +92,29 @@ def prune(conn: Connection, before: float) -> int:
     t, hops = RequestRow.__table__, RequestHopRow.__table__
     conn.execute(sa.delete(hops).where(hops.c.at < before))
     return conn.execute(sa.delete(t).where(t.c.at < before)).rowcount or 0
+
+
+def hour_rows(conn: Connection, hour: float, end: float) -> list[dict]:
+    """The rollup of [hour, end): an ``hourly_requests`` row per model (``hour_figures``)."""
+    by_model: dict[str, list[RequestRecord]] = {}
+    for record in since(conn, hour, before=end, limit=1 << 31, route=False):
+        by_model.setdefault(record.model, []).append(record)
+    return [{"model": model, "hour": hour, **hour_figures(records)} for model, records in by_model.items()]
+
+
+def hourly(conn: Connection, model: str, since_at: float, until: float) -> list[dict]:
+    """Per hour of [since_at, until] with requests of ``model``, oldest first: ``{"hour", **hour_figures}``
+    — from the raw rows where they are kept (the newest ``MAX_ROWS``), else from the rollup."""
+    t, rolled = RequestRow.__table__, HourlyRequestsRow.__table__
+    raw_from = hours.raw_start(conn, t.c.at)
+    found: dict[float, dict] = {}
+    for r in conn.execute(sa.select(rolled).where(rolled.c.model == model, *hours.rollup_window(
+            rolled.c.hour, since_at, until, raw_from))).mappings():
+        found[r["hour"]] = {name: r[name] for name in r.keys() if name != "model"}
+    if raw_from is not None:
+        start = max(hours.floor_hour(since_at), hours.floor_hour(raw_from))
+        by_hour: dict[float, list[RequestRecord]] = {}
+        for record in since(conn, start, model=model, route=False, before=until):
+            by_hour.setdefault(hours.floor_hour(record.at), []).append(record)
+        found.update({hour: {"hour": hour, **hour_figures(records)} for hour, records in by_hour.items()})
+    return [found[hour] for hour in sorted(found) if hour + HOUR > since_at]

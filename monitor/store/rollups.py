@@ -44,6 +44,7 @@ from monitor.store.schema import (
     HourlyObservationsRow,
     HourlyPollsRow,
     HourlyProbesRow,
+    HourlyRequestsRow,
     ModelStateChangeRow,
     ModelStatusRow,
     Peer,
@@ -51,12 +52,14 @@ from monitor.store.schema import (
     PeerScoreRow,
     Poll,
     ProbeRow,
+    RequestRow,
     ServerObservationRow,
     ServerPingsRow,
     WatchedModel,
 )
 
-HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow)
+HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow,
+                 HourlyRequestsRow)
 
 
 def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
@@ -121,7 +124,7 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
     counts["server_probes"] = server_probes.prune(conn, cutoff)  # (raw only, no rollup)
     counts["generation_checks"] = generation_checks.prune(conn, cutoff)  # (raw only, no rollup)
-    counts["requests"] = requests.prune(conn, cutoff)  # (raw only, no rollup yet)
+    counts["requests"] = requests.prune(conn, cutoff)  # (rolled up: hourly_requests)
     counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (kept as long as raw rows)
     return counts
 
@@ -192,6 +195,7 @@ def _rollup_hour(conn: Connection, hour: float) -> None:
     _insert_rows(conn, HourlyModelStatusRow, _status_rows(conn, hour, in_hour))
     _insert_rows(conn, HourlyBlockCoverageRow, _block_rows(conn, hour, in_hour))
     _insert_rows(conn, HourlyProbesRow, _probe_rows(conn, hour, end))
+    _insert_rows(conn, HourlyRequestsRow, requests.hour_rows(conn, hour, end))
 
 
 def _insert_rows(conn: Connection, row, rows: list[dict]) -> None:
@@ -280,9 +284,9 @@ def _probe_rows(conn: Connection, hour: float, end: float) -> list[dict]:
 
 
 def _next_hour_with_data(conn: Connection, after: Optional[float]) -> Optional[float]:
-    """The start of the first hour at or after ``after`` that has polls or probes."""
+    """The start of the first hour at or after ``after`` that has polls, probes or requests."""
     candidates = []
-    for column in (Poll.__table__.c.at, ProbeRow.__table__.c.at):
+    for column in (Poll.__table__.c.at, ProbeRow.__table__.c.at, RequestRow.__table__.c.at):
         query = sa.select(sa.func.min(column))
         if after is not None:
             query = query.where(column >= after)

@@ -470,6 +470,23 @@ class RequestRow(SQLModel, table=True):
     route: Any = _json_field()  # [[peer_id, start, end], ...]
 
 
+class HourlyRequestsRow(SQLModel, table=True):
+    """An hour of a model's request rows, rolled up (``core/requests.py`` ``hour_figures``): kept
+    the rollup retention, after the raw rows are gone (revision 0019)."""
+
+    __tablename__ = "hourly_requests"
+    model: str = Field(primary_key=True, max_length=256)
+    hour: float = Field(primary_key=True)
+    requests: int
+    ok: int
+    error: int
+    cancelled: int
+    failovers: int
+    tokens: int
+    quantiles: Any = _json_field()  # {"time_to_first_token": {"p50": …}, "tokens_per_second": …, "waited": …}
+    bins: Any = _json_field()  # {"time_to_first_token": [count per bucket], "tokens_per_second": […]}
+
+
 class RequestHopRow(SQLModel, table=True):
     """One server of a request's route (``RequestRow.route``), so that a server's figures are read
     by its own index; deleted with its request."""

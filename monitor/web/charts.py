@@ -375,3 +375,32 @@ def generation_checks(checks: Sequence, *, since: float, until: float) -> dict:
     layout["yaxis2"] = dict(title=dict(text="first token, s"), overlaying="y", side="right", rangemode="tozero",
                             fixedrange=True, showgrid=False)
     return _figure(traces, layout)
+
+
+# ---- model page: real requests per hour -----------------------------------------------------------
+
+
+def request_hours(rows: Sequence[dict], *, since: float, until: float) -> dict:
+    """A model's real requests per hour (``store.requests.hourly``): answered, failed and left
+    requests as stacked bars, and the hour's median time to first token and decode tokens/s as
+    lines on a second axis pair (seconds on the right, tokens/s hidden but on hover)."""
+    x = [utc(r["hour"] + 1800) for r in rows]  # each bar at the middle of its hour
+    bars = [("answered", "ok", COLORS["online"]), ("failed", "error", COLORS["broken"]),
+            ("left by the client", "cancelled", COLORS["offline"])]
+    traces = [dict(type="bar", x=x, y=[r[key] for r in rows], name=name, marker=dict(color=color), width=3_000_000,
+                   hovertemplate=f"%{{x}} UTC: %{{y}} {name}<extra></extra>") for name, key, color in bars]
+    median = lambda r, name: (r.get("quantiles") or {}).get(name, {}).get("p50")  # noqa: E731
+    traces.append(dict(type="scatter", x=x, y=_clean(median(r, "time_to_first_token") for r in rows),
+                       name="first token p50, s", yaxis="y2", mode="lines+markers",
+                       line=dict(color=COLORS["accent"], width=2), marker=dict(size=4),
+                       text=[f"{median(r, 'tokens_per_second'):.1f} tokens/s" if median(r, "tokens_per_second")
+                             is not None else "" for r in rows],
+                       hovertemplate="%{x} UTC: first token after %{y:.2f} s (median), %{text}<extra></extra>"))
+    layout = _layout(200, barmode="stack", showlegend=True, legend=dict(orientation="h", y=-0.25),
+                     xaxis=dict(type="date", range=time_range([r["hour"] for r in rows], since, until),
+                                fixedrange=True),
+                     yaxis=dict(title=dict(text="requests"), rangemode="tozero", fixedrange=True))
+    layout["yaxis2"] = dict(title=dict(text="first token, s"), overlaying="y", side="right", rangemode="tozero",
+                            fixedrange=True, showgrid=False)
+    layout["margin"] = dict(l=48, r=48, t=8, b=60)
+    return _figure(traces, layout)

@@ -108,6 +108,7 @@ def model(dht_prefix: str):
             generation_figure=_generation_chart(d.store, dht_prefix, now - DAY, now),
             requests=request_stats.cached(d, cur, ("request-stats-model", dht_prefix), now,
                                           lambda: request_stats.model_stats(d.store, dht_prefix, now, servers=False)),
+            request_figure=_request_chart(d.store, dht_prefix, now - WEEK, now),
         )))
     if target in (None, "model-heatmaps"):
         context.update(heatmaps=cur.derive(("heatmaps", dht_prefix, int(now // MINUTE)), lambda: [
@@ -121,6 +122,11 @@ def model(dht_prefix: str):
 def _generation_chart(store, dht_prefix: str, since: float, until: float):
     checks = store.generation_check_history(dht_prefix, since, until)
     return charts.generation_checks(checks, since=since, until=until) if checks else None
+
+
+def _request_chart(store, dht_prefix: str, since: float, until: float):
+    rows = store.request_hours(dht_prefix, since, until)
+    return charts.request_hours(rows, since=since, until=until) if rows else None
 
 
 def _heatmap(store, dht_prefix: str, since: float, until: float):
