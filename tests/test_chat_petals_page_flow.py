@@ -24,6 +24,7 @@ import json
 import re
 import shutil
 import time
+import urllib.request
 
 import pytest
 from simple_websocket import Client as WsClient, ConnectionClosed
@@ -202,9 +203,10 @@ def test_a_conversation_past_512_tokens_grows_its_session_as_chat_petals_devs_pa
     try:
         first = page.say(TURN * 7)  # ~230 tokens: fits the page's first session of 512
         assert first.startswith("Assistant:") and page.sent == [("open", 512), ("generate",)]
-        second = page.say(TURN * 9)  # the conversation is now past 512 tokens
+        second = page.say(TURN * 23)  # a turn of ~700 tokens: the conversation is now far past 512
     finally:
         page.close()
+    assert len(engine.encode(TINY_DHT_PREFIX, TURN * 23)) >= 700
     assert page.shown == [], page.shown  # no error box
     # the turn that outgrew the session was answered on the same socket (a longer session replayed the
     # text so far: ChatSession.grow), so the page never had to reopen one
@@ -214,6 +216,13 @@ def test_a_conversation_past_512_tokens_grows_its_session_as_chat_petals_devs_pa
     assert second.startswith("Assistant:") and "".join(page.streamed).endswith(MODEL.stop_token), page.streamed
     conversation = "".join(text for _, text in page.replicas)
     assert len(engine.encode(TINY_DHT_PREFIX, conversation)) > 512
+    # the OpenAI API: each request's session is as long as it needs, the same 700-token turn answered
+    http_url = ws_url.replace("ws://", "http://").rsplit("/api/v2/generate", 1)[0]
+    body = json.dumps({"model": TINY_DHT_PREFIX, "prompt": conversation, "max_tokens": 8, "temperature": 0}).encode()
+    request = urllib.request.Request(http_url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer = json.loads(response.read())
+    assert answer["usage"]["prompt_tokens"] > 700 and answer["usage"]["completion_tokens"] >= 1, answer["usage"]
 
 
 def test_five_pages_and_room_for_four_sessions_every_page_keeps_chatting_without_an_error(make_server):
