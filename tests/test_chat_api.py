@@ -475,19 +475,31 @@ def test_chat_page_in_a_real_browser_streams_an_answer_with_its_route(page_url, 
 
     answer = page.locator(".chat-assistant").last
     expect(answer.locator(".chat-route")).to_be_visible(timeout=60_000)
-    assert answer.locator(".chat-text").text_content() == expected
+    assert answer.locator(".chat-text").text_content() == expected  # the streamed text, kept (hidden) for Copy
+    # when it is done, the rendered answer (chat/markdown.py) takes the streamed text's place
+    expect(answer.locator(".chat-rendered")).to_be_visible()
+    expect(answer.locator(".chat-text")).to_be_hidden()
+    assert answer.locator(".chat-rendered script, .chat-rendered img, .chat-rendered [onerror]").count() == 0
+    expect(answer.locator("button.chat-copy")).to_be_visible()
     expect(answer.locator(".chat-stats")).to_contain_text("tokens/s")
     expect(page.locator(".chat-user .chat-text").last).to_have_text("Hello <b>there</b>")
     expect(page.locator("#message")).to_have_value("")  # cleared for the next turn
     page.screenshot(path=str(artifacts_dir / "chat-answer.png"), full_page=True)
 
+    # the keyboard: Shift+Enter is a new line, Enter sends, Esc stops the answer being written
     page.fill('input[name="max_new_tokens"]', "400")
-    page.fill("#message", "Tell me everything.")
-    page.click('button[type="submit"]')
+    page.locator("#message").click()
+    page.keyboard.type("Tell me")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("everything.")
+    expect(page.locator("#message")).to_have_value("Tell me\neverything.")
+    page.keyboard.press("Enter")
     second = page.locator(".chat-assistant").last
+    expect(page.locator(".chat-user .chat-text").last).to_have_text("Tell me\neverything.")
     expect(second.locator(".chat-text")).not_to_be_empty(timeout=60_000)
-    second.locator("button.chat-stop").click()
+    page.keyboard.press("Escape")
     expect(second.locator(".chat-stats")).to_contain_text("stopped", timeout=60_000)
+    assert page.locator(".chat-assistant").count() == 2  # Enter sent it once
 
     page.fill("#message", "   ")  # passes the browser's checks, not the server's
     page.click('button[type="submit"]')

@@ -38,6 +38,7 @@ from chat.engine import (
     InvalidRequest,
     ModelNotServed,
 )
+from chat import markdown
 from chat.errors import check_fits_context
 from chat.http.limits import ChatLimits
 from chat.http.params import Params, client_address
@@ -251,7 +252,8 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
 
 
 def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn, client: str) -> Iterator[str]:
-    """The turn's answer as server-sent events: "token" (plain text), "failed", then one "done"."""
+    """The turn's answer as server-sent events: "token" (plain text), "failed", "rendered" (the
+    whole answer's Markdown as sanitised HTML), then one "done"."""
     answer_text = None
     try:
         with engine.answer(turn.model, turn.input_ids, turn.params, client=client, stop_event=turn.stop_event,
@@ -261,6 +263,8 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                     yield sse(event.text, "token")  # plain text: the page adds it as a text node
                 elif isinstance(event, Finished):
                     answer_text = event.text
+                    # the answer as Markdown, sanitised here (chat.markdown): it replaces the streamed text
+                    yield sse(markdown.render(event.text), "rendered")
                     yield sse(render_template("chat/_done.html", finished=event, stats=event.stats()), "done")
     except ChatError as e:
         yield sse(str(e), "failed")

@@ -1,7 +1,10 @@
-/* The chat page's one script: stream an answer's tokens into the page (Server-Sent Events), and
-   show the chat's 4xx/5xx error partials, which htmx would otherwise not swap.
+/* The chat page's one script: stream an answer's tokens into the page (Server-Sent Events), put
+   the rendered answer in their place when it is done, copy buttons, keyboard shortcuts, and show
+   the chat's 4xx/5xx error partials, which htmx would otherwise not swap.
    Tokens and errors arrive as plain text and are added as text nodes, never parsed as HTML; the
-   final "done" event carries a partial the server rendered with every value escaped. */
+   rendered answer ("rendered") and the final "done" partial are HTML the server made: Markdown
+   rendered with raw HTML off and sanitised to a fixed list of tags (chat/markdown.py), and a
+   template with every value escaped. The streamed text stays in the page, hidden: "Copy" copies it. */
 (function () {
   "use strict";
 
@@ -18,6 +21,13 @@
     source.addEventListener("token", function (event) {
       text.appendChild(document.createTextNode(event.data));
       follow();
+    });
+    source.addEventListener("rendered", function (event) {
+      var rendered = document.createElement("div");
+      rendered.className = "chat-rendered";
+      rendered.innerHTML = event.data;  // sanitised by the server (chat/markdown.py)
+      text.hidden = true;
+      text.parentNode.insertBefore(rendered, text.nextSibling);
     });
     source.addEventListener("failed", function (event) {
       var p = document.createElement("p");
@@ -47,6 +57,50 @@
     if (root.matches && root.matches("[data-chat-stream]")) stream(root);
     if (root.querySelectorAll) root.querySelectorAll("[data-chat-stream]").forEach(stream);
   }
+
+  function copy(button, value) {
+    function told(word) {
+      var before = button.dataset.label || button.textContent;
+      button.dataset.label = before;
+      button.textContent = word;
+      setTimeout(function () { button.textContent = before; }, 2000);
+    }
+    if (navigator.clipboard && navigator.clipboard.writeText) {
+      navigator.clipboard.writeText(value).then(function () { told("Copied"); },
+                                                function () { told("Copy failed"); });
+    } else {
+      told("Copy failed");
+    }
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button.code-copy, button.chat-copy");
+    if (!button) return;
+    if (button.classList.contains("code-copy")) {
+      var code = button.closest(".code-block").querySelector("pre code");
+      copy(button, code ? code.textContent : "");
+    } else {
+      var answer = button.closest(".chat-turn").querySelector(".chat-text");
+      copy(button, answer ? answer.textContent : "");
+    }
+  });
+
+  // Keyboard: Enter sends, Shift+Enter is a new line, Esc stops the answer being written,
+  // Ctrl+Shift+O (⌘+Shift+O) starts a new conversation.
+  document.addEventListener("keydown", function (event) {
+    var form = document.getElementById("chat-form");
+    if (!form) return;
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing && event.target.id === "message") {
+      event.preventDefault();
+      if (form.requestSubmit) form.requestSubmit(); else form.querySelector("button[type=submit]").click();
+    } else if (event.key === "Escape") {
+      var stops = document.querySelectorAll("button.chat-stop");
+      if (stops.length) { event.preventDefault(); stops[stops.length - 1].click(); }
+    } else if ((event.key === "o" || event.key === "O") && event.shiftKey && (event.ctrlKey || event.metaKey)) {
+      var fresh = document.getElementById("chat-new");
+      if (fresh) { event.preventDefault(); fresh.click(); }
+    }
+  });
 
   document.addEventListener("htmx:load", function (event) { scan(event.detail.elt); });
   document.addEventListener("htmx:beforeSwap", function (event) {
