@@ -134,6 +134,12 @@ class Settings(BaseModel):
     max_prompt_chars: int = Field(default=100_000, ge=100, le=10_000_000)  # checked before tokenizing
     chat_conversations_per_visitor: int = Field(default=4, ge=1, le=1000)  # chat page, kept in memory
     chat_max_visitors: int = Field(default=500, ge=1, le=1_000_000)  # the least recently active idle one goes
+    # the chat page's conversations in the store (chat/conversations.py): per visitor, bounded
+    chat_keep_conversations: bool = True  # off: nothing is stored, and the page says so
+    chat_conversation_retention_days: float = Field(default=30, gt=0, le=3650)  # after the last message
+    chat_conversations_kept: int = Field(default=100, ge=1, le=10_000)  # per visitor
+    chat_conversation_max_chars: int = Field(default=200_000, ge=1000, le=10_000_000)  # of one conversation
+    chat_new_visitors_per_address: int = Field(default=20, ge=1, le=100_000)  # a day, from one address
 
     # Measured speed and correctness (README: Measured speed and correctness): server probes
     # Compute checks (monitor/core/compute_checks.py): one token through the first block of every

@@ -417,6 +417,40 @@ def test_chat_page_streams_a_multi_turn_conversation_with_its_route(page_url, lo
     assert "".join(d for e, d in events if e == "token").replace("\r\n", "\n") == expected_2.replace("\r", "\n")
 
 
+def test_chat_page_leaves_out_the_oldest_turns_that_no_longer_fit_and_says_so(page_url, engine, local):
+    """The tiny model's 512 tokens: a conversation of long turns keeps its system prompt and the newest
+    turns that fit with room for the answer; the page notes how many messages were left out, every
+    answer shows the context it used, and a single message longer than the limit is refused."""
+    tokenizer, greedy = local
+    web = browser_session(page_url)
+    params = dict(model=TINY_DHT_PREFIX, system="Be brief.", temperature="0", top_p="1", top_k="0",
+                  repetition_penalty="1", max_new_tokens="8")
+    long = "the blocks of the swarm " * 30  # ~150 tiny-tokenizer tokens
+    conversation_id, history, notes = "", [], []
+    for i in range(4):
+        message = f"{i}: {long}"
+        turn = post_turn(page_url, web, message=message, conversation_id=conversation_id, **params)
+        assert turn.status_code == 200, turn.text
+        conversation_id = re.search(r'id="conversation-id" value="([^"]+)"', turn.text).group(1)
+        notes.append(re.search(r"The (\d+) oldest messages? of this conversation", turn.text))
+        events = list(read_sse(web.get(page_url + stream_url(turn.text), stream=True, timeout=120)))
+        answer = "".join(d for e, d in events if e == "token").replace("\r\n", "\n")
+        done = next(d for e, d in events if e == "done")
+        assert "Context used" in done and "of 512 tokens" in done, done
+        history += [{"role": "user", "content": message}, {"role": "assistant", "content": answer}]
+    assert notes[0] is None and notes[1] is None  # they fit whole
+    left_out = int(notes[3].group(1))
+    assert left_out >= 2 and left_out % 2 == 0  # a question with its answer
+    # what the model read: the system prompt and the newest messages, and it answered as local greedy does
+    kept = [{"role": "system", "content": "Be brief."}] + history[left_out:-1]
+    ids = tokenizer.apply_chat_template(kept, add_generation_prompt=True)
+    assert len(ids) + 8 <= 512
+    _, expected = greedy(ids, 8)
+    assert history[-1]["content"] == expected.replace("\r", "\n")
+    too_long = post_turn(page_url, web, message="word " * 600, conversation_id=conversation_id, **params)
+    assert too_long.status_code == 400 and "this message" in too_long.text and "512" in too_long.text
+
+
 def test_chat_page_stop_button_ends_the_answer(page_url):
     web = browser_session(page_url)
     turn = post_turn(page_url, web, model=TINY_DHT_PREFIX, message="Tell me everything.", temperature="0",

@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 from chat.engine import ChatEngine
 from chat.http import openai_api, page, petals_api
 from chat.metrics import ChatCollector
+from chat.conversations import ConversationStore
 from chat.http.limits import ChatLimits
 from chat.http.responses import INTERNAL_ERROR, openai_error, petals_error
 
@@ -30,16 +31,18 @@ TEMPLATES = PACKAGE.parent / "templates"
 WRAPPED_CODES = (413, 429, 500)  # raised around the views (body size, rate limit, a crash)
 
 
-def create_blueprint(engine: ChatEngine, limits: Optional[ChatLimits] = None) -> Blueprint:
+def create_blueprint(engine: ChatEngine, limits: Optional[ChatLimits] = None,
+                     conversations: Optional[ConversationStore] = None) -> Blueprint:
     """The chat page (/chat), the chat.petals.dev API (/api/v1/generate, ws /api/v2/generate) and
     the OpenAI API (/v1/...). The ws route needs a server that speaks WebSocket (werkzeug,
-    gunicorn with threads)."""
+    gunicorn with threads). ``conversations``: where the chat page keeps its conversations (else
+    in memory only)."""
     limits = limits or ChatLimits()
     bp = Blueprint("chat", __name__, template_folder=str(TEMPLATES), static_folder=str(PACKAGE / "static"),
                    static_url_path="/chat/static")
     petals_api.register(bp, engine, limits)
     openai_api.register(bp, engine, limits)
-    page.register(bp, engine, limits)
+    page.register(bp, engine, limits, conversations)
     for code in WRAPPED_CODES:
         bp.register_error_handler(code, _http_error)
     bp.metric_collectors = [ChatCollector(engine)]

@@ -6,13 +6,15 @@ parameters), and ``GET /chat/turns/<id>/events`` streams that answer as server-s
 (a second connection, e.g. EventSource reconnecting, gets 204). The POSTs get no origin check of
 their own: the web app's CSRF protection covers every form/htmx POST, these included.
 
-Conversations live in memory, kept apart per visitor: the first turn gives the browser a random
-visitor id in its signed session cookie, and a visitor can read, continue, stream or stop only
-their own conversations and turns (someone else's ids answer as if unknown). Each visitor keeps at
-most ``conversations_per_visitor`` conversations (the least recently used idle one is forgotten
-first) and the page keeps at most ``max_visitors`` visitors (the least recently active idle
-visitor is forgotten first); an answer being written is never forgotten, so when all are busy a
-new one is refused with 429.
+Conversations are kept in the store per visitor (``chat.conversations``: listed in a side panel,
+searched, renamed, deleted, reopened where they were), and the ones being talked in are held in
+memory too: the first turn gives the browser a random visitor id in a signed cookie of its own, and
+a visitor can read, continue, stream or stop only their own conversations and turns (someone
+else's ids answer as if unknown). In memory each visitor holds at most
+``conversations_per_visitor`` conversations (the least recently used idle one is let go first: it
+is still in the store) and the page at most ``max_visitors`` visitors; an answer being written is
+never let go, so when all are busy a new one is refused with 429. Without a store (or with
+``chat_keep_conversations`` off) conversations live in memory only, and the page says so.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from flask import Blueprint, Response, render_template, request, session, stream_with_context
+from flask import Blueprint, Response, g, render_template, request, session, stream_with_context
+from markupsafe import Markup
 
 from chat.engine import (
     Busy,
@@ -39,7 +42,9 @@ from chat.engine import (
     ModelNotServed,
 )
 from chat import markdown
+from chat.conversations import VISITOR_COOKIE, ConversationStore
 from chat.errors import check_fits_context
+from chat.http import conversation_views
 from chat.http.limits import ChatLimits
 from chat.http.params import Params, client_address
 from chat.http.responses import INTERNAL_ERROR, error_status, sse
@@ -59,6 +64,7 @@ class _Turn:
     input_ids: list[int]
     params: GenerationParams
     stop_event: threading.Event = field(default_factory=threading.Event)
+    limit: int = 0  # the longest session the route accepts (the context the conversation may use)
     state: str = "pending"  # pending -> running -> done
     created: float = field(default_factory=time.monotonic)
 
@@ -71,8 +77,11 @@ class _Turn:
 class _Conversation:
     id: str
     visitor: str
-    messages: list[dict] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # {role, content} (and an answer's meta)
     turn: Optional[_Turn] = None  # the answer being written, if any
+    model: str = ""
+    system: str = ""
+    stored: bool = False  # the store has it
 
     def active(self, now: float) -> bool:
         return self.turn is not None and self.turn.active(now)
@@ -93,16 +102,22 @@ class _Visitor:
 class _Conversations:
     """The chat page's conversations, in memory, per visitor; bounded per visitor and in all."""
 
-    def __init__(self, per_visitor: int, max_visitors: int):
+    def __init__(self, per_visitor: int, max_visitors: int, kept: Optional[ConversationStore] = None):
         self._visitors: OrderedDict[str, _Visitor] = OrderedDict()  # least recently active first
         self._turns: dict[str, _Turn] = {}
         self._per_visitor, self._max_visitors = per_visitor, max_visitors
+        self.kept = kept if kept is not None and kept.limits.keep else None  # the store's, if any
         self._lock = threading.Lock()
 
     def get_or_create(self, visitor_id: str, conversation_id: Optional[str]) -> _Conversation:
-        """The visitor's conversation ``conversation_id``, or a new one (for an id that is not
-        theirs too). Raises Busy when no idle conversation or visitor can make room."""
+        """The visitor's conversation ``conversation_id`` (from memory, else from the store), or a
+        new one (for an id that is not theirs too). Raises Busy when no idle conversation or visitor
+        can make room."""
         now = time.monotonic()
+        with self._lock:
+            visitor = self._visitors.get(visitor_id)
+            found = visitor.conversations.get(conversation_id or "") if visitor is not None else None
+        row = self.kept.get(visitor_id, conversation_id) if found is None and self.kept is not None else None
         with self._lock:
             visitor = self._visitors.get(visitor_id)
             if visitor is None:
@@ -112,10 +127,23 @@ class _Conversations:
             conversation = visitor.conversations.get(conversation_id or "")
             if conversation is None:
                 self._make_room_in(visitor, now)
-                conversation = _Conversation(secrets.token_urlsafe(12), visitor_id)
+                if row is not None:
+                    conversation = _Conversation(row["id"], visitor_id, list(row["messages"] or []), model=row["model"],
+                                                 system=row["system"], stored=True)
+                else:
+                    conversation = _Conversation(secrets.token_urlsafe(12), visitor_id)
                 visitor.conversations[conversation.id] = conversation
             visitor.conversations.move_to_end(conversation.id)
             return conversation
+
+    def forget(self, visitor_id: str, conversation_id: Optional[str] = None) -> None:
+        """Let go of the visitor's conversation (None: all of them) in memory, after a delete."""
+        with self._lock:
+            visitor = self._visitors.get(visitor_id)
+            for conversation in list(visitor.conversations.values()) if visitor is not None else ():
+                if conversation_id is None or conversation.id == conversation_id:
+                    self._drop_turn(conversation)
+                    del visitor.conversations[conversation.id]
 
     def _make_room_for_a_visitor(self, now: float) -> None:
         if len(self._visitors) < self._max_visitors:
@@ -142,13 +170,17 @@ class _Conversations:
         if conversation.turn is not None:
             self._turns.pop(conversation.turn.id, None)
 
-    def start_turn(self, conversation: _Conversation, message: dict, turn: _Turn) -> None:
+    def start_turn(self, conversation: _Conversation, message: dict, turn: _Turn, *, keep: Optional[int] = None) -> None:
+        """The turn starts: the conversation keeps its first ``keep`` messages (a regenerated or
+        edited turn replaces the ones after), then the question."""
         with self._lock:
             busy = conversation.turn
             if busy is not None and busy.active(time.monotonic()):
                 raise InvalidRequest("message", "the previous answer is still being written; wait for it or stop it")
             if busy is not None:
                 self._turns.pop(busy.id, None)
+            if keep is not None:
+                del conversation.messages[keep:]
             conversation.messages.append(message)
             conversation.turn = turn
             self._turns[turn.id] = turn
@@ -174,7 +206,9 @@ class _Conversations:
         with self._lock:
             return self._own(visitor_id, turn_id)
 
-    def finish(self, turn: _Turn, answer: Optional[str]) -> None:
+    def finish(self, turn: _Turn, answer: Optional[str], meta: Optional[dict] = None) -> None:
+        """The turn is over: its answer joins the conversation (which the store then keeps), or,
+        with no answer, its question leaves it (it may be asked again)."""
         with self._lock:
             turn.state = "done"
             self._turns.pop(turn.id, None)
@@ -182,17 +216,33 @@ class _Conversations:
             if conversation.turn is turn:
                 conversation.turn = None
             if answer is not None:
-                conversation.messages.append({"role": "assistant", "content": answer})
+                conversation.messages.append({"role": "assistant", "content": answer, **({"meta": meta} if meta else {})})
             elif conversation.messages and conversation.messages[-1]["role"] == "user":
                 conversation.messages.pop()  # no answer: the question may be asked again
+            messages = list(conversation.messages)
+        if answer is not None and self.kept is not None:
+            try:
+                self.kept.save(conversation.visitor, conversation.id, model=conversation.model,
+                               system=conversation.system, messages=messages)
+                conversation.stored = True
+            except Exception:  # noqa: BLE001 - the answer was shown; the store's trouble is logged
+                logger.warning("saving a chat conversation failed", exc_info=True)
 
 
-def _visitor_id(*, create: bool) -> Optional[str]:
-    """This browser's visitor id, from its signed session cookie (made on its first turn)."""
-    visitor = session.get(VISITOR_KEY)
-    if not isinstance(visitor, str) and create:
-        visitor = session[VISITOR_KEY] = secrets.token_urlsafe(18)
-    return visitor if isinstance(visitor, str) else None
+def _visitor_id(kept: Optional[ConversationStore], *, create: bool) -> Optional[str]:
+    """This browser's visitor id, made on its first turn: from the chat's own signed cookie when
+    conversations are stored (``ConversationStore``: new visitors per address bounded), else from
+    the signed session cookie."""
+    if kept is None:
+        visitor = session.get(VISITOR_KEY)
+        if not isinstance(visitor, str) and create:
+            visitor = session[VISITOR_KEY] = secrets.token_urlsafe(18)
+        return visitor if isinstance(visitor, str) else None
+    visitor = getattr(g, "chat_visitor", None) or kept.visitor_of(request.cookies.get(VISITOR_COOKIE))
+    if visitor is None and create:
+        visitor, g.chat_visitor_cookie = kept.new_visitor(client_address())
+    g.chat_visitor = visitor
+    return visitor
 
 
 def _generation_params(engine: ChatEngine, model: str, params: Params) -> GenerationParams:
@@ -224,37 +274,97 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
     """Check the page's form and keep the turn; the fragment that shows the question."""
     params = Params(request.form.to_dict(), form=True)
     model = engine.resolve(params.string("model", required=True, max_chars=500))
-    message = params.string("message", required=True, max_chars=None)
+    regenerate = params.boolean("regenerate")
+    edit = params.integer("edit", lo=0, hi=100_000) if (request.form.get("edit") or "").strip() else None
+    message = "" if regenerate else params.string("message", required=True, max_chars=None)
     system = params.string("system", max_chars=None) or ""
     limits.check_prompt_chars("message", len(message))  # before anything is tokenized
     limits.check_prompt_chars("system", len(system), what="the system prompt")
-    if not message.strip():
+    if not message.strip() and not regenerate:
         raise InvalidRequest("message", "message is empty; write something to send")
     generation = _generation_params(engine, model, params)
     status = engine.status(model)
     if not status.served:
         raise ModelNotServed(model, status.reason, status.missing_blocks)
-    conversation = conversations.get_or_create(_visitor_id(create=True),
+    conversation = conversations.get_or_create(_visitor_id(conversations.kept, create=True),
                                                params.string("conversation_id", max_chars=100))
-    limits.check_prompt_chars("message", conversation.chars() + len(system) + len(message),
-                              what="the conversation with this message")
-    prompt = ([{"role": "system", "content": system}] if system.strip() else []) + conversation.messages + [
-        {"role": "user", "content": message}]
-    input_ids, stops = engine.encode_chat(model, prompt)
-    context = engine.context_length(model)
-    check_fits_context("message", len(input_ids), context, what="the conversation with this message",
-                       hint="start a new conversation")
-    generation = dataclasses.replace(generation, stop_sequences=stops)
-    turn = _Turn(secrets.token_urlsafe(12), conversation, model, input_ids, generation)
-    conversations.start_turn(conversation, {"role": "user", "content": message}, turn)
+    keep, message = rewind(list(conversation.messages), message, regenerate=regenerate, edit=edit)
+    history = conversation.messages[:keep]
+    if conversations.kept is not None:
+        conversations.kept.check_room(conversation.visitor, conversation.id,
+                                      sum(len(m["content"]) for m in history) + len(message), new=not conversation.stored)
+    conversation.model, conversation.system = model, system
+    limit = engine.session_limit(model)
+    fitted = fit_context(engine, model, system, history, message, limits=limits, limit=limit,
+                         answer_tokens=generation.max_new_tokens)
+    generation = dataclasses.replace(generation, stop_sequences=fitted.stops,
+                                     max_new_tokens=min(generation.max_new_tokens, limit - len(fitted.input_ids)))
+    turn = _Turn(secrets.token_urlsafe(12), conversation, model, fitted.input_ids, generation, limit=limit)
+    conversations.start_turn(conversation, {"role": "user", "content": message}, turn, keep=keep)
     return render_template("chat/_turn.html", turn=turn, message=message, conversation_id=conversation.id,
-                           title=engine.title(model), max_prompt_chars=limits.max_prompt_chars)
+                           title=engine.title(model), max_prompt_chars=limits.max_prompt_chars,
+                           left_out=fitted.left_out, limit=limit,
+                           user_index=sum(1 for m in history if m["role"] == "user"))
+
+
+def rewind(messages: list[dict], message: str, *, regenerate: bool, edit: Optional[int]) -> tuple[int, str]:
+    """(how many of the conversation's messages the turn keeps, its question): all and the new
+    message; to ``regenerate`` the last answer, those before its question, and that question again;
+    to ``edit`` the ``edit``-th question (0-based), those before it, and the new message (the turns
+    after it are replaced)."""
+    if regenerate:
+        asked = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if not asked or messages[-1]["role"] != "assistant":
+            raise InvalidRequest("regenerate", "there is no answer to regenerate in this conversation yet")
+        return asked[-1], messages[asked[-1]]["content"]
+    if edit is not None:
+        asked = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if edit >= len(asked):
+            raise InvalidRequest("edit", f"this conversation has {len(asked)} questions; there is no question "
+                                         f"{edit + 1} to edit")
+        return asked[edit], message
+    return len(messages), message
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What the model is sent of a conversation: its token ids and stop sequences, and how many of
+    the oldest messages were left out to fit."""
+
+    input_ids: list[int]
+    stops: tuple
+    left_out: int
+
+
+def fit_context(engine: ChatEngine, model: str, system: str, messages: list[dict], message: str, *,
+                limits: ChatLimits, limit: int, answer_tokens: int) -> Fitted:
+    """The system prompt (always), the newest messages that fit and the new message, leaving room
+    for the answer (its ``max_new_tokens``, at most half of ``limit``: the longest session the
+    model's route accepts, ``ChatEngine.session_limit``); the oldest messages are left out first, a
+    question with its answer together. Only a message that does not fit alone is refused."""
+    head = [{"role": "system", "content": system}] if system.strip() else []
+    new = {"role": "user", "content": message}
+    reserve = max(1, min(answer_tokens, limit // 2))
+    kept = list(messages)
+    # characters first (cheap, before anything is tokenized), then tokens
+    while kept and sum(len(m["content"]) for m in kept) + len(system) + len(message) > limits.max_prompt_chars:
+        kept = kept[2:] if len(kept) > 1 and kept[0]["role"] == "user" else kept[1:]
+    limits.check_prompt_chars("message", len(system) + len(message), what="the system prompt with this message")
+    while True:
+        input_ids, stops = engine.encode_chat(model, head + [{"role": m["role"], "content": m["content"]}
+                                                             for m in kept] + [new])
+        if len(input_ids) + reserve <= limit or not kept:
+            break
+        kept = kept[2:] if len(kept) > 1 and kept[0]["role"] == "user" else kept[1:]
+    check_fits_context("message", len(input_ids), limit, what="this message" + (" with the system prompt" if head else ""),
+                       hint="shorten it")
+    return Fitted(input_ids, tuple(stops), len(messages) - len(kept))
 
 
 def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn, client: str) -> Iterator[str]:
     """The turn's answer as server-sent events: "token" (plain text), "failed", "rendered" (the
     whole answer's Markdown as sanitised HTML), then one "done"."""
-    answer_text = None
+    answer_text, meta = None, None
     try:
         with engine.answer(turn.model, turn.input_ids, turn.params, client=client, stop_event=turn.stop_event,
                            prompt_param="message", api="page") as answer:
@@ -263,9 +373,14 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                     yield sse(event.text, "token")  # plain text: the page adds it as a text node
                 elif isinstance(event, Finished):
                     answer_text = event.text
+                    stats = event.stats()
+                    meta = {"route": [hop.to_dict() for hop in event.route], "tokens_per_second":
+                            stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
                     # the answer as Markdown, sanitised here (chat.markdown): it replaces the streamed text
                     yield sse(markdown.render(event.text), "rendered")
-                    yield sse(render_template("chat/_done.html", finished=event, stats=event.stats()), "done")
+                    yield sse(render_template("chat/_done.html", finished=event, stats=event.stats(),
+                                              used=event.prompt_tokens + event.completion_tokens, limit=turn.limit),
+                              "done")
     except ChatError as e:
         yield sse(str(e), "failed")
         yield sse(render_template("chat/_done.html", finished=None, stats=None), "done")
@@ -274,27 +389,48 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
         yield sse(INTERNAL_ERROR, "failed")
         yield sse(render_template("chat/_done.html", finished=None, stats=None), "done")
     finally:
-        conversations.finish(turn, answer_text)
+        conversations.finish(turn, answer_text, meta)
 
 
 FORECAST_TOKENS = 256  # the page's forecast when the form does not say how many tokens
 
 
-def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
-    """Add the chat page's routes to the chat blueprint (templates/chat/*.html name them)."""
-    conversations = _Conversations(limits.conversations_per_visitor, limits.max_visitors)
+def shown_messages(messages: list[dict]) -> list[dict]:
+    """A stored conversation's messages as the page shows them: questions as text, answers rendered."""
+    return [{**m, "html": Markup(markdown.render(m["content"])) if m["role"] == "assistant" else None}
+            for m in messages if m.get("role") in ("user", "assistant")]
+
+
+def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits, kept: Optional[ConversationStore] = None) -> None:
+    """Add the chat page's routes to the chat blueprint (templates/chat/*.html name them);
+    ``kept``: where conversations are stored (``chat.conversations``), if anywhere."""
+    conversations = _Conversations(limits.conversations_per_visitor, limits.max_visitors, kept)
+    kept = conversations.kept
+
+    @bp.after_request
+    def visitor_cookie(response: Response) -> Response:
+        cookie = getattr(g, "chat_visitor_cookie", None)
+        if cookie and kept is not None:
+            response.set_cookie(VISITOR_COOKIE, cookie, max_age=int(kept.limits.retention_days * 86400),
+                                httponly=True, samesite="Lax", secure=request.is_secure, path="/")
+        return response
 
     @bp.get("/chat")
     def page():
         statuses = engine.statuses()
         served = [s for s in statuses if s.served]
-        wanted = request.args.get("model")
+        # a stored conversation reopened (``?c=``), if it is this visitor's
+        visitor = _visitor_id(kept, create=False) if kept is not None else None
+        stored = kept.get(visitor, request.args.get("c")) if kept is not None else None
+        wanted = request.args.get("model") or (stored["model"] if stored else None)
         selected = next((s.name for s in served if s.name == wanted), served[0].name if served else None)
         defaults = engine.defaults(selected) if selected else {}
         # no conversation yet: the first turn makes one (a page view keeps nothing in memory)
         return render_template("chat/page.html", statuses=statuses, selected=selected, defaults=defaults,
                                context=engine.context_length(selected) if selected else None,
-                               conversation_id="", max_prompt_chars=limits.max_prompt_chars)
+                               conversation_id=stored["id"] if stored else "", max_prompt_chars=limits.max_prompt_chars,
+                               stored=stored, messages=shown_messages(stored["messages"] or []) if stored else [],
+                               kept=kept.limits if kept is not None else None, title=engine.title(selected) if selected else "")
 
     @bp.get("/chat/params")
     def params_partial():
@@ -327,7 +463,7 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
 
     @bp.get("/chat/turns/<turn_id>/events")
     def turn_events(turn_id):
-        turn = conversations.claim(_visitor_id(create=False), turn_id)
+        turn = conversations.claim(_visitor_id(kept, create=False), turn_id)
         if turn is None:
             return Response(status=204)  # finished, unknown or not yours: tells EventSource not to reconnect
         return Response(stream_with_context(_answer_events(engine, conversations, turn, client_address())),
@@ -336,8 +472,12 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
 
     @bp.post("/chat/turns/<turn_id>/stop")
     def stop_turn(turn_id):
-        turn = conversations.turn(_visitor_id(create=False), turn_id)
+        turn = conversations.turn(_visitor_id(kept, create=False), turn_id)
         if turn is None:
             return Response("this answer is finished, or is not yours to stop", status=404, mimetype="text/plain")
         turn.stop_event.set()
         return '<span class="chat-stopping">stopping…</span>'
+
+    if kept is not None:
+        conversation_views.register(bp, kept, conversations.forget,
+                                    lambda create=False: _visitor_id(kept, create=create))

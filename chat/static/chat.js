@@ -40,7 +40,17 @@
       source.close();
       meta.innerHTML = event.data;
       if (window.htmx) window.htmx.process(meta);
+      document.querySelectorAll("#conversation button.chat-regenerate").forEach(function (button) {
+        if (!meta.contains(button)) button.remove();  // only the last answer is regenerated
+      });
       follow();
+      // a stored conversation: a reload reopens it where it is, and its list shows it
+      var form = document.getElementById("chat-form");
+      var id = document.getElementById("conversation-id");
+      if (form && form.dataset.kept && id && id.value) {
+        history.replaceState(null, "", form.dataset.page + "?c=" + encodeURIComponent(id.value));
+        document.body.dispatchEvent(new CustomEvent("chat-saved"));
+      }
     });
     source.onerror = function () {
       if (finished) return;
@@ -102,6 +112,46 @@
     }
   });
 
+  // Edit a question: its text into the message box; sending it replaces that turn and the ones after.
+  function cancelEdit() {
+    var edit = document.getElementById("chat-edit");
+    var note = document.getElementById("chat-editing");
+    if (edit) edit.value = "";
+    if (note) note.textContent = "";
+    document.querySelectorAll(".chat-user.editing").forEach(function (a) { a.classList.remove("editing"); });
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button.chat-edit");
+    if (!button) return;
+    var article = button.closest(".chat-user");
+    cancelEdit();
+    article.classList.add("editing");
+    document.getElementById("chat-edit").value = article.dataset.userIndex;
+    document.getElementById("chat-editing").textContent =
+      "Editing question " + (Number(article.dataset.userIndex) + 1) + ": sending replaces it and the turns after it. Esc cancels.";
+    var box = document.getElementById("message");
+    box.value = article.querySelector(".chat-text").textContent;
+    box.focus();
+  });
+  document.addEventListener("keydown", function (event) {
+    if (event.key === "Escape" && !document.querySelector("button.chat-stop") && document.getElementById("chat-edit") &&
+        document.getElementById("chat-edit").value !== "") cancelEdit();
+  });
+  // A regenerated or edited turn replaces what it replaces in the page too, once the server took it.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var config = event.detail.requestConfig;
+    if (!config || !event.detail.xhr || event.detail.xhr.status >= 400 || !config.parameters) return;
+    var from = null;
+    if (config.parameters.regenerate) {
+      var asked = document.querySelectorAll("#conversation .chat-user");
+      from = asked.length ? asked[asked.length - 1] : null;
+    } else if (config.parameters.edit !== undefined && config.parameters.edit !== "") {
+      from = document.querySelector('#conversation .chat-user[data-user-index="' + config.parameters.edit + '"]');
+    }
+    if (!from) return;
+    var turns = Array.prototype.slice.call(document.querySelectorAll("#conversation > *"));
+    turns.slice(turns.indexOf(from)).forEach(function (node) { node.remove(); });
+  });
   document.addEventListener("htmx:load", function (event) { scan(event.detail.elt); });
   document.addEventListener("htmx:beforeSwap", function (event) {
     var xhr = event.detail.xhr;

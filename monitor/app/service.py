@@ -97,9 +97,11 @@ class Service:
         blueprints = []
         if self.engine is not None:
             from chat.http import create_blueprint
+            from chat.conversations import ConversationLimits, ConversationStore
             from chat.http.limits import ChatLimits
 
-            blueprints.append(create_blueprint(self.engine, ChatLimits.from_settings(self.settings)))
+            blueprints.append(create_blueprint(self.engine, ChatLimits.from_settings(self.settings), ConversationStore(
+                self.store, ConversationLimits.from_settings(self.settings))))
         app = create_app(self.settings, self.store, chat_blueprints=blueprints,
                          demo_controls=self.demo_controls, reachability_check=self.reachability_check)
         # This process has imported torch and petals (hundreds of thousands of long-lived objects):

@@ -513,3 +513,36 @@ from monitor.store.schema_operations import (  # noqa: E402,F401
     IncidentNoteRow,
     IncidentNoteUpdateRow,
 )
+
+
+# ---- the chat page's conversations (revision 0020): per visitor, the one place text is kept -------
+
+
+class ChatVisitorRow(SQLModel, table=True):
+    """A visitor of the chat page (a browser, by its signed cookie): when it was first seen, from
+    which address (a keyed hash: new visitors per address are bounded), and last seen."""
+
+    __tablename__ = "chat_visitors"
+    __table_args__ = (sa.Index(None, "address", "created_at"), sa.Index(None, "last_seen"))
+    id: str = Field(primary_key=True, max_length=64)
+    address: str = Field(max_length=64)
+    created_at: float
+    last_seen: float
+
+
+class ChatConversationRow(SQLModel, table=True):
+    """One conversation of one visitor: its title, model, system prompt and messages (``[{role,
+    content, meta}]``: an answer's route and speed in ``meta``), and the lower-cased text searched."""
+
+    __tablename__ = "chat_conversations"
+    __table_args__ = (sa.Index(None, "visitor", "updated_at"), sa.Index(None, "updated_at"))
+    id: str = Field(primary_key=True, max_length=32)
+    visitor: str = Field(max_length=64)
+    title: str = Field(max_length=200)
+    model: str = Field(max_length=256)
+    system: str = Field(default="", sa_type=sa.Text)
+    messages: Any = _json_field()
+    search_text: str = Field(default="", sa_type=sa.Text)
+    chars: int = 0
+    created_at: float
+    updated_at: float

@@ -1,0 +1,339 @@
+"""Spec: the chat page's conversations kept in the store (``chat/conversations.py``,
+``store/conversations.py``, ``chat/http/conversation_views.py``) — per visitor, listed, searched,
+renamed, deleted, reopened where they were, bounded, pruned after their retention; a visitor's
+cookie signed with the chat's own secret (not the operator's token); nothing of one visitor ever
+readable by another. In Chromium on the session swarm: a reload and a restart of the service
+between two turns keep the conversation; a second browser sees none of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat.conversations import ConversationLimits, ConversationStore, title_of
+from chat.errors import Busy, InvalidRequest
+from support import sqlite_store
+
+DAY = 86400.0
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def kept(tmp_path):
+    store = sqlite_store(tmp_path)
+    clock = Clock()
+    yield ConversationStore(store, ConversationLimits(per_visitor=3, max_chars=5000, new_visitors_per_address=2,
+                                                      retention_days=30), clock=clock), clock, store
+    store.close()
+
+
+def messages(*texts):
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
+
+
+def test_each_visitor_reads_lists_searches_renames_and_deletes_only_their_own(kept):
+    kept, clock, store = kept
+    alice, alice_cookie = kept.new_visitor("10.0.0.1")
+    bob, _ = kept.new_visitor("10.0.0.2")
+    assert kept.visitor_of(alice_cookie) == alice and kept.visitor_of(alice_cookie + "x") is None
+    kept.save(alice, "a1", model="m", system="", messages=messages("What is a  swarm?\nmore", "Servers."))
+    clock.now += 10
+    kept.save(alice, "a2", model="m", system="", messages=messages("Tell me about Petals", "It runs LLMs."))
+    kept.save(bob, "b1", model="m", system="", messages=messages("Secret of Bob", "ok"))
+    assert [c["id"] for c in kept.listed(alice)] == ["a2", "a1"]  # the most recent first
+    assert [c["title"] for c in kept.listed(alice)] == ["Tell me about Petals", "What is a swarm?"]
+    assert [c["id"] for c in kept.listed(alice, "SWARM")] == ["a1"]  # titles and text, any case
+    assert [c["id"] for c in kept.listed(alice, "runs llms")] == ["a2"]
+    assert kept.listed(alice, "Bob") == [] and kept.listed(alice, "%") == [] and kept.listed(alice, "_") == []
+    assert kept.get(alice, "b1") is None and kept.get(bob, "a1") is None  # another's id answers as unknown
+    # saving under another visitor's id never touches theirs
+    kept.save(alice, "b1", model="m", system="", messages=messages("Alice's", "x"))
+    assert kept.get(bob, "b1")["messages"][0]["content"] == "Secret of Bob"
+    assert kept.get(alice, "b1") is None  # (the id is Bob's: Alice's copy was not made under it)
+    assert not kept.rename(bob, "a1", "mine now") and kept.rename(alice, "a1", "  Swarms\n 101 ")
+    assert kept.get(alice, "a1")["title"] == "Swarms 101"
+    with pytest.raises(InvalidRequest, match="title"):
+        kept.rename(alice, "a1", "x" * 121)
+    with pytest.raises(InvalidRequest, match="title"):
+        kept.rename(alice, "a1", " \n ")
+    assert kept.delete(bob, "a1") == 0 and kept.delete(alice, "a1") == 1
+    assert kept.delete(alice) == 1 and kept.listed(alice) == [] and len(kept.listed(bob)) == 1
+
+
+def test_bounds_per_visitor_per_conversation_and_new_visitors_per_address(kept):
+    kept, clock, store = kept
+    visitor, _ = kept.new_visitor("10.0.0.9")
+    for i in range(3):
+        kept.save(visitor, f"c{i}", model="m", system="", messages=messages(f"q{i}", "a"))
+    with pytest.raises(InvalidRequest, match="you keep 3 conversations"):
+        kept.check_room(visitor, "c9", 10, new=True)
+    kept.check_room(visitor, "c0", 10, new=False)  # an existing one goes on
+    with pytest.raises(InvalidRequest, match="at most 5,000 are kept"):
+        kept.check_room(visitor, "c0", 5001, new=False)
+    kept.new_visitor("10.0.0.9")
+    with pytest.raises(Busy, match="too many new chat visitors from your address"):
+        kept.new_visitor("10.0.0.9")
+    kept.new_visitor("10.0.0.10")  # another address is not held back
+    clock.now += DAY + 1
+    kept.new_visitor("10.0.0.9")  # a day later
+
+
+def test_conversations_go_after_their_retention_and_the_secret_is_the_chats_own(kept, tmp_path):
+    kept, clock, store = kept
+    visitor, cookie = kept.new_visitor("10.0.0.1")
+    kept.save(visitor, "old", model="m", system="", messages=messages("old", "a"))
+    clock.now += 20 * DAY
+    kept.save(visitor, "new", model="m", system="", messages=messages("new", "a"))
+    clock.now += 11 * DAY
+    assert kept.prune(force=True) == 1
+    assert [c["id"] for c in kept.listed(visitor)] == ["new"]
+    # another process over the same store (a restart, another worker, a rotated operator token)
+    again = ConversationStore(store, kept.limits)
+    assert again.visitor_of(cookie) == visitor
+
+
+def test_titles_come_from_the_first_question():
+    assert title_of("\n\n  How do   I run\ta server?  \nDetails") == "How do I run a server?"
+    assert title_of("") == "Conversation"
+    assert len(title_of("x" * 500)) == 120 and title_of("x" * 500).endswith("…")
+
+
+def test_export_as_markdown_and_json_and_import_of_that_json_to_go_on(kept):
+    import json
+
+    from chat.conversations import exported, imported
+
+    kept, clock, store = kept
+    visitor, _ = kept.new_visitor("10.0.0.1")
+    answer = {"role": "assistant", "content": "It is **Paris**.",
+              "meta": {"route": [{"peer_id": "Qm1", "start": 0, "end": 8}], "tokens_per_second": 12.5,
+                       "time_to_first_token": 0.2}}
+    kept.save(visitor, "c1", model="tiny", system="Be brief.",
+              messages=[{"role": "user", "content": "Capital of France?"}, answer])
+    stored = kept.get(visitor, "c1")
+    markdown, kind = exported(stored, "md")
+    assert kind.startswith("text/markdown") and "# Capital of France?" in markdown
+    assert "**System:** Be brief." in markdown and "## You\n\nCapital of France?" in markdown
+    assert "## Assistant\n\nIt is **Paris**." in markdown
+    body, kind = exported(stored, "json")
+    data = json.loads(body)
+    assert kind == "application/json" and data["model"] == "tiny"
+    assert data["messages"][:2] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
+    assert data["messages"][2]["petals"]["tokens_per_second"] == 12.5  # each answer's route and speed
+    again = imported(body.encode(), kept.limits)
+    assert again["system"] == "Be brief." and again["title"] == "Capital of France?" and again["model"] == "tiny"
+    assert [m["content"] for m in again["messages"]] == ["Capital of France?", "It is **Paris**."]
+    assert again["messages"][1]["meta"] == {"tokens_per_second": 12.5, "time_to_first_token": 0.2}
+    # a plain OpenAI messages list imports too
+    plain = imported(json.dumps([{"role": "user", "content": "hi"}]).encode(), kept.limits)
+    assert plain["title"] == "hi"
+
+
+BAD_IMPORTS = [
+    (b"", "choose a conversation"),
+    (b"\xff\xfe not json", "not JSON"),
+    (b"{\"messages\": 5}", "no list of messages"),
+    (b"[]", "no list of messages"),
+    (b"[{\"role\": \"robot\", \"content\": \"x\"}]", "message 1"),
+    (b"[{\"role\": \"user\", \"content\": {\"a\": 1}}]", "message 1"),
+    (b"[{\"role\": \"assistant\", \"content\": \"x\"}]", "no question"),
+    (("[" + ",".join(['{"role": "user", "content": "x"}'] * 1001) + "]").encode(), "at most 1000"),
+    (("[{\"role\": \"user\", \"content\": \"" + "x" * 6000 + "\"}]").encode(), "at most 5,000"),
+    (b"x" * 20_001, "bytes"),
+]
+
+
+@pytest.mark.parametrize("raw,words", BAD_IMPORTS, ids=[w for _, w in BAD_IMPORTS])
+def test_a_malformed_or_oversized_import_is_refused_whole_with_a_clear_message(kept, raw, words):
+    from chat.conversations import imported
+
+    kept, clock, store = kept
+    limits = kept.limits if words != "at most 1000" else ConversationLimits(max_chars=1_000_000)
+    with pytest.raises(InvalidRequest, match=words):
+        imported(raw, limits)
+
+
+# ---- in Chromium, on the session swarm ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_service(swarm, tiny_model, tmp_path_factory):
+    """``start()``: the dashboard with the chat over the session swarm and a store on disk, each call
+    a new app, engine and ``ConversationStore`` (a restart of the service) over the same database."""
+    from chat.engine import ChatEngine
+    from chat.http import create_blueprint
+    from monitor.harness.tiny_model import TINY_DHT_PREFIX
+    from monitor.settings import ModelConfig, Settings
+    from monitor.store import Store
+    from monitor.web import create_app
+    from support import serve
+
+    data_dir = tmp_path_factory.mktemp("kept-conversations")
+    running = []
+
+    def start(admin_token: str):
+        store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
+        store.migrate()
+        engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model, name="Tiny Llama")])
+        settings = Settings(data_dir=data_dir, chat_rate_limit="1000 per minute", admin_token=admin_token)
+        app = create_app(settings, store, chat_blueprints=[create_blueprint(engine, conversations=ConversationStore(
+            store, ConversationLimits.from_settings(settings)))])
+        server = serve(app)
+        url = server.__enter__()
+        running.append((server, engine, store))
+        return url
+
+    def stop():
+        server, engine, store = running.pop()
+        server.__exit__(None, None, None)
+        engine.close()
+        store.close()
+
+    yield start, stop
+    while running:
+        stop()
+
+
+def ask(page, text: str, expect) -> None:
+    answered = page.locator(".chat-assistant .chat-stats").count()
+    page.fill("#message", text)
+    page.locator("#message").press("Enter")
+    expect(page.locator(".chat-assistant .chat-stats")).to_have_count(answered + 1, timeout=60_000)
+    expect(page.locator(".chat-assistant .chat-stats").last).to_contain_text("token")
+
+
+def test_a_conversation_outlives_a_reload_and_a_restart_and_no_other_visitor_sees_it(chat_service, browser,
+                                                                                     artifacts_dir):
+    from playwright.sync_api import expect
+
+    start, stop = chat_service
+    url = start("a" * 32)
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(f"{url}/chat")
+    expect(page.locator("#chat-list")).to_contain_text("No conversations yet")
+    expect(page.locator(".chat-history")).to_contain_text("kept on this server for 30 days")
+    page.locator("summary", has_text="System prompt").click()
+    page.fill('input[name="max_new_tokens"]', "6")
+    ask(page, "Where do the **blocks** live?", expect)
+    expect(page.locator("#chat-list li")).to_have_count(1)
+    expect(page.locator("#chat-list li a")).to_have_text("Where do the **blocks** live?")
+    assert "?c=" in page.url  # a reload reopens it
+    conversation = page.url.split("?c=")[1]
+    page.reload()
+    expect(page.locator(".chat-user .chat-text")).to_have_text(["Where do the **blocks** live?"])
+    expect(page.locator(".chat-assistant .chat-rendered")).to_have_count(1)
+
+    stop()  # a restart of the service, with another operator token
+    url = start("b" * 32)
+    page.goto(f"{url}/chat?c={conversation}")
+    expect(page.locator(".chat-user .chat-text")).to_have_count(1)
+    page.locator("summary", has_text="System prompt").click()
+    page.fill('input[name="max_new_tokens"]', "6")
+    ask(page, "And the servers?", expect)
+    expect(page.locator(".chat-user .chat-text")).to_have_text(["Where do the **blocks** live?", "And the servers?"])
+    page.reload()
+    expect(page.locator(".chat-user")).to_have_count(2)
+    expect(page.locator(".chat-assistant")).to_have_count(2)
+    expect(page.locator("#chat-list li")).to_have_count(1)  # the same conversation, continued
+    page.screenshot(path=str(artifacts_dir / "chat-kept-conversation.png"), full_page=True)
+
+    # search, rename (a hostile, huge title is refused and changes nothing), delete
+    page.fill("#chat-search", "servers")
+    expect(page.locator("#chat-list li")).to_have_count(1)
+    page.fill("#chat-search", "nothing like it")
+    expect(page.locator("#chat-list")).to_contain_text("No conversation of yours holds")
+    page.fill("#chat-search", "")
+    expect(page.locator("#chat-list li")).to_have_count(1)
+
+    other = browser.new_context().new_page()  # another visitor
+    other.goto(f"{url}/chat?c={conversation}")
+    expect(other.locator("#chat-list")).to_contain_text("No conversations yet")
+    expect(other.locator(".chat-user")).to_have_count(0)
+    other.fill("#chat-search", "blocks")
+    expect(other.locator("#chat-list")).to_contain_text("No conversation of yours holds")
+    other.context.close()
+
+    page.locator("#chat-list summary").first.click()
+    page.locator('#chat-list input[name="title"]').fill("<script>alert(1)</script> Blocks")
+    page.locator("#chat-list button", has_text="Rename").click()
+    expect(page.locator("#chat-list li a")).to_have_text("<script>alert(1)</script> Blocks")
+    page.locator("#chat-list summary").first.click()
+    page.locator('#chat-list input[name="title"]').evaluate("(input, v) => { input.removeAttribute('maxlength'); "
+                                                             "input.value = v; }", "x" * 5000)
+    page.locator("#chat-list button", has_text="Rename").click()
+    expect(page.locator("#chat-list")).to_contain_text("at most 120")
+    expect(page.locator("#chat-list li a")).to_have_text("<script>alert(1)</script> Blocks")
+    page.locator("#chat-list summary").first.click()
+    page.locator("#chat-list button.chat-delete", has_text="Delete").first.click()
+    expect(page.locator("#chat-list")).to_contain_text("No conversations yet")
+    page.goto(f"{url}/chat?c={conversation}")
+    expect(page.locator(".chat-user")).to_have_count(0)
+    context.close()
+
+
+def test_regenerate_edit_export_import_on_a_phone(chat_service, browser, artifacts_dir):
+    """At 375 px: nothing wider than the screen; regenerate the last answer; edit the first question
+    and resend (the turns after it replaced, in the page and in the store); export as JSON and import
+    it to go on; a malformed import is refused with a message and changes nothing."""
+    from playwright.sync_api import expect
+
+    start, stop = chat_service
+    url = start("c" * 32)
+    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.goto(f"{url}/chat")
+    wide = "() => document.documentElement.scrollWidth"
+    assert page.evaluate(wide) <= 375
+    page.locator("summary", has_text="System prompt").click()
+    page.fill('input[name="max_new_tokens"]', "6")
+    ask(page, "First question", expect)
+    ask(page, "Second question", expect)
+    assert page.evaluate(wide) <= 375, "the page is wider than a phone"
+    page.screenshot(path=str(artifacts_dir / "chat-phone.png"), full_page=True)
+
+    page.locator("button.chat-regenerate").click()  # the last answer again (temperature as set)
+    expect(page.locator(".chat-user .chat-text")).to_have_text(["First question", "Second question"])
+    expect(page.locator(".chat-assistant .chat-stats")).to_have_count(2, timeout=60_000)
+    expect(page.locator("button.chat-regenerate")).to_have_count(1)
+
+    page.locator(".chat-user button.chat-edit").first.click()
+    expect(page.locator("#message")).to_have_value("First question")
+    expect(page.locator("#chat-editing")).to_contain_text("Editing question 1")
+    page.fill("#message", "The first question, edited")
+    page.locator("#message").press("Enter")
+    expect(page.locator(".chat-user .chat-text")).to_have_text(["The first question, edited"])
+    expect(page.locator(".chat-assistant .chat-stats")).to_have_count(1, timeout=60_000)
+    page.reload()
+    expect(page.locator(".chat-user .chat-text")).to_have_text(["The first question, edited"])
+    conversation = page.url.split("?c=")[1]
+
+    exported = page.request.get(f"{url}/chat/conversations/{conversation}/export.json")
+    assert exported.ok and exported.json()["messages"][0] == {"role": "user", "content": "The first question, edited"}
+    assert "petals" in exported.json()["messages"][1]  # the answer's route and speed
+    markdown = page.request.get(f"{url}/chat/conversations/{conversation}/export.md").text()
+    assert "## You\n\nThe first question, edited" in markdown
+
+    page.set_input_files("#chat-import-file", files=[{"name": "bad.json", "mimeType": "application/json",
+                                                      "buffer": b'{"messages": "nope"}'}])
+    page.locator(".chat-import button").click()
+    expect(page.locator("#chat-list")).to_contain_text("not imported: the file has no list of messages")
+    expect(page.locator("#chat-list li")).to_have_count(1)
+    page.set_input_files("#chat-import-file", files=[{"name": "c.json", "mimeType": "application/json",
+                                                      "buffer": exported.body()}])
+    page.locator(".chat-import button").click()
+    page.wait_for_url(lambda u: "?c=" in u and conversation not in u)
+    expect(page.locator(".chat-user .chat-text")).to_have_text(["The first question, edited"])
+    ask(page, "Going on after the import", expect)
+    expect(page.locator(".chat-user")).to_have_count(2)
+    expect(page.locator("#chat-list li")).to_have_count(2)
+    assert page.evaluate(wide) <= 375
+    context.close()
+    stop()
