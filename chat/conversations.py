@@ -189,7 +189,9 @@ def exported(conversation: dict, kind: str) -> tuple[str, str]:
         for m in messages:
             parts.append(f"## {'You' if m['role'] == 'user' else 'Assistant'}\n\n{m['content']}")
         return "\n\n".join(parts) + "\n", "text/markdown; charset=utf-8"
+    asked = [m for m in messages if m["role"] == "user" and isinstance(m.get("params"), dict)]
     body = {"format": EXPORT_FORMAT, "version": 1, "title": conversation["title"], "model": conversation["model"],
+            "parameters": asked[-1]["params"] if asked else {},
             "messages": ([{"role": "system", "content": conversation["system"]}] if conversation["system"] else [])
             + [{"role": m["role"], "content": m["content"], **({"petals": m["meta"]} if m.get("meta") else {})}
                for m in messages]}

@@ -323,10 +323,11 @@ class ChatEngine:
 
     def answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-               prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None) -> Answer:
+               prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
+               on_wait: Optional[Callable[[int, float], object]] = None) -> Answer:
         """One answer in its own session (``chat.request.answer``): Delta events, then one Finished."""
         return request.answer(self, name, input_ids, params, client=client, stop_event=stop_event,
-                              prompt_param=prompt_param, api=api, choice=choice)
+                              prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
 
     def answer_batch(self, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                      client: Optional[str] = None, stop_event: Optional[threading.Event] = None,

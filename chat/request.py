@@ -115,10 +115,11 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
 
 def answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
            client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
-           prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None) -> "Answer":
+           prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
+           on_wait: Optional[Callable[[int, float], object]] = None) -> "Answer":
     """One answer in its own session: a batch of one row."""
     batch = answer_batch(engine, name, [input_ids], params, client=client, stop_event=stop_event,
-                         prompt_param=prompt_param, api=api, choice=choice)
+                         prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
     return Answer((event for _, event in batch), batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
 
 

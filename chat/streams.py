@@ -7,13 +7,19 @@ order per producer, until every producer is done; a producer's failure is raised
 (through ``as_error``), and a producer that emits nothing for ``stall_timeout`` seconds makes the
 consumer raise ``on_stall()``. ``close`` tells the producers to stop (``cancelled``) and waits for
 them a bounded time.
+
+``started_waiting`` is the other hand-over: a request that may wait for its slot is started on a
+thread of its own, so that the request's thread can tell its client the place it waits in as it
+changes (``on_wait``) before it has an answer to stream.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
 
 Producer = Callable[[Callable[[Any], None], threading.Event], None]  # (emit, cancelled) -> None
 _ITEM, _DONE, _ERROR = "item", "done", "error"
@@ -57,3 +63,42 @@ class ThreadStream:
         self.cancelled.set()
         for thread in self._threads:
             thread.join(timeout)
+
+
+def started_waiting(start: Callable[[Callable[[int, float], None]], T], release: Callable[[T], None], *,
+                    name: str) -> Iterator[tuple]:
+    """Run ``start(on_wait)`` on a thread of its own; yield ``("queued", position, expected wait)``
+    each time ``on_wait`` is told, then ``("ready", what start returned)`` and stop; ``start``'s
+    failure is raised here. A consumer that leaves before (the generator closed) leaves the result
+    to ``release``, whenever it comes."""
+    told: "queue.Queue[tuple]" = queue.Queue()
+    lock, left = threading.Lock(), threading.Event()
+
+    def run() -> None:
+        try:
+            result = start(lambda position, wait: told.put(("queued", position, wait)))
+        except BaseException as e:  # noqa: BLE001 - raised in the consumer
+            told.put(("error", e))
+            return
+        with lock:
+            if left.is_set():  # its client went away while it waited
+                release(result)
+                return
+            told.put(("ready", result))
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        while True:
+            item = told.get()
+            if item[0] == "error":
+                raise item[1]
+            yield item
+            if item[0] == "ready":
+                return
+    finally:
+        with lock:
+            left.set()
+        while not told.empty():  # started, but never taken
+            late = told.get_nowait()
+            if late[0] == "ready":
+                release(late[1])

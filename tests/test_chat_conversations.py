@@ -317,6 +317,7 @@ def test_regenerate_edit_export_import_on_a_phone(chat_service, browser, artifac
 
     exported = page.request.get(f"{url}/chat/conversations/{conversation}/export.json")
     assert exported.ok and exported.json()["messages"][0] == {"role": "user", "content": "The first question, edited"}
+    assert exported.json()["parameters"]["max_new_tokens"] == 6  # with the parameters
     assert "petals" in exported.json()["messages"][1]  # the answer's route and speed
     markdown = page.request.get(f"{url}/chat/conversations/{conversation}/export.md").text()
     assert "## You\n\nThe first question, edited" in markdown

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
@@ -43,6 +41,7 @@ from chat.engine import (
     RouteUnmet,
 )
 from chat.http import logprobs as lp
+from chat.streams import started_waiting
 from chat.http.limits import ChatLimits
 from chat.http.openai_request import (
     FALLBACK_ON,
@@ -302,52 +301,31 @@ def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
         reply = _Reply.new(chat, started.name, started.request, engine.tokenizer(started.model),
                            fallbacks=started.fallbacks)
         return jsonify(reply.whole(_collect(started.batch, len(started.request.rows))))
-    told: "queue.Queue[tuple]" = queue.Queue()
-    lock, left = threading.Lock(), threading.Event()
-
-    def run() -> None:
-        try:
-            started = _start(engine, limits, params, chat=chat, client=client,
-                             on_wait=lambda position, wait: told.put(("queued", position, wait)))
-        except BaseException as e:  # noqa: BLE001 - told to the request's thread, which answers it
-            told.put(("error", e))
-            return
-        with lock:
-            if left.is_set():  # its client went away while it waited: the slots go back at once
-                started.batch.close()
-                return
-            told.put(("ready", started))
-
-    threading.Thread(target=run, name="openai-start", daemon=True).start()
-    first = told.get()
-    if first[0] == "error":
-        raise first[1]
+    waiting = started_waiting(lambda on_wait: _start(engine, limits, params, chat=chat, client=client, on_wait=on_wait),
+                              lambda started: started.batch.close(), name="openai-start")
+    first = next(waiting)  # a refusal before any wait is answered with its own status
 
     def events(item) -> Iterator[str]:
         try:
             while item[0] == "queued":
                 yield queue_comment(item[1], item[2])
-                item = told.get()
-            if item[0] == "error":
-                error = item[1]
-                body = openai_chat_error_body(error) if isinstance(error, ChatError) else openai_error_body(
-                    500, INTERNAL_ERROR)
-                if not isinstance(error, ChatError):
-                    logger.warning("streamed completion failed while waiting", exc_info=error)
-                yield sse(json.dumps(body))
-                yield "data: [DONE]\n\n"
-                return
-            started = item[1]
-            reply = _Reply.new(chat, started.name, started.request, engine.tokenizer(started.model),
-                               fallbacks=started.fallbacks)
-            yield from _stream_events(started.batch, reply, include_usage)
+                item = next(waiting)
+        except ChatError as error:  # refused while it waited: in the stream, in OpenAI's shape
+            yield sse(json.dumps(openai_chat_error_body(error)))
+            yield "data: [DONE]\n\n"
+            return
+        except Exception:  # noqa: BLE001 - never an exception's text to the user
+            logger.warning("streamed completion failed while waiting", exc_info=True)
+            yield sse(json.dumps(openai_error_body(500, INTERNAL_ERROR)))
+            yield "data: [DONE]\n\n"
+            return
         finally:
-            with lock:
-                left.set()
-            while not told.empty():  # started, but never streamed
-                late = told.get_nowait()
-                if late[0] == "ready":
-                    late[1].batch.close()
+            if item[0] != "ready":
+                waiting.close()
+        started = item[1]
+        reply = _Reply.new(chat, started.name, started.request, engine.tokenizer(started.model),
+                           fallbacks=started.fallbacks)
+        yield from _stream_events(started.batch, reply, include_usage)
 
     return Response(stream_with_context(events(first)), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -48,6 +48,7 @@ from chat.http import conversation_views
 from chat.http.limits import ChatLimits
 from chat.http.params import Params, client_address
 from chat.http.responses import INTERNAL_ERROR, error_status, sse
+from chat.streams import started_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +301,10 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
     generation = dataclasses.replace(generation, stop_sequences=fitted.stops,
                                      max_new_tokens=min(generation.max_new_tokens, limit - len(fitted.input_ids)))
     turn = _Turn(secrets.token_urlsafe(12), conversation, model, fitted.input_ids, generation, limit=limit)
-    conversations.start_turn(conversation, {"role": "user", "content": message}, turn, keep=keep)
+    asked = {"role": "user", "content": message, "params": {
+        "max_new_tokens": generation.max_new_tokens, "temperature": generation.temperature, "top_p": generation.top_p,
+        "top_k": generation.top_k, "repetition_penalty": generation.repetition_penalty}}
+    conversations.start_turn(conversation, asked, turn, keep=keep)
     return render_template("chat/_turn.html", turn=turn, message=message, conversation_id=conversation.id,
                            title=engine.title(model), max_prompt_chars=limits.max_prompt_chars,
                            left_out=fitted.left_out, limit=limit,
@@ -362,12 +366,25 @@ def fit_context(engine: ChatEngine, model: str, system: str, messages: list[dict
 
 
 def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn, client: str) -> Iterator[str]:
-    """The turn's answer as server-sent events: "token" (plain text), "failed", "rendered" (the
-    whole answer's Markdown as sanitised HTML), then one "done"."""
+    """The turn's answer as server-sent events: "status" (the steps before the first token, for
+    people: the place in the queue and the expected wait, then finding servers, with what real
+    requests of late got), "token" (plain text), "failed", "rendered" (the whole answer's Markdown as
+    sanitised HTML), then one "done"."""
     answer_text, meta = None, None
     try:
-        with engine.answer(turn.model, turn.input_ids, turn.params, client=client, stop_event=turn.stop_event,
-                           prompt_param="message", api="page") as answer:
+        waiting = started_waiting(
+            lambda on_wait: engine.answer(turn.model, turn.input_ids, turn.params, client=client,
+                                          stop_event=turn.stop_event, prompt_param="message", api="page",
+                                          on_wait=on_wait),
+            lambda answer: answer.close(), name="page-start")
+        answer = None
+        for item in waiting:
+            if item[0] == "queued":
+                yield sse(f"Waiting for a generation slot: {_ordinal(item[1])} in line, about {item[2]:.0f} s", "status")
+            else:
+                answer = item[1]
+        yield sse(_finding_servers(engine, turn), "status")
+        with answer:
             for event in answer:
                 if isinstance(event, Delta) and event.text:
                     yield sse(event.text, "token")  # plain text: the page adds it as a text node
@@ -378,7 +395,7 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                             stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
                     # the answer as Markdown, sanitised here (chat.markdown): it replaces the streamed text
                     yield sse(markdown.render(event.text), "rendered")
-                    yield sse(render_template("chat/_done.html", finished=event, stats=event.stats(),
+                    yield sse(render_template("chat/_done.html", finished=event, stats=stats,
                                               used=event.prompt_tokens + event.completion_tokens, limit=turn.limit),
                               "done")
     except ChatError as e:
@@ -390,6 +407,19 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
         yield sse(render_template("chat/_done.html", finished=None, stats=None), "done")
     finally:
         conversations.finish(turn, answer_text, meta)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _finding_servers(engine: ChatEngine, turn: _Turn) -> str:
+    """The step after the slot, said with what real requests of late got (the forecast), if anything."""
+    forecast = engine.forecast(turn.model, prompt_tokens=len(turn.input_ids), max_tokens=turn.params.max_new_tokens)
+    said = "Finding servers for the model's blocks and computing the first token"
+    if forecast.time_to_first_token is not None and forecast.source == "requests":
+        said += f" (lately the first token came after about {forecast.time_to_first_token:.1f} s)"
+    return said + "…"
 
 
 FORECAST_TOKENS = 256  # the page's forecast when the form does not say how many tokens

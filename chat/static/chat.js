@@ -18,7 +18,13 @@
 
     function follow() { article.scrollIntoView({ block: "end" }); }
 
+    var status = document.createElement("p");
+    status.className = "chat-status small muted";
+    status.setAttribute("role", "status");
+    text.parentNode.insertBefore(status, text);
+    source.addEventListener("status", function (event) { status.textContent = event.data; });
     source.addEventListener("token", function (event) {
+      if (status.parentNode) status.remove();  // the first token: the steps before it are done
       text.appendChild(document.createTextNode(event.data));
       follow();
     });
@@ -30,6 +36,7 @@
       text.parentNode.insertBefore(rendered, text.nextSibling);
     });
     source.addEventListener("failed", function (event) {
+      if (status.parentNode) status.remove();
       var p = document.createElement("p");
       p.className = "chat-failed";
       p.textContent = event.data;
