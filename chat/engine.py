@@ -237,6 +237,12 @@ class ChatEngine:
     def title(self, name: str) -> str:
         return self._model(name).title
 
+    def repository(self, name: str) -> str:
+        """What petals' own tools call the model (its repository, e.g. ``org/model``), else its prefix."""
+        model = self._model(name)
+        found = next((alias for alias in model.aliases if "/" in alias), None)
+        return found.removeprefix("https://huggingface.co/").strip("/") if found else model.name
+
     def remote(self, model: _Model) -> Any:
         self._client_files(model)
         if model.remote is None:
@@ -383,6 +389,15 @@ class ChatEngine:
             raise Busy(f"the servers {field + '.' if field else ''}only allows already run their share of requests "
                        f"that name their servers ({self.server_load.directed_limit} each); retry later or allow "
                        f"more servers", self.capacity.retry_after)
+
+    def recommendation(self, name: str) -> Optional[tuple[str, str]]:
+        """(argument, reason): what a new server of this model should serve, as the stored assessment
+        recommends (e.g. ``--block_indices 4:8``), if the forecast's source knows."""
+        try:
+            known = (self.forecast_source() if self.forecast_source is not None else {}).get(name)
+        except Exception:  # noqa: BLE001 - no recommendation, not a failed request
+            return None
+        return (known.recommendation, known.recommendation_reason or "") if known and known.recommendation else None
 
     def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int) -> Forecast:
         """What a request of ``prompt_tokens`` asking for ``max_tokens`` would get if it came now

@@ -395,8 +395,11 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                             stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
                     # the answer as Markdown, sanitised here (chat.markdown): it replaces the streamed text
                     yield sse(markdown.render(event.text), "rendered")
+                    slow = stats["tokens_per_second"] is not None and stats["tokens_per_second"] < SLOW_TOKENS_PER_S
                     yield sse(render_template("chat/_done.html", finished=event, stats=stats,
-                                              used=event.prompt_tokens + event.completion_tokens, limit=turn.limit),
+                                              used=event.prompt_tokens + event.completion_tokens, limit=turn.limit,
+                                              model=turn.model, repository=engine.repository(turn.model),
+                                              help=engine.recommendation(turn.model) if slow else None),
                               "done")
     except ChatError as e:
         yield sse(str(e), "failed")
@@ -423,6 +426,7 @@ def _finding_servers(engine: ChatEngine, turn: _Turn) -> str:
 
 
 FORECAST_TOKENS = 256  # the page's forecast when the form does not say how many tokens
+SLOW_TOKENS_PER_S = 5.0  # an answer slower than this says what would help (a server of the recommended blocks)
 
 
 def shown_messages(messages: list[dict]) -> list[dict]:

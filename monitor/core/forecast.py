@@ -31,6 +31,8 @@ class ForecastInputs:
     tokens_per_second: Optional[float] = None  # their median
     est_tokens_per_s: Optional[float] = None  # the assessment's estimate (probes)
     cache_tokens_left: Optional[int] = None  # the least, over the model's blocks, of what its servers announce
+    recommendation: Optional[str] = None  # what a new server should serve, e.g. "--block_indices 4:8"
+    recommendation_reason: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,9 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
         time_to_first_token=percentile([r.time_to_first_token for r in done], 50),
         tokens_per_second=percentile([r.tokens_per_second for r in done], 50),
         est_tokens_per_s=assessment.est_tokens_per_s if assessment else None,
-        cache_tokens_left=min(cache) if cache else None)
+        cache_tokens_left=min(cache) if cache else None,
+        recommendation=assessment.recommendation.argument if assessment and assessment.recommendation else None,
+        recommendation_reason=assessment.recommendation.reason if assessment and assessment.recommendation else None)
 
 
 def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_tokens: int) -> Forecast:
