@@ -16,6 +16,7 @@ import time
 import pytest
 from axe_playwright_python.sync_playwright import Axe
 
+from chat.conversations import ConversationStore
 from chat.engine import ChatEngine
 from chat.http import create_blueprint
 from monitor.core.maintenance import MaintenanceWindow
@@ -49,7 +50,7 @@ def site(populated, tiny_model):
                                  comment="restarting first-half", created_at=time.time()), via="api token")
     engine = ChatEngine(None, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
                         coverage_check=lambda model: (False, "no server announces it in this spec"))
-    app = create_app(settings, store, chat_blueprints=[create_blueprint(engine)])
+    app = create_app(settings, store, chat_blueprints=[create_blueprint(engine, conversations=ConversationStore(store))])
     with serve(app) as base:
         yield base, auth.resolve_token(settings, create=False)
     engine.close()

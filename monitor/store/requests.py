@@ -3,8 +3,8 @@
 Written by the chat (its own process, or the service's thread) in batches; read by the pages, the
 stats API and /metrics (the newest ``MAX_ROWS`` in a window). Kept like the other raw rows: pruned
 with the polls, after the rollup has made an ``hourly_requests`` row per model and hour of them
-(``hour_rows``); ``hourly`` reads an hour from its raw rows while they are kept, else from its
-rollup. Every function takes a connection inside a transaction the caller opened; one bad row
+(``hour_rows``); ``hourly`` reads the hours rolled up from the rollup, the others from their
+raw rows. Every function takes a connection inside a transaction the caller opened; one bad row
 costs only itself (``clean``).
 """
 
@@ -104,17 +104,18 @@ def hour_rows(conn: Connection, hour: float, end: float) -> list[dict]:
 
 def hourly(conn: Connection, model: str, since_at: float, until: float) -> list[dict]:
     """Per hour of [since_at, until] with requests of ``model``, oldest first: ``{"hour", **hour_figures}``
-    — from the raw rows where they are kept (the newest ``MAX_ROWS``), else from the rollup."""
-    t, rolled = RequestRow.__table__, HourlyRequestsRow.__table__
-    raw_from = hours.raw_start(conn, t.c.at)
+    — from the rollup for the hours rolled up (before the watermark), from the raw rows for the
+    hours after it (the current hour, mostly), so a week is read in a few hundred rows."""
+    rolled = HourlyRequestsRow.__table__
+    done = hours.rolled_up_until(conn)
     found: dict[float, dict] = {}
-    for r in conn.execute(sa.select(rolled).where(rolled.c.model == model, *hours.rollup_window(
-            rolled.c.hour, since_at, until, raw_from))).mappings():
-        found[r["hour"]] = {name: r[name] for name in r.keys() if name != "model"}
-    if raw_from is not None:
-        start = max(hours.floor_hour(since_at), hours.floor_hour(raw_from))
-        by_hour: dict[float, list[RequestRecord]] = {}
-        for record in since(conn, start, model=model, route=False, before=until):
-            by_hour.setdefault(hours.floor_hour(record.at), []).append(record)
-        found.update({hour: {"hour": hour, **hour_figures(records)} for hour, records in by_hour.items()})
-    return [found[hour] for hour in sorted(found) if hour + HOUR > since_at]
+    if done is not None:
+        for r in conn.execute(sa.select(rolled).where(rolled.c.model == model, rolled.c.hour + HOUR > since_at,
+                                                      rolled.c.hour <= until, rolled.c.hour < done)).mappings():
+            found[r["hour"]] = {name: r[name] for name in r.keys() if name != "model"}
+    start = max(hours.floor_hour(since_at), done if done is not None else hours.floor_hour(since_at))
+    by_hour: dict[float, list[RequestRecord]] = {}
+    for record in since(conn, start, model=model, route=False, before=until):
+        by_hour.setdefault(hours.floor_hour(record.at), []).append(record)
+    found.update({hour: {"hour": hour, **hour_figures(records)} for hour, records in by_hour.items()})
+    return [found[hour] for hour in sorted(found)]
