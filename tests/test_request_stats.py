@@ -255,3 +255,21 @@ def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
     assert "/chat/forecast" in client.get("/chat").get_data(as_text=True)  # the page asks for it before Send
     rows.flush()
     assert len(store.requests_since(0, model=TINY_DHT_PREFIX)) == stored  # estimates generate nothing, leave no row
+
+
+def test_the_forecast_carries_what_the_assessment_recommends_for_a_new_server():
+    """What the chat page says would help a slow model: the stored assessment's recommendation."""
+    from monitor.core.assessment import Assessment, Recommendation
+    from monitor.core.forecast import inputs
+
+    assessment = Assessment(model="llama", state="degraded", reasons=("blocks 4:8 have one server",),
+                            coverage_pct=100.0, servers_online=2, min_redundancy=1, blocks=(), missing_ranges=(),
+                            single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0,
+                            route=(), recommendation=Recommendation(4, 8, 4, "--block_indices 4:8", "blocks 4:8 have one server"))
+    known = inputs("llama", [], assessment, now=time.time())
+    assert known.recommendation == "--block_indices 4:8" and known.recommendation_reason == "blocks 4:8 have one server"
+    engine = ChatEngine(None, [ModelConfig(dht_prefix="llama", repository="https://huggingface.co/org/llama-x")],
+                        forecast_source=lambda: {"llama": known})
+    assert engine.recommendation("llama") == ("--block_indices 4:8", "blocks 4:8 have one server")
+    assert engine.repository("llama") == "org/llama-x"
+    assert ChatEngine(None, [ModelConfig(dht_prefix="other")]).recommendation("other") is None
