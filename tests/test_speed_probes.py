@@ -67,6 +67,26 @@ def test_a_measured_speed_is_the_median_of_the_newest_three_probes_so_one_outlie
     assert measured_speeds([probe("b", now, 0.05, rtt=0.01)], now=now, max_age=60)["b"] == pytest.approx(0.01)
 
 
+def test_a_server_is_slow_only_when_it_costs_a_route_through_it_noticeably_more():
+    """bench_churn --honest: a server joining with one block of the tiny model was named slow — its
+    sub-millisecond compute measured 3.5× the others' is the round trip's jitter, adding a millisecond
+    to a route. Slowness must cost a route through the span MIN_SLOW_EXCESS (5 ms) per token; any
+    real slow server costs far more (a throttled tiny server: tens of ms; a 3× slow demo server of
+    15 blocks: ~30 ms)."""
+    others = [0.0002, 0.0002, 0.0003]  # seconds per token per block
+    jitter = slowness(0.0008, None, others, blocks=1)  # 3.2× the median, 0.56 ms more per token
+    assert jitter.vs_others >= SLOW_FACTOR and not jitter.beyond_factor and not jitter.slow
+    assert worth_confirming(0.0008, 0.0005, None, others) and not worth_confirming(0.0008, 0.0005, None, others, blocks=1)
+    throttled = slowness(0.02, None, others, blocks=4)  # 100×, 79 ms more per token over 4 blocks
+    assert throttled.beyond_factor and throttled.slow
+    demo = slowness(0.006, None, [0.002, 0.002], blocks=15)  # 3×, 60 ms more over 15 blocks
+    assert demo.slow
+    announced = slowness(0.004, 1000.0, [], blocks=1)  # 4× what it announces (1 ms), 3 ms more: not slow
+    assert announced.vs_announced >= SLOW_FACTOR and not announced.slow
+    assert slowness(0.004, 1000.0, [], blocks=2).slow  # 6 ms more over two blocks
+    assert slowness(0.0008, None, others).slow  # its span unknown: the factor alone, as before
+
+
 def test_one_probe_calls_no_server_slow_two_slow_ones_do():
     """A server's first probe alone names nothing: after a monitor starts, or a new leader takes over,
     one noisy probe would otherwise hold the model degraded until its confirmation half a period

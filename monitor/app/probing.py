@@ -145,7 +145,7 @@ class ServerProber:
             known = speeds[probe.model]
             others = [seconds for peer, seconds in known.items() if peer != probe.peer_id]
             if worth_confirming(probe.seconds_per_token_per_block, known.get(probe.peer_id),
-                                announced.get((probe.peer_id, probe.model)), others):
+                                announced.get((probe.peer_id, probe.model)), others, blocks=probe.blocks):
                 found.add((probe.peer_id, probe.model))
         return found
 

@@ -61,7 +61,8 @@ def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[
     servers = {}
     for peer, rps in announced_rps.items():
         others = [seconds for other, seconds in speeds.items() if other != peer]
-        slow = slowness(speeds.get(peer), rps, others, confirmed=peer in confirmed)
+        slow = slowness(speeds.get(peer), rps, others, confirmed=peer in confirmed,
+                        blocks=timed[peer].blocks if peer in timed else None)
         cause = causes.get(peer) or (CAUSE_SLOW if slow is not None and slow.slow else CAUSE_SERVING)
         settled = (cause in (CAUSE_FAILING, CAUSE_WRONG) or (cause == CAUSE_SLOW and slow.confirmed)
                      or (cause == CAUSE_UNREACHABLE and compute is not None and peer in compute.silent))

@@ -253,7 +253,8 @@ def _slow_peers(serving: Sequence[ServerRow], measured: Mapping[str, float], con
     sentences = []
     for row in serving:
         others = [seconds for peer, seconds in measured.items() if peer != row.peer_id]
-        found = slowness(measured.get(row.peer_id), row.inference_rps, others, confirmed=row.peer_id in confirmed)
+        found = slowness(measured.get(row.peer_id), row.inference_rps, others, confirmed=row.peer_id in confirmed,
+                         blocks=row.end - row.start)
         if found is not None and found.slow:
             sentences.append(f"{labels[row.peer_id]} ({row.start}:{row.end}) is slow: {found.describe()} "
                              f"— petals' default routing still trusts the announcement")

@@ -53,6 +53,10 @@ BY_REFERENCE, BY_PEERS = "reference", "peers"
 # A server measured this many times slower than it announces (or than the other servers' median) is
 # flagged "slow" (pages, diagnosis).
 SLOW_FACTOR = 3.0
+# ... and only when that costs a route through it at least this much more per token over its span:
+# a few blocks' worth of sub-millisecond compute measured 3× "slower" is the round trip's jitter
+# (a one-block server of a tiny model), not a server anyone waits for.
+MIN_SLOW_EXCESS = 0.005  # seconds per token
 PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps, for servers that announce none
 # Measurements older than this many probe periods no longer count (the server may have changed).
 MAX_AGE_PERIODS = 4.0
@@ -314,13 +318,19 @@ class Slowness:
     vs_announced: float
     vs_others: Optional[float]  # None: no other server measured
     confirmed: bool = True  # False: one probe so far (``SLOW_CONFIRMATIONS``), a verdict not drawn yet
+    blocks: Optional[int] = None  # its span's blocks, when known (``MIN_SLOW_EXCESS``)
+
+    def _costs(self, ratio: float) -> bool:
+        """Whether being ``ratio`` times a reference costs a route through its span MIN_SLOW_EXCESS."""
+        return self.blocks is None or self.measured * (1 - 1 / ratio) * self.blocks >= MIN_SLOW_EXCESS
 
     @property
     def beyond_factor(self) -> bool:
         """SLOW_FACTOR times what it announces, or the others' median (petals' default assumption
-        is no announcement: a server that announces nothing is judged against the others only)."""
-        return ((self.announces and self.vs_announced >= SLOW_FACTOR)
-                or (self.vs_others is not None and self.vs_others >= SLOW_FACTOR))
+        is no announcement: a server that announces nothing is judged against the others only),
+        costing a route through its span at least ``MIN_SLOW_EXCESS`` per token."""
+        return ((self.announces and self.vs_announced >= SLOW_FACTOR and self._costs(self.vs_announced))
+                or (self.vs_others is not None and self.vs_others >= SLOW_FACTOR and self._costs(self.vs_others)))
 
     @property
     def slow(self) -> bool:
@@ -341,16 +351,17 @@ class Slowness:
 
 
 def slowness(measured: Optional[float], announced_rps: Optional[float], others: Sequence[float], *,
-             confirmed: bool = True) -> Optional[Slowness]:
+             confirmed: bool = True, blocks: Optional[int] = None) -> Optional[Slowness]:
     """None when the server was not measured; ``others``: the other servers' measured speeds;
-    ``confirmed``: whether ``measured`` rests on ``SLOW_CONFIRMATIONS`` probes (``confirmed_peers``)."""
+    ``confirmed``: whether ``measured`` rests on ``SLOW_CONFIRMATIONS`` probes (``confirmed_peers``);
+    ``blocks``: its span's length."""
     if not measured or measured <= 0:
         return None
     announced = announced_seconds_per_block(announced_rps)
     reference = median_or_none(others)
     return Slowness(measured=measured, announced=announced, announces=bool(announced_rps and announced_rps > 0),
                     vs_announced=measured / announced, vs_others=measured / reference if reference else None,
-                    confirmed=confirmed)
+                    confirmed=confirmed, blocks=blocks)
 
 
 def median_or_none(values: Sequence[float]) -> Optional[float]:
@@ -382,7 +393,7 @@ def next_probe_delay(duration: Optional[float], period: float, max_share: float,
 
 
 def worth_confirming(speed: Optional[float], before: Optional[float], announced_rps: Optional[float],
-                     others: Sequence[float]) -> bool:
+                     others: Sequence[float], blocks: Optional[int] = None) -> bool:
     """Whether a probe that measured ``speed`` (seconds per token per block) should be confirmed
     sooner than a period: alone, it would change whether the server is slow (``slowness``: against
     what it announces and the ``others``' median) from what its measured speed so far (``before``;
@@ -395,10 +406,10 @@ def worth_confirming(speed: Optional[float], before: Optional[float], announced_
     second probe's own time; confirmed within half a period, within two periods."""
     if speed is None or speed <= 0:
         return False
-    alone = slowness(speed, announced_rps, others)
+    alone = slowness(speed, announced_rps, others, blocks=blocks)
     if before is None or before <= 0:
         return alone.beyond_factor
-    if alone.beyond_factor != slowness(before, announced_rps, others).beyond_factor:
+    if alone.beyond_factor != slowness(before, announced_rps, others, blocks=blocks).beyond_factor:
         return True
     return max(speed / before, before / speed) >= SLOW_FACTOR
 
