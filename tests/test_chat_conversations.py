@@ -200,6 +200,11 @@ def chat_service(swarm, tiny_model, tmp_path_factory):
         stop()
 
 
+WIDER = """() => Array.from(document.querySelectorAll('.chat-panel, .chat-panel > *, .chat-form > *, .chat-conversation > *, .chat-assistant > *, .chat-meta > *'))
+  .map(e => e.tagName + '.' + e.className + ' w=' + Math.round(e.getBoundingClientRect().width) + ' sw=' + e.scrollWidth
+       + ' cols=' + getComputedStyle(e).gridTemplateColumns).slice(0, 40).join(' | ')"""
+
+
 def ask(page, text: str, expect) -> None:
     answered = page.locator(".chat-assistant .chat-stats").count()
     page.fill("#message", text)
@@ -224,7 +229,7 @@ def test_a_conversation_outlives_a_reload_and_a_restart_and_no_other_visitor_see
     page.fill('input[name="max_new_tokens"]', "6")
     ask(page, "Where do the **blocks** live?", expect)
     expect(page.locator("#chat-list li")).to_have_count(1)
-    expect(page.locator("#chat-list li a")).to_have_text("Where do the **blocks** live?")
+    expect(page.locator("#chat-list li > a")).to_have_text("Where do the **blocks** live?")
     assert "?c=" in page.url  # a reload reopens it
     conversation = page.url.split("?c=")[1]
     page.reload()
@@ -264,13 +269,13 @@ def test_a_conversation_outlives_a_reload_and_a_restart_and_no_other_visitor_see
     page.locator("#chat-list summary").first.click()
     page.locator('#chat-list input[name="title"]').fill("<script>alert(1)</script> Blocks")
     page.locator("#chat-list button", has_text="Rename").click()
-    expect(page.locator("#chat-list li a")).to_have_text("<script>alert(1)</script> Blocks")
+    expect(page.locator("#chat-list li > a")).to_have_text("<script>alert(1)</script> Blocks")
     page.locator("#chat-list summary").first.click()
     page.locator('#chat-list input[name="title"]').evaluate("(input, v) => { input.removeAttribute('maxlength'); "
                                                              "input.value = v; }", "x" * 5000)
     page.locator("#chat-list button", has_text="Rename").click()
     expect(page.locator("#chat-list")).to_contain_text("at most 120")
-    expect(page.locator("#chat-list li a")).to_have_text("<script>alert(1)</script> Blocks")
+    expect(page.locator("#chat-list li > a")).to_have_text("<script>alert(1)</script> Blocks")
     page.locator("#chat-list summary").first.click()
     page.locator("#chat-list button.chat-delete", has_text="Delete").first.click()
     expect(page.locator("#chat-list")).to_contain_text("No conversations yet")
@@ -296,7 +301,7 @@ def test_regenerate_edit_export_import_on_a_phone(chat_service, browser, artifac
     page.fill('input[name="max_new_tokens"]', "6")
     ask(page, "First question", expect)
     ask(page, "Second question", expect)
-    assert page.evaluate(wide) <= 375, "the page is wider than a phone"
+    assert page.evaluate(wide) <= 375, page.evaluate(WIDER)
     page.screenshot(path=str(artifacts_dir / "chat-phone.png"), full_page=True)
 
     page.locator("button.chat-regenerate").click()  # the last answer again (temperature as set)
