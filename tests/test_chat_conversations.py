@@ -195,7 +195,7 @@ def chat_service(swarm, tiny_model, tmp_path_factory):
         engine.close()
         store.close()
 
-    yield start, stop
+    yield start, stop, lambda: running[-1][1]
     while running:
         stop()
 
@@ -217,7 +217,7 @@ def test_a_conversation_outlives_a_reload_and_a_restart_and_no_other_visitor_see
                                                                                      artifacts_dir):
     from playwright.sync_api import expect
 
-    start, stop = chat_service
+    start, stop, _ = chat_service
     url = start("a" * 32)
     context = browser.new_context(viewport={"width": 1200, "height": 900})
     page = context.new_page()
@@ -290,7 +290,7 @@ def test_regenerate_edit_export_import_on_a_phone(chat_service, browser, artifac
     it to go on; a malformed import is refused with a message and changes nothing."""
     from playwright.sync_api import expect
 
-    start, stop = chat_service
+    start, stop, _ = chat_service
     url = start("c" * 32)
     context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True)
     page = context.new_page()
@@ -341,5 +341,76 @@ def test_regenerate_edit_export_import_on_a_phone(chat_service, browser, artifac
     expect(page.locator(".chat-user")).to_have_count(2)
     expect(page.locator("#chat-list li")).to_have_count(2)
     assert page.evaluate(wide) <= 375
+    context.close()
+    stop()
+
+
+HOSTILE_ANSWER = """Here is **bold**, a [safe link](https://example.org/x), and some traps:
+<script>window.pwned = 1</script> <img src=x onerror="window.pwned = 2"> [bad](javascript:window.pwned=3)
+![pixel](https://tracker.example/p.png) <a href="javascript:window.pwned=4">raw</a>
+
+| a | b |
+|---|--:|
+| 1 | 2 |
+
+```python
+print("<b>not bold</b>")
+```
+"""
+
+
+def test_while_waiting_hostile_markdown_in_the_dom_and_copy(chat_service, browser):
+    """The steps before the first token (the place in the queue while every slot is held, then
+    finding servers); an answer's hostile Markdown/HTML (brought in by an import) rendered with
+    nothing run or loaded and links only http(s); Copy puts a code block and an answer on the
+    clipboard."""
+    import json
+
+    from playwright.sync_api import expect
+
+    start, stop, engine_now = chat_service
+    url = start("d" * 32)
+    engine = engine_now()
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
+    page = context.new_page()
+    page.goto(f"{url}/chat")
+    held = [engine.slots.acquire(None) for _ in range(engine.capacity.slots)]  # every slot busy
+    try:
+        page.locator("summary", has_text="System prompt").click()
+        page.fill('input[name="max_new_tokens"]', "6")
+        page.fill("#message", "Are you there?")
+        page.locator("#message").press("Enter")
+        status = page.locator(".chat-assistant .chat-status")
+        expect(status).to_contain_text("Waiting for a generation slot: 1st in line", timeout=30_000)
+    finally:
+        for slot in held:
+            slot.release()
+    expect(page.locator(".chat-assistant .chat-stats")).to_have_count(1, timeout=60_000)
+    expect(page.locator(".chat-assistant .chat-status")).to_have_count(0)  # gone with the first token
+
+    conversation = {"title": "Hostile", "model": "tiny-llama", "messages": [
+        {"role": "user", "content": "Show me <script>window.pwned = 5</script>"},
+        {"role": "assistant", "content": HOSTILE_ANSWER}]}
+    page.set_input_files("#chat-import-file", files=[{"name": "h.json", "mimeType": "application/json",
+                                                      "buffer": json.dumps(conversation).encode()}])
+    page.locator(".chat-import button").click()
+    page.wait_for_url(lambda u: "?c=" in u)
+    answer = page.locator(".chat-assistant .chat-rendered")
+    expect(answer.locator("strong")).to_have_text("bold")
+    expect(answer.locator("table td.align-right")).to_have_text("2")
+    expect(answer.locator(".code-block .code-lang")).to_have_text("python")
+    expect(answer.locator("pre code")).to_contain_text('print("<b>not bold</b>")')
+    assert page.locator(".chat-conversation script, .chat-conversation img, .chat-conversation iframe").count() == 0
+    assert page.evaluate("() => window.pwned") is None
+    hrefs = answer.locator("a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert hrefs and all(h.startswith("https://") for h in hrefs), hrefs
+    expect(page.locator(".chat-user .chat-text")).to_have_text("Show me <script>window.pwned = 5</script>")
+
+    answer.locator("button.code-copy").click()
+    expect(answer.locator("button.code-copy")).to_have_text("Copied")
+    assert page.evaluate("() => navigator.clipboard.readText()") == 'print("<b>not bold</b>")\n'
+    page.locator(".chat-assistant button.chat-copy").click()
+    assert page.evaluate("() => navigator.clipboard.readText()") == HOSTILE_ANSWER
     context.close()
     stop()

@@ -148,3 +148,40 @@ def test_health_aware_routing_escapes_the_slow_server_trap(make_swarm, tiny_mode
           f"{weights[s.peer_id('C')].seconds_per_token_per_block * 1000:.1f} ms/token/block, score "
           f"{weights[s.peer_id('C')].score:.0f})")
     assert escaped.tokens_per_second > 2 * slow
+
+
+def test_the_chat_page_says_why_a_token_took_long_when_a_server_was_replaced(make_swarm, tiny_model, tmp_path):
+    """The chat page's answer notes a server replaced mid-answer ("note" event), and the answer is
+    whole: the page's user knows why the pause was."""
+    from flask import Flask
+
+    from chat.http import create_blueprint
+    from support import read_sse, serve
+    import re
+    import requests
+
+    s = make_swarm([ServerSpec("a", 0, TINY_NUM_BLOCKS), ServerSpec("b", 0, TINY_NUM_BLOCKS)])
+    names = {s.peer_id(n): n for n in ("a", "b")}
+    engine = ChatEngine(s.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], request_timeout=REQUEST_TIMEOUT)
+    app = Flask(__name__)
+    app.secret_key = "spec"
+    app.register_blueprint(create_blueprint(engine))
+    with serve(app) as url:
+        web = requests.Session()
+        turn = web.post(f"{url}/chat/turns", data={"model": TINY_DHT_PREFIX, "message": PROMPT, "temperature": "0",
+                                                    "max_new_tokens": "120"}, timeout=30)
+        assert turn.status_code == 200, turn.text
+        stream = re.search(r'data-chat-stream="([^"]+)"', turn.text).group(1)
+        events, killed = [], None
+        for event, data in read_sse(web.get(url + stream, stream=True, timeout=120)):
+            events.append((event, data))
+            if event == "token" and killed is None and sum(e == "token" for e, _ in events) >= 5:
+                serving = [peer for peer in engine.server_load.in_flight() if peer in names]
+                killed = names[serving[0]]
+                s.kill(killed)
+    engine.close()
+    kinds = [event for event, _ in events]
+    assert killed is not None and kinds.index("status") < kinds.index("token")  # the steps before the first token
+    notes = [data for event, data in events if event == "note"]
+    assert notes and "failed while answering" in notes[0] and "went on through another" in notes[0], kinds
+    assert kinds[-2:] == ["rendered", "done"] and "reached max new tokens" in events[-1][1]

@@ -368,8 +368,9 @@ def fit_context(engine: ChatEngine, model: str, system: str, messages: list[dict
 def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn, client: str) -> Iterator[str]:
     """The turn's answer as server-sent events: "status" (the steps before the first token, for
     people: the place in the queue and the expected wait, then finding servers, with what real
-    requests of late got), "token" (plain text), "failed", "rendered" (the whole answer's Markdown as
-    sanitised HTML), then one "done"."""
+    requests of late got), "token" (plain text), "note" (why a token took long: a server replaced
+    after a failure), "failed", "rendered" (the whole answer's Markdown as sanitised HTML), then one
+    "done"."""
     answer_text, meta = None, None
     try:
         waiting = started_waiting(
@@ -384,8 +385,14 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
             else:
                 answer = item[1]
         yield sse(_finding_servers(engine, turn), "status")
+        failovers = 0
         with answer:
             for event in answer:
+                session = answer.session
+                if session is not None and session.failovers > failovers:  # why the last token took long
+                    failovers = session.failovers
+                    yield sse(f"A server of the route failed while answering; the answer went on through another "
+                              f"one, the text so far replayed to it ({failovers} replaced so far).", "note")
                 if isinstance(event, Delta) and event.text:
                     yield sse(event.text, "token")  # plain text: the page adds it as a text node
                 elif isinstance(event, Finished):

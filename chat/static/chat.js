@@ -35,6 +35,16 @@
       text.hidden = true;
       text.parentNode.insertBefore(rendered, text.nextSibling);
     });
+    source.addEventListener("note", function (event) {
+      var p = article.querySelector(".chat-note-live");
+      if (!p) {
+        p = document.createElement("p");
+        p.className = "chat-note-live small muted";
+        p.setAttribute("role", "status");
+        article.insertBefore(p, meta);
+      }
+      p.textContent = event.data;
+    });
     source.addEventListener("failed", function (event) {
       if (status.parentNode) status.remove();
       var p = document.createElement("p");
