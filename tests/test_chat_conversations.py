@@ -412,5 +412,9 @@ def test_while_waiting_hostile_markdown_in_the_dom_and_copy(chat_service, browse
     assert page.evaluate("() => navigator.clipboard.readText()") == 'print("<b>not bold</b>")\n'
     page.locator(".chat-assistant button.chat-copy").click()
     assert page.evaluate("() => navigator.clipboard.readText()") == HOSTILE_ANSWER
+    page.locator("#message").press("Control+Shift+O")  # a new conversation
+    page.wait_for_url(lambda u: u.endswith("/chat"))
+    expect(page.locator(".chat-turn")).to_have_count(0)
+    expect(page.locator("#chat-list li")).to_have_count(2)  # the others are still in the list
     context.close()
     stop()
