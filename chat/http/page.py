@@ -400,6 +400,8 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                     stats = event.stats()
                     meta = {"route": [hop.to_dict() for hop in event.route], "tokens_per_second":
                             stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
+                    # kept before the page hears it is done: a reload right after shows it
+                    conversations.finish(turn, answer_text, meta)
                     # the answer as Markdown, sanitised here (chat.markdown): it replaces the streamed text
                     yield sse(markdown.render(event.text), "rendered")
                     slow = stats["tokens_per_second"] is not None and stats["tokens_per_second"] < SLOW_TOKENS_PER_S
@@ -416,7 +418,8 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
         yield sse(INTERNAL_ERROR, "failed")
         yield sse(render_template("chat/_done.html", finished=None, stats=None), "done")
     finally:
-        conversations.finish(turn, answer_text, meta)
+        if turn.state != "done":
+            conversations.finish(turn, answer_text, meta)
 
 
 def _ordinal(n: int) -> str:
