@@ -5,8 +5,8 @@ A **visitor** is a browser: a random id in a cookie of its own (``chat_visitor``
 secret the store keeps for the chat page alone (``store.conversations.visitor_secret``), so that
 rotating the operator's token orphans nobody. Every read and write names the visitor; another
 visitor's conversation id answers as unknown. Bounds (``ConversationLimits``): conversations per
-visitor, characters per conversation, new visitors per address and day (a bot minting cookies
-cannot fill the store), a title's length; conversations not continued for ``retention_days`` are
+visitor, characters per conversation, conversations in all, new visitors per address and day (a
+bot minting cookies cannot fill the store), a title's length; conversations not continued for ``retention_days`` are
 deleted (checked at most once a minute, as conversations are saved). With ``keep`` off nothing is
 stored and the page says so.
 """
@@ -43,12 +43,14 @@ class ConversationLimits:
     per_visitor: int = 100  # conversations one visitor keeps
     max_chars: int = 200_000  # characters of one conversation's messages, all together
     new_visitors_per_address: int = 20  # per day, from one client address
+    in_all: int = 100_000  # conversations kept, all visitors together
 
     @classmethod
     def from_settings(cls, settings: Any) -> "ConversationLimits":
         return cls(keep=settings.chat_keep_conversations, retention_days=settings.chat_conversation_retention_days,
                    per_visitor=settings.chat_conversations_kept, max_chars=settings.chat_conversation_max_chars,
-                   new_visitors_per_address=settings.chat_new_visitors_per_address)
+                   new_visitors_per_address=settings.chat_new_visitors_per_address,
+                   in_all=settings.chat_conversations_in_all)
 
 
 def title_of(message: str) -> str:
@@ -132,10 +134,13 @@ class ConversationStore:
                                             f"{self.limits.max_chars:,} are kept per conversation: start a new one")
         if new:
             with self.store.db.read("counting conversations") as conn:
-                kept = sql.count(conn, visitor)
+                kept, everyone = sql.count(conn, visitor), sql.count(conn)
             if kept >= self.limits.per_visitor:
                 raise InvalidRequest("message", f"you keep {kept} conversations, the most kept per visitor; delete "
                                                 f"some in the list to start another")
+            if everyone >= self.limits.in_all:
+                raise Busy(f"this chat keeps {everyone:,} conversations, the most it keeps for all its visitors; "
+                           f"go on with one of yours, or try again when older ones have expired", 3600)
 
     def save(self, visitor: str, conversation: str, *, model: str, system: str, messages: list[dict],
              title: Optional[str] = None) -> None:

@@ -140,6 +140,7 @@ class Settings(BaseModel):
     chat_conversations_kept: int = Field(default=100, ge=1, le=10_000)  # per visitor
     chat_conversation_max_chars: int = Field(default=200_000, ge=1000, le=10_000_000)  # of one conversation
     chat_new_visitors_per_address: int = Field(default=20, ge=1, le=100_000)  # a day, from one address
+    chat_conversations_in_all: int = Field(default=100_000, ge=1, le=100_000_000)  # every visitor's together
 
     # Measured speed and correctness (README: Measured speed and correctness): server probes
     # Compute checks (monitor/core/compute_checks.py): one token through the first block of every

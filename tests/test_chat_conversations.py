@@ -82,6 +82,11 @@ def test_bounds_per_visitor_per_conversation_and_new_visitors_per_address(kept):
     kept.new_visitor("10.0.0.10")  # another address is not held back
     clock.now += DAY + 1
     kept.new_visitor("10.0.0.9")  # a day later
+    full = ConversationStore(kept.store, ConversationLimits(in_all=3))  # every visitor's, together
+    other, _ = full.new_visitor("10.0.0.11")
+    with pytest.raises(Busy, match="the most it keeps for all its visitors"):
+        full.check_room(other, "x", 10, new=True)
+    full.check_room(visitor, "c0", 10, new=False)
 
 
 def test_conversations_go_after_their_retention_and_the_secret_is_the_chats_own(kept, tmp_path):

@@ -50,6 +50,13 @@
       var p = document.createElement("p");
       p.className = "chat-failed";
       p.textContent = event.data;
+      if (article.dataset.modelPage) {  // why its servers could not answer: the model's page says
+        var link = document.createElement("a");
+        link.href = article.dataset.modelPage;
+        link.textContent = "See the model's page";
+        p.appendChild(document.createTextNode(" — "));
+        p.appendChild(link);
+      }
       article.insertBefore(p, meta);
     });
     source.addEventListener("done", function (event) {

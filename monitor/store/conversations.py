@@ -43,9 +43,13 @@ def known_visitor(conn: Connection, visitor: str) -> bool:
     return conn.execute(sa.select(t.c.id).where(t.c.id == visitor)).first() is not None
 
 
-def count(conn: Connection, visitor: str) -> int:
+def count(conn: Connection, visitor: Optional[str] = None) -> int:
+    """The visitor's conversations (None: everyone's)."""
     t = ChatConversationRow.__table__
-    return conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.visitor == visitor)).scalar() or 0
+    query = sa.select(sa.func.count()).select_from(t)
+    if visitor is not None:
+        query = query.where(t.c.visitor == visitor)
+    return conn.execute(query).scalar() or 0
 
 
 def listed(conn: Connection, visitor: str, *, query: str = "", limit: int = 100) -> list[dict]:
