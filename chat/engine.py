@@ -390,6 +390,16 @@ class ChatEngine:
                        f"that name their servers ({self.server_load.directed_limit} each); retry later or allow "
                        f"more servers", self.capacity.retry_after)
 
+    def planned_route(self, name: str, tokens: int) -> list[tuple[str, int, int]]:
+        """(peer id, start, end) of the route an inference session of ``tokens`` tokens would take
+        now (the sequence manager's own choice, nothing opened); [] when it cannot say."""
+        try:
+            spans = self.sequence_manager(name).make_sequence(mode="min_latency", cache_tokens_needed=tokens)
+        except Exception as e:  # noqa: BLE001 - a preview, not the answer: the session finds its own route
+            logger.debug("no route preview for %s: %r", name, e)
+            return []
+        return [(span.peer_id.to_base58(), span.start, span.end) for span in spans]
+
     def recommendation(self, name: str) -> Optional[tuple[str, str]]:
         """(argument, reason): what a new server of this model should serve, as the stored assessment
         recommends (e.g. ``--block_indices 4:8``), if the forecast's source knows."""

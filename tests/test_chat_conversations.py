@@ -307,6 +307,7 @@ def test_regenerate_edit_export_import_on_a_phone(chat_service, browser, artifac
     ask(page, "First question", expect)
     ask(page, "Second question", expect)
     assert page.evaluate(wide) <= 375, page.evaluate(WIDER)
+    expect(page.locator(".chat-context").last).to_contain_text("of 512 tokens")  # the context used, as it grows
     page.screenshot(path=str(artifacts_dir / "chat-phone.png"), full_page=True)
 
     page.locator("button.chat-regenerate").click()  # the last answer again (temperature as set)

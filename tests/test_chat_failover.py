@@ -182,6 +182,8 @@ def test_the_chat_page_says_why_a_token_took_long_when_a_server_was_replaced(mak
     engine.close()
     kinds = [event for event, _ in events]
     assert killed is not None and kinds.index("status") < kinds.index("token")  # the steps before the first token
+    before = [data for event, data in events[:kinds.index("token")] if event == "status"]
+    assert any(f"…{peer[-8:]} (blocks 0:{TINY_NUM_BLOCKS})" in text for text in before for peer in names), before
     notes = [data for event, data in events if event == "note"]
     assert notes and "failed while answering" in notes[0] and "went on through another" in notes[0], kinds
     assert kinds[-2:] == ["rendered", "done"] and "reached max new tokens" in events[-1][1]

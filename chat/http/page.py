@@ -427,9 +427,15 @@ def _ordinal(n: int) -> str:
 
 
 def _finding_servers(engine: ChatEngine, turn: _Turn) -> str:
-    """The step after the slot, said with what real requests of late got (the forecast), if anything."""
+    """The step after the slot: the servers the route will take (as the router would choose now),
+    said with what real requests of late got (the forecast), if anything."""
     forecast = engine.forecast(turn.model, prompt_tokens=len(turn.input_ids), max_tokens=turn.params.max_new_tokens)
+    route = engine.planned_route(turn.model, len(turn.input_ids) + turn.params.max_new_tokens)
     said = "Finding servers for the model's blocks and computing the first token"
+    if route:
+        said = ("Computing the first token through " + " → ".join(
+            f"…{peer[-8:]} (blocks {start}:{end})" for peer, start, end in route[:8])
+            + (f" and {len(route) - 8} more" if len(route) > 8 else ""))
     if forecast.time_to_first_token is not None and forecast.source == "requests":
         said += f" (lately the first token came after about {forecast.time_to_first_token:.1f} s)"
     return said + "…"
