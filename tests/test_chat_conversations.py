@@ -424,3 +424,21 @@ def test_while_waiting_hostile_markdown_in_the_dom_and_copy(chat_service, browse
     expect(page.locator("#chat-list li")).to_have_count(2)  # the others are still in the list
     context.close()
     stop()
+
+
+def test_the_operator_can_turn_storing_off_and_the_page_says_which(tmp_path):
+    from chat.engine import ChatEngine
+    from chat.http import create_blueprint
+    from monitor.settings import ModelConfig, Settings
+    from monitor.web import create_app
+
+    store = sqlite_store(tmp_path)
+    engine = ChatEngine(None, [ModelConfig(dht_prefix="m")])
+    pages = {}
+    for keep in (True, False):
+        settings = Settings(data_dir=tmp_path, chat_keep_conversations=keep, chat_conversation_retention_days=7)
+        blueprint = create_blueprint(engine, conversations=ConversationStore(store, ConversationLimits.from_settings(settings)))
+        pages[keep] = create_app(settings, store, chat_blueprints=[blueprint]).test_client().get("/chat").get_data(as_text=True)
+    assert "kept on this server for 7 days" in pages[True] and 'id="chat-list"' in pages[True]
+    assert "Conversations are not kept" in pages[False] and 'id="chat-list"' not in pages[False]
+    store.close()
