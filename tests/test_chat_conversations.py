@@ -441,4 +441,27 @@ def test_the_operator_can_turn_storing_off_and_the_page_says_which(tmp_path):
         pages[keep] = create_app(settings, store, chat_blueprints=[blueprint]).test_client().get("/chat").get_data(as_text=True)
     assert "kept on this server for 7 days" in pages[True] and 'id="chat-list"' in pages[True]
     assert "Conversations are not kept" in pages[False] and 'id="chat-list"' not in pages[False]
+    client = create_app(settings, store, chat_blueprints=[create_blueprint(
+        engine, conversations=ConversationStore(store))]).test_client()
+    for hostile in ("x" * 10_000, "%00", "'; DROP TABLE chat_conversations; --"):  # an id nobody has
+        page = client.get("/chat", query_string={"c": hostile})
+        assert page.status_code == 200 and 'class="chat-turn' not in page.get_data(as_text=True)
+    client.set_cookie("chat_visitor", "forged." + "A" * 300)
+    assert "No conversations yet" in client.get("/chat/conversations").get_data(as_text=True)
     store.close()
+
+
+def test_regenerate_and_edit_refuse_what_the_conversation_does_not_have():
+    from chat.http.page import rewind
+
+    talk = messages("q0", "a0", "q1", "a1")
+    assert rewind(talk, "new", regenerate=False, edit=None) == (4, "new")
+    assert rewind(talk, "", regenerate=True, edit=None) == (2, "q1")
+    assert rewind(talk, "q0 again", regenerate=False, edit=0) == (0, "q0 again")
+    for bad in (2, 10**5):
+        with pytest.raises(InvalidRequest, match="there is no question"):
+            rewind(talk, "x", regenerate=False, edit=bad)
+    with pytest.raises(InvalidRequest, match="no answer to regenerate"):
+        rewind(messages("q0"), "", regenerate=True, edit=None)
+    with pytest.raises(InvalidRequest, match="no answer to regenerate"):
+        rewind([], "", regenerate=True, edit=None)

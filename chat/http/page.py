@@ -316,13 +316,12 @@ def rewind(messages: list[dict], message: str, *, regenerate: bool, edit: Option
     message; to ``regenerate`` the last answer, those before its question, and that question again;
     to ``edit`` the ``edit``-th question (0-based), those before it, and the new message (the turns
     after it are replaced)."""
+    asked = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if regenerate:
-        asked = [i for i, m in enumerate(messages) if m["role"] == "user"]
         if not asked or messages[-1]["role"] != "assistant":
             raise InvalidRequest("regenerate", "there is no answer to regenerate in this conversation yet")
         return asked[-1], messages[asked[-1]]["content"]
     if edit is not None:
-        asked = [i for i, m in enumerate(messages) if m["role"] == "user"]
         if edit >= len(asked):
             raise InvalidRequest("edit", f"this conversation has {len(asked)} questions; there is no question "
                                          f"{edit + 1} to edit")
