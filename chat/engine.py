@@ -215,14 +215,17 @@ class ChatEngine:
         if model.tokenizer is None:
             if model.path is None:
                 raise ModelNotServed(model.name, "no local checkpoint is configured for it (set the model's path)")
-            from transformers import AutoConfig, AutoTokenizer
+            from transformers import AutoConfig
 
+            from monitor import families
+
+            families.install()
             with model.lock:
                 if model.tokenizer is None:
                     config = AutoConfig.from_pretrained(str(model.path))
                     model.context_length = _context_length(config)
                     model.defaults = _defaults(model.path, model.context_length)
-                    model.tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+                    model.tokenizer = families.load_tokenizer(model.path)
         return model
 
     def tokenizer(self, name: str) -> Any:

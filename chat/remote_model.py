@@ -49,6 +49,10 @@ def load_remote_model(
     """
     import torch
     from petals import AutoDistributedModelForCausalLM
+
+    from monitor import families
+
+    families.install()
     from petals.client.routing.sequence_manager import RemoteSequenceManager
 
     cls = sequence_manager_cls or RemoteSequenceManager

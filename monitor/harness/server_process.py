@@ -167,6 +167,10 @@ def _fail_steps_when_flagged(flag: str) -> None:
 def run_server(args) -> None:
     from petals.server.server import Server
 
+    from monitor import families
+
+    families.install()  # the newer families' configs and blocks (Llama 3.x, Mixtral)
+
     _reachability_probe_on_first_use()
     if args.corrupt_flag:
         _corrupt_outputs_when_flagged(args.corrupt_flag)

@@ -1,5 +1,5 @@
-"""Tiny random checkpoints of every model family petals 2.2 serves (BLOOM, Falcon, Llama), built
-offline, for tests and the fast demo.
+"""Tiny random checkpoints of every model family we serve (BLOOM, Falcon, Llama 2-style from
+petals 2.2; Llama 3.x and Mixtral from petals' main branch), built offline, for tests and the fast demo.
 
 No model hub is reachable here, so the swarm harness needs checkpoints it can make itself: a
 byte-level BPE tokenizer trained with `tokenizers` on a small built-in text, and a model of each
@@ -18,6 +18,12 @@ finds a block's weights by the family's block prefix and its client loads the re
   new decoder architecture (parallel attention and MLP, two layer norms per block), rotary
   positions and fewer key/value heads than query heads (``num_kv_heads``).
 
+- Llama 3.x (``meta-llama/Llama-3.1-*``) and Mixtral (``mistralai/Mixtral-8x*``): saved by the
+  reference transformers (``monitor.harness.reference``) exactly as the published ones are saved
+  today: ``rope_type: llama3`` and grouped key/value heads; ``model_type: mixtral`` with routed
+  experts (``model.layers.N.block_sparse_moe.…``); tokenizers with pair-format merges (Llama 3's
+  with ``ignore_merges``) and each family's chat template.
+
 A client sends only hidden states: every block builds its own causal mask and ALiBi or rotary
 positions from the length of its attention cache, so the same probe and chat code serves all three.
 """
@@ -30,12 +36,13 @@ from pathlib import Path
 
 from monitor.harness.checkpoints import build_once
 
-FAMILIES = ("llama", "bloom", "falcon")
+FAMILIES = ("llama", "bloom", "falcon", "llama3", "mixtral")
+REFERENCE_FAMILIES = ("llama3", "mixtral")  # saved by the reference transformers
 DEFAULT_FAMILY = "llama"
 TINY_NUM_BLOCKS = 8
 TINY_DHT_PREFIX = "tiny-llama"  # the Llama one's (the default family's)
 # bump a family's version when its recipe changes, so cached checkpoints are rebuilt
-_VERSIONS = {"llama": 1, "bloom": 1, "falcon": 1}
+_VERSIONS = {"llama": 1, "bloom": 1, "falcon": 1, "llama3": 1, "mixtral": 1}
 
 _CORPUS = """\
 Petals runs large language models collaboratively. A model is cut into transformer blocks,
@@ -70,7 +77,7 @@ class TinyModel:
 
 def check_family(family: str) -> str:
     if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; petals 2.2 serves {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown model family {family!r}; the tiny models are {', '.join(FAMILIES)}")
     return family
 
 
@@ -86,6 +93,13 @@ def ensure_tiny_model(data_dir: Path, *, family: str = DEFAULT_FAMILY, seed: int
     """Build the family's checkpoint once and return its directory (cached; safe against concurrent
     builds)."""
     def build(scratch: Path) -> str:
+        if family in REFERENCE_FAMILIES:
+            from monitor.harness import reference
+
+            saved = reference.run("build_checkpoint", {"family": family, "out": str(scratch), "seed": seed,
+                                                       "dht_prefix": tiny_dht_prefix(family),
+                                                       "num_blocks": TINY_NUM_BLOCKS})
+            return f"{family}, seed {seed}, saved by transformers {saved['transformers']}"
         _build(scratch, family=family, seed=seed)
         return f"{family}, seed {seed}"
 

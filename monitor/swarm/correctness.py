@@ -95,6 +95,9 @@ class ReferenceModel:
         from petals.server.from_pretrained import load_pretrained_block
         from petals.utils.auto_config import AutoDistributedConfig
 
+        from monitor import families
+
+        families.install()
         try:
             config = AutoDistributedConfig.from_pretrained(str(self.path))
         except Exception as e:  # noqa: BLE001

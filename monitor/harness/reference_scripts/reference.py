@@ -1,0 +1,37 @@
+"""What the reference computes for a checkpoint: tokenizations and greedy continuations.
+
+stdin: {"path": DIR, "texts": [STR], "add_special_tokens": true, "messages": [[{role, content}]],
+        "generate": [[ids]], "max_new_tokens": 16}
+stdout: {"ids": [[ids] per text], "chat_ids": [[ids] per conversation], "generated": [[new ids] per prompt]}
+"""
+
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def main() -> None:
+    args = json.loads(sys.stdin.read())
+    out = {}
+    tokenizer = AutoTokenizer.from_pretrained(args["path"])
+    add = args.get("add_special_tokens", True)
+    out["ids"] = [tokenizer(text, add_special_tokens=add)["input_ids"] for text in args.get("texts", [])]
+    out["chat_ids"] = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                       for messages in args.get("messages", [])]
+    if args.get("generate"):
+        model = AutoModelForCausalLM.from_pretrained(args["path"], torch_dtype=torch.float32)
+        model.eval()
+        out["generated"] = []
+        for ids in args["generate"]:
+            with torch.no_grad():
+                result = model.generate(torch.tensor([ids]), max_new_tokens=args.get("max_new_tokens", 16),
+                                        do_sample=False, attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                        pad_token_id=tokenizer.eos_token_id)
+            out["generated"].append(result[0, len(ids):].tolist())
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
