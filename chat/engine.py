@@ -89,6 +89,18 @@ class _Model:
     remote: Any = None  # the petals model
 
 
+def _system_folded(messages: list[dict]) -> Optional[list[dict]]:
+    """The conversation with its system messages' text put before the first user turn's, for chat
+    templates that accept no system role; None if it has no system message or no user turn."""
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    first_user = next((m for m in rest if m["role"] == "user"), None)
+    if not system or first_user is None:
+        return None
+    first_user["content"] = "\n\n".join(system + [first_user["content"]])
+    return rest
+
+
 def _context_length(config: Any) -> int:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
@@ -318,6 +330,13 @@ class ChatEngine:
             try:
                 return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)), ()
             except TemplateError as e:  # the model's own template refuses (e.g. "roles must alternate")
+                folded = _system_folded(messages)
+                if folded is not None:  # (Mixtral's template knows no system role: as Mistral's newer ones do,
+                    try:                # its text goes before the first user turn's)
+                        return list(tokenizer.apply_chat_template(folded, add_generation_prompt=True,
+                                                                  tokenize=True)), ()
+                    except TemplateError:
+                        pass
                 raise InvalidRequest("messages", f"the model's chat template rejected the messages: "
                                                  f"{str(e)[:300]}") from None
         text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"

@@ -1,5 +1,6 @@
-"""Specs of every model family petals 2.2 serves — BLOOM, Falcon (the new decoder architecture of
-Falcon-40B/180B) and Llama — each on a real private swarm.
+"""Specs of every model family we serve — BLOOM, Falcon (the new decoder architecture of
+Falcon-40B/180B) and Llama 2 from petals 2.2, Llama 3.x and Mixtral from petals' main branch — each
+on a real private swarm.
 
 Each family's tiny random checkpoint (``monitor.harness.tiny_model``, laid out as the family's
 published checkpoints) is served by two petals servers of all its blocks, through the harness's own
@@ -8,7 +9,8 @@ block covered twice; its speed and correctness probes come back ok and agree wit
 own reference blocks (BLOOM's ALiBi and Falcon's rotary positions and shared key/value heads are
 computed by each server from its attention cache, by the reference from the whole input); a
 server that corrupts its outputs is judged wrong; the chat answers through the OpenAI API with
-exactly what local transformers' greedy decoding of the same checkpoint gives, and the generation
+exactly what local transformers' greedy decoding of the same checkpoint gives (for Llama 3.x and
+Mixtral, which our transformers cannot read, the reference transformers' in a child process), and the generation
 check (through the chat's engine) generates that answer too.
 
 One swarm per family at a time (a module-scoped parametrized fixture), a real SQLite store, the
@@ -33,13 +35,15 @@ from chat.engine import ChatEngine
 from chat.feedback import store_coverage_check
 from chat.http import create_blueprint
 from monitor import compat  # noqa: F401  (must precede petals)
+from monitor import families
+from monitor.harness import reference
 from monitor.app.generation_check import GenerationChecker
 from monitor.app.jobs import Poller
 from monitor.app.probing import ServerProber
 from monitor.core.coverage import DEGRADED, HEALTHY
 from monitor.core.probes import BY_REFERENCE, tolerance
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
-from monitor.harness.tiny_model import FAMILIES, TINY_NUM_BLOCKS, TinyModel, tiny_model
+from monitor.harness.tiny_model import FAMILIES, REFERENCE_FAMILIES, TINY_NUM_BLOCKS, TinyModel, tiny_model
 from monitor.settings import ModelConfig, Settings
 from monitor.store import Store
 from monitor.swarm.correctness import ReferenceModel, relative_error
@@ -95,10 +99,11 @@ def test_each_checkpoint_is_laid_out_as_its_familys_published_ones(name, data_di
     model = tiny_model(data_dir, name)
     with safe_open(str(model.path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
+    families.install()
     config = AutoConfig.from_pretrained(model.path)
     assert json.loads((model.path / "config.json").read_text())["dht_prefix"] == model.dht_prefix == f"tiny-{name}"
-    assert config.model_type == name and config.num_hidden_layers == TINY_NUM_BLOCKS
-    first_block = {"bloom": "h.0.", "falcon": "transformer.h.0.", "llama": "model.layers.0."}[name]
+    assert config.model_type == {"llama3": "llama"}.get(name, name) and config.num_hidden_layers == TINY_NUM_BLOCKS
+    first_block = {"bloom": "h.0.", "falcon": "transformer.h.0."}.get(name, "model.layers.0.")
     assert any(k.startswith(first_block) for k in keys), sorted(keys)[:5]
     if name == "bloom":  # the base model: no "transformer." prefix, the head tied to the embeddings
         assert {"word_embeddings.weight", "word_embeddings_layernorm.weight", "ln_f.weight"} <= keys
@@ -110,6 +115,15 @@ def test_each_checkpoint_is_laid_out_as_its_familys_published_ones(name, data_di
                 "transformer.h.0.ln_mlp.weight"} <= keys
     else:
         assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} <= keys
+    if name in REFERENCE_FAMILIES:  # saved as today's checkpoints are: pair-format merges
+        saved = json.loads((model.path / "tokenizer.json").read_text())
+        assert isinstance(saved["model"]["merges"][0], list)
+    if name == "llama3":  # as Llama 3.1: llama3 rotary scaling, grouped key/value heads
+        assert config.rope_scaling["rope_type"] == "llama3" and config.num_key_value_heads < config.num_attention_heads
+    if name == "mixtral":  # routed experts, each block's gate and experts under block_sparse_moe
+        assert config.num_experts_per_tok < config.num_local_experts
+        assert {"model.layers.0.block_sparse_moe.gate.weight",
+                "model.layers.0.block_sparse_moe.experts.0.w1.weight"} <= keys
 
 
 # ---- on a real swarm of each family -----------------------------------------------------------------
@@ -203,9 +217,31 @@ def engine(family):
     engine.close()
 
 
+def chat_messages(family, messages):
+    """What the chat hands the model's template: Mixtral's has no system role, so the chat puts the
+    system text before the first user turn (``chat.engine._system_folded``)."""
+    if family.model.family != "mixtral":
+        return messages
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if system:
+        rest[0]["content"] = "\n\n".join(system + [rest[0]["content"]])
+    return rest
+
+
 @pytest.fixture(scope="module")
 def greedy(family):
-    """Local transformers' greedy answer to a conversation: (token ids, text)."""
+    """Local transformers' greedy answer to a conversation: (token ids, text) — the reference
+    transformers' for the families ours cannot read."""
+    if family.model.family in REFERENCE_FAMILIES:
+        def by_reference(messages, max_new_tokens: int) -> tuple[list[int], str]:
+            prompt = reference.run("reference", {"path": str(family.model.path),
+                                                 "messages": [chat_messages(family, messages)]})["chat_ids"][0]
+            out = reference.run("reference", {"path": str(family.model.path), "generate": [prompt],
+                                              "max_new_tokens": max_new_tokens})
+            return out["generated"][0], out["generated_text"][0]
+
+        return by_reference
     tokenizer = AutoTokenizer.from_pretrained(family.model.path)
     local = AutoModelForCausalLM.from_pretrained(family.model.path, torch_dtype=torch.float32)
 

@@ -23,6 +23,8 @@ FORBIDDEN = {
     "monitor.web": ("monitor.app", "monitor.swarm", "monitor.harness", "chat", "monitor.compat"),
     "monitor.settings": ("monitor.app", "monitor.web", "monitor.store", "monitor.swarm", "chat"),
     "chat": ("monitor.app", "monitor.web", "monitor.harness"),
+    # the model families: what reads a checkpoint, below everything that does
+    "monitor.families": ("monitor.swarm", "monitor.store", "monitor.app", "monitor.web", "monitor.harness", "chat"),
 }
 
 

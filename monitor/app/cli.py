@@ -337,7 +337,10 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
 @click.option("--servers", default=3, show_default=True, help="How many petals servers to start.")
 @click.option("--tiny", is_flag=True, help="Serve a tiny random model instead of SmolLM2-135M (fast, answers gibberish).")
 @click.option("--family", type=click.Choice(FAMILIES), default=DEFAULT_FAMILY, show_default=True,
-              help="With --tiny: the tiny model's family (every one petals 2.2 serves).")
+              help="With --tiny: the tiny model's family.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="Serve this local checkpoint (a folder with config.json, safetensors weights and a tokenizer) "
+                   "instead of the demo's model; its family, DHT prefix and block count are read from it.")
 @click.option("--port", type=int, default=None, help="Dashboard port (default 5000; 0 picks a free one).")
 @click.option("--bootstrap-port", type=int, default=0, show_default=True, help="Port of the demo's bootstrap peer (0: any).")
 @click.option("--initial-peers", multiple=True,
@@ -345,10 +348,13 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
 @click.option("--model", "models", multiple=True, help="With --initial-peers: model to watch, PREFIX[:NUM_BLOCKS[:PATH]].")
 @click.option("--webhook", "webhooks", multiple=True, metavar="URL",
               help="Send alert notices to this webhook too (repeatable; Slack and Discord URLs get their format).")
-def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers, models, webhooks) -> None:
+def demo(config_file, servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers, models,
+         webhooks) -> None:
     """Start a private swarm serving a real model on 127.0.0.1, with the dashboard and chat on it."""
     if family != DEFAULT_FAMILY and not tiny:
         raise click.UsageError(f"--family {family} needs --tiny (the full demo model, SmolLM2-135M, is a Llama)")
+    if checkpoint is not None and tiny:
+        raise click.UsageError("--checkpoint serves your checkpoint; --tiny a tiny random one: pass one of them")
     settings = _settings(config_file, port=port, models=_model_option(models),
                          initial_peers=list(initial_peers) or None)
     settings = _with_webhooks(settings, webhooks)
@@ -359,12 +365,25 @@ def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers
 
     from monitor.harness.demo_swarm import (DEMO_COMPUTE_CHECK_PERIOD, DEMO_GENERATION_CHECK_PERIOD,
                                             DEMO_ROUND_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD,
-                                            DemoControls, demo_expect, demo_layout, prepare_model)
+                                            DemoControls, demo_expect, demo_layout, prepare_checkpoint,
+                                            prepare_model)
+    from monitor.families.checkpoint import CheckpointError
     from monitor.harness.local_swarm import LocalSwarm, SwarmError
 
-    if not tiny:
-        click.echo(f"Preparing SmolLM2-135M-Instruct in {settings.data_dir} (first run only) ...")
-    model_path, prefix, num_blocks, name = prepare_model(settings.data_dir, tiny=tiny, family=family)
+    if checkpoint is not None:
+        if servers < 1:
+            raise click.BadParameter(f"at least one server is needed, got {servers}", param_hint="--servers")
+        try:
+            model_path, prefix, num_blocks, name = prepare_checkpoint(checkpoint, servers)
+        except CheckpointError as e:
+            raise click.ClickException(str(e)) from None
+        except ValueError as e:  # (the layout: more servers than blocks)
+            raise click.BadParameter(str(e), param_hint="--servers") from None
+        click.echo(f"Serving {model_path} as {prefix} ({num_blocks} blocks).")
+    else:
+        if not tiny:
+            click.echo(f"Preparing SmolLM2-135M-Instruct in {settings.data_dir} (first run only) ...")
+        model_path, prefix, num_blocks, name = prepare_model(settings.data_dir, tiny=tiny, family=family)
     try:
         specs = demo_layout(num_blocks, servers)
     except ValueError as e:
@@ -387,7 +406,8 @@ def demo(config_file, servers, tiny, family, port, bootstrap_port, initial_peers
         settings = settings.model_copy(update={
             "initial_peers": swarm.initial_peers,
             "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name,
-                                   expect=demo_expect(tiny, settings.generation_check_prompt))],
+                                   expect=None if checkpoint is not None
+                                   else demo_expect(tiny, settings.generation_check_prompt))],
             "scrape_period": min(settings.scrape_period, DEMO_ROUND_PERIOD),
             "reachability_period": min(settings.reachability_period, DEMO_ROUND_PERIOD),
             "score_period": min(settings.score_period, DEMO_ROUND_PERIOD),

@@ -18,11 +18,11 @@ from typing import Any
 
 #: family name -> how people know it (the README's families table says the same)
 FAMILIES = {
-    "bloom": "BLOOM (petals 2.2)",
-    "falcon": "Falcon (petals 2.2)",
-    "llama": "Llama 2-style (petals 2.2)",
-    "llama3": "Llama 3.x (petals' llama, llama3 rotary scaling)",
-    "mixtral": "Mixtral (mixture of experts)",
+    "bloom": "BLOOM",
+    "falcon": "Falcon",
+    "llama": "Llama 2",
+    "llama3": "Llama 3.x",
+    "mixtral": "Mixtral",
 }
 
 _installed = False

@@ -54,6 +54,29 @@ def prepare_model(data_dir: Path, *, tiny: bool, family: str = "llama") -> tuple
     return ensure_demo_model(data_dir), DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, "SmolLM2-135M-Instruct"
 
 
+def prepare_checkpoint(path: Path, servers: int) -> tuple[Path, str, int, str]:
+    """A local checkpoint for the demo to serve: (path, dht_prefix, num_blocks, name), checked as
+    untrusted input before any server loads it (``families.checkpoint``): its family, its weights'
+    headers, the memory the demo's layout of ``servers`` needs, and that this process reads its
+    config and tokenizer. Raises CheckpointError with a one-line message."""
+    from monitor import families
+    from monitor.families.checkpoint import CheckpointError, check_memory, inspect, supported
+
+    checkpoint = inspect(path)
+    check_memory(checkpoint, [(s.start, s.end) for s in demo_layout(checkpoint.num_blocks, servers)])
+    try:
+        families.install()
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(str(checkpoint.path))
+        families.load_tokenizer(checkpoint.path)
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the checkpoint's, in one line
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
+        raise CheckpointError(f"{checkpoint.path}: its {checkpoint.label} config or tokenizer cannot be read: "
+                              f"{detail} (supported: {supported()})") from None
+    return checkpoint.path, checkpoint.dht_prefix, checkpoint.num_blocks, checkpoint.path.name
+
+
 def demo_layout(num_blocks: int, servers: int, throughput: float = 100.0) -> list[ServerSpec]:
     """Spans such that every block is served by two servers (when there are two or more), so any
     one server can die and the model stays fully served.

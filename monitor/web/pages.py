@@ -6,6 +6,7 @@ An htmx request (a part of a page refreshing itself) gets only the partial its t
 
 from __future__ import annotations
 
+import functools
 import time
 
 from typing import Optional
@@ -16,6 +17,7 @@ from markupsafe import Markup
 from monitor.core import scores as scores_module
 from monitor.core.common import DAY, MINUTE, WEEK
 from monitor.core.assessment import CAUSES
+from monitor.families.checkpoint import describe as describe_checkpoint
 from monitor.store import PEER_POLICIES
 from monitor.web import auth, charts, deps, peer_view, probe_views, queries, request_stats, security, state_api, timerange
 from monitor.web.render import htmx_target, render
@@ -87,6 +89,11 @@ def _table_args() -> tuple[Optional[str], str]:
     return cause, sort
 
 
+@functools.lru_cache(maxsize=64)
+def checkpoint_family(path: str):
+    return describe_checkpoint(path)
+
+
 @bp.get("/models/<dht_prefix>")
 def model(dht_prefix: str):
     d = deps()
@@ -96,7 +103,10 @@ def model(dht_prefix: str):
     now = time.time()
     health = cur.healths.get(dht_prefix)
     report = queries.model_report(cur, d.settings, dht_prefix)
-    context = dict(now=now, cur=cur, model=model, report=report, health=health,
+    configured = next((m for m in d.settings.models if m.dht_prefix == dht_prefix and m.path), None)
+    # DHT records carry no family: it is named where a checkpoint is configured
+    family = checkpoint_family(str(configured.path)) if configured else None
+    context = dict(now=now, cur=cur, model=model, report=report, health=health, family=family,
                    poll=queries.poll_info(cur, d.settings, now), **_server_table(report, health, cause, sort))
     target = htmx_target()
     if target in (None, "model-live"):

@@ -2,7 +2,8 @@
 
 stdin: {"path": DIR, "texts": [STR], "add_special_tokens": true, "messages": [[{role, content}]],
         "generate": [[ids]], "max_new_tokens": 16}
-stdout: {"ids": [[ids] per text], "chat_ids": [[ids] per conversation], "generated": [[new ids] per prompt]}
+stdout: {"ids": [[ids] per text], "chat_ids": [[ids] per conversation], "generated": [[new ids] per prompt],
+         "generated_text": [their text, special tokens skipped]}
 """
 
 import json
@@ -30,6 +31,8 @@ def main() -> None:
                                         do_sample=False, attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                         pad_token_id=tokenizer.eos_token_id)
             out["generated"].append(result[0, len(ids):].tolist())
+        out["generated_text"] = [tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                                 for new in out["generated"]]
     print(json.dumps(out))
 
 
