@@ -431,17 +431,24 @@ class ChatEngine:
             return None
         return (known.recommendation, known.recommendation_reason or "") if known and known.recommendation else None
 
-    def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int) -> Forecast:
+    def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int, route_known: bool = False) -> Forecast:
         """What a request of ``prompt_tokens`` asking for ``max_tokens`` would get if it came now
-        (``monitor.core.forecast``): the queue's wait now, and what real requests (or the probes) say."""
+        (``monitor.core.forecast``): the queue's wait now, and what real requests (or the probes) say
+        of requests at the load it would meet — on the route it would take now, with ``route_known``
+        (the router's choice, for a request about to be made; a model list's forecast needs none)."""
         known = {}
         if self.forecast_source is not None:
             try:
                 known = self.forecast_source()
             except Exception as e:  # noqa: BLE001 - a forecast of nothing, not a failed request
                 logger.warning("forecast inputs unavailable: %r", e)
-        return forecast(known.get(name) or ForecastInputs(name), wait=self.slots.expected_wait(),
-                        prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        wait = self.slots.expected_wait()
+        slots = self.slots.load()
+        # it would generate beside those generating now; a request that waits, beside a full house
+        load = slots.limit if wait > 0 else min(slots.limit, slots.busy + 1)
+        route = [peer for peer, _, _ in self.planned_route(name, prompt_tokens + max_tokens)] if route_known else None
+        return forecast(known.get(name) or ForecastInputs(name), wait=wait, prompt_tokens=prompt_tokens,
+                        max_tokens=max_tokens, load=load, route=route or None)
 
     def load(self) -> EngineLoad:
         """Slots, queue and open sessions now."""

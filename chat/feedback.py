@@ -191,8 +191,7 @@ class StoreForecasts:
         now = time.time()
         try:
             assessments = self.store.latest_assessments()
-            known = {model: forecast_inputs(model, self.store.requests_since(now - FORECAST_WINDOW, model=model,
-                                                                             route=False),
+            known = {model: forecast_inputs(model, self.store.requests_since(now - FORECAST_WINDOW, model=model),
                                             assessments.get(model), now=now) for model in self.models}
         except Exception as e:  # noqa: BLE001 - the last forecasts stand
             log.warning("forecast inputs not refreshed (keeping the last ones): %s", e)

@@ -100,7 +100,8 @@ def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
     request = (chat_request if chat else text_request)(engine, model, params, limits)
     status = engine.status(model)
     prompt_tokens = max(len(row) for row in request.rows)
-    forecast = engine.forecast(model, prompt_tokens=prompt_tokens, max_tokens=request.generation.max_new_tokens)
+    forecast = engine.forecast(model, prompt_tokens=prompt_tokens, max_tokens=request.generation.max_new_tokens,
+                               route_known=True)
     route = {"meets": True}
     choice = route_choice(params)
     if status.served and not choice.empty:

@@ -2,15 +2,25 @@
 first token, its decode speed, its total time for the tokens it asks for, and whether the model's
 servers have cache room for its length.
 
-From what real requests got (``core/requests.py``: the medians of the model's answered requests over
-``WINDOW``, when there are at least ``MIN_REQUESTS`` of them), else from the one stored assessment
-(the speed probes' estimate of the model's route); the wait from the chat's own queue now.
+From what real requests got (``core/requests.py``: the model's answered requests over ``WINDOW``),
+else from the one stored assessment (the speed probes' estimate of the model's route); the wait from
+the chat's own queue now.
+
+What a request gets depends on the route it takes and on how many requests share the servers with
+it: with sixteen in flight, one route's requests may decode at a third of another's. So each answered
+request is kept with its route and its **load** — the requests generating when it started, itself
+included, counted from the stored rows' own intervals (:func:`loads`; every chat process's rows, as
+the servers see them). A forecast for a request that would take ``route`` at ``load`` rests on the
+answered requests most like it, the first group with at least ``MIN_REQUESTS``: the same route at a
+similar load (within ``LOAD_MARGIN``), a similar load on any route, the same route at any load, all
+of them; the medians of that group are its figures.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from monitor.core.assessment import Assessment
 from monitor.core.common import MINUTE
@@ -19,7 +29,40 @@ from monitor.core.requests import OK, RequestRecord, percentile
 WINDOW = 30 * MINUTE
 MIN_REQUESTS = 5  # answered requests in the window the figures rest on, at least; else the probes'
 REQUESTS, PROBES, NONE = "requests", "probes", "none"
+LOAD_MARGIN = 0.25  # a load within this share of another (and at least one request apart) is similar
+MAX_OBSERVED = 1000  # answered requests a forecast keeps per model (the newest)
 
+
+@dataclass(frozen=True)
+class Observed:
+    """One answered request as a forecast uses it."""
+
+    route: tuple[str, ...]  # its servers' peer ids, in route order
+    load: int  # requests generating when it started, itself included
+    time_to_first_token: Optional[float]
+    tokens_per_second: Optional[float]
+
+
+def loads(records: Sequence[RequestRecord]) -> list[int]:
+    """For each record, the records generating when it started, itself included: the ones that
+    started before it (or with it) and had not yet ended. A record generates from the end of its
+    wait until its last token (first token, then the rest at its decode speed); records without a
+    first token count for none but themselves."""
+    intervals = []
+    for r in records:
+        start = r.at + (r.waited or 0.0)
+        if r.time_to_first_token is None:
+            intervals.append((start, start))
+            continue
+        decode = (r.tokens - 1) / r.tokens_per_second if r.tokens > 1 and r.tokens_per_second else 0.0
+        intervals.append((start, start + r.time_to_first_token + decode))
+    starts = sorted(a for a, _ in intervals)
+    ends = sorted(b for _, b in intervals)
+    return [max(1, bisect.bisect_right(starts, a) - bisect.bisect_left(ends, a)) for a, _ in intervals]
+
+
+def similar_load(a: int, b: int) -> bool:
+    return abs(a - b) <= max(1.0, LOAD_MARGIN * max(a, b))
 
 @dataclass(frozen=True)
 class ForecastInputs:
@@ -33,6 +76,7 @@ class ForecastInputs:
     cache_tokens_left: Optional[int] = None  # the least, over the model's blocks, of what its servers announce
     recommendation: Optional[str] = None  # what a new server should serve, e.g. "--block_indices 4:8"
     recommendation_reason: Optional[str] = None
+    observed: tuple[Observed, ...] = ()  # the answered requests, with their routes and loads (newest last)
 
 
 @dataclass(frozen=True)
@@ -51,10 +95,15 @@ class Forecast:
 
 def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[Assessment], *,
            now: float) -> ForecastInputs:
-    done = [r for r in records if r.model == model and r.outcome == OK and r.at >= now - WINDOW]
+    recent = [r for r in records if r.model == model and r.at >= now - WINDOW]
+    load_of = loads(recent)
+    done = [r for r in recent if r.outcome == OK]
+    observed = tuple(Observed(route=tuple(peer for peer, _, _ in r.route), load=load,
+                              time_to_first_token=r.time_to_first_token, tokens_per_second=r.tokens_per_second)
+                     for r, load in zip(recent, load_of) if r.outcome == OK)[-MAX_OBSERVED:]
     cache = [b.cache_tokens_left for b in (assessment.blocks if assessment else ()) if b.cache_tokens_left is not None]
     return ForecastInputs(
-        model=model, requests=len(done),
+        model=model, requests=len(done), observed=observed,
         time_to_first_token=percentile([r.time_to_first_token for r in done], 50),
         tokens_per_second=percentile([r.tokens_per_second for r in done], 50),
         est_tokens_per_s=assessment.est_tokens_per_s if assessment else None,
@@ -63,18 +112,39 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
         recommendation_reason=assessment.recommendation.reason if assessment and assessment.recommendation else None)
 
 
-def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_tokens: int) -> Forecast:
+def like(observed: Sequence[Observed], *, route: Optional[Sequence[str]], load: Optional[int]) -> list[Observed]:
+    """The answered requests a request on ``route`` at ``load`` is most like: the first group of
+    at least MIN_REQUESTS of same route and similar load, similar load, same route, all."""
+    route = tuple(route) if route else None
+    groups = []
+    if route is not None and load is not None:
+        groups.append([o for o in observed if o.route == route and similar_load(o.load, load)])
+    if load is not None:
+        groups.append([o for o in observed if similar_load(o.load, load)])
+    if route is not None:
+        groups.append([o for o in observed if o.route == route])
+    return next((g for g in groups if len(g) >= MIN_REQUESTS), list(observed))
+
+
+def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_tokens: int,
+             load: Optional[int] = None, route: Optional[Sequence[str]] = None) -> Forecast:
     """The forecast of a request of ``prompt_tokens`` asking for ``max_tokens``, ``wait`` seconds
-    from a slot."""
-    if known.requests >= MIN_REQUESTS and known.tokens_per_second:
-        source, ttft, speed = REQUESTS, known.time_to_first_token, known.tokens_per_second
+    from a slot, that would generate alongside ``load - 1`` others on ``route`` (its peer ids; None:
+    not known)."""
+    group = like(known.observed, route=route, load=load) if known.observed else []
+    if len(group) >= MIN_REQUESTS and percentile([o.tokens_per_second for o in group], 50):
+        source, based_on = REQUESTS, len(group)
+        ttft = percentile([o.time_to_first_token for o in group], 50)
+        speed = percentile([o.tokens_per_second for o in group], 50)
+    elif known.requests >= MIN_REQUESTS and known.tokens_per_second:
+        source, ttft, speed, based_on = REQUESTS, known.time_to_first_token, known.tokens_per_second, known.requests
     elif known.est_tokens_per_s:
-        source, ttft, speed = PROBES, None, known.est_tokens_per_s
+        source, ttft, speed, based_on = PROBES, None, known.est_tokens_per_s, 0
     else:
-        source, ttft, speed = NONE, None, None
+        source, ttft, speed, based_on = NONE, None, None, 0
     if speed and ttft is None:  # the prompt's prefill, roughly a step
         ttft = 1.0 / speed
     total = wait + ttft + max(0, max_tokens - 1) / speed if speed else None
     room = None if known.cache_tokens_left is None else known.cache_tokens_left >= prompt_tokens + max_tokens
     return Forecast(wait=float(wait), time_to_first_token=ttft, tokens_per_second=speed, total=total,
-                    cache_room=room, source=source, based_on=known.requests if source == REQUESTS else 0)
+                    cache_room=room, source=source, based_on=based_on)

@@ -68,7 +68,11 @@ def prepare_checkpoint(path: Path, servers: int) -> tuple[Path, str, int, str]:
         families.install()
         from transformers import AutoConfig
 
-        AutoConfig.from_pretrained(str(checkpoint.path))
+        config = AutoConfig.from_pretrained(str(checkpoint.path))
+        if checkpoint.family in ("llama", "llama3"):  # (what 4.34's Llama block cannot compute)
+            from monitor.families.llama3 import check_blocks_supported
+
+            check_blocks_supported(config)
         families.load_tokenizer(checkpoint.path)
     except Exception as e:  # noqa: BLE001 - any failure to read it is the checkpoint's, in one line
         detail = " ".join(str(e).split())[:200] or type(e).__name__

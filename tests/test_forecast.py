@@ -1,0 +1,59 @@
+"""Spec of the forecast's choice of evidence (pure, ``monitor.core.forecast``): a request's figures
+come from the answered requests most like it — the same route at a similar load first."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.core.forecast import (MIN_REQUESTS, PROBES, REQUESTS, ForecastInputs, Observed, forecast, inputs, like,
+                                   loads)
+from monitor.core.requests import ERROR as FAILED, OK, RequestRecord
+
+A, B, C = "peer-a", "peer-b", "peer-c"
+
+
+def record(at: float, *, waited: float = 0.0, ttft: float = 0.5, tokens: int = 11, tps: float = 10.0,
+           route=((A, 0, 8),), outcome: str = OK) -> RequestRecord:
+    return RequestRecord(at=at, model="m", api="openai", outcome=outcome, route=tuple(route), waited=waited,
+                         time_to_first_token=ttft, tokens=tokens, tokens_per_second=tps)
+
+
+def test_a_requests_load_counts_those_generating_when_it_started():
+    # each generates for ttft + (tokens - 1) / tps = 0.5 + 1.0 = 1.5 s from the end of its wait
+    records = [record(0.0), record(0.2), record(1.0, waited=0.3), record(3.0), record(3.1, ttft=None, tokens=0,
+                                                                                      tps=None, outcome=FAILED)]
+    # 0.0: itself; 0.2: with the first; 1.3: all three (the first ends at 1.5); 3.0: alone again;
+    # a request without a first token generated nothing, but is there for itself (3.1: with the one of 3.0)
+    assert loads(records) == [1, 2, 3, 1, 2]
+
+
+def test_the_evidence_is_the_same_route_at_a_similar_load_then_wider():
+    fast = [Observed(route=(B, C), load=16, time_to_first_token=0.3, tokens_per_second=4.8)] * MIN_REQUESTS
+    slow = [Observed(route=(A,), load=16, time_to_first_token=0.9, tokens_per_second=0.8)] * MIN_REQUESTS
+    alone = [Observed(route=(A,), load=1, time_to_first_token=0.1, tokens_per_second=12.0)] * MIN_REQUESTS
+    observed = fast + slow + alone
+    assert like(observed, route=(A,), load=15) == slow  # 15 is within 25 % of 16
+    assert like(observed, route=(B, C), load=16) == fast
+    assert like(observed, route=(A,), load=1) == alone
+    assert like(observed, route=(B, C), load=1) == alone  # no such route alone: a similar load on any route
+    assert like(observed, route=(B, C), load=8) == fast  # nobody at 8: the same route at any load
+    assert like(observed, route=("unknown",), load=8) == observed  # nothing alike: all of them
+    assert like(observed, route=None, load=None) == observed
+    assert like(fast[:2] + slow, route=(B, C), load=16) == fast[:2] + slow  # two are too few to rest on
+
+    known = ForecastInputs("m", requests=len(observed), time_to_first_token=0.3, tokens_per_second=4.8,
+                           observed=tuple(observed))
+    got = forecast(known, wait=0.0, prompt_tokens=10, max_tokens=33, load=16, route=(A,))
+    assert (got.source, got.based_on, got.tokens_per_second, got.time_to_first_token) == (REQUESTS, 5, 0.8, 0.9)
+    assert got.total == pytest.approx(0.9 + 32 / 0.8)
+
+
+def test_inputs_keep_each_answered_request_with_its_route_and_load():
+    records = [record(0.0, route=((A, 0, 4), (B, 4, 8))), record(0.2), record(0.4, outcome=FAILED, ttft=None,
+                                                                             tokens=0, tps=None)]
+    known = inputs("m", records, None, now=10.0)
+    assert known.requests == 2 and [o.route for o in known.observed] == [(A, B), (A,)]
+    assert [o.load for o in known.observed] == [1, 2]
+    # too few answered requests: the probes' estimate, as before
+    assert forecast(ForecastInputs("m", est_tokens_per_s=5.0), wait=0, prompt_tokens=1, max_tokens=2,
+                    load=1, route=(A,)).source == PROBES
