@@ -238,9 +238,8 @@ class Slots:
             return None
         mine, index = order.index(waiter.client), self._queues[waiter.client].index(waiter)
         ahead = sum(min(len(self._queues[c]), index + (1 if i < mine else 0)) for i, c in enumerate(order) if i != mine)
-        hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
         position = ahead + index + 1
-        return position, round((position - 1) // max(1, self.capacity.slots) * hold + hold, 1)
+        return position, round(self._until(position), 1)
 
     def take(self, client: Optional[str], wanted: int = 1, *, timeout: Optional[float] = None,
              queued: bool = True, on_wait: Optional[Callable[[int, float], object]] = None) -> list[Slot]:
@@ -311,9 +310,18 @@ class Slots:
         seconds = self._estimate(ahead)
         return Busy(f"{what}; retry in {seconds} s", seconds)
 
+    def _until(self, position: int) -> float:
+        """Seconds until the request at ``position`` in line (1 = next) gets a slot, all of them
+        held: they free one by one, a slot every ``hold / slots`` seconds on average (its holders
+        started at different times), where ``hold`` is the median of recent hold times. Lock held;
+        the expectation behind the queue's places and the forecasts (Retry-After: ``_estimate``)."""
+        hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
+        return min(float(MAX_RETRY_AFTER), position * hold / max(1, self.capacity.slots))
+
     def _estimate(self, ahead: int) -> int:
-        """Seconds until a request behind ``ahead`` others would likely get a slot: the median of
-        recent hold times, once per round of ``slots`` requests ahead of it."""
+        """Retry-After for a request behind ``ahead`` others: whole seconds after which a slot is
+        likely free — a full hold per round of ``slots`` ahead of it, not ``_until``'s expectation:
+        a client told to retry sooner would mostly be refused again."""
         hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
         rounds = ahead // max(1, self.capacity.slots) + 1
         return int(min(MAX_RETRY_AFTER, max(1, math.ceil(rounds * hold))))
@@ -334,14 +342,12 @@ class Slots:
 
     def expected_wait(self) -> float:
         """Seconds a request arriving now would wait for its slot: none while a slot is free and
-        nobody waits, else the median hold time once per round of slots ahead of it (a forecast's,
-        not Retry-After's whole seconds)."""
+        nobody waits, else ``_until`` its place (a forecast's, not Retry-After's whole seconds)."""
         with self._lock:
             ahead = self._waiting()
             if not ahead and self._total_busy() < self.capacity.slots:
                 return 0.0
-            hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
-            return min(float(MAX_RETRY_AFTER), (ahead // max(1, self.capacity.slots) + 1) * hold)
+            return self._until(ahead + 1)
 
     def held_by(self, client: Optional[str]) -> int:
         with self._lock:

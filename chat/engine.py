@@ -443,10 +443,14 @@ class ChatEngine:
             except Exception as e:  # noqa: BLE001 - a forecast of nothing, not a failed request
                 logger.warning("forecast inputs unavailable: %r", e)
         wait = self.slots.expected_wait()
-        slots = self.slots.load()
-        # it would generate beside those generating now; a request that waits, beside a full house
-        load = slots.limit if wait > 0 else min(slots.limit, slots.busy + 1)
-        route = [peer for peer, _, _ in self.planned_route(name, prompt_tokens + max_tokens)] if route_known else None
+        route = [peer for peer, _, _ in self.planned_route(name, prompt_tokens + max_tokens)] if route_known else []
+        if route:  # beside the requests on its busiest server now (one that waits takes a leaver's place)
+            in_flight = self.server_load.in_flight()
+            busiest = max(in_flight.get(peer, 0) for peer in route)
+            load = max(1, busiest) if wait > 0 else busiest + 1
+        else:  # beside those generating now; one that waits, beside a full house
+            slots = self.slots.load()
+            load = slots.limit if wait > 0 else min(slots.limit, slots.busy + 1)
         return forecast(known.get(name) or ForecastInputs(name), wait=wait, prompt_tokens=prompt_tokens,
                         max_tokens=max_tokens, load=load, route=route or None)
 

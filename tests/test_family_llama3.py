@@ -46,7 +46,8 @@ def _prompts(vocabulary: int) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def checkpoint(data_dir):
     if not reference.available():
-        pytest.skip("no reference transformers (make setup installs it)")
+        pytest.fail(f"the reference transformers is missing from {reference.REFERENCE_DIR}: run `make setup`",
+                    pytrace=False)
     return tiny_model(data_dir, "llama3")
 
 
@@ -185,7 +186,8 @@ def test_a_llama2_checkpoint_keeps_4_34s_rotary_embedding_and_the_references_sta
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     if not reference.available():
-        pytest.skip("no reference transformers (make setup installs it)")
+        pytest.fail(f"the reference transformers is missing from {reference.REFERENCE_DIR}: run `make setup`",
+                    pytrace=False)
     families.install()
     model = tiny_model(data_dir, "llama")
     config = AutoDistributedConfig.from_pretrained(str(model.path))

@@ -25,6 +25,10 @@ def test_a_requests_load_counts_those_generating_when_it_started():
     # 0.0: itself; 0.2: with the first; 1.3: all three (the first ends at 1.5); 3.0: alone again;
     # a request without a first token generated nothing, but is there for itself (3.1: with the one of 3.0)
     assert loads(records) == [1, 2, 3, 1, 2]
+    # what counts is sharing a server: one on other servers waits behind none of them
+    elsewhere = record(0.3, route=((B, 0, 4), (C, 4, 8)))
+    beside = record(0.4, route=((C, 0, 8),))
+    assert loads([*records[:3], elsewhere, beside]) == [1, 2, 3, 1, 2]
 
 
 def test_the_evidence_is_the_same_route_at_a_similar_load_then_wider():

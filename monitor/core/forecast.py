@@ -8,9 +8,9 @@ the chat's own queue now.
 
 What a request gets depends on the route it takes and on how many requests share the servers with
 it: with sixteen in flight, one route's requests may decode at a third of another's. So each answered
-request is kept with its route and its **load** — the requests generating when it started, itself
-included, counted from the stored rows' own intervals (:func:`loads`; every chat process's rows, as
-the servers see them). A forecast for a request that would take ``route`` at ``load`` rests on the
+request is kept with its route and its **load** — the requests generating on a server of its route
+when it started, itself included, counted from the stored rows' own intervals and routes
+(:func:`loads`; every chat process's rows, as the servers see them). A forecast for a request that would take ``route`` at ``load`` rests on the
 answered requests most like it, the first group with at least ``MIN_REQUESTS``: the same route at a
 similar load (within ``LOAD_MARGIN``), a similar load on any route, the same route at any load, all
 of them; the medians of that group are its figures.
@@ -31,6 +31,7 @@ MIN_REQUESTS = 5  # answered requests in the window the figures rest on, at leas
 REQUESTS, PROBES, NONE = "requests", "probes", "none"
 LOAD_MARGIN = 0.25  # a load within this share of another (and at least one request apart) is similar
 MAX_OBSERVED = 1000  # answered requests a forecast keeps per model (the newest)
+RECENT = 20  # of the requests alike, the newest this many: what the swarm does now, not at warm-up
 
 
 @dataclass(frozen=True)
@@ -44,21 +45,27 @@ class Observed:
 
 
 def loads(records: Sequence[RequestRecord]) -> list[int]:
-    """For each record, the records generating when it started, itself included: the ones that
-    started before it (or with it) and had not yet ended. A record generates from the end of its
-    wait until its last token (first token, then the rest at its decode speed); records without a
-    first token count for none but themselves."""
-    intervals = []
+    """For each record, the requests that shared a server with it when it started, itself
+    included: those that started before it (or with it), had not yet ended and had a server of its
+    route in theirs (a server takes its sessions' steps one at a time, so these are what it waited
+    behind; a record without a route counts every request then in flight). A record generates from
+    the end of its wait until its last token (first token, then the rest at its decode speed);
+    records without a first token count for none but themselves."""
+    spans = []
     for r in records:
         start = r.at + (r.waited or 0.0)
-        if r.time_to_first_token is None:
-            intervals.append((start, start))
-            continue
         decode = (r.tokens - 1) / r.tokens_per_second if r.tokens > 1 and r.tokens_per_second else 0.0
-        intervals.append((start, start + r.time_to_first_token + decode))
-    starts = sorted(a for a, _ in intervals)
-    ends = sorted(b for _, b in intervals)
-    return [max(1, bisect.bisect_right(starts, a) - bisect.bisect_left(ends, a)) for a, _ in intervals]
+        end = start + r.time_to_first_token + decode if r.time_to_first_token is not None else start
+        spans.append((start, end, r.peers))
+    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    active: list[int] = []  # records started and not yet ended, as of the current start
+    counts = [1] * len(spans)
+    for i in order:
+        start, _, peers = spans[i]
+        active = [j for j in active if spans[j][1] > start]
+        counts[i] = 1 + sum(1 for j in active if not peers or not spans[j][2] or peers & spans[j][2])
+        active.append(i)
+    return counts
 
 
 def similar_load(a: int, b: int) -> bool:
@@ -113,8 +120,9 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
 
 
 def like(observed: Sequence[Observed], *, route: Optional[Sequence[str]], load: Optional[int]) -> list[Observed]:
-    """The answered requests a request on ``route`` at ``load`` is most like: the first group of
-    at least MIN_REQUESTS of same route and similar load, similar load, same route, all."""
+    """The answered requests a request on ``route`` at ``load`` is most like: of the first group of
+    at least MIN_REQUESTS of same route and similar load, similar load, same route, all — the
+    newest ``RECENT`` (``observed`` is oldest first)."""
     route = tuple(route) if route else None
     groups = []
     if route is not None and load is not None:
@@ -123,7 +131,7 @@ def like(observed: Sequence[Observed], *, route: Optional[Sequence[str]], load: 
         groups.append([o for o in observed if similar_load(o.load, load)])
     if route is not None:
         groups.append([o for o in observed if o.route == route])
-    return next((g for g in groups if len(g) >= MIN_REQUESTS), list(observed))
+    return next((g for g in groups if len(g) >= MIN_REQUESTS), list(observed))[-RECENT:]
 
 
 def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_tokens: int,
