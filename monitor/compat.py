@@ -6,7 +6,14 @@ onto the package is enough; nothing else differs for what petals uses. Import th
 petals, in every process (our own and every petals server we start). ``import_petals()`` is the
 one import path for petals in this codebase.
 
-One behaviour is mended (``_end_streams_when_the_connection_closes``): when a server dies in the
+Two behaviours are mended. First (``_close_server_sessions_without_deadlock``): petals closes an
+inference session's stream to a server in ``__del__`` by running a coroutine on hivemind's
+``RemoteExpertWorker`` thread and waiting for it; when Python's cycle collector happens to run on that
+very thread, the thread waits on itself forever and every chat in the process stops (seen about once
+in 5–10 spec swarms under load). And a close that raised (``BrokenPipeError`` from a dead server)
+left the session marked open, to be closed again by ``__del__``. Now a close on the worker's own
+thread is scheduled there instead of awaited, and a session is marked closed whatever its close
+raised. Second (``_end_streams_when_the_connection_closes``): when a server dies in the
 middle of a streaming call (an inference session: the chat, a generation check, a speed probe),
 its connection closes, but hivemind's client side of the stream then waits for its own writer,
 which waits for the caller's next request, which petals sends only once this step is answered.
@@ -109,6 +116,40 @@ def _end_streams_when_the_connection_closes() -> None:
     P2P._iterate_protobuf_stream_handler = _iterate_protobuf_stream_handler
 
 
+def _close_server_sessions_without_deadlock() -> None:
+    """petals' ``_ServerInferenceSession.close`` as in 2.2, but never blocking the worker thread on
+    itself, and marking the session closed even when closing its stream fails."""
+    from hivemind.moe.client.remote_expert_worker import RemoteExpertWorker
+    from petals.client.inference_session import _ServerInferenceSession
+
+    def close(self):
+        if self._outputs_stream is None:
+            return  # already closed
+        try:
+            worker_loop = RemoteExpertWorker._event_loop_fut.result(0) \
+                if RemoteExpertWorker._event_loop_fut is not None and RemoteExpertWorker._event_loop_fut.done() else None
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not None and running is worker_loop:  # (the collector, on the worker's thread)
+                running.create_task(self._aclose_stream())
+            else:
+                RemoteExpertWorker.run_coroutine(self._aclose_stream())
+        finally:
+            self._outputs_stream = self._inputs_queue = None
+            self.closed = True
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a finalizer must not raise; the stream is gone with its server
+            pass
+
+    _ServerInferenceSession.close = close
+    _ServerInferenceSession.__del__ = __del__
+
+
 _quiet_petals_startup()
 _restore_top_level_names()
 _end_streams_when_the_connection_closes()
@@ -127,4 +168,15 @@ def import_petals():
     """Return the petals package, imported after the compat shims are in place."""
     import petals
 
+    _mend_petals()
     return petals
+
+
+_mended = False
+
+
+def _mend_petals() -> None:
+    global _mended
+    if not _mended:
+        _close_server_sessions_without_deadlock()
+        _mended = True
