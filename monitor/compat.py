@@ -123,22 +123,27 @@ def _close_server_sessions_without_deadlock() -> None:
     from petals.client.inference_session import _ServerInferenceSession
 
     def close(self):
-        if self._outputs_stream is None:
-            return  # already closed
-        try:
-            worker_loop = RemoteExpertWorker._event_loop_fut.result(0) \
-                if RemoteExpertWorker._event_loop_fut is not None and RemoteExpertWorker._event_loop_fut.done() else None
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is not None and running is worker_loop:  # (the collector, on the worker's thread)
-                running.create_task(self._aclose_stream())
-            else:
-                RemoteExpertWorker.run_coroutine(self._aclose_stream())
-        finally:
+        if self._outputs_stream is None or getattr(self, "_closing", False):
+            return  # already closed, or being closed on the worker's loop
+
+        def forget(*_) -> None:
             self._outputs_stream = self._inputs_queue = None
             self.closed = True
+
+        worker = RemoteExpertWorker._event_loop_fut
+        worker_loop = worker.result() if worker is not None and worker.done() and not worker.exception() else None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is worker_loop:  # (the collector, on the worker's thread)
+            self._closing = True
+            running.create_task(self._aclose_stream()).add_done_callback(forget)
+            return
+        try:
+            RemoteExpertWorker.run_coroutine(self._aclose_stream())
+        finally:
+            forget()
 
     def __del__(self):
         try:
