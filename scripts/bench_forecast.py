@@ -12,7 +12,7 @@ Swarm: the demo's layout (three servers: all blocks, first half, second half) of
     (one request at a time), *throttled* (the all-blocks server's compute paused 2/3 of the time),
     *16 users* (16 at once, 16 generation slots) and *queued* (16 at once, 4 slots). After a
     warm-up (the forecast rests on the model's real requests of the last 30 min) and the chat's
-    next read of them, each request is preceded by ``POST /v1/estimate`` with its own body; its
+    next read of them (two requests per person, arriving 0.2 s apart), each request is preceded by ``POST /v1/estimate`` with its own body; its
     forecast is compared with what the request then got: time to first token and decode tokens/s
     as the chat measured them (its ``petals`` extension), and the wait for a slot (the client's time
     to the first token less the chat's). Share of requests within ±30 % (first token), ±20 %
@@ -46,6 +46,7 @@ TARGET_SHARE = 0.80
 TARGET_SPREAD = 1.5
 TARGET_FALLBACK = 1.0  # seconds added at most
 TOKENS = 32
+ARRIVAL_GAP = 0.2  # seconds between two people's first requests
 GHOST = "ghost-model"  # a model nobody serves: its blocks are missing
 
 
@@ -88,13 +89,14 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
         def load(count: int) -> list:
             out: list = []
             threads = [threading.Thread(target=user, args=(i, count, out)) for i in range(users)]
-            for t in threads:
+            for t in threads:  # people arrive a moment apart, not in the same millisecond
                 t.start()
+                time.sleep(ARRIVAL_GAP)
             for t in threads:
                 t.join()
             return out
 
-        load(max(1, 8 // users))  # warm-up: the forecast's real requests
+        load(max(2, 8 // users))  # warm-up: the forecast's real requests, past the servers' first ones
         time.sleep(32)  # the chat reads them every 30 s
         results = load(per_user)
     good = [r for r in results if r["ok"]]
