@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import machine, median, ms, percentile, run_and_exit, table, write_section
+from bench_common import machine, median, ms, percentile, run_and_exit, stamp, table, write_section
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.app import assessing
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
         ["latest_assessments (every reader's one call)", ms(median(read_s)), ms(percentile(read_s, 95))],
         ["latest_state (the web's one transaction)", ms(median(state_s)), ms(percentile(state_s, 95))],
     ])
-    text = (f"_Last run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {machine()}._\n\n"
+    text = (f"_Last run {stamp()}, {machine()}._\n\n"
             f"## The one stored assessment at {args.servers} servers\n\n"
             f"{len(rows)} server records of 4 models, {len(probes)} probes in the window, {len(unreachable)} "
             f"servers unreachable; {args.repeats} polls, SQLite. One poll's assessments are "

@@ -155,7 +155,7 @@ def run(args) -> dict:
             port = bc.free_port()
             cfg = config(tmp, swarm, model_path, TINY_DHT_PREFIX, TINY_NUM_BLOCKS, hook.url, port)
             base = f"http://127.0.0.1:{port}"
-            args_ = [str(Path(sys.executable).parent / "swarm-monitor"), "serve", "--config", str(cfg)]
+            args_ = [str(Path(sys.executable).parent / "swarm-monitor"), "--config", str(cfg), "serve"]
             with bc.process(args_, tmp / "serve.log") as proc:
                 bc.wait_http(base, proc, tmp / "serve.log", 180)
                 watch = Watch(base, TINY_DHT_PREFIX)

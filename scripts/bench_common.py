@@ -23,6 +23,13 @@ for _path in (str(ROOT), str(SCRIPTS)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from monitor.core import timefmt  # noqa: E402  (the checkout, on the path above)
+
+
+def stamp() -> str:
+    """Now, as a section of BENCHMARKS.md says when it was run (the pages' style: ``timefmt``)."""
+    return timefmt.utc(time.time(), seconds=False)
+
 
 def machine() -> str:
     """Cores, CPU model and load: figures are only comparable on the same machine and load."""
@@ -86,8 +93,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
 def write_section(name: str, markdown: str) -> None:
     """Replace this benchmark's section of BENCHMARKS.md (appended if it has none yet)."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    block = f"{start}\n_Last run {stamp}, {machine()}._\n\n{markdown.strip()}\n{end}"
+    block = f"{start}\n_Last run {stamp()}, {machine()}._\n\n{markdown.strip()}\n{end}"
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"

@@ -48,21 +48,26 @@ def history_db(key: str, regenerate: bool) -> tuple[Path, dict]:
 # ---- the score job ------------------------------------------------------------------------------
 
 
-def old_job(store, now: float) -> dict:
-    """The score job before this change (peer_histories of a week with merged runs, in Python)."""
+def _histories_scores(store, now: float, *, merge_runs: bool) -> dict:
+    """Every peer's score from its whole history of the score window read into Python
+    (``store/history.py``) and counted by ``scores.aggregate``, the specification of the SQL."""
     from monitor.core import scores
+    from monitor.store import history
 
-    histories = store.peer_histories(now - scores.SCORE_WINDOW, now, merge_runs=True,
-                                     probes_since=now - scores.PROBE_WINDOW)
-    return scores.score_swarm(histories, now)
+    with store.db.read("reading peer histories") as conn:
+        histories = history.histories(conn, now - scores.SCORE_WINDOW, now, None, merge_runs,
+                                      now - scores.PROBE_WINDOW)
+    return scores.score_all((scores.aggregate(h, now) for h in histories.values()), now)
+
+
+def old_job(store, now: float) -> dict:
+    """The score job before this change (a week of histories with merged runs, in Python)."""
+    return _histories_scores(store, now, merge_runs=True)
 
 
 def exact_job(store, now: float) -> dict:
     """The specification: every observation unmerged, in Python (``scores.aggregate``)."""
-    from monitor.core import scores
-
-    histories = store.peer_histories(now - scores.SCORE_WINDOW, now, probes_since=now - scores.PROBE_WINDOW)
-    return scores.score_swarm(histories, now)
+    return _histories_scores(store, now, merge_runs=False)
 
 
 def new_job(store, now: float) -> dict:
@@ -176,8 +181,9 @@ def report(scores: dict, pages: dict, targets: dict, metas: dict, args) -> str:
                                "peak RSS after new → after old"], rows))
         parts.append(
             "Score job: `Store.peer_aggregates` + `scores.score_all` (after, median of "
-            f"{args.repeat}) against the job as it was, `Store.peer_histories(merge_runs=True)` + "
-            "`scores.score_swarm` (before, once), on the same SQLite store at the same `now`, in one process. "
+            f"{args.repeat}) against the job as it was, every peer's history with merged runs + "
+            "`scores.aggregate` and `scores.score_all` (before, once), on the same SQLite store at the same "
+            "`now`, in one process. "
             "The differences are the old job's error, not the new one's: its merged runs are stamped with "
             "their first poll, so its 1-hour uptime window dropped up to an hour of polls. "
             + "".join(f"Against the score of every unmerged observation (`scores.aggregate`, the specification the "

@@ -290,7 +290,7 @@ def replace_throttle_figures(results: list[dict], machine: str) -> None:
                 lines[i], found = " | ".join(cells), True
         if not found:
             raise SystemExit(f"no detection row for {r['model']} in the probes section: run the whole benchmark")
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    stamp = bc.stamp()
     models = ", ".join(r["model"] for r in results)
     note = (f"{THROTTLE_NOTE} {stamp}_ ({machine}): the throttle figures of {models} re-measured alone "
             f"(`scripts/bench_probes.py --only throttle`), speed_probe_max_share {max_share():g}, each run begun "

@@ -18,7 +18,9 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
   (a param's URL), ``open_migrated_store``, ``migrated_store`` (a store fixture's body),
   ``sqlite_store``, ``fold_wal`` (a SQLite store whole in its file, to copy);
 - a monitor of a real swarm: ``tiny_settings`` (watching its tiny model), ``polled_prober`` (a
-  poller that has scraped once and its server prober).
+  poller that has scraped once and its server prober);
+- scores from whole histories, the specification the score job's SQL meets: ``peer_histories``
+  (every peer's ``PeerHistory`` from a store), ``score_peer``, ``swarm_reference``, ``score_swarm``.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ from werkzeug.serving import make_server
 
 from monitor.app.jobs import Poller
 from monitor.app.probing import ServerProber
+from monitor.core import scores
+from monitor.core.scores import PeerScore
 from monitor.core.snapshot import (
-    JOINING, ONLINE, ChatOutcome, ModelInfo, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot,
+    JOINING, ONLINE, ChatOutcome, ModelInfo, PeerHistory, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot,
 )
 from monitor.harness.local_swarm import ServerSpec
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
@@ -369,6 +373,37 @@ def polled_prober(settings: Settings, store: Store, dht) -> tuple[Poller, Server
     return poller, prober
 
 
+# ---- scores from whole histories ----------------------------------------------------------------
+# The score job counts in SQL (``Store.peer_aggregates``); ``scores.aggregate`` counts the same from
+# a ``PeerHistory`` in Python, and these put it to work for the specs on small histories.
+
+
+def peer_histories(store: Store, since: float, until: float, *, merge_runs: bool = False,
+                   probes_since: float | None = None) -> list[PeerHistory]:
+    """``Store.peer_history`` of every peer observed or chatted with in [since, until], by peer id.
+    ``probes_since``: probes only from then on (the scores look at 24 h of them)."""
+    from monitor.store import history
+
+    with store.db.read("reading peer histories") as conn:
+        found = history.histories(conn, since, until, None, merge_runs, probes_since)
+    return sorted(found.values(), key=lambda h: h.peer_id)
+
+
+def score_peer(history: PeerHistory, now: float, *, reference_sec_per_block: float | None = None) -> PeerScore:
+    """``scores.score`` of the history's aggregates."""
+    return scores.score(scores.aggregate(history, now), now, reference_sec_per_block=reference_sec_per_block)
+
+
+def swarm_reference(histories, now: float) -> float | None:
+    """``scores.swarm_median`` of the histories' aggregates."""
+    return scores.swarm_median(scores.aggregate(h, now) for h in histories)
+
+
+def score_swarm(histories, now: float) -> dict[str, PeerScore]:
+    """``scores.score_all`` of the histories' aggregates."""
+    return scores.score_all((scores.aggregate(h, now) for h in histories), now)
+
+
 # ---- a populated store (the web's specs) -------------------------------------------------------
 
 
@@ -427,7 +462,7 @@ def poll_rows(stage: int, infinite_ping: bool = True) -> list[ServerRow]:
 def populate(store, settings, now: float, *, infinite_ping: bool = True) -> dict:
     """Three polls (broken at now-2h, healthy at now-1h and now-60s), probes, chat outcomes, scores,
     written as the poller writes them (``Poller.analyse`` / ``Poller.refresh_scores``, which run
-    ``coverage.diagnose`` and ``scores.score_swarm``).
+    ``coverage.diagnose`` and ``scores.score_all``).
 
     ``infinite_ping``: one server reports an infinite RTT to the unreachable one, as petals servers do."""
     poller = Poller(settings, store, dht=None)  # analysis and scoring only: no DHT needed
@@ -449,9 +484,9 @@ def populate(store, settings, now: float, *, infinite_ping: bool = True) -> dict
     store.record_chat_outcome(ChatOutcome(now - 120, PEERS["full"], TINY.dht_prefix, 0, 8, True, seconds_per_token=0.4))
     store.record_chat_outcome(ChatOutcome(now - 110, PEERS["first"], TINY.dht_prefix, 0, 4, False,
                                           error="timeout after 30 s"))
-    scores = poller.refresh_scores(now)
-    assert scores, "the poller's scoring should have scored the populated peers"
-    return {"times": times, "scores": scores}
+    scored = poller.refresh_scores(now)
+    assert scored, "the poller's scoring should have scored the populated peers"
+    return {"times": times, "scores": scored}
 
 
 class _Elements(HTMLParser):

@@ -11,10 +11,10 @@ from transformers import AutoModelForCausalLM
 from chat.engine import ChatEngine, Delta, Finished, GenerationParams
 from chat.policy import PeerWeight, RoutingSettings, weights_from_outcomes
 from monitor.harness.local_swarm import ServerSpec
-from monitor.core.scores import score_swarm
 from monitor.settings import ModelConfig
 from monitor.core.snapshot import Observation, PeerHistory, ReachabilityResult
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from support import score_swarm
 
 PROMPT = "Petals runs large language models"
 

@@ -73,7 +73,7 @@ def test_a_pattern_that_is_no_regular_expression_is_refused_when_the_settings_lo
 
 
 def test_the_summary_line_says_ok_with_its_figures_or_failing_with_the_error():
-    assert summary(ok_check("Paris"), now=1000.0 + 120) == "generation ok · 17 tok/s · first token 0.4 s · 2 min ago"
+    assert summary(ok_check("Paris"), now=1000.0 + 120) == "generation ok · 17 tok/s · first token 410 ms · 2 min ago"
     failing = GenerationCheck(model="m", at=1000.0, ok=False, error="answer did not match /Paris/: 'x'")
     assert summary(failing, now=1001.0) == "failing: answer did not match /Paris/: 'x'"
     assert summary(None, now=0.0) == "generation not checked yet"

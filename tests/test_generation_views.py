@@ -23,7 +23,7 @@ def test_the_overview_api_metrics_and_model_page_carry_the_newest_check(populate
                            route=(RouteSpan(PEERS["full"], 0, 8),)))
     client = app.test_client()
     overview = text_of(client.get("/").get_data(as_text=True))
-    assert "generation ok · 17 tok/s · first token 0.4 s · 2 min ago" in overview
+    assert "generation ok · 17 tok/s · first token 420 ms · 2 min ago" in overview
     report = next(r for r in client.get("/api/v1/state").get_json()["model_reports"] if r["dht_prefix"] == TINY.dht_prefix)
     check = report["generation_check"]
     assert (check["ok"], check["tokens_per_second"], check["time_to_first_token"], check["route"]) == (

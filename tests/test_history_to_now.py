@@ -19,7 +19,7 @@ from monitor.app.jobs import Poller
 from monitor.core.snapshot import JOINING, ONLINE, ReachabilityBatch, ReachabilityResult, ServerRow, Snapshot
 from monitor.store import Store
 from monitor.web import create_app
-from monitor.web.charts import utc
+from monitor.web.charts import axis_time
 from support import TINY, peer, web_settings
 
 STAYS, LEAVES = peer("stays-online"), peer("leaves")
@@ -60,13 +60,13 @@ def figures(html: str) -> list[dict]:
 def test_the_peer_charts_run_to_the_latest_poll_like_the_api(history):
     app, times = history
     client = app.test_client()
-    latest = utc(times[-1])
+    latest = axis_time(times[-1])
     api = client.get(f"/api/v1/peers/{STAYS}/history?since={times[0] - 1:.0f}").get_json()
-    assert utc(max(o["at"] for o in api["observations"])) == latest
+    assert axis_time(max(o["at"] for o in api["observations"])) == latest
     states, throughput = figures(client.get(f"/peers/{STAYS}?hours=1").get_data(as_text=True))[:2]
     [line] = states["data"]
     assert line["x"][-1] == latest and line["y"][-1] == 2  # still online, as of the latest poll
-    assert line["x"][0] == utc(times[0]) and line["y"][0] == 1  # joining first
+    assert line["x"][0] == axis_time(times[0]) and line["y"][0] == 1  # joining first
     assert throughput["data"][0]["x"][-1] == latest and throughput["data"][0]["y"][-1] == 50.0
 
 
@@ -75,10 +75,10 @@ def test_a_server_that_left_is_held_offline_to_the_latest_poll_and_its_throughpu
     client = app.test_client()
     states, throughput = figures(client.get(f"/peers/{LEAVES}?hours=1").get_data(as_text=True))[:2]
     [line] = states["data"]
-    assert line["x"][-1] == utc(times[-1]) and line["y"][-1] == 0  # offline (not announced) since it left
+    assert line["x"][-1] == axis_time(times[-1]) and line["y"][-1] == 0  # offline (not announced) since it left
     gone = next(at for at in times if at >= times[-1] - 300)  # the first poll that missed it
     values = [(x, y) for x, y in zip(throughput["data"][0]["x"], throughput["data"][0]["y"]) if y is not None]
-    assert values[-1] == (utc(gone), 30.0)  # held until the poll that no longer saw it, not beyond
+    assert values[-1] == (axis_time(gone), 30.0)  # held until the poll that no longer saw it, not beyond
 
 
 def test_the_model_page_and_the_overview_end_at_the_latest_poll(history):
@@ -86,6 +86,6 @@ def test_the_model_page_and_the_overview_end_at_the_latest_poll(history):
     client = app.test_client()
     heatmaps = [f for f in figures(client.get(f"/models/{TINY.dht_prefix}").get_data(as_text=True))
                 if f["data"] and f["data"][0]["type"] == "heatmap"]
-    assert heatmaps and all(f["data"][0]["x"][-1] >= utc(times[-1]) for f in heatmaps)
+    assert heatmaps and all(f["data"][0]["x"][-1] >= axis_time(times[-1]) for f in heatmaps)
     [spark] = [f for f in figures(client.get("/").get_data(as_text=True)) if f["layout"]["height"] == 36]
-    assert spark["data"][0]["x"][-1] == utc(times[-1])
+    assert spark["data"][0]["x"][-1] == axis_time(times[-1])

@@ -194,3 +194,47 @@ def test_a_database_that_is_down_is_still_unavailable_not_unmigrated(db_url, tmp
     finally:
         start()
         store.close()
+
+
+# ---- data the migrations convert -------------------------------------------------------------------
+
+
+def test_assessments_stored_before_causes_get_the_cause_their_reasons_begin_with(db_url):
+    """Revision 0021: a diagnosis stored before causes were (kept as an assessment by 0015) gets each
+    excluded server's cause from its reason, once, so readers never parse reasons; a row with its
+    causes keeps them as they are, and every row stays."""
+    import sqlalchemy as sa
+
+    from monitor.core.assessment import Assessment
+
+    assert migrate_cli(db_url).exit_code == 0
+    downgrade(db_url, "0020")
+    reasons = {"a": "ONLINE but failing: CUDA out of memory", "b": "ONLINE but unreachable",
+               "c": "ONLINE but returning wrong outputs (3 probes)", "d": "JOINING", "e": "OFFLINE",
+               "f": 'ONLINE but failing: it said "excluded_causes": {}'}  # (the key's words in a value)
+    old = {**Assessment.not_diagnosed("old", 4, "x").to_dict(), "excluded_peers": reasons}
+    del old["excluded_causes"]
+    newer = {**Assessment.not_diagnosed("newer", 4, "x").to_dict(), "excluded_peers": {"a": "ONLINE but unreachable"},
+             "excluded_causes": {"a": "failing"}}
+    table = sa.table("assessments", sa.column("poll_id", sa.BigInteger()), sa.column("model", sa.String()),
+                     sa.column("at", sa.Float()), sa.column("assessment", sa.JSON(none_as_null=True)))
+    store = Store(db_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(table.insert(), [{"poll_id": 1, "model": "old", "at": 0.0, "assessment": old},
+                                          {"poll_id": 2, "model": "newer", "at": 60.0, "assessment": newer},
+                                          {"poll_id": 2, "model": "none", "at": 60.0, "assessment": None}])
+    finally:
+        store.close()
+
+    assert migrate_cli(db_url).exit_code == 0
+    store = Store(db_url)
+    try:
+        with store.engine.connect() as conn:
+            rows = {model: data for model, data in conn.execute(sa.select(table.c.model, table.c.assessment))}
+    finally:
+        store.close()
+    assert set(rows) == {"old", "newer", "none"} and rows["none"] is None
+    assert Assessment.from_dict(rows["old"]).excluded_causes == {
+        "a": "failing", "b": "unreachable", "c": "wrong outputs", "d": "JOINING", "e": "OFFLINE", "f": "failing"}
+    assert rows["old"]["excluded_peers"] == reasons and rows["newer"] == newer

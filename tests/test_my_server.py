@@ -163,7 +163,7 @@ def week(tmp_path):
 def test_a_server_that_left_says_when_and_how(week):
     client, _ = week
     leaver = report_of(client, peer("leaver"))
-    assert re.search(r"Not in the latest poll\. It was last seen 3 hours ago \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\), "
+    assert re.search(r"Not in the latest poll\. It was last seen 3 h ago \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\), "
                      r"ONLINE on blocks 0:6 of Week Model, and left without announcing OFFLINE", leaver), leaver
     assert "left without announcing OFFLINE" in leaver and "restart it" in leaver
     as_json = client.get(f"/api/v1/peers/{peer('leaver')}/report").get_json()
@@ -172,7 +172,7 @@ def test_a_server_that_left_says_when_and_how(week):
     never = client.get(f"/api/v1/peers/{peer('never here')}/report").get_json()
     assert never["checks"][0]["text"].startswith("Never seen in this swarm's DHT")
     quitter = report_of(client, peer("quitter"))
-    assert "It announced OFFLINE 3 hours ago" in quitter and "clean shutdown" in quitter
+    assert "It announced OFFLINE 3 h ago" in quitter and "clean shutdown" in quitter
     mover = report_of(client, peer("mover"))
     assert "serving retired-model, a model this monitor does not see in the DHT any more" in mover
     assert "week-model" in mover  # what this monitor does watch

@@ -7,8 +7,9 @@ import json
 import pytest
 
 import monitor.core.scores as scores
-from monitor.core.scores import FORMULA, WEIGHTS, score_peer, score_swarm, swarm_reference
+from monitor.core.scores import FORMULA, WEIGHTS
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory, ReachabilityResult
+from support import peer_histories, score_peer, score_swarm, swarm_reference
 
 NOW = 1_700_000_000.0
 HOUR, DAY = 3600.0, 86400.0
@@ -218,7 +219,7 @@ def generated(tmp_path_factory, postgres):
 
 def per_observation_scores(store, now: float) -> dict:
     """The score job as it was: every observation (unmerged), probe and outcome read into Python."""
-    histories = store.peer_histories(now - scores.SCORE_WINDOW, now, probes_since=now - scores.PROBE_WINDOW)
+    histories = peer_histories(store, now - scores.SCORE_WINDOW, now, probes_since=now - scores.PROBE_WINDOW)
     return score_swarm(histories, now)
 
 

@@ -34,7 +34,7 @@ from monitor.core.snapshot import (
     Snapshot,
 )
 from monitor.store import Store, StoreSchemaError, StoreUnavailable
-from support import STORE_KINDS, migrated_store, store_url_of
+from support import STORE_KINDS, migrated_store, peer_histories, store_url_of
 
 T0 = 1_699_999_200.0  # an hour boundary
 LLAMA = ModelInfo("llama-70b-hf", 8, repository="meta-llama/Llama-2-70b-hf", name="Llama 2 70B", official=True)
@@ -303,11 +303,11 @@ def test_peer_history_counts_the_polls_that_did_not_see_the_peer(store):
     assert history.probes == ((T0 + 30, ReachabilityResult(peer("b"), "server", True, rtt=0.05)),)
     assert history.outcomes == (ChatOutcome(T0 + 90, peer("b"), LLAMA.dht_prefix, 0, 8, ok=True, seconds_per_token=0.4),)
 
-    everyone = {h.peer_id: h for h in store.peer_histories(T0, T0 + 400)}
+    everyone = {h.peer_id: h for h in peer_histories(store, T0, T0 + 400)}
     assert set(everyone) == {peer("a"), peer("b")}
     assert everyone[peer("b")] == history
     assert all(o.seen for o in everyone[peer("a")].observations) and len(everyone[peer("a")].observations) == 5
-    recent = {h.peer_id: h for h in store.peer_histories(T0, T0 + 400, probes_since=T0 + 60)}
+    recent = {h.peer_id: h for h in peer_histories(store, T0, T0 + 400, probes_since=T0 + 60)}
     assert recent[peer("b")].probes == () and recent[peer("b")].observations == history.observations
     assert store.peer_history(peer("nobody"), T0, T0 + 400).observations == ()
 
@@ -401,7 +401,7 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     _, throughput = store.block_coverage_series(model, T0, T0 + 2 * HOUR, value="throughput")
     assert throughput[0][0] == 150.0
 
-    probes = store.reachability_stats(peer("flaky"), T0, now)
+    probes = _probe_counts(store, peer("flaky"), T0, now)
     assert [p["n"] for p in probes[:48]] == [PER_HOUR] * 48 and probes[4]["ok"] == 0 and probes[2]["ok"] == PER_HOUR
     assert sum(p["n"] for p in probes) == 4 * PER_DAY
     assert all(at >= cutoff for at, _ in store.peer_history(peer("flaky"), T0, now).probes)
@@ -427,6 +427,24 @@ def test_rollup_uptime_does_not_count_polls_before_a_peer_first_appeared(store):
     assert _uptime(store.peer_history(peer("early"), T0, T0 + HOUR).observations) == (6, 6)
 
 
+def _probe_counts(store, peer_id: str, since: float, until: float) -> list[dict]:
+    """Oldest first: ``{at, n, ok}`` per rolled-up hour of the peer's reachability checks, then per
+    raw check: what the ``hourly_probes`` rollup keeps of ``server_probes`` (the scores count it)."""
+    from monitor.store import latest
+    from monitor.store.hours import raw_start, rollup_window
+    from monitor.store.schema import HourlyProbesRow, ProbeRow
+
+    h, p = HourlyProbesRow.__table__.c, ProbeRow.__table__.c
+    with store.db.read("reading probe counts") as conn:
+        key = latest.peer_key(conn, peer_id)
+        hourly = conn.execute(sa.select(h.hour, h.n, h.ok).where(
+            h.peer == key, *rollup_window(h.hour, since, until, raw_start(conn, p.at))).order_by(h.hour)).all()
+        raw = conn.execute(sa.select(p.at, p.ok).where(p.peer == key, p.at >= since, p.at <= until)
+                           .order_by(p.at)).all()
+    return ([{"at": at, "n": n, "ok": ok} for at, n, ok in hourly]
+            + [{"at": at, "n": 1, "ok": int(bool(ok))} for at, ok in raw])
+
+
 def _hourly_polls(store, hour: float):
     with store.engine.connect() as conn:
         return conn.execute(sa.text("SELECT polls, ok_polls FROM hourly_polls WHERE hour = :h"), {"h": hour}).first()
@@ -445,7 +463,7 @@ def test_a_poll_stored_after_its_hour_was_rolled_up_is_rolled_up_too(store):
     counts = store.rollup_and_prune(T0 + 2 * HOUR + 60, raw_retention_days=10, rollup_retention_days=30)
     assert counts["hours_rolled_up"] == 2  # hour 0 again, and hour 1
     assert tuple(_hourly_polls(store, T0)) == (7, 7)
-    assert [p["n"] for p in store.reachability_stats(peer("late"), T0, T0 + HOUR)] == [1]
+    assert [p["n"] for p in _probe_counts(store, peer("late"), T0, T0 + HOUR)] == [1]
 
 
 def test_raw_rows_are_never_pruned_before_they_are_rolled_up(store):
@@ -889,7 +907,7 @@ def test_rollups_keep_what_the_scores_count_flaps_and_rtt_histograms(store):
     # the aggregates add the pair across the hour's end (b left) and equal the per-observation count
     now = T0 + HOUR + 60
     aggregates = {a.peer_id: a for a in store.peer_aggregates(now)}
-    history = {h.peer_id: h for h in store.peer_histories(now - scores.SCORE_WINDOW, now)}
+    history = {h.peer_id: h for h in peer_histories(store, now - scores.SCORE_WINDOW, now)}
     for name in ("a", "b"):
         expected = scores.aggregate(history[peer(name)], now)
         got = aggregates[peer(name)]

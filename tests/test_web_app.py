@@ -2,7 +2,7 @@
 
 ``populate`` (tests/support.py) writes three polls an hour apart (the model broken, then healthy),
 probes, chat outcomes and scores exactly as the poller does (``Poller.analyse`` /
-``Poller.refresh_scores``, which run ``coverage.diagnose`` and ``scores.score_swarm``); the API,
+``Poller.refresh_scores``, which run ``coverage.diagnose`` and ``scores.score_all``); the API,
 metrics and gunicorn specs read it too, each spec its own copy of a store populated once for the
 session (conftest's ``populated``).
 """

@@ -363,17 +363,6 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class _QuietRuns(logging.Filter):
-    """APScheduler logs every run of every job at INFO; ours run every few seconds and after every
-    round, and would drown the log: their runs are left out (their warnings and errors are not)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or "Alerter." not in record.getMessage()
-
-
-_QUIET = _QuietRuns()
-
-
 def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
     """Add the alert jobs to the poller's scheduler (before it starts): evaluation every
     ``check_period`` and right after every scrape and probe round, delivery every ``check_period``
@@ -392,9 +381,6 @@ def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
     started = threading.Event()  # (a scheduler not started yet is "stopped" too)
     alerter = Alerter(settings, poller.store, stats=poller.stats, stopping=lambda: (
         started.is_set() and scheduler.state == base.STATE_STOPPED) or not poller.leads())
-    for name in ("apscheduler.executors.default", "apscheduler.scheduler"):
-        if _QUIET not in logging.getLogger(name).filters:
-            logging.getLogger(name).addFilter(_QUIET)
     period = settings.alerts.check_period
     scheduler.add_job(alerter.evaluate, "interval", seconds=period, id="alerts", next_run_time=_now())
     scheduler.add_job(alerter.deliver, "interval", seconds=period, id="alert-delivery", next_run_time=_now())

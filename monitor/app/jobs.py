@@ -551,9 +551,9 @@ class Poller:
 
 
 class _QuietRuns(logging.Filter):
-    """APScheduler logs at INFO every job it adds and every run of every job: the poller's run every
-    few seconds (a standby's do nothing), and would drown what the poller says itself; its warnings
-    and errors stay."""
+    """APScheduler logs at INFO every job it adds and every run of every job: the poller's and the
+    alerts' (``schedule_alerts``, added to the same scheduler) run every few seconds, and would drown
+    what the poller says itself; its warnings and errors stay. The one filter on those loggers."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno > logging.INFO

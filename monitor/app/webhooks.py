@@ -25,7 +25,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import Optional, Sequence
 from urllib.parse import quote, urlsplit
 
@@ -33,6 +32,7 @@ from monitor.core.alert_rules import (
     CHANGED, DETAIL_CHARS, FIRED, MAX_DETAILS, REPEATED, RESOLVED, SUMMARY_CHARS, Notice, severity_for,
 )
 from monitor.core.common import short_error
+from monitor.core.timefmt import iso, utc
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,6 @@ _ICONS = {FIRED: "\N{LARGE RED CIRCLE}", CHANGED: "\N{LARGE ORANGE CIRCLE}",
           REPEATED: "\N{CLOCKWISE RIGHTWARDS AND LEFTWARDS OPEN CIRCLE ARROWS}", RESOLVED: "\N{LARGE GREEN CIRCLE}"}
 
 
-def _utc(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
-
-
 def message(notice: Notice, dashboard_url: Optional[str] = None) -> Message:
     """What a person reads, whatever the service."""
     word = _EVENT_WORDS.get(notice.event, notice.event.upper())
@@ -75,8 +71,8 @@ def message(notice: Notice, dashboard_url: Optional[str] = None) -> Message:
     headline = f"{word} {notice.rule}: {notice.summary}"
     lines = list(notice.details) if notice.event != RESOLVED else []
     if notice.event in (REPEATED, RESOLVED):
-        lines.append(f"since {_utc(notice.since)}" if notice.event == REPEATED
-                     else f"it started {_utc(notice.since)}")
+        lines.append(f"since {utc(notice.since, seconds=False)}" if notice.event == REPEATED
+                     else f"it started {utc(notice.since, seconds=False)}")
     if dashboard_url:
         lines.append(f"{dashboard_url}/alerts")
     return Message(headline, tuple(lines))
@@ -138,10 +134,6 @@ def _discord_message(prefix: str, msg: Message) -> dict:
 # ---- Alertmanager ------------------------------------------------------------------------------
 
 
-def _rfc3339(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def subject_url(notice: Notice, dashboard_url: Optional[str]) -> Optional[str]:
     """The dashboard's page of what the notice is about (its model, its peer), else /alerts."""
     if not dashboard_url:
@@ -171,8 +163,8 @@ def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: f
     resolved = notice.event == RESOLVED
     # a recovery carries the severity of what it ends ("ok" would be another alert to Alertmanager)
     severity = severity_for(notice.kind, notice.previous_state) if resolved and notice.previous_state else None
-    alert = {"labels": alertmanager_labels(notice, severity), "startsAt": _rfc3339(notice.since),
-             "endsAt": _rfc3339(notice.at if resolved else now + ttl),
+    alert = {"labels": alertmanager_labels(notice, severity), "startsAt": iso(notice.since, milliseconds=True),
+             "endsAt": iso(notice.at if resolved else now + ttl, milliseconds=True),
              "annotations": {name: value for name, value in annotations.items() if value}}
     if url:
         alert["generatorURL"] = url
@@ -180,7 +172,8 @@ def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: f
     if notice.event == CHANGED and notice.previous_state:
         before = severity_for(notice.kind, notice.previous_state)
         if before != notice.severity:
-            alerts.insert(0, {**alert, "labels": alertmanager_labels(notice, before), "endsAt": _rfc3339(notice.at)})
+            alerts.insert(0, {**alert, "labels": alertmanager_labels(notice, before),
+                              "endsAt": iso(notice.at, milliseconds=True)})
     return alerts
 
 

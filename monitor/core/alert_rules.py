@@ -31,7 +31,6 @@ No I/O, no SQL, no petals: plain dataclasses in, plain dataclasses out.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional
 
@@ -39,6 +38,7 @@ from monitor.core import muting
 from monitor.core.common import STALE_PERIODS, short_error, short_peer_id
 from monitor.core.assessment import BROKEN, DEGRADED, HEALTHY
 from monitor.core.snapshot import ONLINE
+from monitor.core.timefmt import duration, utc
 
 # rule kinds
 MODEL_DEGRADED = "model_degraded"  # the model is degraded or broken (the state follows it)
@@ -237,19 +237,6 @@ def _details(lines: Iterable[str]) -> tuple[str, ...]:
     return tuple(short_error(line, DETAIL_CHARS) for line in list(lines)[:MAX_DETAILS])
 
 
-def _utc(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def severity_for(kind: str, state: str) -> str:
     """The severity of an alert of ``kind`` in ``state`` ("ok" when it does not fire)."""
     if state == "ok":
@@ -376,9 +363,9 @@ def _stale_condition(rule: Rule, view: SwarmView, held: bool) -> dict[str, Condi
     if not active:
         summary = "the monitor polls the swarm again" if last is not None else "waiting for the first poll"
     elif last is None:
-        summary = f"no successful poll since the monitor started at {_utc(view.watching_since)}"
+        summary = f"no successful poll since the monitor started at {utc(view.watching_since)}"
     else:
-        summary = (f"no successful poll since {_utc(last)} (more than {_duration(limit)}): "
+        summary = (f"no successful poll since {utc(last)} (more than {duration(limit)}): "
                    f"is the swarm's DHT reachable, is the database up?")
     return {"poller": Condition("poller", "the monitor's poller", active, "stale" if active else "ok",
                                 CRITICAL if active else OK, short_error(summary, SUMMARY_CHARS))}

@@ -37,16 +37,6 @@ REASON_ERROR_CHARS = 120  # a server's own error, as quoted in a reason (the ser
 CAUSE_SERVING, CAUSE_SLOW = "serving", "slow"
 
 
-def cause_of(why: str) -> str:
-    """The cause (``CAUSES``) of an ``excluded_peers`` text (diagnoses stored before causes were)."""
-    for cause in (CAUSE_FAILING, CAUSE_UNREACHABLE):
-        if why.startswith(CAUSE_PHRASE[cause]):
-            return cause
-    if why.startswith("ONLINE but"):
-        return CAUSE_WRONG
-    return CAUSE_JOINING if why.startswith("JOINING") else CAUSE_OFFLINE
-
-
 Range = tuple[int, int]  # blocks [start, end), as petals' --block_indices
 RouteHop = tuple[str, int, int]  # (peer id, start, end)
 
@@ -203,8 +193,7 @@ class Assessment:
             est_tokens_per_s=data["est_tokens_per_s"], route=spans("route"),
             recommendation=Recommendation(**data["recommendation"]) if data.get("recommendation") else None,
             excluded_peers=dict(data.get("excluded_peers") or {}),
-            excluded_causes=dict(data.get("excluded_causes")
-                                 or {peer: cause_of(why) for peer, why in (data.get("excluded_peers") or {}).items()}),
+            excluded_causes=dict(data.get("excluded_causes") or {}),  # (older rows: migration 0021)
             speed_source=data.get("speed_source"),
             servers={peer: ServerAssessment.from_dict(s) for peer, s in (data.get("servers") or {}).items()},
             assessed_at=data.get("assessed_at"), poll_at=data.get("poll_at"),

@@ -1,6 +1,6 @@
 """Small helpers every layer uses, so each exists once: time constants, the short peer id,
-JSON-safe values, short error text (and a remote peer's own error out of hivemind's wrapping),
-"5 min ago", and the "poller is stale" rule.
+JSON-safe values, short error text (and a remote peer's own error out of hivemind's wrapping), and
+the "poller is stale" rule. Moments and durations as text are ``timefmt``'s.
 
 Pure: no I/O, no petals.
 """
@@ -82,16 +82,3 @@ def remote_error(error: Any) -> Optional[str]:
         return None
     return short_error(text[found.end():]) if text[found.end():].strip() else "the peer answered with an error"
 
-
-def ago(at: Optional[float], now: float) -> str:
-    """``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``; ``never`` for None."""
-    if at is None:
-        return "never"
-    delta = max(0.0, now - at)
-    if delta < 90:
-        return f"{delta:.0f} s ago"
-    if delta < 90 * 60:
-        return f"{delta / 60:.0f} min ago"
-    if delta < 36 * 3600:
-        return f"{delta / 3600:.0f} h ago"
-    return f"{delta / 86400:.0f} d ago"

@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-from monitor.core.common import ago, short_peer_id
+from monitor.core.common import short_peer_id
+from monitor.core.timefmt import ago, duration
 
 ANSWER_CHARS = 200  # of the answer kept with a check (and shown in its failure)
 EXPECT_CHARS = 200  # the longest expected-answer pattern
@@ -124,12 +125,8 @@ def _speed(tokens_per_second: float) -> str:
     return f"{tokens_per_second:.0f}" if tokens_per_second >= 10 else f"{tokens_per_second:.1f}"
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
-
-
 def summary(check: Optional[GenerationCheck], now: float) -> str:
-    """One line for the pages: "generation ok · 17 tok/s · first token 0.4 s · 2 min ago",
+    """One line for the pages: "generation ok · 17 tok/s · first token 400 ms · 2 min ago",
     "failing: ‹error›", or "generation not checked yet"."""
     if check is None:
         return "generation not checked yet"
@@ -139,7 +136,7 @@ def summary(check: Optional[GenerationCheck], now: float) -> str:
     if check.tokens_per_second is not None:
         parts.append(f"{_speed(check.tokens_per_second)} tok/s")
     if check.time_to_first_token is not None:
-        parts.append(f"first token {_seconds(check.time_to_first_token)}")
+        parts.append(f"first token {duration(check.time_to_first_token)}")
     parts.append(ago(check.at, now))
     return " · ".join(parts)
 

@@ -19,12 +19,12 @@ No I/O here: the decisions and the words for people.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from monitor.core import alert_rules
-from monitor.core.common import ago, short_error
+from monitor.core.common import short_error
+from monitor.core.timefmt import ago, utc
 
 LEASE_NAME = "poller"  # the one lease: who polls this database
 MIN_LEASE_SECONDS = 2.0
@@ -112,7 +112,7 @@ class Term:
             return f"{me} leads (the first poller of this database)"
         if self.reason == RELEASED:
             return f"{me} took over from poller {self.previous_label}, which stopped and handed over"
-        ran_out = f" at {_utc(self.previous_deadline)}" if self.previous_deadline is not None else ""
+        ran_out = f" at {utc(self.previous_deadline)}" if self.previous_deadline is not None else ""
         return (f"{me} took over from poller {self.previous_label}, whose lease ran out{ran_out} "
                 f"(killed, frozen, or cut off from the database)")
 
@@ -196,7 +196,7 @@ class PollerStatus:
             if self.lease is None:
                 return "no poller has run against this database yet"
             return f"no poller leads: the lease of poller {self.lease.label} ran out {ago(self.lease.deadline, self.now)}; {spare}"
-        return f"poller {leader.label} leads since {_utc(leader.since)}; {spare}"
+        return f"poller {leader.label} leads since {utc(leader.since)}; {spare}"
 
 
 # ---- decisions -----------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def takeover_notice(term: Term) -> Optional[alert_rules.Notice]:
         event=TAKEOVER_EVENT, state="taken-over", severity=alert_rules.WARNING,
         summary=short_error(term.summary(), alert_rules.SUMMARY_CHARS), at=term.since,
         since=term.previous_deadline if term.previous_deadline is not None else term.since,
-        details=(f"epoch {term.epoch}", f"the new leader started at {_utc(term.started_at)}"),
+        details=(f"epoch {term.epoch}", f"the new leader started at {utc(term.started_at)}"),
     )
 
 
@@ -273,14 +273,3 @@ def poller_label(host: Optional[str], pid: Optional[int]) -> str:
 def bound_problem(text: Optional[str], limit: int = 300) -> Optional[str]:
     """What a poller cannot reach, as stored: one line, at most ``limit`` characters."""
     return None if not text else short_error(text, limit)
-
-
-def sorted_terms(terms: Sequence[Term]) -> tuple[Term, ...]:
-    return tuple(sorted(terms, key=lambda t: -t.epoch))
-
-
-# ---- words ---------------------------------------------------------------------------------------
-
-
-def _utc(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))

@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime, time as dtime, timedelta, timezone
+from datetime import datetime, time as dtime, timedelta
 from typing import Iterable, Optional, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from monitor.core import timefmt
 from monitor.core.common import DAY, HOUR
 from monitor.core.snapshot import ONLINE, Observation
 
@@ -36,7 +37,7 @@ GLOBAL, MODEL, PEER = "global", "model", "peer"
 SCOPES = (GLOBAL, MODEL, PEER)
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
-MAX_DURATION = 7 * DAY  # one occurrence, or a one-off window
+MIN_DURATION, MAX_DURATION = 60.0, 7 * DAY  # one occurrence, or a one-off window
 MAX_ONE_OFF = 30 * DAY  # a one-off window's whole length
 MIN_CRON_GAP = HOUR  # a cron window starts at most once an hour (24 occurrences a day)
 MAX_OCCURRENCES = 10_000  # per window and range asked for (90 days of hourly windows: 2,160)
@@ -55,7 +56,7 @@ class Recurrence:
     cron: Optional[str] = None  # five fields, local time
 
     def describe(self) -> str:
-        length = _length(self.duration)
+        length = timefmt.duration(self.duration)
         if self.cron:
             return f"cron “{self.cron}” ({self.timezone}), {length} each"
         days = ", ".join(WEEKDAYS[d] for d in sorted(self.weekdays))
@@ -115,8 +116,9 @@ def zone(name: str) -> ZoneInfo:
 def check_recurrence(rec: Recurrence) -> Recurrence:
     """``rec`` if it can be used, else ValueError saying what is wrong with it."""
     if not (isinstance(rec.duration, (int, float)) and math.isfinite(rec.duration)
-            and 60 <= rec.duration <= MAX_DURATION):
-        raise ValueError(f"each occurrence must last between 1 minute and {MAX_DURATION / DAY:g} days")
+            and MIN_DURATION <= rec.duration <= MAX_DURATION):
+        raise ValueError(f"each occurrence must last between {timefmt.duration(MIN_DURATION)} and "
+                         f"{timefmt.duration(MAX_DURATION)}")
     zone(rec.timezone)
     if bool(rec.cron) == bool(rec.weekdays or rec.at):
         raise ValueError("a recurring window needs either `cron` or `weekdays` with `at`, not both")
@@ -163,14 +165,6 @@ def _check_cron(expression: str, tz: str) -> None:
 
 
 # ---- occurrences and covered time --------------------------------------------------------------
-
-
-def _length(seconds: float) -> str:
-    if seconds % DAY == 0:
-        return f"{seconds / DAY:g} d"
-    if seconds % HOUR == 0:
-        return f"{seconds / HOUR:g} h"
-    return f"{seconds / 60:g} min"
 
 
 def _cron_starts(expression: str, tz: str, since: float, until: float, limit: int) -> list[float]:
@@ -322,7 +316,3 @@ def uptime(observations: Iterable[Observation], since: float, until: float,
         upping += d_up
         previous = at
     return Uptime(up_seconds=up, observed_seconds=observed, maintenance_seconds=held)
-
-
-def to_utc(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

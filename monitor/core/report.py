@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from monitor.core.snapshot import ServerRow, Snapshot
+from monitor.core.timefmt import duration, utc
 
 BAR_WIDTH = 40
 _STATE_MARK = {"ONLINE": "█", "JOINING": "▒", "OFFLINE": "·"}
@@ -50,8 +51,8 @@ def model_report(model, health, rows: Sequence[ServerRow], scores: Mapping[str, 
 
 
 def poll_report(snapshot: Snapshot, healths: Mapping[str, object], scores: Mapping[str, object] = {}) -> str:
-    head = (f"Poll at {snapshot.taken_at:.0f}: {len(snapshot.models)} models, {len(snapshot.servers)} server rows, "
-            f"{snapshot.duration:.2f} s, {snapshot.invalid_records} invalid records")
+    head = (f"Poll at {utc(snapshot.taken_at)}: {len(snapshot.models)} models, {len(snapshot.servers)} server rows, "
+            f"took {duration(snapshot.duration)}, {snapshot.invalid_records} invalid records")
     parts = [head] + [f"  error: {e}" for e in snapshot.errors]
     for model in snapshot.models:
         parts.append("")

@@ -8,9 +8,10 @@ high score only by being observed to be good for a while. The formula is the con
 this docstring at import, so text and code cannot drift apart.
 
 The aggregates come from SQL in production (``Store.peer_aggregates``: the store counts, nothing
-is materialized per observation) or from a ``PeerHistory`` here (``aggregate``: every
-observation in Python, for small histories and as the specification the SQL must match). Medians
-are estimated from log-scale histograms (``monitor.core.quantiles``), so both ways compute them alike.
+is materialized per observation) or from a ``PeerHistory`` here (``aggregate``: every observation
+in Python, the specification the SQL must match; the specs score small histories with it,
+``tests/support.py``). Medians are estimated from log-scale histograms (``monitor.core.quantiles``),
+so both ways compute them alike.
 
 Speed is judged relative to the swarm: ``score_all`` takes the swarm median of seconds per token
 per block over all peers' successful chat outcomes and scores each peer against it.
@@ -74,7 +75,7 @@ bucket): within {MAX_RELATIVE_ERROR * 100:.1f} % of the exact median, so they ca
 
 @dataclass(frozen=True)
 class PeerScore:
-    """A peer's score: what ``score_peer`` computes, the store keeps and the views show."""
+    """A peer's score: what ``score`` computes, the store keeps and the views show."""
 
     peer_id: str
     score: float  # 0–100, one decimal
@@ -341,24 +342,6 @@ def score_all(aggregates: Iterable[PeerAggregates], now: float, *, measured: Map
                                measured_sec_per_block=measured.get(agg.peer_id), wrong_outputs=wrong.get(agg.peer_id),
                                failing=failing.get(agg.peer_id))
             for agg in aggregates}
-
-
-# ---- from histories (small histories, tests, the specification of the SQL aggregates) --------
-
-
-def score_peer(history: PeerHistory, now: float, *, reference_sec_per_block: Optional[float] = None) -> PeerScore:
-    """``score`` of the history's aggregates."""
-    return score(aggregate(history, now), now, reference_sec_per_block=reference_sec_per_block)
-
-
-def swarm_reference(histories: Iterable[PeerHistory], now: float) -> Optional[float]:
-    """``swarm_median`` of the histories' aggregates."""
-    return swarm_median(aggregate(h, now) for h in histories)
-
-
-def score_swarm(histories: Iterable[PeerHistory], now: float) -> dict[str, PeerScore]:
-    """``score_all`` of the histories' aggregates."""
-    return score_all((aggregate(h, now) for h in histories), now)
 
 
 __doc__ += "\nThe formula\n\n" + FORMULA

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Mapping, Optional, Sequence
 
 from monitor.core.common import short_peer_id
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG, Assessment, format_ranges, ranges
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
+from monitor.core.snapshot import JOINING, OFFLINE, ModelInfo, ReachabilityResult, ServerRow
+from monitor.core.timefmt import ago, duration, utc
 
 OK, WARN, BAD, INFO = "ok", "warn", "bad", "info"
 LOW_SCORE = 30  # below it a score is a warning (the chat's default min_peer_score)
@@ -103,18 +103,9 @@ def check(facts: ServerFacts) -> ServerReport:
                         checks=tuple(checks), recommendations=_recommendations(facts, names))
 
 
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds >= size:
-            n = int(seconds // size)
-            return f"{n} {unit}{'s' if n != 1 else ''} ago"
-    return "just now"
-
-
 def _when(at: float, now: float) -> str:
-    """``3 hours ago (2026-11-30 14:02 UTC)``."""
-    return f"{_ago(now - at)} ({datetime.fromtimestamp(at, tz=timezone.utc):%Y-%m-%d %H:%M} UTC)"
+    """``3 h ago (2026-11-30 14:02 UTC)``."""
+    return f"{ago(at, now)} ({utc(at, seconds=False)})"
 
 
 def _other_version(version: Optional[str], versions: Mapping[str, int]) -> str:
@@ -137,7 +128,7 @@ def _visible(facts: ServerFacts, names: Mapping[str, str]) -> Check:
         return Check("visible", INFO, "The monitor has not finished a poll of the DHT yet.",
                      "Come back in a minute.")
     if facts.rows:
-        return Check("visible", OK, f"Seen in this swarm's DHT by the latest poll ({_ago(facts.now - facts.poll_at)}), "
+        return Check("visible", OK, f"Seen in this swarm's DHT by the latest poll ({ago(facts.poll_at, facts.now)}), "
                      f"announcing {len(facts.rows)} span{'s' if len(facts.rows) != 1 else ''}.")
     watched = ", ".join(sorted(names)) or "none yet"
     if facts.first_seen is None:
@@ -194,7 +185,7 @@ def _reachable(facts: ServerFacts) -> Check:
         return Check("reachable", INFO, "Not probed yet: the monitor probes servers every minute or so.",
                      "Use “Check now” to probe it.")
     if probe.ok:
-        rtt = f" in {probe.rtt * 1000:.0f} ms" if probe.rtt is not None else ""
+        rtt = f" in {duration(probe.rtt)}" if probe.rtt is not None else ""
         return Check("reachable", OK, f"{how} reached it{rtt}.")
     if probe.joining:
         return Check("reachable", WARN, f"{how} reached it, but it is still loading its blocks.",

@@ -69,7 +69,7 @@ class PollerProcess:
         env.update({"SWARM_MONITOR_DATA_DIR": str(self.data_dir), "SWARM_MONITOR_DATABASE_URL": self.database_url})
         self.started_at = time.time()
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen([sys.executable, "-m", "monitor.app.cli", "poll", "--config", str(self.config)],
+            self.popen = subprocess.Popen([sys.executable, "-m", "monitor.app.cli", "--config", str(self.config), "poll"],
                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                           start_new_session=True)
         return self

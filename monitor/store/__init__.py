@@ -287,20 +287,11 @@ class Store:
         ``merge_runs``: also merge consecutive polls with the same state and span within each clock
         hour (``samples`` = polls), which keeps uptime and flaps exact at a fraction of the rows;
         consumers must then weigh by ``samples``. Probes are raw only (within raw retention);
-        hourly probe counts are in ``reachability_stats``."""
+        the hourly ``hourly_probes`` rollup is what the scores count (``peer_aggregates``)."""
         with self.db.read("reading peer history") as conn:
             key = latest.peer_key(conn, peer_id)
             found = None if key is None else history.histories(conn, since, until, [key], merge_runs).get(key)
         return found or PeerHistory(peer_id=peer_id)
-
-    def peer_histories(self, since: float, until: float, *, merge_runs: bool = False,
-                       probes_since: Optional[float] = None) -> list[PeerHistory]:
-        """``peer_history`` of every peer observed or chatted with in [since, until], by peer id
-        (what ``scores.score_swarm`` takes). ``probes_since``: probes only from then on (they are
-        the bulk of the rows; the scores look at 24 h of them)."""
-        with self.db.read("reading peer histories") as conn:
-            found = history.histories(conn, since, until, None, merge_runs, probes_since)
-        return sorted(found.values(), key=lambda h: h.peer_id)
 
     def peer_aggregates(self, now: float) -> list[PeerAggregates]:
         """What ``scores.score_all`` takes, for every peer observed or chatted with in the score
@@ -325,14 +316,6 @@ class Store:
         """What the peer announced per model the last time a poll saw it, newest first."""
         with self.db.read("reading a peer's last announcements") as conn:
             return peers.last_announcements(conn, peer_id)
-
-    def reachability_stats(self, peer_id: str, since: float, until: float) -> list[dict]:
-        """Oldest first: ``{at, n, ok, joining, mean_rtt}`` per hour before raw retention and per
-        probe after, for charts of probe success over days. No view uses it yet: the peer page will
-        (it is what the ``hourly_probes`` rollup is kept for)."""
-        with self.db.read("reading probe stats") as conn:
-            key = latest.peer_key(conn, peer_id)
-            return [] if key is None else history.reachability_stats(conn, key, since, until)
 
     # ---- alerts (store/alert_log.py) ----------------------------------------------------------
 

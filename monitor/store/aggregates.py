@@ -68,9 +68,6 @@ class _Window:
     hours_until: float  # == hours_from: no hourly part
     raw: list[Interval]
 
-    def in_hours(self, hour: float) -> bool:
-        return self.hours_from <= hour < self.hours_until
-
 
 @dataclass
 class _Peer:

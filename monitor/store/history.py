@@ -26,7 +26,6 @@ from monitor.store.schema import (
     HourlyModelStatusRow,
     HourlyObservationsRow,
     HourlyPollsRow,
-    HourlyProbesRow,
     ModelStateChangeRow,
     ModelStatusRow,
     Peer,
@@ -118,19 +117,6 @@ def block_coverage_series(conn: Connection, model: str, since: float, until: flo
 
 
 # ---- peers -----------------------------------------------------------------------------------
-
-
-def reachability_stats(conn: Connection, key: int, since: float, until: float) -> list[dict]:
-    """Oldest first: ``{at, n, ok, joining, mean_rtt}`` per hour before raw retention and per probe
-    after. Not shown by any view yet (the peer page will chart probe success over days)."""
-    h, p = HourlyProbesRow.__table__.c, ProbeRow.__table__.c
-    hourly = conn.execute(sa.select(h.hour, h.n, h.ok, h.joining, h.mean_rtt).where(
-        h.peer == key, *rollup_window(h.hour, since, until, raw_start(conn, p.at))).order_by(h.hour)).all()
-    raw = conn.execute(sa.select(p.at, p.ok, p.joining, p.rtt).where(
-        p.peer == key, p.at >= since, p.at <= until).order_by(p.at)).all()
-    return ([{"at": r[0], "n": r[1], "ok": r[2], "joining": r[3], "mean_rtt": r[4]} for r in hourly]
-            + [{"at": r[0], "n": 1, "ok": int(bool(r[1])), "joining": int(bool(r[2])),
-                "mean_rtt": r[3] if r[1] else None} for r in raw])
 
 
 def histories(conn: Connection, since: float, until: float, keys: Optional[list[int]], merge_runs: bool = False,

@@ -409,7 +409,8 @@ class HourlyBlockCoverageRow(SQLModel, table=True):
 
 
 class HourlyProbesRow(SQLModel, table=True):
-    """Read by ``Store.reachability_stats`` and by the scores (``store/aggregates.py``)."""
+    """A peer's reachability checks per hour, kept past raw retention: what the scores count
+    (``store/aggregates.py``)."""
 
     __tablename__ = "hourly_probes"
     __table_args__ = (sa.Index(None, "hour"),)  # (revision 0009: the scores read the last day's hours)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from datetime import datetime, timezone
 from typing import Iterable, Optional, Sequence
 
 from markupsafe import Markup
+
+from monitor.core import timefmt
 
 COLORS = {
     "online": "#2e9d57",
@@ -31,9 +32,10 @@ STATE_LEVEL = {"OFFLINE": 0, "JOINING": 1, "ONLINE": 2}
 MAX_COLUMNS = 288  # heatmap time columns: enough for 5-minute steps over a day
 
 
-def utc(ts: float) -> str:
-    """Unix seconds as the ISO text plotly puts on a date axis (UTC, no zone suffix)."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+def axis_time(ts: float) -> str:
+    """Unix seconds as the text plotly reads on a date axis: UTC, without a zone (the hover text
+    adds " UTC")."""
+    return timefmt.utc(ts, zone=False)
 
 
 def time_range(times: Sequence[float], since: float, until: float) -> list[str]:
@@ -44,7 +46,7 @@ def time_range(times: Sequence[float], since: float, until: float) -> list[str]:
         first = min(times)
         if first > since:
             start = max(since, first - max(60.0, 0.03 * (until - first)))
-    return [utc(start), utc(until)]
+    return [axis_time(start), axis_time(until)]
 
 
 def _layout(height: int, **extra) -> dict:
@@ -91,7 +93,7 @@ def sparkline(times: Sequence[float], values: Sequence[Optional[float]], *, stat
     """A small coverage-% line over the last day (no axes; hover shows time and value)."""
     trace = dict(
         type="scatter",
-        x=[utc(t) for t in times], y=_clean(values), mode="lines" if len(times) > 2 else "lines+markers",
+        x=[axis_time(t) for t in times], y=_clean(values), mode="lines" if len(times) > 2 else "lines+markers",
         line=dict(width=2, color=COLORS.get(state, COLORS["accent"])), marker=dict(size=4),
         fill="tozeroy", hovertemplate="%{x} UTC<br>%{y:.0f}% covered<extra></extra>",
     )
@@ -186,7 +188,7 @@ def coverage_heatmap(times: Sequence[float], matrix: Sequence[Sequence[Optional[
     edges, z = _cells(times, [_clean(row) for row in matrix], until)
     heat = dict(
         type="heatmap",
-        x=[utc(t) for t in edges], y=list(range(len(z))), z=z, zmin=0, zmax=3,
+        x=[axis_time(t) for t in edges], y=list(range(len(z))), z=z, zmin=0, zmax=3,
         colorscale=[[0, COLORS["broken"]], [0.25, COLORS["broken"]], [0.25, COLORS["degraded"]],
                     [0.5, COLORS["degraded"]], [0.5, "#7cc191"], [0.75, "#7cc191"],
                     [0.75, COLORS["healthy"]], [1, COLORS["healthy"]]],
@@ -240,12 +242,12 @@ def peer_state_timeline(observations: Sequence, *, since: float, until: float,
     each model's line running to ``latest`` (``run_ends``)."""
     traces = []
     for model, obs in _by_model(observations).items():
-        x = [utc(o.at) for o in obs]
+        x = [axis_time(o.at) for o in obs]
         y = [STATE_LEVEL.get(o.state, 0) for o in obs]
         text = [o.state.lower() + ("" if o.seen else " (not announced)") for o in obs]
         end = run_ends(obs, latest)[-1]
         if end > obs[-1].at:  # the last state holds to the latest observation
-            x.append(utc(end))
+            x.append(axis_time(end))
             y.append(y[-1])
             text.append(text[-1] + ", as of the latest poll")
         traces.append(dict(
@@ -273,10 +275,10 @@ def _held(observations: Sequence, value, latest: Optional[float]) -> tuple[list,
             v = value(o) if o.seen else None
             if v is None or (isinstance(v, float) and not math.isfinite(v)):
                 if y and y[-1] is not None:
-                    x.append(utc(o.at))
+                    x.append(axis_time(o.at))
                     y.append(None)
                 continue
-            x += [utc(o.at), utc(end)] if end > o.at else [utc(o.at)]
+            x += [axis_time(o.at), axis_time(end)] if end > o.at else [axis_time(o.at)]
             y += [v, v] if end > o.at else [v]
     return x, y
 
@@ -310,14 +312,14 @@ def peer_probes(probes: Sequence[tuple], *, since: float, until: float) -> dict:
     failed = [(at, p) for at, p in probes if not p.ok]
     traces = [dict(
         type="scatter",
-        x=[utc(at) for at, _ in ok], y=[p.rtt * 1000 for _, p in ok], name="reachable",
+        x=[axis_time(at) for at, _ in ok], y=[p.rtt * 1000 for _, p in ok], name="reachable",
         mode="lines+markers", line=dict(color=COLORS["online"], width=1), marker=dict(size=4),
         hovertemplate="%{x} UTC: %{y:.1f} ms<extra></extra>",
     )]
     if failed:
         traces.append(dict(
             type="scatter",
-            x=[utc(at) for at, _ in failed], y=[0] * len(failed), name="unreachable",
+            x=[axis_time(at) for at, _ in failed], y=[0] * len(failed), name="unreachable",
             mode="markers", marker=dict(symbol="x", size=9, color=COLORS["unreachable"]),
             text=[plain(("joining: " if p.joining else "") + (p.error or "failed")) for _, p in failed],
             hovertemplate="%{x} UTC: %{text}<extra></extra>",
@@ -332,14 +334,14 @@ def peer_chat_outcomes(outcomes: Sequence, *, since: float, until: float) -> dic
     failed = [o for o in outcomes if not o.ok]
     traces = [dict(
         type="scatter",
-        x=[utc(o.at) for o in ok], y=[o.seconds_per_token_per_block * 1000 for o in ok], name="succeeded",
+        x=[axis_time(o.at) for o in ok], y=[o.seconds_per_token_per_block * 1000 for o in ok], name="succeeded",
         mode="markers", marker=dict(color=COLORS["online"], size=6),
         hovertemplate="%{x} UTC: %{y:.1f} ms per token per block<extra></extra>",
     )]
     if failed:
         traces.append(dict(
             type="scatter",
-            x=[utc(o.at) for o in failed], y=[0] * len(failed), name="failed", mode="markers",
+            x=[axis_time(o.at) for o in failed], y=[0] * len(failed), name="failed", mode="markers",
             marker=dict(symbol="x", size=9, color=COLORS["broken"]),
             text=[plain(o.error or "failed") for o in failed], hovertemplate="%{x} UTC: %{text}<extra></extra>",
         ))
@@ -356,17 +358,17 @@ def generation_checks(checks: Sequence, *, since: float, until: float) -> dict:
     ok = [c for c in checks if c.ok]
     failed = [c for c in checks if not c.ok]
     traces = [
-        dict(type="scatter", x=[utc(c.at) for c in ok], y=_clean(c.tokens_per_second for c in ok), name="tokens/s",
+        dict(type="scatter", x=[axis_time(c.at) for c in ok], y=_clean(c.tokens_per_second for c in ok), name="tokens/s",
              mode="lines+markers", line=dict(color=COLORS["online"], width=2), marker=dict(size=4),
              hovertemplate="%{x} UTC: %{y:.1f} tokens/s<extra></extra>"),
-        dict(type="scatter", x=[utc(c.at) for c in ok], y=_clean(c.time_to_first_token for c in ok),
+        dict(type="scatter", x=[axis_time(c.at) for c in ok], y=_clean(c.time_to_first_token for c in ok),
              name="first token, s", yaxis="y2", mode="lines+markers",
              line=dict(color=COLORS["accent"], width=1, dash="dot"), marker=dict(size=3),
              hovertemplate="%{x} UTC: first token after %{y:.2f} s<extra></extra>"),
     ]
     if failed:
         traces.append(dict(
-            type="scatter", x=[utc(c.at) for c in failed], y=[0] * len(failed), name="failed", mode="markers",
+            type="scatter", x=[axis_time(c.at) for c in failed], y=[0] * len(failed), name="failed", mode="markers",
             marker=dict(symbol="x", size=9, color=COLORS["broken"]),
             text=[plain(c.error or "failed") for c in failed], hovertemplate="%{x} UTC: %{text}<extra></extra>",
         ))
@@ -384,7 +386,7 @@ def request_hours(rows: Sequence[dict], *, since: float, until: float) -> dict:
     """A model's real requests per hour (``store.requests.hourly``): answered, failed and left
     requests as stacked bars, and the hour's median time to first token and decode tokens/s as
     lines on a second axis pair (seconds on the right, tokens/s hidden but on hover)."""
-    x = [utc(r["hour"] + 1800) for r in rows]  # each bar at the middle of its hour
+    x = [axis_time(r["hour"] + 1800) for r in rows]  # each bar at the middle of its hour
     bars = [("answered", "ok", COLORS["online"]), ("failed", "error", COLORS["broken"]),
             ("left by the client", "cancelled", COLORS["offline"])]
     traces = [dict(type="bar", x=x, y=[r[key] for r in rows], name=name, marker=dict(color=color), width=3_000_000,

@@ -1,38 +1,21 @@
-"""Jinja filters for numbers, times and peer-announced names (escaping stays Jinja's job)."""
+"""Jinja filters for numbers, times and peer-announced names (escaping stays Jinja's job). Times and
+durations are ``monitor.core.timefmt``'s, the same words the notices and reports use: ``utc``
+(``|utc(seconds=False)``), ``date``, ``clock``, ``short``, ``ago(now)``, ``duration``."""
 
 from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
 from typing import Optional
 
-from monitor.core import common, generation
+from monitor.core import generation, timefmt
 from monitor.core.common import short_peer_id
 from monitor.web.security import public_name_html
 
 
-def utc(ts: Optional[float], fmt: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
-    if ts is None:
-        return "—"
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime(fmt)
-
-
-def ago(ts: Optional[float], now: Optional[float] = None) -> str:
-    """``42 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago`` (``core.common.ago``; now by default)."""
-    return common.ago(ts, now if isinstance(now, (int, float)) else time.time())  # (a template may lack ``now``)
-
-
-def seconds(value: Optional[float]) -> str:
-    if value is None:
-        return "—"
-    if value < 1:
-        return f"{value * 1000:.0f} ms"
-    if value < 10:
-        return f"{value:.1f} s"
-    if value < 120:
-        return f"{value:.0f} s"
-    return f"{value / 60:.0f} min"
+def ago(at: Optional[float], now: Optional[float] = None) -> str:
+    """``timefmt.ago``, from now when the template passes no ``now`` (a template may lack it)."""
+    return timefmt.ago(at, now if isinstance(now, (int, float)) else time.time())
 
 
 def num(value: Optional[float], digits: int = 1, none: str = "—") -> str:
@@ -52,7 +35,8 @@ def register(app) -> None:
     from monitor.web.charts import figure_json
 
     app.jinja_env.filters.update(
-        utc=utc, ago=ago, seconds=seconds, num=num, short_peer=short_peer_id, public_name=public_name_html,
+        utc=timefmt.utc, date=timefmt.date, clock=timefmt.clock, short=timefmt.short, ago=ago,
+        duration=timefmt.duration, num=num, short_peer=short_peer_id, public_name=public_name_html,
         precision=precision, figure_json=figure_json, generation_summary=generation.summary,
     )
     app.jinja_env.globals.update(format_ranges=format_ranges)

@@ -28,8 +28,8 @@ from flask import Blueprint, abort, jsonify, redirect, request, url_for
 
 from monitor.alert_settings import parse_duration
 from monitor.core import maintenance as mnt
-from monitor.core import muting
-from monitor.core.common import DAY, MINUTE
+from monitor.core import muting, timefmt
+from monitor.core.common import DAY
 from monitor.core.maintenance import MaintenanceWindow, Recurrence
 from monitor.core.muting import Silence
 from monitor.web import auth, deps, security
@@ -89,14 +89,8 @@ def _seconds(data: Mapping, name: str, *, low: float, high: float) -> Optional[f
     except (TypeError, ValueError):
         raise BadInput(f"`{name}` must be a duration: seconds, or a number with s, m, h or d like \"2h\"") from None
     if not math.isfinite(seconds) or not low <= seconds <= high:
-        raise BadInput(f"`{name}` must be between {_human(low)} and {_human(high)}")
+        raise BadInput(f"`{name}` must be between {timefmt.duration(low)} and {timefmt.duration(high)}")
     return seconds
-
-
-def _human(seconds: float) -> str:
-    number, unit = ((seconds / DAY, "day") if seconds >= DAY else (seconds / MINUTE, "minute") if seconds >= 60
-                    else (seconds, "second"))
-    return f"{number:g} {unit}{'' if number == 1 else 's'}"
 
 
 def _moment(data: Mapping, name: str, now: float, tz: str = "UTC") -> Optional[float]:
@@ -191,7 +185,7 @@ def silence_from(data: Mapping, now: float, by: str) -> Silence:
     if ends <= max(starts, now):
         raise BadInput("the silence must end after it starts, and in the future")
     if ends - starts > MAX_SILENCE:
-        raise BadInput(f"a silence lasts at most {_human(MAX_SILENCE)}")
+        raise BadInput(f"a silence lasts at most {timefmt.duration(MAX_SILENCE)}")
     comment = _text(data, "comment", REASON_CHARS) or _text(data, "reason", REASON_CHARS, required=True)
     return Silence(id=0, matchers=matchers, starts_at=starts, ends_at=ends, comment=comment, created_by=by,
                    created_at=now)
@@ -247,7 +241,7 @@ def window_from(data: Mapping, now: float, by: str) -> MaintenanceWindow:
         if ends <= max(starts, now):
             raise BadInput("the window must end after it starts, and in the future")
         if ends - starts > mnt.MAX_ONE_OFF:
-            raise BadInput(f"a one-off window lasts at most {_human(mnt.MAX_ONE_OFF)}")
+            raise BadInput(f"a one-off window lasts at most {timefmt.duration(mnt.MAX_ONE_OFF)}")
         return MaintenanceWindow(id=0, scope=scope, target=target, starts_at=starts, ends_at=ends, reason=reason,
                                  created_at=now, created_by=by)
     duration = _seconds(data, "duration", low=60, high=mnt.MAX_DURATION)

@@ -6,7 +6,6 @@ An htmx request (a part of a page refreshing itself) gets only the partial its t
 
 from __future__ import annotations
 
-import functools
 import time
 
 from typing import Optional
@@ -89,11 +88,6 @@ def _table_args() -> tuple[Optional[str], str]:
     return cause, sort
 
 
-@functools.lru_cache(maxsize=64)
-def checkpoint_family(path: str):
-    return describe_checkpoint(path)
-
-
 @bp.get("/models/<dht_prefix>")
 def model(dht_prefix: str):
     d = deps()
@@ -105,7 +99,7 @@ def model(dht_prefix: str):
     report = queries.model_report(cur, d.settings, dht_prefix)
     configured = next((m for m in d.settings.models if m.dht_prefix == dht_prefix and m.path), None)
     # DHT records carry no family: it is named where a checkpoint is configured
-    family = checkpoint_family(str(configured.path)) if configured else None
+    family = describe_checkpoint(configured.path) if configured else None  # (its config.json: a small read)
     context = dict(now=now, cur=cur, model=model, report=report, health=health, family=family,
                    poll=queries.poll_info(cur, d.settings, now), **_server_table(report, health, cause, sort))
     target = htmx_target()

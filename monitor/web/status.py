@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Optional
 from xml.sax.saxutils import escape, quoteattr
 
@@ -27,6 +26,7 @@ from flask import Blueprint, Response, render_template, request, url_for
 from markupsafe import Markup
 
 from monitor.core import maintenance, uptime
+from monitor.core.timefmt import clock, date, duration, iso
 from monitor.core.common import DAY, MINUTE, STALE_PERIODS
 from monitor.core.incidents import MODEL, PEER, SWARM, Note
 from monitor.core.maintenance import MaintenanceWindow
@@ -189,10 +189,6 @@ def page():
 # ---- the Atom feed -------------------------------------------------------------------------------
 
 
-def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 @dataclass(frozen=True)
 class Entry:
     id: str
@@ -229,7 +225,7 @@ def feed_entries(d, cur, now: float, base: str) -> list[Entry]:
 
 def atom(entries: list[Entry], *, base: str, self_url: str, now: float) -> str:
     """The entries as an Atom 1.0 document (RFC 4287); every text escaped."""
-    updated = _iso(entries[0].at if entries else now)
+    updated = iso(entries[0].at if entries else now)
     lines = ['<?xml version="1.0" encoding="utf-8"?>', '<feed xmlns="http://www.w3.org/2005/Atom">',
              f"  <id>{escape(base)}status</id>", "  <title>Petals swarm status</title>",
              f"  <updated>{updated}</updated>", f"  <link rel=\"self\" href={quoteattr(self_url)}/>",
@@ -237,7 +233,7 @@ def atom(entries: list[Entry], *, base: str, self_url: str, now: float) -> str:
              "  <author><name>Petals swarm monitor</name></author>"]
     for e in entries:
         lines += ["  <entry>", f"    <id>{escape(e.id)}</id>", f"    <title>{escape(e.title)}</title>",
-                  f"    <updated>{_iso(e.at)}</updated>", f"    <link href={quoteattr(e.link)}/>",
+                  f"    <updated>{iso(e.at)}</updated>", f"    <link href={quoteattr(e.link)}/>",
                   f"    <category term={quoteattr(e.category)}/>",
                   f"    <content type=\"text\">{escape(e.text)}</content>", "  </entry>"]
     lines.append("</feed>")
@@ -260,27 +256,16 @@ def feed():
 def day_label(day: Day, now: Optional[float] = None) -> str:
     """What a day's cell says (hover, tap, screen readers): the date, state, uptime, outages and
     maintenance."""
-    date = datetime.fromtimestamp(day.start, tz=timezone.utc).strftime("%Y-%m-%d")
-    parts = [f"{date}{' (today, so far)' if now is not None and day.end >= now - MINUTE else ''}: {day.state}"]
+    parts = [f"{date(day.start)}{' (today, so far)' if now is not None and day.end >= now - MINUTE else ''}: {day.state}"]
     if day.share is not None:
         parts.append(f"{uptime.percent(day.share)} up")
     if day.outages:
-        spans = ", ".join(f"{_hm(a)}–{_hm(b)}" for a, b in day.outages[:3])
+        spans = ", ".join(f"{clock(a)}–{clock(b)}" for a, b in day.outages[:3])
         more = f" and {len(day.outages) - 3} more" if len(day.outages) > 3 else ""
-        parts.append(f"down {_duration(day.outage_seconds)} ({spans}{more} UTC)")
+        parts.append(f"down {duration(day.outage_seconds)} ({spans}{more} UTC)")
     if day.maintenance > 0:
-        parts.append(f"maintenance {_duration(day.maintenance)} (left out of uptime)")
+        parts.append(f"maintenance {duration(day.maintenance)} (left out of uptime)")
     return "; ".join(parts)
-
-
-def _hm(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%H:%M")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{max(1, round(seconds / 60))} min"
-    return f"{seconds / 3600:.1f} h".replace(".0 h", " h")
 
 
 @bp.app_template_filter("uptime_percent")
@@ -291,8 +276,3 @@ def _uptime_percent(share):
 @bp.app_template_global("day_label")
 def _day_label(day: Day, now: Optional[float] = None) -> str:
     return day_label(day, now)
-
-
-@bp.app_template_filter("duration")
-def _duration_filter(seconds: float) -> str:
-    return _duration(seconds)

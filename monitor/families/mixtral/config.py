@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
+from monitor import compat  # noqa: F401  (must precede petals)
 from hivemind import get_logger
 from petals.client.config import ClientConfig
 from petals.client.lm_head import LMHeadConfig

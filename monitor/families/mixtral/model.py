@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from monitor import compat  # noqa: F401  (must precede petals)
 import hivemind
 import torch
 import torch.nn as nn
