@@ -2,7 +2,7 @@
 is down starts anyway, says "cannot reach any bootstrap peer (…), retrying" on its dashboard, its
 state API and /metrics, and fires ``bootstrap_down`` and ``monitor_stale`` as a running monitor
 would; once the peer (and a server) start, its DHT client comes up by itself and the polls begin.
-``poll --once`` against a peer that is down fails at once with one clear line; start-up says what
+``report`` against a peer that is down fails at once with one clear line; start-up says what
 it does without Alembic's lines."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_serve_starts_with_its_bootstrap_peer_down_says_so_alerts_and_polls_once
             "[[alerts.webhooks]]", 'name = "ops"', f'url = "{ops.url}"']) + "\n")
         env = {**os.environ, "SWARM_MONITOR_DATA_DIR": str(tmp_path / "data")}
         serve = subprocess.Popen(
-            [sys.executable, "-m", "monitor.app.cli", "serve", "--config", str(config), "--port", "0",
+            [sys.executable, "-m", "monitor.app.cli", "--config", str(config), "serve", "--port", "0",
              "--initial-peers", *peers, "--model", f"{TINY_DHT_PREFIX}:{TINY_NUM_BLOCKS}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         output: list[str] = []
@@ -123,15 +123,15 @@ def test_serve_starts_with_its_bootstrap_peer_down_says_so_alerts_and_polls_once
 
 
 @pytest.mark.swarm
-def test_poll_once_with_its_bootstrap_peer_down_fails_at_once_with_one_clear_line(tiny_model, tmp_path):
+def test_a_report_with_its_bootstrap_peer_down_fails_at_once_with_one_clear_line(tiny_model, tmp_path):
     port = free_port()
     peers = down_bootstrap(tiny_model, tmp_path / "swarm", port)
     result = subprocess.run(
-        [sys.executable, "-m", "monitor.app.cli", "poll", "--once", "--initial-peers", *peers,
+        [sys.executable, "-m", "monitor.app.cli", "report", "--initial-peers", *peers,
          "--model", f"{TINY_DHT_PREFIX}:{TINY_NUM_BLOCKS}"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(tmp_path)})
     assert result.returncode != 0
     errors = result.stderr.strip().splitlines()
     assert errors == [f"Error: cannot reach any bootstrap peer (127.0.0.1:{port}): is the swarm up, and are these its "
-                      "initial peers? (`swarm-monitor poll` without --once starts anyway and keeps trying)"], result.stderr
+                      "initial peers? (`swarm-monitor poll` starts anyway and keeps trying)"], result.stderr
     assert re.fullmatch(r"Created the schema of sqlite:///\S+: revision \d+\.", result.stdout.strip()), result.stdout

@@ -222,7 +222,7 @@ def test_a_stopped_postgres_skips_polls_without_crashing_and_writing_resumes(swa
         store.close()
 
 
-def test_poll_once_prints_a_report_per_model_and_its_output_ends_when_it_exits(swarm, tmp_path):
+def test_report_prints_a_report_per_model_and_its_output_ends_when_it_exits(swarm, tmp_path):
     """The report, read through one pipe for stdout and stderr as a script (``… 2>&1 | grep``)
     reads it: the pipe ends when the command exits, not 2 s later when torch's shared-memory
     manager (which hivemind's DHT starts) would exit, had it inherited our stderr."""
@@ -232,7 +232,7 @@ def test_poll_once_prints_a_report_per_model_and_its_output_ends_when_it_exits(s
     import threading
 
     command = subprocess.Popen(
-        [sys.executable, "-m", "monitor.app.cli", "poll", "--once",
+        [sys.executable, "-m", "monitor.app.cli", "report",
          "--initial-peers", *swarm.initial_peers, "--model", f"{TINY_DHT_PREFIX}:{N}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "SWARM_MONITOR_DATA_DIR": str(tmp_path)},

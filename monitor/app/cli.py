@@ -1,29 +1,28 @@
-"""Command line: ``swarm-monitor demo | serve | poll | job | migrate | chaos``."""
+"""Command line: ``swarm-monitor [--config FILE] demo | serve | poll | report | job | migrate | chaos``.
+
+``--config`` is the group's, given once before the command (``monitor/app/cli_common.py``; after a
+command it still works, as when every command took it). ``chaos`` is a group of its own
+(``monitor/app/chaos_cli.py``); ``poll --once`` is the old spelling of ``report``."""
 
 from __future__ import annotations
 
 import logging
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import click
 
+from monitor.app.chaos_cli import chaos
+from monitor.app.cli_common import Listed, config_option, group_config_option
+from monitor.app.cli_common import settings as _settings
 from monitor.core import leadership as lease_rules
 from monitor.harness.tiny_model import DEFAULT_FAMILY, FAMILIES
-from monitor.settings import ModelConfig, Settings, SettingsError, load_settings
+from monitor.settings import ModelConfig, Settings
 
-config_option = click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
-                             help="TOML settings file (also SWARM_MONITOR_CONFIG).")
-
-
-def _settings(config_file: Optional[Path], **overrides) -> Settings:
-    try:
-        return load_settings(config_file, **overrides)
-    except SettingsError as e:
-        raise click.ClickException(str(e)) from None
+# the order of `swarm-monitor --help`: the first ones to try first
+COMMANDS = ("demo", "serve", "poll", "report", "job", "migrate", "chaos")
 
 
 def _sigterm_as_interrupt() -> None:
@@ -58,10 +57,25 @@ def _model_option(values: tuple[str, ...]) -> Optional[list[ModelConfig]]:
     return models
 
 
-@click.group()
+def _swarm_options(command):
+    """--initial-peers and --model: the swarm to watch (else the settings')."""
+    command = click.option("--model", "models", multiple=True, metavar="MODEL",
+                           help="Model to watch, PREFIX[:NUM_BLOCKS[:PATH]] (repeatable; adds to the models "
+                                "the DHT announces).")(command)
+    return click.option("--initial-peers", multiple=True, metavar="MULTIADDR",
+                        help="Bootstrap multiaddr (repeatable), or 'public' (petals' public swarm).")(command)
+
+
+@click.group(cls=Listed, order=COMMANDS)
+@group_config_option
 @click.option("-v", "--verbose", is_flag=True, help="Log debug details.")
 def main(verbose: bool) -> None:
-    """Swarm monitor for Petals: coverage, history, diagnosis, peer scores, and chat."""
+    """Swarm monitor for Petals: coverage, history, diagnosis, peer scores, and chat.
+
+    Settings come from a TOML file (--config FILE, before the command, or SWARM_MONITOR_CONFIG),
+    then from SWARM_MONITOR_<SETTING> variables, then from the command's options. Start with
+    `swarm-monitor demo`; `swarm-monitor COMMAND --help` says more of each command.
+    """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not verbose:  # Alembic's plugin and per-revision lines: the start-up says in one line what it did
@@ -70,12 +84,16 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @config_option
-@click.option("--database-url", default=None,
+@click.option("--database-url", metavar="URL", default=None,
               help="The database (default: the database_url setting, else monitor.db in the data dir).")
-def migrate(config_file, database_url) -> None:
-    """Create the database's schema, or upgrade it to this version's (keeps all data), and say which
-    revision it reached. Run it before the web workers and the poller of a new version start."""
-    settings = _settings(config_file, database_url=database_url)
+def migrate(database_url) -> None:
+    """Create or upgrade the database's schema, keeping all data.
+
+    Says which revision it reached, and from which. Run it before the web workers of a new version
+    start (they answer 503 on an older schema; `serve` and `poll` migrate at start too). It imports
+    neither petals nor torch.
+    """
+    settings = _settings(database_url=database_url)
     from monitor.store import Store, StoreError
 
     alembic_log = logging.getLogger("alembic")
@@ -116,36 +134,30 @@ def _open_store(settings: Settings):
 
 @main.command()
 @config_option
-@click.option("--once", is_flag=True, help="Poll once, print a report per model and exit.")
-@click.option("--initial-peers", multiple=True, help="Bootstrap multiaddr (repeatable), or 'public'.")
-@click.option("--model", "models", multiple=True, help="Model to watch: PREFIX[:NUM_BLOCKS[:PATH]] (repeatable).")
-def poll(config_file, once, initial_peers, models) -> None:
-    """Run the poller alone (scrape, probe, rollup on schedule), or poll once and print a report.
+@click.option("--once", is_flag=True,
+              help="Poll once, print a report per model and exit: the old spelling of `swarm-monitor report`.")
+@_swarm_options
+def poll(once, initial_peers, models) -> None:
+    """Run the poller alone: scrape, probe, score, roll up.
 
-    Run it as its own process when several web workers serve the dashboard, and as several (on
+    On schedule, until Ctrl-C. Run it as its own process when several web workers serve the dashboard, and as several (on
     several machines, one PostgreSQL database) for a standby that takes over (see README). It
-    starts whether or not a bootstrap peer answers, and keeps trying; `--once` fails at once."""
-    settings = _settings(config_file, initial_peers=list(initial_peers) or None, models=_model_option(models))
-    if not settings.resolved_initial_peers:
-        raise click.ClickException("no initial peers: pass --initial-peers (or 'public'), "
-                                   "or set SWARM_MONITOR_INITIAL_PEERS")
+    starts whether or not a bootstrap peer answers, and keeps trying. `poll --once` is the old
+    spelling of `swarm-monitor report`.
+    """
+    settings = _swarm_settings(initial_peers, models)
+    if once:
+        _report(settings, spelling="poll --once")
+        return
     from monitor.app.jobs import Poller
     from monitor.app.leadership import for_settings
-    from monitor.swarm import BootstrapUnreachable, DhtClient
+    from monitor.swarm import DhtClient
 
     store = _open_store(settings)
     dht = DhtClient(settings.resolved_initial_peers)
-    try:
-        dht.start(retry=not once)
-    except BootstrapUnreachable as e:
-        store.close()
-        raise click.ClickException(f"{e}: is the swarm up, and are these its initial peers? "
-                                   "(`swarm-monitor poll` without --once starts anyway and keeps trying)") from None
+    dht.start(retry=True)
     poller = Poller(settings, store, dht, leadership=for_settings(store, settings))
     try:
-        if once:
-            click.echo(_poll_once_report(poller))
-            return
         _sigterm_as_interrupt()
         poller.start()
         click.echo(f"Polling every {settings.scrape_period:g} s into {store.db.display_url}; Ctrl-C stops.")
@@ -153,6 +165,53 @@ def poll(config_file, once, initial_peers, models) -> None:
         if dht.problem:
             click.echo(f"Swarm: {dht.problem}; polling starts by itself once a bootstrap peer answers.")
         _wait_for_interrupt()
+    finally:
+        poller.shutdown()
+        dht.shutdown()
+        store.close()
+
+
+@main.command()
+@config_option
+@_swarm_options
+def report(initial_peers, models) -> None:
+    """Poll the swarm once and print a report per model.
+
+    One round of the poller (scrape, reachability probes, diagnosis, peer scores, stored in the
+    configured database like any poll), then, per model: its state and why, the best route's speed,
+    where a new server helps most, and each server's span, state, speed and score. Fails at once,
+    in one line, when no bootstrap peer answers, and refuses while another poller leads the database.
+    `poll --once` is its old spelling.
+    """
+    _report(_swarm_settings(initial_peers, models), spelling="report")
+
+
+def _swarm_settings(initial_peers, models) -> Settings:
+    settings = _settings(initial_peers=list(initial_peers) or None, models=_model_option(models))
+    if not settings.resolved_initial_peers:
+        raise click.ClickException("no initial peers: pass --initial-peers (or 'public'), "
+                                   "or set SWARM_MONITOR_INITIAL_PEERS")
+    return settings
+
+
+def _report(settings: Settings, *, spelling: str) -> None:
+    """``report`` (``poll --once``): one poll, its report on stdout; a swarm that is down fails at once."""
+    from monitor.app.jobs import Poller
+    from monitor.app.leadership import for_settings
+    from monitor.swarm import BootstrapUnreachable, DhtClient
+
+    store = _open_store(settings)
+    dht = DhtClient(settings.resolved_initial_peers)
+    try:
+        dht.start(retry=False)
+    except BootstrapUnreachable as e:
+        store.close()
+        instead = "`swarm-monitor poll` without --once" if spelling == "poll --once" else "`swarm-monitor poll`"
+        raise click.ClickException(f"{e}: is the swarm up, and are these its initial peers? "
+                                   f"({instead} starts anyway and keeps trying)") from None
+    poller = Poller(settings, store, dht, leadership=for_settings(store, settings))
+    try:
+        click.echo(_poll_once_report(poller, spelling))
     finally:
         poller.shutdown()
         dht.shutdown()
@@ -173,15 +232,15 @@ def _role_line(poller) -> str:
     return f"Standing by: {who} leads; this one takes over if it stops (its DHT client kept warm)."
 
 
-def _poll_once_report(poller) -> str:
+def _poll_once_report(poller, spelling: str) -> str:
     from monitor.core.report import poll_report
 
     poller.leadership.start()  # (renewed while it polls)
     if not poller.leads():
         lease = poller.leadership.lease
         who = f"poller {lease.label}" if lease is not None else "another poller"
-        raise click.ClickException(f"{who} leads this database: `poll --once` would poll beside it. "
-                                   "Its dashboard shows the latest poll; or point --once at another database")
+        raise click.ClickException(f"{who} leads this database: `{spelling}` would poll beside it. "
+                                   f"Its dashboard shows the latest poll; or point `{spelling}` at another database")
     poller.check_reachability_once()  # probes first, so reachability counts in the diagnosis
     snapshot = poller.poll_once()
     if snapshot is None:
@@ -198,17 +257,20 @@ def _job_names() -> list[str]:
 
 
 @main.command()
-@click.argument("name", type=click.Choice(_job_names()), required=False)
+@click.argument("name", type=click.Choice(_job_names()), metavar="[NAME]", required=False)
 @click.option("--once", is_flag=True, help="Run the job once against the configured store, then exit.")
 @click.option("--list", "list_jobs", is_flag=True, help="List the jobs: name, period, who runs it, what it does.")
 @config_option
-def job(name, once, list_jobs, config_file) -> None:
-    """Run one of the poller's jobs once (`swarm-monitor job scrape --once`), as a cron line or an
-    operator would; `--list` shows them all. A job only the leader runs refuses while another poller
-    leads the database."""
+def job(name, once, list_jobs) -> None:
+    """Run one of the poller's jobs once, or list them.
+
+    `swarm-monitor job scrape --once` runs it against the configured store, as a cron line or an
+    operator would; `--list` (or no NAME) lists them all. A job only the leader runs refuses while
+    another poller leads the database.
+    """
     from monitor.app.job_table import BY_NAME, JOBS
 
-    settings = _settings(config_file)
+    settings = _settings()
     if list_jobs or name is None:
         for entry in JOBS:
             period = entry.period(settings)
@@ -276,14 +338,18 @@ def _job_result(result) -> str:
 
 @main.command()
 @config_option
-@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Port (default 5000).")
-@click.option("--initial-peers", multiple=True, help="Bootstrap multiaddr (repeatable), or 'public'.")
-@click.option("--model", "models", multiple=True, help="Model to watch: PREFIX[:NUM_BLOCKS[:PATH]] (repeatable).")
+@click.option("--host", default=None, help="Address to listen on (default: the host setting, 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default: the port setting, 5000; 0 picks a free one).")
+@_swarm_options
 @click.option("--no-poller", is_flag=True, help="Serve only; a separate `swarm-monitor poll` fills the store.")
-def serve(config_file, host, port, initial_peers, models, no_poller) -> None:
-    """Serve the dashboard, API and chat, with the poller in the same process."""
-    settings = _settings(config_file, host=host, port=port, initial_peers=list(initial_peers) or None,
+def serve(host, port, initial_peers, models, no_poller) -> None:
+    """Serve the dashboard, API and chat, and run the poller.
+
+    All in one process, on the development server (see README for production's layout: web
+    workers, a chat worker and pollers). It starts whether or not a bootstrap peer answers, and
+    prints the dashboard's URL and the operator's login URL.
+    """
+    settings = _settings(host=host, port=port, initial_peers=list(initial_peers) or None,
                          models=_model_option(models))
     if not settings.resolved_initial_peers:
         raise click.ClickException("no initial peers: pass --initial-peers (or 'public'), or run `swarm-monitor demo`")
@@ -341,21 +407,27 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="Serve this local checkpoint (a folder with config.json, safetensors weights and a tokenizer) "
                    "instead of the demo's model; its family, DHT prefix and block count are read from it.")
-@click.option("--port", type=int, default=None, help="Dashboard port (default 5000; 0 picks a free one).")
+@click.option("--port", type=int, default=None, help="Dashboard port (default: the port setting, 5000; 0 picks a free one).")
 @click.option("--bootstrap-port", type=int, default=0, show_default=True, help="Port of the demo's bootstrap peer (0: any).")
-@click.option("--initial-peers", multiple=True,
+@click.option("--initial-peers", multiple=True, metavar="MULTIADDR",
               help="Watch a real swarm instead of starting one: bootstrap multiaddr (repeatable) or 'public'.")
-@click.option("--model", "models", multiple=True, help="With --initial-peers: model to watch, PREFIX[:NUM_BLOCKS[:PATH]].")
+@click.option("--model", "models", multiple=True, metavar="MODEL",
+              help="With --initial-peers: model to watch, PREFIX[:NUM_BLOCKS[:PATH]].")
 @click.option("--webhook", "webhooks", multiple=True, metavar="URL",
               help="Send alert notices to this webhook too (repeatable; Slack and Discord URLs get their format).")
-def demo(config_file, servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers, models,
-         webhooks) -> None:
-    """Start a private swarm serving a real model on 127.0.0.1, with the dashboard and chat on it."""
+def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers, models, webhooks) -> None:
+    """Run a private swarm on 127.0.0.1, with the dashboard and chat.
+
+    A bootstrap peer and petals servers serving SmolLM2-135M-Instruct (or --tiny, or your
+    --checkpoint), three by default so that any one can die with the model still served, and the
+    monitor in this process: the dashboard's panel (or `swarm-monitor chaos`) stops, slows,
+    corrupts or fails them. With --initial-peers it watches that swarm instead, as `serve` does.
+    """
     if family != DEFAULT_FAMILY and not tiny:
         raise click.UsageError(f"--family {family} needs --tiny (the full demo model, SmolLM2-135M, is a Llama)")
     if checkpoint is not None and tiny:
         raise click.UsageError("--checkpoint serves your checkpoint; --tiny a tiny random one: pass one of them")
-    settings = _settings(config_file, port=port, models=_model_option(models),
+    settings = _settings(port=port, models=_model_option(models),
                          initial_peers=list(initial_peers) or None)
     settings = _with_webhooks(settings, webhooks)
     if settings.initial_peers:
@@ -422,47 +494,7 @@ def demo(config_file, servers, tiny, family, checkpoint, port, bootstrap_port, i
     click.echo("Stopped.")
 
 
-@main.command()
-@click.argument("action", type=click.Choice(["stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt",
-                                             "fail", "unfail", "hostile"]))
-@click.argument("server", required=False)
-@click.option("--url", default="http://127.0.0.1:5000", show_default=True, help="The running demo's dashboard.")
-@config_option
-@click.option("--token", envvar="SWARM_MONITOR_ADMIN_TOKEN", default=None,
-              help="The operator token (default: the running service's, from its data directory).")
-def chaos(action, server, url, config_file, token) -> None:
-    """Stop, start, throttle, corrupt or fail a server of a running demo (e.g. `chaos stop server-2`;
-    `chaos corrupt server-3` makes it answer with wrong outputs; `chaos fail server-2` keeps it ONLINE
-    and reachable while every inference step through it fails with its own error, until `chaos unfail
-    server-2`). `chaos hostile` (no server) makes a made-up peer announce hostile records on every
-    block for 10 minutes."""
-    import urllib.error
-    import urllib.request
-
-    from monitor.web.auth import TokenError, resolve_token, token_path
-
-    if (action == "hostile") != (server is None):
-        raise click.UsageError("`chaos hostile` takes no server; every other action needs one (e.g. server-2)")
-    settings = _settings(config_file)
-    try:
-        token = token or resolve_token(settings, create=False)
-    except TokenError as e:
-        raise click.ClickException(str(e)) from None
-    if not token:
-        raise click.ClickException(f"no operator token: {token_path(settings)} does not exist (is the demo running "
-                                   f"as this user, with this data directory?); pass --token")
-    path = "/demo/hostile" if action == "hostile" else f"/demo/servers/{server}/{action}"
-    server = server or "swarm"
-    request = urllib.request.Request(f"{url.rstrip('/')}{path}", method="POST",
-                                     headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60):
-            click.echo(f"{action} {server}: done")
-    except urllib.error.HTTPError as e:
-        raise click.ClickException(f"{action} {server}: HTTP {e.code}: {e.read().decode()[:300]}") from None
-    except urllib.error.URLError as e:
-        raise click.ClickException(f"cannot reach the demo at {url}: {e.reason}. Is `make demo` running?") from None
-
+main.add_command(chaos)
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="swarm-monitor")

@@ -1,6 +1,6 @@
 """The scheduler: scrape, probe, generation check, score and rollup/retention jobs, and nothing else.
 
-Each job is one method of ``Poller`` that can also run once by hand (``swarm-monitor poll --once``,
+Each job is one method of ``Poller`` that can also run once by hand (``swarm-monitor report``,
 tests). With a ``Leadership`` (``swarm-monitor poll`` and ``serve``: several pollers may share one
 database), only the leader runs them: each job starts only while this poller holds the lease, every
 write goes through a store fenced by it (``Store.fenced``: a write of a poller that lost the lease
@@ -90,7 +90,7 @@ class Poller:
 
     ``dht``: the hivemind DHT, or the process's ``swarm.DhtClient`` (which may not be up yet).
     ``leadership``: this poller's place among the pollers of the database (``app/leadership.py``,
-    started and stopped with the poller); None: it leads alone, unfenced (specs, ``poll --once``
+    started and stopped with the poller); None: it leads alone, unfenced (specs, ``report``
     without it)."""
 
     def __init__(self, settings: Settings, store, dht, *, leadership=None, chat_engine=None):

@@ -1,4 +1,4 @@
-"""Plain-text report of a poll, for ``swarm-monitor poll --once`` (pure: strings from data)."""
+"""Plain-text report of a poll, for ``swarm-monitor report`` (pure: strings from data)."""
 
 from __future__ import annotations
 

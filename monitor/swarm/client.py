@@ -75,7 +75,7 @@ def start_shared_memory_manager_off_stderr() -> None:
     hivemind shares its futures' state through torch's ``file_system`` strategy, whose first
     shared tensor starts a ``torch_shm_manager`` process. That process inherits our stderr and
     outlives us by 2 s (it waits that long after its last client): whoever reads our output
-    through a pipe (``swarm-monitor poll --once 2>&1 | grep …``, a supervisor, a spec) waited
+    through a pipe (``swarm-monitor report 2>&1 | grep …``, a supervisor, a spec) waited
     those 2 s for the end of it after we had exited. Started here first, from a tensor shared
     while fd 2 points at /dev/null, it holds nothing of ours; the DHT's futures then use it. (The
     manager writes nothing but a fatal error, which its start reports to us anyway; a line another
