@@ -390,8 +390,12 @@ def main(argv=None) -> None:
                         help="the demo's data dir (default: a fresh one, its models from the test cache)")
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench-chat-use-demo.log",
                         help="where the demo's log is kept")
+    parser.add_argument("--stop-after", type=int, default=STOP_AFTER_TOKENS,
+                        help="tokens after which a person stops an answer that runs on (the tiny random model's "
+                             "never end: a person reads a gibberish paragraph, then stops it)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    globals()["STOP_AFTER_TOKENS"] = args.stop_after
     print(bc.machine(), flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-chat-use-"))
@@ -402,10 +406,10 @@ def main(argv=None) -> None:
         if cached.exists():
             (data_dir / "models").symlink_to(cached)
     from monitor.harness.demo_swarm import prepare_model
-    from monitor.settings import Settings
+    from monitor.settings import load_settings
 
     path = prepare_model(data_dir, tiny=args.tiny)[0]
-    settings = Settings()
+    settings = load_settings()  # (the defaults, and what the environment sets for the demo too)
     proc, base = start_demo(args.tiny, data_dir, workdir / "demo.log")
     results: dict = {}
     try:
@@ -475,7 +479,7 @@ def report(results: dict, args, settings) -> str:
                      f"≤ {TARGET_LOGPROB_DIFF:g}", bc.verdict(d["max_diff"] <= TARGET_LOGPROB_DIFF)])
     markdown = bc.table(["figure", "measured", "target", ""], rows)
     notes = [f"\n\nOn {model}: `swarm-monitor demo` (three servers, its poller, probes and generation checks "
-             f"running) with its default chat capacity — {settings.max_chat_sessions} generation slots, a queue of "
+             f"running) with its chat capacity — {settings.max_chat_sessions} generation slots, a queue of "
              f"{settings.chat_queue_size} ({settings.chat_queue_timeout:g} s at most), a client's share "
              f"{settings.max_slots_share:g}, {settings.max_open_sessions} open sessions, "
              f"{settings.max_sessions_per_client} per client — behind one trusted proxy hop, so that every "
