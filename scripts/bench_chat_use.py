@@ -38,6 +38,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import bench_common as bc
 
@@ -61,13 +62,16 @@ STOP_AFTER_TOKENS = 200  # a person clicks "stop generation" on an answer that r
 # ---- the demo ---------------------------------------------------------------------------------------
 
 
-def start_demo(tiny: bool, data_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """``swarm-monitor demo`` in its own session, one proxy hop trusted; (process, base URL)."""
+def start_demo(tiny: bool, data_dir: Path, log_path: Path, checkpoint: Optional[Path] = None
+               ) -> tuple[subprocess.Popen, str]:
+    """``swarm-monitor demo`` in its own session, one proxy hop trusted; (process, base URL).
+    ``checkpoint``: serve that folder (``demo --checkpoint``)."""
     env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(data_dir), SWARM_MONITOR_PROXY_HOPS="1",
                SWARM_MONITOR_CHAT_RATE_LIMIT="100000 per minute",
                PYTHONPATH=os.pathsep.join([str(bc.ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     # this checkout's code, whatever the environment's installed copy points at
-    args = [sys.executable, "-m", "monitor.app.cli", "demo", "--port", "0"] + (["--tiny"] if tiny else [])
+    args = [sys.executable, "-m", "monitor.app.cli", "demo", "--port", "0"] + (
+        ["--checkpoint", str(checkpoint)] if checkpoint else ["--tiny"] if tiny else [])
     log = open(log_path, "w")
     proc = subprocess.Popen(args, env=env, cwd=bc.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -393,6 +397,9 @@ def main(argv=None) -> None:
     parser.add_argument("--stop-after", type=int, default=STOP_AFTER_TOKENS,
                         help="tokens after which a person stops an answer that runs on (the tiny random model's "
                              "never end: a person reads a gibberish paragraph, then stops it)")
+    parser.add_argument("--context", type=int, default=None,
+                        help="with --tiny: declare this context instead of its 512 tokens (a conversation of "
+                             "ten minutes outgrows 512; chat.petals.dev's page then shows an error for good)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     globals()["STOP_AFTER_TOKENS"] = args.stop_after
@@ -410,7 +417,14 @@ def main(argv=None) -> None:
 
     path = prepare_model(data_dir, tiny=args.tiny)[0]
     settings = load_settings()  # (the defaults, and what the environment sets for the demo too)
-    proc, base = start_demo(args.tiny, data_dir, workdir / "demo.log")
+    checkpoint = None
+    if args.tiny and args.context:  # the tiny model's weights with a longer context declared (it has
+        checkpoint = workdir / path.name  # rotary positions: nothing else changes), served as a checkpoint
+        shutil.copytree(path, checkpoint)
+        config = json.loads((checkpoint / "config.json").read_text())
+        config["max_position_embeddings"] = args.context
+        (checkpoint / "config.json").write_text(json.dumps(config))
+    proc, base = start_demo(args.tiny, data_dir, workdir / "demo.log", checkpoint)
     results: dict = {}
     try:
         model = model_of(base)
@@ -479,7 +493,7 @@ def report(results: dict, args, settings) -> str:
                      f"≤ {TARGET_LOGPROB_DIFF:g}", bc.verdict(d["max_diff"] <= TARGET_LOGPROB_DIFF)])
     markdown = bc.table(["figure", "measured", "target", ""], rows)
     notes = [f"\n\nOn {model}: `swarm-monitor demo` (three servers, its poller, probes and generation checks "
-             f"running) with its chat capacity — {settings.max_chat_sessions} generation slots, a queue of "
+             f"running) with its chat capacity — {settings.chat_slots} generation slots, a queue of "
              f"{settings.chat_queue_size} ({settings.chat_queue_timeout:g} s at most), a client's share "
              f"{settings.max_slots_share:g}, {settings.max_open_sessions} open sessions, "
              f"{settings.max_sessions_per_client} per client — behind one trusted proxy hop, so that every "
