@@ -45,7 +45,7 @@ MAX_RETRY_AFTER = 600
 
 @dataclass(frozen=True)
 class Capacity:
-    """The bounds (``monitor.settings``: max_chat_sessions, chat_queue_size, chat_queue_timeout,
+    """The bounds (``monitor.settings``: chat_slots, chat_queue_size, chat_queue_timeout,
     max_slots_share, max_open_sessions, max_sessions_per_client)."""
 
     slots: int = 4
@@ -58,7 +58,7 @@ class Capacity:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "Capacity":
-        return cls(slots=settings.max_chat_sessions, queue_size=settings.chat_queue_size,
+        return cls(slots=settings.chat_slots, queue_size=settings.chat_queue_size,
                    queue_timeout=settings.chat_queue_timeout, slots_share=settings.max_slots_share,
                    open_sessions=settings.max_open_sessions, sessions_per_client=settings.max_sessions_per_client)
 

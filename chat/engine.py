@@ -34,7 +34,7 @@ from chat.errors import (
     SessionTooLong, UnknownModel,
 )
 from chat.metrics import RequestHistograms
-from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, OutcomeSink, RoutingSettings, ScoreSource
+from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, OutcomeSink, RouteHop, RoutingSettings, ScoreSource
 from chat.server_load import ServerLimits, ServerLoad
 from chat.remote_model import load_remote_model, sequence_manager_of
 from chat.sequence import HealthAwareSequenceManager
@@ -53,12 +53,14 @@ DEFAULT_MAX_LOGPROBS = 20
 __all__ = [  # what the HTTP side and the service use, in one import
     "Answer", "BatchAnswer", "Busy", "Capacity", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta",
     "EngineLoad", "Finished", "GenerationFailed", "GenerationParams", "InvalidRequest", "MaxLengthExceeded",
-    "ModelNotServed", "ModelStatus", "RouteChoice", "RouteUnmet", "SessionExpired", "SessionTooLong", "TokenLogprob", "UnknownModel",
+    "ModelNotServed", "ModelReadiness", "RouteChoice", "RouteUnmet", "SessionExpired", "SessionTooLong", "TokenLogprob", "UnknownModel",
 ]
 
 
 @dataclass(frozen=True)
-class ModelStatus:
+class ModelReadiness:
+    """Can a model be chatted with now (``ChatEngine.status``), and if not, why."""
+
     name: str  # dht_prefix
     title: str  # human name
     served: bool
@@ -275,21 +277,21 @@ class ChatEngine:
         return sequence_manager_of(self.remote(self._model(name)))
 
     # -- coverage --------------------------------------------------------------------------------
-    def status(self, name: str) -> ModelStatus:
+    def status(self, name: str) -> ModelReadiness:
         """Can this model be chatted with now, and if not, why (for people)."""
         model = self._model(name)
         try:
             # with a coverage check, a model nobody chatted with yet is not loaded just to be listed
             self.check_served(model, load=self.coverage_check is None or model.remote is not None)
         except ModelNotServed as e:
-            return ModelStatus(model.name, model.title, False, e.reason, tuple(e.missing_blocks))
+            return ModelReadiness(model.name, model.title, False, e.reason, tuple(e.missing_blocks))
         except Exception:  # noqa: BLE001 - a status page must still render; the cause is for the log
             logger.warning("status of %s failed", model.name, exc_info=True)
-            return ModelStatus(model.name, model.title, False, "could not check its servers right now; "
+            return ModelReadiness(model.name, model.title, False, "could not check its servers right now; "
                                                               "try again in a minute")
-        return ModelStatus(model.name, model.title, True)
+        return ModelReadiness(model.name, model.title, True)
 
-    def statuses(self) -> list[ModelStatus]:
+    def statuses(self) -> list[ModelReadiness]:
         return [self.status(name) for name in self._models]
 
     def check_served(self, model: _Model, *, load: bool = True, coverage: bool = True) -> None:
@@ -412,15 +414,15 @@ class ChatEngine:
                        f"that name their servers ({self.server_load.directed_limit} each); retry later or allow "
                        f"more servers", self.capacity.retry_after)
 
-    def planned_route(self, name: str, tokens: int) -> list[tuple[str, int, int]]:
-        """(peer id, start, end) of the route an inference session of ``tokens`` tokens would take
+    def planned_route(self, name: str, tokens: int) -> list[RouteHop]:
+        """The hops of the route an inference session of ``tokens`` tokens would take
         now (the sequence manager's own choice, nothing opened); [] when it cannot say."""
         try:
             spans = self.sequence_manager(name).make_sequence(mode="min_latency", cache_tokens_needed=tokens)
         except Exception as e:  # noqa: BLE001 - a preview, not the answer: the session finds its own route
             logger.debug("no route preview for %s: %r", name, e)
             return []
-        return [(span.peer_id.to_base58(), span.start, span.end) for span in spans]
+        return [RouteHop(span.peer_id.to_base58(), span.start, span.end) for span in spans]
 
     def recommendation(self, name: str) -> Optional[tuple[str, str]]:
         """(argument, reason): what a new server of this model should serve, as the stored assessment

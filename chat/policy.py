@@ -1,13 +1,12 @@
 """The chat's routing policy: ``swarm_monitor_client.policy`` (one implementation, shared with the
-routing that other petals clients get from ``route_with``), re-exported here, plus what only the
-chat has: the hops of an answer's route and the peer weights it learns from its own requests.
+routing that other petals clients get from ``route_with``), re-exported here, with the monitor's
+``RouteHop`` (one hop of a route, the chat's answers' too), plus what only the chat has: the peer
+weights it learns from its own requests.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
 from swarm_monitor_client.policy import (
@@ -29,6 +28,7 @@ from swarm_monitor_client.policy import (
     relative_penalties,
 )
 
+from monitor.core.assessment import RouteHop
 from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, OUTCOME_SAMPLES, outcome_speeds
 from monitor.core.snapshot import ChatOutcome
 
@@ -40,20 +40,6 @@ __all__ = [
     "measured_speed", "peers_to_explore_around", "peers_to_leave_out", "penalty", "relative_penalties",
     "weights_from_outcomes",
 ]
-
-
-@dataclass(frozen=True)
-class RouteHop:
-    """One hop of the route an answer took: which peer served which blocks, how it did."""
-
-    peer_id: str
-    start: int
-    end: int
-    score: Optional[float] = None
-    seconds_per_token: Optional[float] = None  # measured for this span during the answer
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def weights_from_outcomes(

@@ -40,7 +40,7 @@ from chat.capacity import InSlot, Slot
 from chat.decoding import Delta, Finished, GenerationParams
 from chat.errors import (Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, RouteUnmet, SessionExpired,
                          UnknownModel, check_fits_context)
-from chat.policy import OutcomeSink
+from chat.policy import OutcomeSink, RouteHop
 from chat.session import ChatSession
 from chat.streams import ThreadStream
 
@@ -346,7 +346,7 @@ class RequestLog:
         finished = self._finished
         speeds = [f.tokens_per_second for f in finished if f.tokens_per_second is not None]
         firsts = [f.time_to_first_token for f in finished if f.time_to_first_token is not None]
-        route = tuple(dict.fromkeys((hop.peer_id, hop.start, hop.end) for f in finished for hop in f.route))
+        route = tuple(dict.fromkeys(RouteHop(hop.peer_id, hop.start, hop.end) for f in finished for hop in f.route))
         record = RequestRecord(
             at=self.at, model=self.model, api=self.api, outcome=outcome, error_kind=kind, route=route,
             waited=self.waited, time_to_first_token=min(firsts) if firsts else None,

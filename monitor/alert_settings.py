@@ -9,7 +9,7 @@ In the TOML settings file::
     name = "gpu-box-offline"
     kind = "peer_offline"
     peers = ["my-gpu-box"]          # public names or peer ids
-    for = "5m"                      # seconds, or "90s", "5m", "2h", "1d"
+    for = "5m"                      # seconds, or "90s", "5m", "2h", "1d" (monitor/durations.py)
 
     [[alerts.webhooks]]
     name = "ops"
@@ -37,21 +37,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from monitor.core import alert_rules as core
 from monitor.core import muting
 from monitor.core.common import DAY, STALE_PERIODS
+from monitor.durations import days, parse_duration  # noqa: F401  (parse_duration: also read from here)
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
 MAX_RULES, MAX_WEBHOOKS, MAX_TARGETS, MAX_HEADERS = 200, 20, 100, 10
-
-
-def parse_duration(value: Any) -> Any:
-    """Seconds as a number, or a string like ``"90s"``, ``"5m"``, ``"2h"``, ``"1d"``."""
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if not match:
-            raise ValueError(f"{value!r} is not a duration: give seconds, or a number with ms, s, m, h or d")
-        return float(match.group(1)) * _UNITS[match.group(2) or "s"]
-    return value
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=30 * DAY)]
@@ -112,7 +101,7 @@ class WebhookConfig(BaseModel):
     name: str = Field(pattern=_NAME)
     url: str = Field(max_length=2000)
     format: Literal["auto", "generic", "slack", "discord", "alertmanager"] = "auto"
-    timeout: float = Field(default=5.0, gt=0, le=60)
+    timeout: Annotated[float, BeforeValidator(parse_duration)] = Field(default=5.0, gt=0, le=60)
     headers: dict[str, str] = Field(default={}, max_length=MAX_HEADERS)  # e.g. Authorization
 
     @field_validator("url")
@@ -189,20 +178,28 @@ class AlertSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    default_rules: bool = True  # model-health, bootstrap-down, monitor-stale (a rule of the same name replaces one)
-    rules: list[AlertRuleConfig] = []
-    webhooks: list[WebhookConfig] = []
-    check_period: Duration = Field(default=10.0, gt=0)  # evaluate and send due retries at least this often
-    max_attempts: int = Field(default=12, ge=1, le=100)  # per notice and webhook (~3.5 h), then marked failed
-    retry_backoff: Duration = Field(default=10.0, gt=0)  # first retry after this, doubling up to an hour
-    history_days: float = Field(default=30, gt=0, le=3650)  # events and deliveries kept this long
-    dashboard_url: Optional[str] = Field(default=None, max_length=500)  # base URL for links in notices
-    group_wait: Duration = 0.0  # a notice waits this long for others to the same webhook, sent as one message
-    default_inhibit: bool = True  # a firing model alert holds the per-peer alerts of its servers
-    inhibit_rules: list[InhibitRuleConfig] = Field(default=[], max_length=50)
-    public_silences: bool = False  # anonymous clients may read the silences in force (never change them)
-    alertmanager_resend: Duration = Field(default=60.0, ge=10, le=3600)  # firing alerts re-sent to Alertmanagers
+    enabled: bool = Field(default=True, description="evaluate the rules and send notices")
+    default_rules: bool = Field(default=True, description="model-health, bootstrap-down and monitor-stale rules "
+                                "(a rule of the same name replaces one)")
+    rules: list[AlertRuleConfig] = Field(default=[], description="`[[alerts.rules]]`: name, kind, for, repeat, "
+                                         "models, peers, below, periods, webhooks (see Alerts)")
+    webhooks: list[WebhookConfig] = Field(default=[], description="`[[alerts.webhooks]]`: name, url, format, "
+                                          "timeout, headers (see Alerts)")
+    check_period: Duration = Field(default=10.0, gt=0, description="evaluate and send due retries at least this often")
+    max_attempts: int = Field(default=12, ge=1, le=100, description="per notice and webhook (~3.5 h), then marked failed")
+    retry_backoff: Duration = Field(default=10.0, gt=0, description="first retry after this, doubling up to an hour")
+    history_days: Annotated[float, BeforeValidator(days)] = Field(default=30, gt=0, le=3650,
+                                                                  description="events and deliveries kept this long")
+    dashboard_url: Optional[str] = Field(default=None, max_length=500, description="base URL for links in notices")
+    group_wait: Duration = Field(default=0.0, description="a notice waits this long for others to the same webhook, "
+                                 "sent as one message")
+    default_inhibit: bool = Field(default=True, description="a firing model alert holds the per-peer alerts of its servers")
+    inhibit_rules: list[InhibitRuleConfig] = Field(default=[], max_length=50, description="`[[alerts.inhibit_rules]]`: "
+                                                   "source, target, equal (see Alerts)")
+    public_silences: bool = Field(default=False, description="anonymous clients may read the silences in force "
+                                  "(never change them)")
+    alertmanager_resend: Duration = Field(default=60.0, ge=10, le=3600, description="firing alerts re-sent to "
+                                          "Alertmanagers this often")
 
     @model_validator(mode="before")
     @classmethod

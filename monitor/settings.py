@@ -1,8 +1,12 @@
 """One settings object for the whole service: defaults, then an optional TOML file, then env vars.
 
-Every setting can come from the TOML file (``--config`` or ``SWARM_MONITOR_CONFIG``) or from an
-environment variable ``SWARM_MONITOR_<NAME>`` (lists comma-separated). Settings are validated at
-start: an invalid one stops the service with a message naming it.
+In the TOML file (``--config`` or ``SWARM_MONITOR_CONFIG``) settings are in sections ([swarm],
+[[models]], [poller], [probes], [store], [web], [security], [chat], [alerts]: each field's
+``section``); the old flat form (every setting at the top) is still read, with a warning. The object
+itself is flat: ``settings.scrape_period``. Every setting also comes from an environment variable
+``SWARM_MONITOR_<NAME>`` (lists comma-separated; the tables ``models`` and ``alerts`` as JSON).
+Every time setting takes "90s", "5m", "2h", "30d" or a number in its own unit (monitor/durations.py).
+Settings are validated at start: an invalid one stops the service with a message naming it.
 
 It sits at the top of the package, beside ``compat``, because every layer reads it (the web, the
 poller, the chat, the harness) and none of them may import another's modules for it.
@@ -11,16 +15,19 @@ poller, the chat, the harness) and none of them may import another's modules for
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from monitor.alert_settings import AlertSettings
 from monitor.core.generation import compile_expect
 from monitor.core.leadership import default_lease_seconds
+from monitor.durations import parse_duration, unit_of
 
 ENV_PREFIX = "SWARM_MONITOR_"
 
@@ -42,6 +49,7 @@ RENAMED = {
     "probe_period": "reachability_period",
     "probe_timeout": "reachability_timeout",
     "probe_concurrency": "reachability_concurrency",
+    "max_chat_sessions": "chat_slots",  # it counts generation slots, beside max_open_sessions' sessions
 }
 
 
@@ -57,12 +65,15 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dht_prefix: str = Field(min_length=1, max_length=200)
-    num_blocks: Optional[int] = Field(default=None, gt=0, le=10_000)
-    repository: Optional[str] = None
-    name: Optional[str] = None
-    path: Optional[Path] = None
-    expect: Optional[str] = None
+    dht_prefix: str = Field(min_length=1, max_length=200, description="the model's DHT prefix (required)")
+    num_blocks: Optional[int] = Field(default=None, gt=0, le=10_000,
+                                      description="its blocks; none: read from the swarm")
+    repository: Optional[str] = Field(default=None, description="its Hugging Face repository, for links")
+    name: Optional[str] = Field(default=None, description="the name pages show; none: the DHT prefix")
+    path: Optional[Path] = Field(default=None, description="a local checkpoint with client files (config, "
+                                 "tokenizer, embeddings), needed to chat with it and for its generation check")
+    expect: Optional[str] = Field(default=None, description="a regular expression the generation check's answer "
+                                  "must contain (case-insensitive; e.g. \"Paris\"); none: any answer is ok")
 
     @field_validator("expect")
     @classmethod
@@ -71,125 +82,214 @@ class ModelConfig(BaseModel):
         return expect or None
 
 
+SECTIONS = ("swarm", "models", "poller", "probes", "store", "web", "security", "chat", "alerts")
+# The sections that are one setting each, a table (alerts) or an array of tables (models): their
+# TOML form is that of the setting itself ([alerts], [[models]]), the same in the old flat form.
+TABLE_SECTIONS = ("models", "alerts")
+
+
+def setting(default: Any = ..., *, section: str, description: str, shown: Optional[str] = None, **constraints) -> Any:
+    """A field of Settings: its ``section`` in the TOML file ([poller] ...), its ``description``
+    (README's configuration reference is generated from them: scripts/settings_reference.py) and
+    ``shown``, the default as the reference shows it when the value itself would mislead."""
+    assert section in SECTIONS, section
+    extra: dict[str, Any] = {"section": section}
+    if shown is not None:
+        extra["shown_default"] = shown
+    return Field(default=default, description=description, json_schema_extra=extra, **constraints)
+
+
 class Settings(BaseModel):
+    """Flat in Python (``settings.scrape_period``), in sections in the TOML file ([poller] scrape_period);
+    every field's ``section`` and ``description`` come from :func:`setting`."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    data_dir: Path = Path(os.path.expanduser("~/.cache/petals-swarm-monitor"))
-    # Multiaddrs of the swarm's bootstrap peers; "public" means petals' PUBLIC_INITIAL_PEERS.
-    # Empty: the embedded demo swarm fills them in.
-    initial_peers: list[str] = []
-    models: list[ModelConfig] = []
-    discover_models: bool = True  # also watch every model announced under `_petals.models`
+    # [swarm] the swarm to watch
+    initial_peers: list[str] = setting(
+        [], section="swarm", shown="(the demo's own swarm)",
+        description='multiaddrs of the swarm\'s bootstrap peers, or `"public"` (petals\' public swarm); '
+                    "empty: the embedded demo swarm fills them in")
+    discover_models: bool = setting(True, section="swarm",
+                                    description="also watch every model announced under `_petals.models`")
 
-    scrape_period: float = Field(default=60, gt=0)
-    reachability_period: float = Field(default=60, gt=0)
-    reachability_timeout: float = Field(default=5, gt=0)
-    reachability_concurrency: int = Field(default=32, gt=0, le=1024)
-    scrape_batch_blocks: int = Field(default=256, gt=0)  # blocks per DHT call (keeps pickles small)
-    score_period: float = Field(default=300, gt=0)  # peer scores read a week of history
-    rollup_period: float = Field(default=3600, gt=0)
+    # [[models]]
+    models: list[ModelConfig] = setting(
+        [], section="models",
+        description="`[[models]]`: models to watch: `dht_prefix`, `num_blocks`, `repository`, `name`, `path` "
+                    "(a local checkpoint, needed to chat with it and for its generation check), `expect` "
+                    "(a regular expression the generation check's answer must contain)")
 
-    database_url: Optional[str] = None  # default: SQLite file in data_dir
-    # Several pollers on one PostgreSQL database (README: High availability): the leader holds a
-    # lease this long, renewed every quarter of it; a standby takes over within 1.5 leases of the
-    # leader's loss. Default: half a scrape period (at least 2 s)
-    leader_lease_seconds: Optional[float] = Field(default=None, gt=0, le=3600)
-    # A dead man's switch: the leader requests this URL (GET) after each successful poll, so an
-    # outside service (healthchecks.io, Uptime Kuma's push monitors, ...) pages when the pings stop
-    heartbeat_url: Optional[str] = Field(default=None, max_length=2000)
-    raw_retention_days: float = Field(default=2, gt=0)
-    rollup_retention_days: float = Field(default=90, gt=0)
+    # [poller] reading the swarm and storing what it saw
+    scrape_period: float = setting(60, section="poller", gt=0, description="how often the DHT is read")
+    reachability_period: float = setting(60, section="poller", gt=0,
+                                         description="how often every peer's reachability is checked "
+                                                     "(`probe_period` etc. still load, with a warning)")
+    reachability_timeout: float = setting(5, section="poller", gt=0, description="how long a reachability check waits")
+    reachability_concurrency: int = setting(32, section="poller", gt=0, le=1024,
+                                            description="reachability checks at once (they never delay a scrape or a page)")
+    scrape_batch_blocks: int = setting(256, section="poller", gt=0,
+                                       description="blocks per DHT call of a scrape (keeps each call's pickle small)")
+    score_period: float = setting(300, section="poller", gt=0,
+                                  description="how often peer scores are recomputed (they read a week of history)")
+    rollup_period: float = setting(3600, section="poller", gt=0,
+                                   description="how often completed hours are rolled up and old rows pruned")
+    # Several pollers on one PostgreSQL database (README: High availability)
+    leader_lease_seconds: Optional[float] = setting(
+        None, section="poller", gt=0, le=3600, shown="half of `scrape_period` (≥ 2 s)",
+        description="several pollers on one database: the leader's lease, renewed every quarter of it; a standby "
+                    "takes over within 1.5 leases of its loss (High availability)")
+    heartbeat_url: Optional[str] = setting(
+        None, section="poller", max_length=2000,
+        description="a dead man's switch: the leading poller requests it (GET) after each stored poll, so an outside "
+                    "service (healthchecks.io, Uptime Kuma's push monitors, ...) pages when the pings stop")
+    min_tokens_per_s: float = setting(1.0, section="poller", ge=0,
+                                      description="a model whose best route is slower than this is degraded")
+    min_cache_tokens: int = setting(1024, section="poller", ge=0,
+                                    description="a model with a block's cache headroom below this is degraded")
 
-    # Diagnosis thresholds
-    min_tokens_per_s: float = Field(default=1.0, ge=0)  # best route slower than this -> degraded
-    min_cache_tokens: int = Field(default=1024, ge=0)  # a block's cache headroom below -> degraded
+    # [probes] measured speed and correctness (README: Measured speed and correctness, Generation checks)
+    compute_check_period: float = setting(
+        20, section="probes", gt=0,
+        description="each ONLINE server computes one token through its first block once per period (a failed check "
+                    "is confirmed 2 s later): names a killed, frozen or failing server within a period and a few seconds")
+    compute_check_timeout: float = setting(5, section="probes", gt=0, le=120,
+                                           description="how long a compute check waits for its answer")
+    compute_check_concurrency: int = setting(16, section="probes", gt=0, le=256,
+                                             description="compute checks at once, over all servers")
+    speed_probe_period: float = setting(
+        100, section="probes", gt=0,
+        description="each ONLINE server's span is speed-probed once per period (a probe that would change its verdict "
+                    "is confirmed after half a period): a throttled server is named slow within 1.5 periods")
+    speed_probe_timeout: float = setting(10, section="probes", gt=0, le=600, description="per step of a probe session")
+    speed_probe_concurrency: int = setting(12, section="probes", gt=0, le=64,
+                                           description="probe sessions at once over all servers (a session takes "
+                                                       "1–3 s: 500 servers are probed in ~85 s)")
+    speed_probe_max_share: float = setting(0.02, section="probes", gt=0, le=0.5,
+                                           description="the most of a server's time the probes may take; longer "
+                                                       "probes come less often")
+    correctness_checks: bool = setting(True, section="probes",
+                                       description="compare servers' outputs with the monitor's own blocks (models "
+                                                   "with a `path`) or with each other")
+    generation_check_period: float = setting(
+        300, section="probes", gt=0,
+        description="each model with a `path` gets one generation check per period (a few tokens through the chat's "
+                    "own engine and routing); after a failed one, the next comes 30 s later (until one succeeds)")
+    generation_check_tokens: int = setting(8, section="probes", ge=1, le=64,
+                                           description="tokens a generation check generates (greedy)")
+    generation_check_prompt: str = setting("What is the capital of France?", section="probes", min_length=1,
+                                           max_length=2000,
+                                           description="what a generation check asks (in the model's chat format)")
 
-    # Web
-    host: str = "127.0.0.1"
-    port: int = Field(default=5000, ge=0, le=65535)
-    refresh_seconds: int = Field(default=10, ge=1)
+    # [store]
+    data_dir: Path = setting(Path(os.path.expanduser("~/.cache/petals-swarm-monitor")), section="store",
+                             shown="`~/.cache/petals-swarm-monitor`",
+                             description="models, demo swarm identities, the SQLite database")
+    database_url: Optional[str] = setting(None, section="store", shown="SQLite in `data_dir`",
+                                          description="e.g. `postgresql+psycopg://user:pass@host/db`")
+    raw_retention_days: float = setting(2, section="store", gt=0,
+                                        description="raw polls (and request rows) kept this long")
+    rollup_retention_days: float = setting(90, section="store", gt=0, description="hourly rollups kept this long")
 
-    # Security (README: Security)
-    admin_token: Optional[str] = Field(default=None, min_length=16, max_length=512)  # operators' token
-    admin_token_file: Optional[Path] = None  # else <data_dir>/admin_token, generated at first start
-    # Host headers accepted; empty: the listen address, localhost, 127.0.0.1 and [::1]
-    trusted_hosts: list[str] = []
-    # Origins whose pages may call the chat APIs from a browser (CORS, no credentials): "*" (any,
-    # as chat.petals.dev) or "https://example.org"; read-only APIs, badges and feeds answer any origin
-    chat_cors_origins: list[str] = ["*"]
-    proxy_hops: int = Field(default=0, ge=0, le=8)  # >0: behind that many TLS reverse proxies (ProxyFix)
-    max_request_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)  # bodies and WebSocket messages
-    chat_rate_limit: str = "30 per minute; 300 per hour"  # per client, on every chat API
-    reachability_rate_limit: str = "6 per minute"  # per client, live checks of a peer
-    rate_limit_storage: str = "memory://"  # Flask-Limiter storage; e.g. redis://... for several workers
-    ws_idle_timeout: float = Field(default=300, gt=0, le=86400)  # seconds a WebSocket may stay silent
-    ws_max_lifetime: float = Field(default=3600, gt=0, le=7 * 86400)  # seconds a WebSocket may last
-    history_max_points: int = Field(default=2000, ge=10, le=100_000)  # per series in history APIs
+    # [web]
+    host: str = setting("127.0.0.1", section="web", description="the web server's listen address")
+    port: int = setting(5000, section="web", ge=0, le=65535, description="the web server's port")
+    refresh_seconds: int = setting(10, section="web", ge=1, description="how often page parts refresh")
+    history_max_points: int = setting(2000, section="web", ge=10, le=100_000,
+                                      description="points per series in the history APIs (more are merged)")
+    search_max_results: int = setting(20, section="web", ge=1, le=100,
+                                      description="peers one search (the search box, `/api/v1/search`) answers with")
+    max_request_bytes: int = setting(1_000_000, section="web", ge=1024, le=100_000_000,
+                                     description="request bodies and WebSocket messages; larger: 413")
+    ws_idle_timeout: float = setting(300, section="web", gt=0, le=86400,
+                                     description="how long a WebSocket session of the chat API may stay silent")
+    ws_max_lifetime: float = setting(3600, section="web", gt=0, le=7 * 86400,
+                                     description="how long a WebSocket session of the chat API may last")
 
-    # Alerts (README: Alerts): rules evaluated after every scrape and probe round, notices to
-    # webhooks ([alerts], [[alerts.rules]], [[alerts.webhooks]]; validated in app/alert_settings.py)
-    alerts: AlertSettings = AlertSettings()
+    # [security] (README: Security)
+    admin_token: Optional[str] = setting(None, section="security", min_length=16, max_length=512, shown="(generated)",
+                                         description="the operators' token")
+    admin_token_file: Optional[Path] = setting(None, section="security", shown="`<data_dir>/admin_token`",
+                                               description="where the operators' token is read, made at first start "
+                                                           "(0600) when `admin_token` is not set")
+    trusted_hosts: list[str] = setting([], section="security", shown="listen address, localhost",
+                                       description="`Host` headers served; others get 400 (DNS rebinding)")
+    chat_cors_origins: list[str] = setting(
+        ["*"], section="security",
+        description='origins whose pages may call the chat APIs from a browser (CORS, never with credentials): "*" '
+                    '(any, as chat.petals.dev) or "https://example.org"; read-only APIs, badges and the feed answer '
+                    "any origin")
+    proxy_hops: int = setting(0, section="security", ge=0, le=8,
+                              description="behind N TLS reverse proxies: trust their `X-Forwarded-*`, secure cookies")
+    chat_rate_limit: str = setting("30 per minute; 300 per hour", section="security",
+                                   description="per client, on every chat API; past it 429 with `Retry-After`")
+    reachability_rate_limit: str = setting("6 per minute", section="security",
+                                           description="per client, live reachability checks of a peer")
+    rate_limit_storage: str = setting("memory://", section="security",
+                                      description="Flask-Limiter storage (e.g. `redis://…` to share limits between "
+                                                  "processes)")
 
-    # Chat limits (README: Security): what one visitor may send to the chat and keep in it
-    max_prompt_chars: int = Field(default=100_000, ge=100, le=10_000_000)  # checked before tokenizing
-    chat_conversations_per_visitor: int = Field(default=4, ge=1, le=1000)  # chat page, kept in memory
-    chat_max_visitors: int = Field(default=500, ge=1, le=1_000_000)  # the least recently active idle one goes
-    # the chat page's conversations in the store (chat/conversations.py): per visitor, bounded
-    chat_keep_conversations: bool = True  # off: nothing is stored, and the page says so
-    chat_conversation_retention_days: float = Field(default=30, gt=0, le=3650)  # after the last message
-    chat_conversations_kept: int = Field(default=100, ge=1, le=10_000)  # per visitor
-    chat_conversation_max_chars: int = Field(default=200_000, ge=1000, le=10_000_000)  # of one conversation
-    chat_new_visitors_per_address: int = Field(default=20, ge=1, le=100_000)  # a day, from one address
-    chat_conversations_in_all: int = Field(default=100_000, ge=1, le=100_000_000)  # every visitor's together
+    # [chat] routing, capacity (README: Chat capacity; chat/capacity.py) and limits
+    routing: Literal["health", "default"] = setting(
+        "health", section="chat", description="`health`: score-aware routing; `default`: petals' own (for comparison)")
+    min_peer_score: float = setting(30, section="chat", ge=0, le=100, description="servers scored below are avoided")
+    pinned_peers: list[str] = setting([], section="chat", description="peers routing prefers")
+    blocked_peers: list[str] = setting([], section="chat", description="peers routing never uses")
+    chat_slots: int = setting(4, section="chat", gt=0, le=1024,
+                              description="generation slots: answers computed at once (`max_chat_sessions` still "
+                                          "loads, with a warning)")
+    chat_queue_size: int = setting(32, section="chat", ge=0, le=100_000,
+                                   description="requests waiting for a slot (a thread each)")
+    chat_queue_timeout: float = setting(60, section="chat", gt=0, le=3600,
+                                        description="how long a request may wait for a slot, then 429")
+    max_slots_share: float = setting(0.5, section="chat", gt=0, le=1,
+                                     description="the share of the slots and of the queue one client may hold")
+    max_open_sessions: int = setting(32, section="chat", ge=1, le=100_000,
+                                     description="WebSocket sessions kept open between turns (the least recently "
+                                                 "used idle one makes room)")
+    max_sessions_per_client: int = setting(4, section="chat", ge=1, le=10_000,
+                                           description="sessions kept open by one client")
+    max_batch_rows: int = setting(16, section="chat", ge=1, le=256,
+                                  description="answers of one request (prompts × `n`)")
+    max_logprobs: int = setting(20, section="chat", ge=0, le=100, description="alternatives per token (`top_logprobs`)")
+    max_prompt_chars: int = setting(100_000, section="chat", ge=100, le=10_000_000,
+                                    description="characters of one prompt (all messages together), counted before "
+                                                "tokenizing")
+    chat_conversations_per_visitor: int = setting(4, section="chat", ge=1, le=1000,
+                                                  description="chat page conversations of one visitor held in memory")
+    chat_max_visitors: int = setting(500, section="chat", ge=1, le=1_000_000,
+                                     description="chat page visitors held in memory (the least recently active idle "
+                                                 "one goes)")
+    chat_keep_conversations: bool = setting(True, section="chat",
+                                            description="keep the chat page's conversations in the store; off: "
+                                                        "nothing is stored, and the page says so")
+    chat_conversation_retention_days: float = setting(30, section="chat", gt=0, le=3650,
+                                                      description="a stored conversation is kept this long after "
+                                                                  "its last message")
+    chat_conversations_kept: int = setting(100, section="chat", ge=1, le=10_000,
+                                           description="stored conversations per visitor")
+    chat_conversation_max_chars: int = setting(200_000, section="chat", ge=1000, le=10_000_000,
+                                               description="characters of one stored conversation")
+    chat_new_visitors_per_address: int = setting(20, section="chat", ge=1, le=100_000,
+                                                 description="new visitors a day from one address")
+    chat_conversations_in_all: int = setting(100_000, section="chat", ge=1, le=100_000_000,
+                                             description="every visitor's stored conversations together")
 
-    # Measured speed and correctness (README: Measured speed and correctness): server probes
-    # Compute checks (monitor/core/compute_checks.py): one token through the first block of every
-    # ONLINE server's span each period (a failed one confirmed 2 s later): names a server that died,
-    # froze or fails every step within a period and a few seconds
-    compute_check_period: float = Field(default=20, gt=0)
-    compute_check_timeout: float = Field(default=5, gt=0, le=120)  # seconds for its answer
-    compute_check_concurrency: int = Field(default=16, gt=0, le=256)  # checks at once, all servers
-    speed_probe_period: float = Field(default=100, gt=0)  # each server probed once per period (a verdict-changing probe confirmed after half)
-    speed_probe_timeout: float = Field(default=10, gt=0, le=600)  # seconds per step of a probe session
-    speed_probe_concurrency: int = Field(default=12, gt=0, le=64)  # probe sessions at once, all servers (500 servers in ~85 s)
-    speed_probe_max_share: float = Field(default=0.02, gt=0, le=0.5)  # of a server's time, at most
-    correctness_checks: bool = True  # outputs vs the monitor's own blocks (models with a path) or vs peers
+    # [alerts] (README: Alerts; validated in monitor/alert_settings.py)
+    alerts: AlertSettings = setting(AlertSettings(), section="alerts",
+                                    description="rules evaluated after every scrape and probe round, notices to webhooks")
 
-    # Generation checks (monitor/app/generation_check.py): every model with a path generates
-    # generation_check_tokens tokens of generation_check_prompt (greedy, in the model's chat format)
-    # through the chat's own engine and routing once per period, outside the users' chat places; its
-    # cost on the swarm is one short session per model per period (a prompt of some 20 tokens and 8
-    # new ones every 300 s); ModelConfig.expect: what the answer must contain
-    generation_check_period: float = Field(default=300, gt=0)
-    generation_check_tokens: int = Field(default=8, ge=1, le=64)
-    generation_check_prompt: str = Field(default="What is the capital of France?", min_length=1, max_length=2000)
-
-    # Peer search and "my server" (README: Dashboard): the search box on every page
-    search_max_results: int = Field(default=20, ge=1, le=100)  # peers one search answers with
-
-    # Chat
-    routing: Literal["health", "default"] = "health"
-    min_peer_score: float = Field(default=30, ge=0, le=100)
-    pinned_peers: list[str] = []
-    blocked_peers: list[str] = []
-    # Chat capacity (README: Chat capacity; chat/capacity.py): generation slots are held only while
-    # an answer is computed, kept-open sessions (chat.petals.dev's WebSocket, one per tab) are bounded
-    # apart; waiting requests are served per client in turn
-    max_chat_sessions: int = Field(default=4, gt=0, le=1024)  # generation slots: answers computed at once
-    chat_queue_size: int = Field(default=32, ge=0, le=100_000)  # requests waiting for a slot (a thread each)
-    chat_queue_timeout: float = Field(default=60, gt=0, le=3600)  # seconds one may wait, then 429
-    max_slots_share: float = Field(default=0.5, gt=0, le=1)  # of the slots (and queue) one client holds
-    max_open_sessions: int = Field(default=32, ge=1, le=100_000)  # kept open; the LRU idle one makes room
-    max_sessions_per_client: int = Field(default=4, ge=1, le=10_000)  # kept open by one client
-    max_batch_rows: int = Field(default=16, ge=1, le=256)  # answers of one request (prompts × n)
-    max_logprobs: int = Field(default=20, ge=0, le=100)  # alternatives per token (top_logprobs)
+    @field_validator("*", mode="before")
+    @classmethod
+    def _durations(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every time setting takes "90s", "5m", "2h", "30d", or a number in its own unit."""
+        unit = unit_of(info.field_name)
+        return value if unit is None else parse_duration(value, unit)
 
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, values: Any) -> Any:
         if isinstance(values, dict) and any(old in values for old in RENAMED):
-            import logging
-
             values = dict(values)
             for old, new in RENAMED.items():
                 if old in values:
@@ -240,6 +340,40 @@ class Settings(BaseModel):
 
 
 _LIST_FIELDS = {"initial_peers", "pinned_peers", "blocked_peers", "trusted_hosts", "chat_cors_origins"}
+_TABLE_FIELDS = {"models", "alerts"}  # JSON in their variables (SWARM_MONITOR_MODELS='[{"dht_prefix": ...}]')
+log = logging.getLogger(__name__)
+
+
+def section_of(name: str) -> str:
+    """The TOML section of setting ``name`` (an old name: its new name's)."""
+    field = Settings.model_fields[RENAMED.get(name, name)]
+    return field.json_schema_extra["section"]  # type: ignore[index]
+
+
+def fields_in(section: str) -> list[str]:
+    return [name for name, field in Settings.model_fields.items()
+            if field.json_schema_extra["section"] == section]  # type: ignore[index]
+
+
+def env_list(name: str, raw: str) -> list[str]:
+    """A list in an environment variable: comma-separated (``a,b,c``). A JSON list (``["a", "b"]``) or
+    a whitespace-separated one (``a b c``) is still read, with a warning."""
+    text = raw.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            items = None
+        if isinstance(items, list) and all(isinstance(item, str) for item in items):
+            log.warning("%s%s: a JSON list is deprecated, give it comma-separated: %s", ENV_PREFIX, name.upper(),
+                        ",".join(items))
+            return [item.strip() for item in items if item.strip()]
+    if "," not in text and len(text.split()) > 1:
+        items = text.split()
+        log.warning("%s%s: a whitespace-separated list is deprecated, give it comma-separated: %s", ENV_PREFIX,
+                    name.upper(), ",".join(items))
+        return items
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def _from_env(environ) -> dict[str, Any]:
@@ -249,11 +383,44 @@ def _from_env(environ) -> dict[str, Any]:
         if raw is None:
             continue
         if name in _LIST_FIELDS:
-            values[name] = [item.strip() for item in raw.split(",") if item.strip()]
+            values[name] = env_list(name, raw)
         elif name == "models":
             values[name] = json.loads(raw)
         else:
             values[name] = raw
+    return values
+
+
+def from_sections(data: dict[str, Any], source: str = "the settings file") -> dict[str, Any]:
+    """The flat settings of a TOML document in sections ([poller] scrape_period = 30 ...). Top-level
+    settings (the old flat form) are still read, with one warning naming them and their sections;
+    a setting in a section not its own is an error."""
+    values: dict[str, Any] = {}
+    flat: list[str] = []
+    for key, value in data.items():
+        if key in SECTIONS and key not in TABLE_SECTIONS:
+            if not isinstance(value, dict):
+                raise SettingsError(f"{source}: [{key}] must be a table of settings, got {value!r}")
+            for name, setting_value in value.items():
+                if name not in Settings.model_fields and name not in RENAMED:
+                    known = ", ".join(fields_in(key))
+                    raise SettingsError(f"{source}: unknown setting {name!r} in [{key}]; its settings: {known}")
+                if section_of(name) != key:
+                    raise SettingsError(f"{source}: setting {name!r} belongs in [{section_of(name)}], not [{key}]")
+                if name in values:
+                    raise SettingsError(f"{source}: setting {name!r} is given twice")
+                values[name] = setting_value
+        else:
+            if key in values:
+                raise SettingsError(f"{source}: setting {key!r} is given twice (at the top and in "
+                                    f"[{section_of(key)}])")
+            if key not in TABLE_SECTIONS and (key in Settings.model_fields or key in RENAMED):
+                flat.append(key)
+            values[key] = value  # [alerts], [[models]]; an unknown key fails in Settings, naming it
+    if flat:
+        moves = "; ".join(f"{name} -> [{section_of(name)}]" + (f" {RENAMED[name]}" if name in RENAMED else "")
+                          for name in flat)
+        log.warning("%s: settings at the top level are deprecated, put them in their sections: %s", source, moves)
     return values
 
 
@@ -265,7 +432,7 @@ def load_settings(config_file: Optional[Path] = None, environ=None, **overrides)
     if config_file:
         path = Path(config_file)
         try:
-            values.update(tomllib.loads(path.read_text()))
+            values.update(from_sections(tomllib.loads(path.read_text()), f"config file {path}"))
         except FileNotFoundError:
             raise SettingsError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as e:
@@ -280,6 +447,5 @@ def load_settings(config_file: Optional[Path] = None, environ=None, **overrides)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise SettingsError(
-            f"invalid setting {where!r}: {first['msg']} (got {first.get('input')!r})"
-        ) from None
+        what = first["msg"].removeprefix("Value error, ")
+        raise SettingsError(f"invalid setting {where!r}: {what} (got {first.get('input')!r})") from None

@@ -75,7 +75,7 @@ def within(forecast, actual, tolerance: float) -> bool:
 
 def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path, users: int, slots: int,
                   requests: int) -> dict:
-    env = {"SWARM_MONITOR_MAX_CHAT_SESSIONS": str(slots), "SWARM_MONITOR_MAX_SLOTS_SHARE": "1",
+    env = {"SWARM_MONITOR_CHAT_SLOTS": str(slots), "SWARM_MONITOR_MAX_SLOTS_SHARE": "1",
            "SWARM_MONITOR_CHAT_QUEUE_SIZE": "64", "SWARM_MONITOR_CHAT_RATE_LIMIT": "100000 per minute"}
     with bc.service(swarm.initial_peers, models=[f"{prefix}:{num_blocks}:{path}"], env=env) as svc:
         base = svc["base"]

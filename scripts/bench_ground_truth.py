@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_common as bc  # noqa: E402
 
-VICTIM, LABEL = "server-2", "demo-2"  # its name in the harness, its public name
+VICTIM, LABEL = "server-2", "server-2"  # its name in the harness, its public name (the same)
 
 
 def run(args) -> dict:

@@ -56,7 +56,7 @@ def _histories_scores(store, now: float, *, merge_runs: bool) -> dict:
 
     with store.db.read("reading peer histories") as conn:
         histories = history.histories(conn, now - scores.SCORE_WINDOW, now, None, merge_runs,
-                                      now - scores.PROBE_WINDOW)
+                                      now - scores.REACHABILITY_WINDOW)
     return scores.score_all((scores.aggregate(h, now) for h in histories.values()), now)
 
 

@@ -96,6 +96,7 @@ def main() -> None:
     print(bc.machine(), flush=True)
 
     from monitor.app import assessing
+    from monitor.core.assessment import RouteHop
     from monitor.core.requests import OK, RequestRecord
     from monitor.core.snapshot import Snapshot
     from support import PEERS, TINY, poll_rows, sqlite_store, web_settings
@@ -117,7 +118,7 @@ def main() -> None:
             batch = []
             for i in range(rows):
                 batch.append(RequestRecord(at=now - random.uniform(0, 86_000), model=TINY.dht_prefix, api="openai",
-                                           outcome=OK, route=((random.choice(peers), 0, 8),),
+                                           outcome=OK, route=(RouteHop(random.choice(peers), 0, 8),),
                                            time_to_first_token=random.uniform(0.05, 2), tokens=32,
                                            tokens_per_second=random.uniform(2, 40), waited=random.uniform(0, 1)))
                 if len(batch) == 5000:

@@ -379,13 +379,13 @@ def polled_prober(settings: Settings, store: Store, dht) -> tuple[Poller, Server
 
 
 def peer_histories(store: Store, since: float, until: float, *, merge_runs: bool = False,
-                   probes_since: float | None = None) -> list[PeerHistory]:
+                   reachability_since: float | None = None) -> list[PeerHistory]:
     """``Store.peer_history`` of every peer observed or chatted with in [since, until], by peer id.
-    ``probes_since``: probes only from then on (the scores look at 24 h of them)."""
+    ``reachability_since``: reachability checks only from then on (the scores look at 24 h of them)."""
     from monitor.store import history
 
     with store.db.read("reading peer histories") as conn:
-        found = history.histories(conn, since, until, None, merge_runs, probes_since)
+        found = history.histories(conn, since, until, None, merge_runs, reachability_since)
     return sorted(found.values(), key=lambda h: h.peer_id)
 
 

@@ -239,10 +239,10 @@ def test_watched_peers_by_name_or_id_offline_unreachable_low_score_wrong_outputs
              Rule("a-unreachable", core.PEER_UNREACHABLE, peers=(PEER_A,)),
              Rule("a-score", core.PEER_SCORE_BELOW, peers=(PEER_A,), below=40),
              Rule("a-wrong", core.PEER_WRONG_OUTPUTS, peers=(PEER_A,)))
-    good = PeerView(PEER_A, public_name="my-gpu-box", state="ONLINE", probe_ok=True, score=80.0)
+    good = PeerView(PEER_A, public_name="my-gpu-box", state="ONLINE", reachable=True, score=80.0)
     run = Run(*rules)
     assert run.at(T0, peers=[good]) == []
-    fired = {n.rule: n for n in run.at(T0 + 60, peers=[replace(good, probe_ok=False, probe_error="timed out",
+    fired = {n.rule: n for n in run.at(T0 + 60, peers=[replace(good, reachable=False, reachability_error="timed out",
                                                                 score=35.5, wrong_outputs=WRONG)])}
     assert fired["a-unreachable"].summary == \
         "peer my-gpu-box (…aaaaaa) announces ONLINE but does not answer probes: timed out"
@@ -251,7 +251,7 @@ def test_watched_peers_by_name_or_id_offline_unreachable_low_score_wrong_outputs
     assert fired["a-wrong"].details == (WRONG,)
     assert "box-offline" not in fired
     # it leaves: offline by name; unreachable no longer (it is not announced), score and flag kept
-    notices = {n.rule: n for n in run.at(T0 + 120, peers=[replace(good, state=None, probe_ok=False,
+    notices = {n.rule: n for n in run.at(T0 + 120, peers=[replace(good, state=None, reachable=False,
                                                                    score=35.5, wrong_outputs=WRONG)])}
     assert notices["box-offline"].summary == "peer my-gpu-box is offline: not announced in the latest poll"
     assert notices["a-unreachable"].event == RESOLVED

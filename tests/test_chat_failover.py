@@ -93,7 +93,7 @@ def weights_from_scores(outcomes, peers, started):
         PeerHistory(
             peer,
             observations=tuple(Observation(at=t, model=TINY_DHT_PREFIX, state="ONLINE") for t in polls),
-            probes=tuple((t, ReachabilityResult(peer, "server", True, rtt=0.002)) for t in polls),
+            reachability=tuple((t, ReachabilityResult(peer, "server", True, rtt=0.002)) for t in polls),
             outcomes=tuple(o for o in outcomes if o.peer_id == peer),
             first_seen=started,
         )

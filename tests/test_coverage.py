@@ -7,6 +7,7 @@ import json
 import pytest
 
 from monitor import compat  # noqa: F401  (before petals)
+from monitor.core.assessment import RouteHop
 from monitor.core.coverage import (
     BROKEN,
     DEGRADED,
@@ -95,7 +96,7 @@ def test_a_server_whose_probe_failed_does_not_count_as_serving():
     assert health.single_served_ranges == ((0, 8),)
     assert "beta" in health.reasons[0]
     assert "connection refused" in health.excluded_peers["peerA"]
-    assert [hop[0] for hop in health.route] == ["peerB"]
+    assert [hop.peer_id for hop in health.route] == ["peerB"]
 
     both_down = diagnose(MODEL, rows, {"peerA": failed("peerA"), "peerB": failed("peerB")})
     assert both_down.state == BROKEN and both_down.missing_ranges == ((0, 8),)
@@ -158,15 +159,15 @@ def test_best_route_speed_equals_the_hand_computation_for_two_servers():
         + 4 / 50.0  # blocks 4:8 on B
         + DEFAULT_DELAY  # B -> client
     )
-    assert route == [("peerA", 0, 4), ("peerB", 4, 8)]
+    assert route == [RouteHop("peerA", 0, 4), RouteHop("peerB", 4, 8)]
     assert seconds == pytest.approx(by_hand, rel=1e-12)
     assert diagnose(MODEL, rows).est_tokens_per_s == pytest.approx(1 / by_hand, rel=1e-12)
 
-    # the client's RTTs come from our probes
-    probes = {"peerA": ReachabilityResult("peerA", "server", ok=True, rtt=0.010),
-              "peerB": ReachabilityResult("peerB", "server", ok=True, rtt=0.030)}
+    # the client's RTTs come from our reachability checks
+    reachability = {"peerA": ReachabilityResult("peerA", "server", ok=True, rtt=0.010),
+                    "peerB": ReachabilityResult("peerB", "server", ok=True, rtt=0.030)}
     faster = by_hand - 2 * DEFAULT_DELAY + 0.010 / 2 + 0.030 / 2
-    assert diagnose(MODEL, rows, probes).est_tokens_per_s == pytest.approx(1 / faster, rel=1e-12)
+    assert diagnose(MODEL, rows, reachability).est_tokens_per_s == pytest.approx(1 / faster, rel=1e-12)
 
 
 def test_best_route_skips_a_slow_server_when_a_hop_is_cheaper():
@@ -176,7 +177,7 @@ def test_best_route_skips_a_slow_server_when_a_hop_is_cheaper():
         row("peerC", 4, 8, inference_rps=1000.0),
     ]
     route, seconds = best_route(MODEL, rows)
-    assert route == [("peerB", 0, 4), ("peerC", 4, 8)]
+    assert route == [RouteHop("peerB", 0, 4), RouteHop("peerC", 4, 8)]
     assert seconds < DEFAULT_DELAY * 2 + 8 / 10.0
     assert best_route(MODEL, rows[1:2]) == ([], float("inf"))  # 4:8 missing
 
@@ -250,7 +251,7 @@ def test_the_recommendation_equals_petals_block_selection_on_the_live_swarm(swar
     live = diagnose(model, rows_of(infos))
     assert live.state == HEALTHY, live.reasons
     assert live.missing_ranges == () and live.min_redundancy == 2
-    assert {hop[0] for hop in live.route} <= peers.keys()
+    assert {hop.peer_id for hop in live.route} <= peers.keys()
 
     # the whole swarm, and the swarm without each one of its servers: different weakest ranges
     for dropped in (None, *peers):

@@ -98,12 +98,12 @@ def test_a_failing_server_serves_nothing_and_is_named_with_its_error():
     assert health.excluded_causes["s2"] == CAUSE_FAILING
     assert all("s2" not in b.peers for b in health.blocks)
     assert any("server-2 (0:15) is ONLINE but failing: CUDA out of memory" in r for r in health.reasons), health.reasons
-    assert all(hop[0] != "s2" for hop in health.route)
+    assert all(hop.peer_id != "s2" for hop in health.route)
 
 
 def test_with_two_failing_only_the_third_serves_and_with_all_three_the_model_is_broken():
     two = diagnose(MODEL, demo_rows(), failing={"s2": OOM, "s3": OOM})
-    assert two.state == DEGRADED and [hop[0] for hop in two.route] == ["s1"]
+    assert two.state == DEGRADED and [hop.peer_id for hop in two.route] == ["s1"]
     everyone = diagnose(MODEL, demo_rows(), failing={"s1": OOM, "s2": OOM, "s3": OOM})
     assert everyone.state == BROKEN
     assert everyone.reasons[0].startswith(f"every server of blocks 0:30 fails: {OOM}"), everyone.reasons
@@ -154,7 +154,7 @@ def test_a_failing_server_scores_zero_with_the_error_in_its_explanation():
 def test_an_alert_rule_watches_a_failing_peer():
     rule = alert_rules.Rule("s2-failing", alert_rules.PEER_FAILING, peers=("server-2",))
     view = alert_rules.SwarmView(at=NOW, scrape_period=60, last_ok_poll_at=NOW, watching_since=0, models=(),
-                                 peers=(alert_rules.PeerView("s2", public_name="server-2", state=ONLINE, probe_ok=True,
+                                 peers=(alert_rules.PeerView("s2", public_name="server-2", state=ONLINE, reachable=True,
                                                              failing=OOM),), bootstrap=())
     condition = alert_rules.conditions(rule, view)["server-2"]
     assert condition.active and condition.state == "failing" and OOM in condition.details[0]

@@ -54,11 +54,11 @@ def llama(state):
     return ModelView("llama", "Llama", state, () if state == "healthy" else ("no server serves blocks 0:8",))
 
 
-UP = [PeerView(A, state="ONLINE", probe_ok=True, models=("llama",)),
-      PeerView(B, state="ONLINE", probe_ok=True, models=("llama",)),
-      PeerView(C, state="ONLINE", probe_ok=True, models=("bloom",))]
+UP = [PeerView(A, state="ONLINE", reachable=True, models=("llama",)),
+      PeerView(B, state="ONLINE", reachable=True, models=("llama",)),
+      PeerView(C, state="ONLINE", reachable=True, models=("bloom",))]
 # A and C stop (their last poll said which models they served), B stops answering
-DOWN = [PeerView(A, models=("llama",)), PeerView(B, state="ONLINE", probe_ok=False, probe_error="timed out",
+DOWN = [PeerView(A, models=("llama",)), PeerView(B, state="ONLINE", reachable=False, reachability_error="timed out",
                                                  models=("llama",)), PeerView(C, models=("bloom",))]
 
 

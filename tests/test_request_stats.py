@@ -18,6 +18,7 @@ import pytest
 from chat.engine import ChatEngine, GenerationParams
 from chat.feedback import StoreForecasts, StoreRequests
 from chat.http import create_blueprint
+from monitor.core.assessment import RouteHop
 from monitor.core.requests import (CANCELLED, ERROR, FIRST_TOKEN_BUCKETS, OK, RequestRecord, hour_figures, percentile,
                                    stats, stats_by_server)
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
@@ -36,11 +37,11 @@ def test_percentiles_are_exact_by_nearest_rank():
 
 
 def rows_at(now: float) -> list[RequestRecord]:
-    through_a = ((A, 0, 4), (B, 4, 8))
+    through_a = (RouteHop(A, 0, 4), RouteHop(B, 4, 8))
     return [
         RequestRecord(at=now - 60, model="m", api="openai", outcome=OK, route=through_a, time_to_first_token=0.2,
                       tokens=10, tokens_per_second=20.0, waited=0.0),
-        RequestRecord(at=now - 120, model="m", api="page", outcome=OK, route=((B, 0, 8),), time_to_first_token=0.4,
+        RequestRecord(at=now - 120, model="m", api="page", outcome=OK, route=(RouteHop(B, 0, 8),), time_to_first_token=0.4,
                       tokens=10, tokens_per_second=10.0, waited=1.0),
         RequestRecord(at=now - 600, model="m", api="petals", outcome=ERROR, error_kind="failed", route=through_a),
         RequestRecord(at=now - 30, model="m", api="openai", outcome=CANCELLED, route=through_a, tokens=3),
@@ -80,7 +81,7 @@ def test_rows_keep_no_text_and_one_bad_row_costs_only_itself(store):
     back = store.requests_since(now - 86400, model="m")
     assert len(back) == 5 and back == sorted(back, key=lambda r: r.at)  # within a day, oldest first
     assert {r.api for r in back} == {"openai", "page", "petals"}
-    assert back[-1].route == ((A, 0, 4), (B, 4, 8))
+    assert back[-1].route == (RouteHop(A, 0, 4), RouteHop(B, 4, 8))
     from monitor.store.schema import RequestRow
 
     assert not set(RequestRow.__table__.c.keys()) & {"prompt", "text", "answer", "messages", "inputs"}
@@ -94,7 +95,7 @@ def test_the_api_and_the_model_page_show_the_exact_percentiles_of_the_stored_row
     now = time.time()
     snapshot = Snapshot(taken_at=now, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
     store.record_poll(snapshot, assessing.assess_poll(store, settings, snapshot, {}, now=now))
-    records = [RequestRecord(at=now - i * 10, model=TINY.dht_prefix, api="openai", outcome=OK, route=((A, 0, 8),),
+    records = [RequestRecord(at=now - i * 10, model=TINY.dht_prefix, api="openai", outcome=OK, route=(RouteHop(A, 0, 8),),
                              time_to_first_token=0.01 * (i + 1), tokens=8, tokens_per_second=float(100 - i))
                for i in range(37)]
     store.record_requests(records)
@@ -133,7 +134,7 @@ def test_rows_are_rolled_up_per_hour_and_the_hours_outlive_the_raw_rows(store):
     now = time.time()
     hour = math.floor(now / 3600) * 3600
     records = [RequestRecord(at=hour - 3 * 3600 + 60 * i, model=TINY.dht_prefix, api="openai",
-                             outcome=(OK, OK, OK, ERROR, CANCELLED)[i % 5], route=((A, 0, 8),), tokens=4,
+                             outcome=(OK, OK, OK, ERROR, CANCELLED)[i % 5], route=(RouteHop(A, 0, 8),), tokens=4,
                              time_to_first_token=0.05 * (i + 1), tokens_per_second=float(10 + i), failovers=i % 2)
                for i in range(40)]  # 40 minutes of the hour three hours ago
     records += [RequestRecord(at=hour - 3600 + 30, model=TINY.dht_prefix, api="page", outcome=OK,
@@ -203,10 +204,10 @@ def test_every_request_the_chat_serves_leaves_one_row(chat, swarm):
                                                     ("openai", CANCELLED)], found
     first = found[0]
     assert first.tokens == finished.completion_tokens and first.time_to_first_token == finished.time_to_first_token
-    assert first.route == tuple((hop.peer_id, hop.start, hop.end) for hop in finished.route)
+    assert first.route == tuple(RouteHop(hop.peer_id, hop.start, hop.end) for hop in finished.route)
     assert first.waited is not None and 0 <= first.waited < 1 and first.failovers == 0
     assert {peer for r in found[:3] for peer, _, _ in r.route} <= {swarm.peer_id(n) for n in swarm.servers}
-    text = json.dumps([r.__dict__ for r in found])
+    text = json.dumps([{**r.__dict__, "route": [list(hop) for hop in r.route]} for r in found])
     assert "Hello" not in text and "Hi" not in text  # no prompt, no answer
     # /metrics: the same requests as histograms of this chat process (label values bounded)
     metrics = client.get("/metrics").get_data(as_text=True)

@@ -29,7 +29,7 @@ def polls(*, days: float = 7, up=lambda at: True, model: str = "m") -> tuple[Obs
     return tuple(rows)
 
 
-def probes(ok: int = 10, failed: int = 0, rtt: float = 0.012, joining: int = 0) -> tuple:
+def checks(ok: int = 10, failed: int = 0, rtt: float = 0.012, joining: int = 0) -> tuple:
     results = [ReachabilityResult("p", "server", ok=True, rtt=rtt) for _ in range(ok)]
     results += [ReachabilityResult("p", "server", ok=False, error="timed out") for _ in range(failed)]
     results += [ReachabilityResult("p", "server", ok=False, joining=True) for _ in range(joining)]
@@ -45,7 +45,7 @@ def chats(peer: str, sec_per_block: float, ok: int = 5, failed: int = 0, blocks:
 
 
 def steady(peer: str = "steady", sec_per_block: float = 0.01, **changes) -> PeerHistory:
-    fields = dict(observations=polls(), probes=probes(), outcomes=chats(peer, sec_per_block), first_seen=NOW - 7 * DAY)
+    fields = dict(observations=polls(), reachability=checks(), outcomes=chats(peer, sec_per_block), first_seen=NOW - 7 * DAY)
     fields.update(changes)
     return PeerHistory(peer_id=peer, **fields)
 
@@ -55,14 +55,14 @@ def test_a_new_peer_starts_neutral_not_perfect():
     assert new.score == 50.0
     assert all(value == 0.5 for value, _, _ in new.components.values())
 
-    barely_seen = PeerHistory("new", observations=polls(days=2 * POLL / DAY), probes=probes(ok=1))
+    barely_seen = PeerHistory("new", observations=polls(days=2 * POLL / DAY), reachability=checks(ok=1))
     assert 50 < score_peer(barely_seen, NOW).score < 60
 
 
 def test_confidence_grows_with_the_evidence():
     by_polls = [score_peer(PeerHistory("p", observations=polls(days=n * POLL / DAY)), NOW).score for n in (1, 10, 100)]
     assert 50 < by_polls[0] < by_polls[1] < by_polls[2]
-    one_failure = score_peer(PeerHistory("p", probes=probes(ok=0, failed=1)), NOW)
+    one_failure = score_peer(PeerHistory("p", reachability=checks(ok=0, failed=1)), NOW)
     assert 45 < one_failure.score < 50
 
 
@@ -102,7 +102,7 @@ def test_a_peer_slow_in_chat_scores_lower_than_fast_peers():
 
 def test_failed_probes_and_failed_chats_lower_the_score():
     healthy = score_peer(steady(), NOW, reference_sec_per_block=0.01)
-    unreachable = score_peer(steady(probes=probes(ok=2, failed=8)), NOW, reference_sec_per_block=0.01)
+    unreachable = score_peer(steady(reachability=checks(ok=2, failed=8)), NOW, reference_sec_per_block=0.01)
     erroring = score_peer(steady(outcomes=chats("steady", 0.01, ok=1, failed=6)), NOW, reference_sec_per_block=0.01)
     assert unreachable.score < healthy.score and erroring.score < healthy.score
     assert "probe ok 2/10" in unreachable.explanation[1] and "timed out" in unreachable.explanation[1]
@@ -110,13 +110,13 @@ def test_failed_probes_and_failed_chats_lower_the_score():
 
 
 def test_probes_that_answer_joining_are_not_failures():
-    loading = score_peer(PeerHistory("p", probes=probes(ok=0, joining=5)), NOW)
+    loading = score_peer(PeerHistory("p", reachability=checks(ok=0, joining=5)), NOW)
     assert loading.components["probe_success"][0] == 0.5
     assert "5 answered JOINING" in loading.explanation[1]
 
 
 def test_a_peer_always_down_with_failing_probes_and_chats_scores_low():
-    down = PeerHistory("down", observations=polls(up=lambda at: False), probes=probes(ok=0, failed=10),
+    down = PeerHistory("down", observations=polls(up=lambda at: False), reachability=checks(ok=0, failed=10),
                        outcomes=chats("down", 0.01, ok=0, failed=5))
     result = score_peer(down, NOW)
     assert result.score < 30  # what keeps it above 0: no evidence on RTT, flaps or chat speed (neutral)
@@ -124,7 +124,7 @@ def test_a_peer_always_down_with_failing_probes_and_chats_scores_low():
 
 
 def test_old_evidence_falls_out_of_the_windows():
-    old = PeerHistory("old", probes=tuple((at - 2 * DAY, r) for at, r in probes(failed=10, ok=0)),
+    old = PeerHistory("old", reachability=tuple((at - 2 * DAY, r) for at, r in checks(failed=10, ok=0)),
                       outcomes=tuple(ChatOutcome(at=NOW - 8 * DAY, peer_id="old", model="m", start=0, end=8, ok=False)
                                      for _ in range(5)))
     assert score_peer(old, NOW).score == 50.0
@@ -219,7 +219,7 @@ def generated(tmp_path_factory, postgres):
 
 def per_observation_scores(store, now: float) -> dict:
     """The score job as it was: every observation (unmerged), probe and outcome read into Python."""
-    histories = peer_histories(store, now - scores.SCORE_WINDOW, now, probes_since=now - scores.PROBE_WINDOW)
+    histories = peer_histories(store, now - scores.SCORE_WINDOW, now, reachability_since=now - scores.REACHABILITY_WINDOW)
     return score_swarm(histories, now)
 
 
@@ -239,7 +239,7 @@ def test_scores_from_sql_aggregates_equal_the_per_observation_scores(generated, 
             for name, (quality, _, _) in score.components.items():
                 assert actual[peer].components[name][0] == pytest.approx(quality, abs=0.02), (peer, name)
         # the evidence behind them is really there: uptime, flaps, probes, failures, chat speed
-        assert any(a.flaps for a in aggregates) and any(a.probes_failed for a in aggregates)
+        assert any(a.flaps for a in aggregates) and any(a.reachability_failed for a in aggregates)
         assert any(a.chat_speed.count for a in aggregates)
         assert any(a.uptime[2].polls > a.uptime[1].polls for a in aggregates)  # rollups counted
 
@@ -250,11 +250,11 @@ def test_sqlite_and_postgresql_count_the_same_aggregates(generated):
     assert sqlite.keys() == postgres.keys() and sqlite
     for peer, a in sqlite.items():
         b = postgres[peer]
-        assert (a.uptime, a.flaps, a.flap_chances, a.probes_ok, a.probes_failed, a.probes_joining,
-                a.chats_ok, a.chats_failed, a.last_probe_error, a.last_chat_error, a.advertised_inference_rps) == (
-            b.uptime, b.flaps, b.flap_chances, b.probes_ok, b.probes_failed, b.probes_joining,
-            b.chats_ok, b.chats_failed, b.last_probe_error, b.last_chat_error, b.advertised_inference_rps), peer
-        for mine, theirs in ((a.probe_rtt, b.probe_rtt), (a.chat_speed, b.chat_speed)):
+        assert (a.uptime, a.flaps, a.flap_chances, a.reachability_ok, a.reachability_failed, a.reachability_joining,
+                a.chats_ok, a.chats_failed, a.last_reachability_error, a.last_chat_error, a.advertised_inference_rps) == (
+            b.uptime, b.flaps, b.flap_chances, b.reachability_ok, b.reachability_failed, b.reachability_joining,
+            b.chats_ok, b.chats_failed, b.last_reachability_error, b.last_chat_error, b.advertised_inference_rps), peer
+        for mine, theirs in ((a.reachability_rtt, b.reachability_rtt), (a.chat_speed, b.chat_speed)):
             assert [(i, n) for i, n, _ in mine.bins] == [(i, n) for i, n, _ in theirs.bins], peer
             assert mine.median() == pytest.approx(theirs.median(), rel=1e-9) if mine.count else theirs.median() is None
     by_backend = [scores.score_all(list(found.values()), now) for found in (sqlite, postgres)]

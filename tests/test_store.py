@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from monitor.core.common import DAY, HOUR, short_peer_id
-from monitor.core.assessment import BlockCoverage, Assessment, Recommendation
+from monitor.core.assessment import BlockCoverage, Assessment, Recommendation, RouteHop
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import (
     JOINING,
@@ -61,7 +61,7 @@ def health(model: ModelInfo, state: str, blocks=None, **extra) -> Assessment:
     fields = dict(
         model=model.dht_prefix, state=state, reasons=(f"{state} because",), coverage_pct=100.0, servers_online=2,
         min_redundancy=1, est_tokens_per_s=5.0, missing_ranges=(), single_served_ranges=(), bottleneck_ranges=(),
-        low_cache_ranges=(), route=((peer("a"), 0, model.num_blocks),),
+        low_cache_ranges=(), route=(RouteHop(peer("a"), 0, model.num_blocks),),
         blocks=tuple(BlockCoverage(index=i, peers=(peer("a"),) * n, online=n, total_throughput=t,
                                    min_throughput=t / n if n else None, cache_tokens_left=None)
                      for i, (n, t) in enumerate(blocks)),
@@ -300,15 +300,15 @@ def test_peer_history_counts_the_polls_that_did_not_see_the_peer(store):
     ])
     assert [o.at for o in history.observations] == sorted(o.at for o in history.observations)
     assert history.observations[0].throughput == 11.0
-    assert history.probes == ((T0 + 30, ReachabilityResult(peer("b"), "server", True, rtt=0.05)),)
+    assert history.reachability == ((T0 + 30, ReachabilityResult(peer("b"), "server", True, rtt=0.05)),)
     assert history.outcomes == (ChatOutcome(T0 + 90, peer("b"), LLAMA.dht_prefix, 0, 8, ok=True, seconds_per_token=0.4),)
 
     everyone = {h.peer_id: h for h in peer_histories(store, T0, T0 + 400)}
     assert set(everyone) == {peer("a"), peer("b")}
     assert everyone[peer("b")] == history
     assert all(o.seen for o in everyone[peer("a")].observations) and len(everyone[peer("a")].observations) == 5
-    recent = {h.peer_id: h for h in peer_histories(store, T0, T0 + 400, probes_since=T0 + 60)}
-    assert recent[peer("b")].probes == () and recent[peer("b")].observations == history.observations
+    recent = {h.peer_id: h for h in peer_histories(store, T0, T0 + 400, reachability_since=T0 + 60)}
+    assert recent[peer("b")].reachability == () and recent[peer("b")].observations == history.observations
     assert store.peer_history(peer("nobody"), T0, T0 + 400).observations == ()
 
 
@@ -404,7 +404,7 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     probes = _probe_counts(store, peer("flaky"), T0, now)
     assert [p["n"] for p in probes[:48]] == [PER_HOUR] * 48 and probes[4]["ok"] == 0 and probes[2]["ok"] == PER_HOUR
     assert sum(p["n"] for p in probes) == 4 * PER_DAY
-    assert all(at >= cutoff for at, _ in store.peer_history(peer("flaky"), T0, now).probes)
+    assert all(at >= cutoff for at, _ in store.peer_history(peer("flaky"), T0, now).reachability)
 
     # idempotent: running again changes nothing
     again = store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=30)
@@ -911,8 +911,8 @@ def test_rollups_keep_what_the_scores_count_flaps_and_rtt_histograms(store):
     for name in ("a", "b"):
         expected = scores.aggregate(history[peer(name)], now)
         got = aggregates[peer(name)]
-        assert (got.flaps, got.flap_chances, got.uptime, got.probes_ok, got.probes_failed) == (
-            expected.flaps, expected.flap_chances, expected.uptime, expected.probes_ok, expected.probes_failed), name
+        assert (got.flaps, got.flap_chances, got.uptime, got.reachability_ok, got.reachability_failed) == (
+            expected.flaps, expected.flap_chances, expected.uptime, expected.reachability_ok, expected.reachability_failed), name
     assert (aggregates[peer("b")].flaps, aggregates[peer("b")].flap_chances) == (3, 4)
     # the histograms go with the raw rows: a day later they are pruned, the counts stay
     store.rollup_and_prune(T0 + 4 * DAY, raw_retention_days=1, rollup_retention_days=30)

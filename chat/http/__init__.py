@@ -45,6 +45,10 @@ def create_blueprint(engine: ChatEngine, limits: Optional[ChatLimits] = None,
     page.register(bp, engine, limits, conversations)
     for code in WRAPPED_CODES:
         bp.register_error_handler(code, _http_error)
+    # the chat's templates format durations as every page does, in an app of their own too
+    from monitor.core import timefmt
+
+    bp.add_app_template_filter(timefmt.duration, "duration")
     bp.metric_collectors = [ChatCollector(engine)]
     return bp
 

@@ -37,7 +37,7 @@ from chat.engine import (
     ChatError,
     Delta,
     Finished,
-    ModelStatus,
+    ModelReadiness,
     RouteUnmet,
 )
 from chat.http import logprobs as lp
@@ -85,7 +85,7 @@ def _finish_reason(finished: Finished) -> str:
 CARD_FORECAST_TOKENS = 256  # the model list's forecast: a request of this many tokens, arriving now
 
 
-def _model_card(engine: ChatEngine, status: ModelStatus) -> dict:
+def _model_card(engine: ChatEngine, status: ModelReadiness) -> dict:
     forecast = engine.forecast(status.name, prompt_tokens=0, max_tokens=CARD_FORECAST_TOKENS)
     return {"id": status.name, "object": "model", "created": 0, "owned_by": "petals",
             "petals": {"title": status.title, "served": status.served, "reason": status.reason or None,

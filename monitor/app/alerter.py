@@ -47,10 +47,10 @@ _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 # ---- the view: what the store holds, as the rules see it -------------------------------------
 
 
-def _probe_ok(probe: Optional[ReachabilityResult]) -> Optional[bool]:
-    if probe is None or (not probe.ok and probe.joining):
+def _reachable(check: Optional[ReachabilityResult]) -> Optional[bool]:
+    if check is None or (not check.ok and check.joining):
         return None
-    return probe.ok
+    return check.ok
 
 
 LOST_WITHIN = HOUR  # a server that served a model this recently and does not now is one it lost
@@ -103,7 +103,7 @@ class PeerMemory:
                     self.known[peer] = (record.public_name if record else None, models)
 
 
-def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResult], scores: dict,
+def _peer_views(snapshot: Optional[Snapshot], reachability: dict[str, ReachabilityResult], scores: dict,
                 wrong: dict[str, str], failing: dict[str, str],
                 memory: Optional[PeerMemory] = None, assessments: Optional[dict] = None) -> tuple[core.PeerView, ...]:
     names: dict[str, Optional[str]] = {}
@@ -117,14 +117,14 @@ def _peer_views(snapshot: Optional[Snapshot], probes: dict[str, ReachabilityResu
     known = memory.known if memory is not None else {}
     confirmed = {peer for assessment in (assessments or {}).values()
                  for peer, server in assessment.servers.items() if server.confirmed}
-    probes = assessed_reachability(probes, assessments or {})  # as the assessments judged it
-    peers = sorted(set(names) | {p for p, probe in probes.items() if probe.kind == "server"} | set(scores)
+    reachability = assessed_reachability(reachability, assessments or {})  # as the assessments judged it
+    peers = sorted(set(names) | {p for p, check in reachability.items() if check.kind == "server"} | set(scores)
                    | set(wrong) | set(failing) | set(known))
     return tuple(
         core.PeerView(peer_id=peer, public_name=names.get(peer) or (known[peer][0] if peer in known else None),
                       state=states.get(peer),
-                      probe_ok=_probe_ok(probes.get(peer)),
-                      probe_error=probes[peer].error if peer in probes else None,
+                      reachable=_reachable(reachability.get(peer)),
+                      reachability_error=reachability[peer].error if peer in reachability else None,
                       score=scores[peer].score if peer in scores else None,
                       wrong_outputs=wrong.get(peer), failing=failing.get(peer), confirmed=peer in confirmed,
                       models=tuple(sorted(models[peer])) if peer in models else known.get(peer, (None, ()))[1])
@@ -144,7 +144,7 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
         memory.learn(snapshot)
         present = {v for row in (snapshot.servers if snapshot else ()) for v in (row.peer_id, row.public_name) if v}
         memory.look_up(store, targets, present)
-    probes = state.reachability
+    reachability = state.reachability
     diagnoses = state.assessments
     def serving(prefix: str) -> set[str]:
         excluded = diagnoses[prefix].excluded_peers
@@ -161,10 +161,10 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
     models = tuple(model_view(model) for model in (snapshot.models if snapshot else ()) if model.dht_prefix in diagnoses)
     configured = set(settings.resolved_initial_peers)
     bootstrap = tuple(
-        core.BootstrapView(peer_id=probe.peer_id or (probe.address or "?"), up=probe.ok, error=probe.error)
-        for probe in probes.values() if probe.kind == "bootstrap" and probe.address in configured
+        core.BootstrapView(peer_id=check.peer_id or (check.address or "?"), up=check.ok, error=check.error)
+        for check in reachability.values() if check.kind == "bootstrap" and check.address in configured
     )
-    peers = _peer_views(snapshot, probes, state.scores, flagged(diagnoses, CAUSE_WRONG),
+    peers = _peer_views(snapshot, reachability, state.scores, flagged(diagnoses, CAUSE_WRONG),
                         flagged(diagnoses, CAUSE_FAILING), memory, diagnoses) if needs_peers else ()
     return core.SwarmView(at=now, scrape_period=settings.scrape_period,
                           last_ok_poll_at=snapshot.taken_at if snapshot else None, watching_since=watching_since,

@@ -177,7 +177,7 @@ def poll(once, initial_peers, models) -> None:
 def report(initial_peers, models) -> None:
     """Poll the swarm once and print a report per model.
 
-    One round of the poller (scrape, reachability probes, diagnosis, peer scores, stored in the
+    One round of the poller (scrape, reachability checks, diagnosis, peer scores, stored in the
     configured database like any poll), then, per model: its state and why, the best route's speed,
     where a new server helps most, and each server's span, state, speed and score. Fails at once,
     in one line, when no bootstrap peer answers, and refuses while another poller leads the database.
@@ -241,11 +241,11 @@ def _poll_once_report(poller, spelling: str) -> str:
         who = f"poller {lease.label}" if lease is not None else "another poller"
         raise click.ClickException(f"{who} leads this database: `{spelling}` would poll beside it. "
                                    f"Its dashboard shows the latest poll; or point `{spelling}` at another database")
-    poller.check_reachability_once()  # probes first, so reachability counts in the diagnosis
+    poller.check_reachability_once()  # reachability checks first, so they count in the diagnosis
     snapshot = poller.poll_once()
     if snapshot is None:
         raise click.ClickException(f"the scrape failed: {poller.stats.last_error.get('scrape')}")
-    poller.check_reachability_once()  # (re-diagnoses the poll with these probes)
+    poller.check_reachability_once()  # (re-diagnoses the poll with these reachability checks)
     poller.refresh_scores()
     return poll_report(snapshot, poller.store.latest_assessments(), poller.store.latest_scores())
 
@@ -435,10 +435,8 @@ def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers,
         _run_service(settings)
         return
 
-    from monitor.harness.demo_swarm import (DEMO_COMPUTE_CHECK_PERIOD, DEMO_GENERATION_CHECK_PERIOD,
-                                            DEMO_ROUND_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD,
-                                            DemoControls, demo_expect, demo_layout, prepare_checkpoint,
-                                            prepare_model)
+    from monitor.harness.demo_settings import demo_overrides, describe_overrides
+    from monitor.harness.demo_swarm import DemoControls, demo_expect, demo_layout, prepare_checkpoint, prepare_model
     from monitor.families.checkpoint import CheckpointError
     from monitor.harness.local_swarm import LocalSwarm, SwarmError
 
@@ -460,6 +458,9 @@ def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers,
         specs = demo_layout(num_blocks, servers)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--servers") from None
+    overrides = demo_overrides(settings)  # printed before anything starts (after the inputs are checked)
+    for line in describe_overrides(overrides):
+        click.echo(line)
     _sigterm_as_interrupt()
     workdir = settings.data_dir / "demo-swarm" / prefix  # stable peer ids: history carries over runs
     with LocalSwarm(model_path, prefix, workdir=workdir, bootstrap_port=bootstrap_port, update_period=10) as swarm:
@@ -480,15 +481,8 @@ def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers,
             "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name,
                                    expect=None if checkpoint is not None
                                    else demo_expect(tiny, settings.generation_check_prompt))],
-            "scrape_period": min(settings.scrape_period, DEMO_ROUND_PERIOD),
-            "reachability_period": min(settings.reachability_period, DEMO_ROUND_PERIOD),
-            "score_period": min(settings.score_period, DEMO_ROUND_PERIOD),
-            # the demo's servers are ours: measure them often (a throttled one named slow within
-            # two periods, see demo_swarm), up to 40 % of their time
-            "speed_probe_period": min(settings.speed_probe_period, DEMO_SPEED_PROBE_PERIOD),
-            "speed_probe_max_share": max(settings.speed_probe_max_share, DEMO_SPEED_PROBE_MAX_SHARE),
-            "generation_check_period": min(settings.generation_check_period, DEMO_GENERATION_CHECK_PERIOD),
-            "compute_check_period": min(settings.compute_check_period, DEMO_COMPUTE_CHECK_PERIOD),
+            # the demo's servers are ours: measured often (monitor/harness/demo_settings.py), printed above
+            **{row.name: row.demos for row in overrides},
         })
         _run_service(settings, demo_controls=DemoControls(swarm))
     click.echo("Stopped.")

@@ -24,7 +24,7 @@ alert sends its recovery only if they were told it fired.
 
 While the latest poll is not fresh (older than ``STALE_PERIODS`` scrape periods, or made before
 the evaluator started) the rules that read polls hold their alerts as they are: old data proves
-nothing either way. ``bootstrap_down`` (probes) and ``monitor_stale`` are judged regardless.
+nothing either way. ``bootstrap_down`` (reachability checks) and ``monitor_stale`` are judged regardless.
 
 No I/O, no SQL, no petals: plain dataclasses in, plain dataclasses out.
 """
@@ -96,8 +96,8 @@ class PeerView:
     peer_id: str
     public_name: Optional[str] = None
     state: Optional[str] = None  # best state it announces in the latest poll (ONLINE, ...); None: absent
-    probe_ok: Optional[bool] = None  # latest probe: False = unreachable; None = not probed, or JOINING
-    probe_error: Optional[str] = None
+    reachable: Optional[bool] = None  # latest reachability check: False = unreachable; None = not checked, or JOINING
+    reachability_error: Optional[str] = None
     score: Optional[float] = None
     wrong_outputs: Optional[str] = None  # why correctness probes judge its outputs wrong; None: they do not
     failing: Optional[str] = None  # the error it answers every recent probe with; None: it does not
@@ -114,7 +114,7 @@ class BootstrapView:
 
 @dataclass(frozen=True)
 class SwarmView:
-    """What the store holds now: the latest poll's models and peers, probes, scores."""
+    """What the store holds now: the latest poll's models and peers, reachability checks, scores."""
 
     at: float  # when this was read
     scrape_period: float
@@ -306,10 +306,10 @@ def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Conditi
         summary = f"{label} is offline: {why}" if active else f"{label} is online again"
         state = "offline"
     elif rule.kind == PEER_UNREACHABLE:
-        failed = [p for p in matches if p.state == ONLINE and p.probe_ok is False]
+        failed = [p for p in matches if p.state == ONLINE and p.reachable is False]
         active = bool(failed)
         confirmed = active and all(p.confirmed for p in failed)
-        summary = (f"{label} announces ONLINE but does not answer probes: {failed[0].probe_error or 'unreachable'}"
+        summary = (f"{label} announces ONLINE but does not answer probes: {failed[0].reachability_error or 'unreachable'}"
                    if active else f"{label} answers probes again")
         state = "unreachable"
     elif rule.kind == PEER_WRONG_OUTPUTS:

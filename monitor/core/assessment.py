@@ -13,7 +13,7 @@ readers take the newest (``Store.latest_assessments``) and never draw a verdict 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 from monitor.core.compute_checks import ComputeCheck
 from monitor.core.common import jsonable
@@ -38,7 +38,27 @@ CAUSE_SERVING, CAUSE_SLOW = "serving", "slow"
 
 
 Range = tuple[int, int]  # blocks [start, end), as petals' --block_indices
-RouteHop = tuple[str, int, int]  # (peer id, start, end)
+
+
+@dataclass(frozen=True)
+class RouteHop:
+    """One hop of a route: the peer that runs blocks [start, end) of it. The best route of an
+    assessment and a request's route carry just that; the route an answer of the chat took also how
+    the peer did (its score, the seconds per token measured on this span). Unpacks as
+    ``(peer_id, start, end)``, the form routes are stored in."""
+
+    peer_id: str
+    start: int
+    end: int
+    score: Optional[float] = None
+    seconds_per_token: Optional[float] = None  # measured for this span during the answer
+
+    def __iter__(self) -> Iterator:
+        return iter((self.peer_id, self.start, self.end))
+
+    def to_dict(self) -> dict:
+        """As the chat's answers show it (``done.route``, the APIs' ``route``)."""
+        return asdict(self)
 
 
 def ranges(blocks: Iterable[int]) -> list[Range]:
@@ -174,8 +194,9 @@ class Assessment:
                    bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=None, route=(), recommendation=None)
 
     def to_dict(self) -> dict:
-        """JSON-ready: tuples become lists, non-finite numbers None (``common.jsonable``)."""
-        return jsonable(asdict(self))
+        """JSON-ready: tuples become lists, non-finite numbers None (``common.jsonable``); the route's
+        hops ``[peer_id, start, end]``."""
+        return jsonable({**asdict(self), "route": [list(hop) for hop in self.route]})
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Assessment":
@@ -190,7 +211,7 @@ class Assessment:
             blocks=tuple(BlockCoverage(**{**b, "peers": tuple(b["peers"])}) for b in data["blocks"]),
             missing_ranges=spans("missing_ranges"), single_served_ranges=spans("single_served_ranges"),
             bottleneck_ranges=spans("bottleneck_ranges"), low_cache_ranges=spans("low_cache_ranges"),
-            est_tokens_per_s=data["est_tokens_per_s"], route=spans("route"),
+            est_tokens_per_s=data["est_tokens_per_s"], route=tuple(RouteHop(*hop) for hop in data["route"]),
             recommendation=Recommendation(**data["recommendation"]) if data.get("recommendation") else None,
             excluded_peers=dict(data.get("excluded_peers") or {}),
             excluded_causes=dict(data.get("excluded_causes") or {}),  # (older rows: migration 0021)

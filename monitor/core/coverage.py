@@ -5,18 +5,19 @@ its speed; the range a new server should take) ``diagnose`` asks a ``Routing`` i
 ``monitor.swarm.routing.PETALS_ROUTING`` runs petals' own code on the same rows (the poller, the
 specs), so core imports no petals.
 
-What counts as *serving* a block: an ONLINE server whose latest probe is ok, JOINING (still
-loading), or missing (not probed yet). JOINING and OFFLINE servers do not serve; a server whose
-probe failed is unreachable and does not serve either, nor does one whose outputs the monitor found
-wrong (``wrong``: peer -> why, from the correctness probes, ``monitor.core.probes``). Servers
-compared with one another (no local weights) that disagree with nobody outvoting either
+What counts as *serving* a block: an ONLINE server whose latest reachability check is ok, JOINING
+(still loading), or missing (not checked yet). JOINING and OFFLINE servers do not serve; a server
+whose reachability check failed is unreachable and does not serve either, nor does one whose
+outputs the monitor found wrong (``wrong``: peer -> why, from the correctness probes,
+``monitor.core.probes``). Servers compared with one another (no local weights) that disagree
+with nobody outvoting either
 (``disagreeing``) still serve, but each disagreement is a reason (degraded): some route computes wrong.
 
 Speeds: where the server probes measured a server (``measured``: peer -> seconds per token per
 block), the route search prices its blocks at what was measured instead of what it announces, and
 the estimate says whether it rests on measurements, announcements or both. When every hop of the
 best route was measured, the estimate is what a client waits per token on it: per hop, the measured
-seconds per block times its blocks plus the probe's round trip to that server (petals' graph adds a
+seconds per block times its blocks plus the reachability check's round trip to that server (petals' graph adds a
 fixed 18 ms per hop for serialization, which on small hidden states is far above what it costs). A server measured
 ``SLOW_FACTOR`` times slower than it announces (or petals assumes, 1/300 s, when it announces
 nothing) or than the median of the model's other measured servers is named (it makes the model
@@ -108,11 +109,11 @@ def _distinct(model: ModelInfo, rows: Iterable[ServerRow]) -> list[ServerRow]:
     return sorted(best.values(), key=lambda r: r.peer_id)
 
 
-def _cause(row: ServerRow, probes: Mapping[str, ReachabilityResult], wrong: Mapping[str, str],
+def _cause(row: ServerRow, reachability: Mapping[str, ReachabilityResult], wrong: Mapping[str, str],
            failing: Mapping[str, str]) -> Optional[str]:
     if row.state != ONLINE:
         return CAUSE_JOINING if row.state == JOINING else CAUSE_OFFLINE
-    if unreachable(probes.get(row.peer_id)):
+    if unreachable(reachability.get(row.peer_id)):
         return CAUSE_UNREACHABLE
     if row.peer_id in failing:
         return CAUSE_FAILING
@@ -121,15 +122,15 @@ def _cause(row: ServerRow, probes: Mapping[str, ReachabilityResult], wrong: Mapp
     return None
 
 
-def _why_not_serving(row: ServerRow, probes: Mapping[str, ReachabilityResult],
+def _why_not_serving(row: ServerRow, reachability: Mapping[str, ReachabilityResult],
                      wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {}) -> Optional[str]:
-    cause = _cause(row, probes, wrong, failing)
+    cause = _cause(row, reachability, wrong, failing)
     if cause is None:
         return None
     if cause == CAUSE_JOINING:
         return "JOINING (still loading)"
     if cause == CAUSE_UNREACHABLE:
-        error = probes[row.peer_id].error
+        error = reachability[row.peer_id].error
         return "ONLINE but unreachable" + (f" (reachability check failed: {error})" if error else " (reachability check failed)")
     if cause == CAUSE_FAILING:
         return f"ONLINE but failing: {failing[row.peer_id]}"
@@ -138,20 +139,20 @@ def _why_not_serving(row: ServerRow, probes: Mapping[str, ReachabilityResult],
     return row.state
 
 
-def _serving(rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult],
+def _serving(rows: Sequence[ServerRow], reachability: Mapping[str, ReachabilityResult],
              wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {}) -> list[ServerRow]:
-    return [row for row in rows if _why_not_serving(row, probes, wrong, failing) is None]
+    return [row for row in rows if _why_not_serving(row, reachability, wrong, failing) is None]
 
 
 def block_redundancy(
-    num_blocks: int, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult] = {}
+    num_blocks: int, rows: Sequence[ServerRow], reachability: Mapping[str, ReachabilityResult] = {}
 ) -> list[tuple[int, float]]:
     """Per block: (serving servers, their total throughput). Rows must be of one model."""
     counts = [0] * num_blocks
     totals = [0.0] * num_blocks
     counted: set[tuple[str, int]] = set()  # a peer counts once per block, even if announced twice
     for row in rows:
-        if _why_not_serving(row, probes) is not None:
+        if _why_not_serving(row, reachability) is not None:
             continue
         for block in range(max(row.start, 0), min(row.end, num_blocks)):
             if (row.peer_id, block) not in counted:
@@ -162,12 +163,12 @@ def block_redundancy(
 
 
 def block_coverage(
-    model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult] = {},
+    model: ModelInfo, rows: Sequence[ServerRow], reachability: Mapping[str, ReachabilityResult] = {},
     wrong: Mapping[str, str] = {}, failing: Mapping[str, str] = {},
 ) -> tuple[BlockCoverage, ...]:
     """Per block: the peers serving it, their throughput and cache: ``diagnose``'s ``blocks``
     without the route search (for a caller that needs them every poll, not the whole diagnosis)."""
-    return tuple(_block_coverage(model.num_blocks, _serving(_distinct(model, rows), probes, wrong, failing)))
+    return tuple(_block_coverage(model.num_blocks, _serving(_distinct(model, rows), reachability, wrong, failing)))
 
 
 def _block_coverage(num_blocks: int, serving: Sequence[ServerRow]) -> list[BlockCoverage]:
@@ -339,24 +340,24 @@ class _Speed:
     estimate: str  # e.g. "7.19 tokens/s, measured"
 
 
-def _who_serves(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult],
+def _who_serves(model: ModelInfo, rows: Sequence[ServerRow], reachability: Mapping[str, ReachabilityResult],
                 wrong: Mapping[str, str], failing: Mapping[str, str]) -> _Served:
     rows = _distinct(model, rows)
     excluded, causes = {}, {}
     for row in rows:
-        cause = _cause(row, probes, wrong, failing)
+        cause = _cause(row, reachability, wrong, failing)
         if cause is not None:
             causes[row.peer_id] = cause
-            excluded[row.peer_id] = _why_not_serving(row, probes, wrong, failing)
+            excluded[row.peer_id] = _why_not_serving(row, reachability, wrong, failing)
     serving = [row for row in rows if row.peer_id not in excluded]
     return _Served(rows=rows, labels={row.peer_id: peer_label(row) for row in rows}, excluded=excluded,
                    causes=causes, serving=serving, blocks=_block_coverage(model.num_blocks, serving))
 
 
-def _speed(model: ModelInfo, served: _Served, probes: Mapping[str, ReachabilityResult],
+def _speed(model: ModelInfo, served: _Served, reachability: Mapping[str, ReachabilityResult],
            measured: Mapping[str, float], routing: Routing) -> _Speed:
     """The best route through the serving servers and what a client waits per token on it."""
-    client_rtts = {peer: p.rtt for peer, p in probes.items() if p.ok and p.rtt is not None}
+    client_rtts = {peer: p.rtt for peer, p in reachability.items() if p.ok and p.rtt is not None}
     route, seconds = best_route(model, served.serving, routing=routing, client_rtts=client_rtts, measured=measured)
     source = _speed_source(route, measured) if route else None
     if source == "measured":  # what a client waits per token on that route, all of it measured
@@ -440,7 +441,7 @@ def _degraded_reasons(served: _Served, speed: _Speed, *, measured: Mapping[str, 
 def diagnose(
     model: ModelInfo,
     rows: Sequence[ServerRow],
-    probes: Mapping[str, ReachabilityResult] = {},
+    reachability: Mapping[str, ReachabilityResult] = {},
     *,
     routing: Routing,
     min_tokens_per_s: float = 1.0,
@@ -469,13 +470,13 @@ def diagnose(
     """
     if model.num_blocks < 1:
         raise ValueError(f"model {model.dht_prefix!r} has num_blocks={model.num_blocks}; it needs at least 1 block")
-    served = _who_serves(model, rows, probes, wrong, failing)
+    served = _who_serves(model, rows, reachability, wrong, failing)
     blocks = served.blocks
     missing = ranges(b.index for b in blocks if b.online == 0)
     single = ranges(b.index for b in blocks if b.online == 1)
     low_cache = ranges(b.index for b in blocks
                        if b.online and b.cache_tokens_left is not None and b.cache_tokens_left < min_cache_tokens)
-    speed = _Speed([], None, None, "") if missing else _speed(model, served, probes, measured, routing)
+    speed = _Speed([], None, None, "") if missing else _speed(model, served, reachability, measured, routing)
 
     if missing:
         state, reasons = BROKEN, [_missing_reason(start, end, served, failing) for start, end in missing]
@@ -511,7 +512,7 @@ def diagnose(
         low_cache_ranges=tuple(low_cache),
         est_tokens_per_s=speed.tokens_per_s,
         speed_source=speed.source,
-        route=tuple(speed.route),
+        route=tuple(RouteHop(*hop) for hop in speed.route),
         recommendation=_recommend(model, candidates, served.serving, recommend_blocks, routing),
         excluded_peers=served.excluded,
         excluded_causes=served.causes,

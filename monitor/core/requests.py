@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
+from monitor.core.assessment import RouteHop
 from monitor.core.common import DAY, MINUTE
 
 OK, ERROR, CANCELLED = "ok", "error", "cancelled"
@@ -47,7 +48,7 @@ class RequestRecord:
     model: str
     api: str  # APIS
     outcome: str  # OUTCOMES: a request the client left before its end is "cancelled"
-    route: tuple[tuple[str, int, int], ...] = ()  # (peer id, start, end) per hop
+    route: tuple[RouteHop, ...] = ()  # its hops (peer, blocks; no measurements)
     waited: Optional[float] = None  # seconds waiting for a slot
     time_to_first_token: Optional[float] = None  # seconds from the start of the answer (after the wait)
     tokens: int = 0

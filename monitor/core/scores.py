@@ -31,7 +31,9 @@ from monitor.core.snapshot import ONLINE, Observation, PeerHistory
 
 NEUTRAL = 0.5
 
-# name -> (weight in points, prior strength k in samples)
+# name -> (weight in points, prior strength k in samples). The names are stored with every score and
+# shown by the API and the peer page: "probe_success" and "probe_rtt" are the reachability checks'
+# (their older name, kept there)
 WEIGHTS = {
     "uptime": 30,
     "probe_success": 15,
@@ -42,7 +44,7 @@ WEIGHTS = {
 }
 PRIOR = {"uptime": 5, "probe_success": 4, "probe_rtt": 4, "stability": 10, "chat_success": 3, "chat_speed": 3}
 UPTIME_WINDOWS = ((HOUR, 0.5, "1 h"), (DAY, 0.3, "24 h"), (WEEK, 0.2, "7 d"))
-PROBE_WINDOW, FLAP_WINDOW, CHAT_WINDOW = DAY, DAY, WEEK
+REACHABILITY_WINDOW, FLAP_WINDOW, CHAT_WINDOW = DAY, DAY, WEEK
 SCORE_WINDOW = max(w for w, _, _ in UPTIME_WINDOWS)  # the oldest evidence any component looks at
 _FLAP_UPTIME = [w for w, _, _ in UPTIME_WINDOWS].index(FLAP_WINDOW)  # the uptime window that counts its polls
 RTT_REFERENCE = 0.100  # seconds: a 100 ms median RTT scores 0.5
@@ -115,11 +117,11 @@ class PeerAggregates:
     uptime: tuple[Uptime, ...] = tuple(Uptime() for _ in UPTIME_WINDOWS)  # one per UPTIME_WINDOWS
     flaps: int = 0  # left ONLINE between consecutive polls of one model, in FLAP_WINDOW
     flap_chances: int = 0  # polls in FLAP_WINDOW that followed an ONLINE poll of the same model
-    probes_ok: int = 0  # in PROBE_WINDOW
-    probes_failed: int = 0  # not ok and not JOINING
-    probes_joining: int = 0  # not ok, answered JOINING (still loading)
-    probe_rtt: Histogram = Histogram()  # RTTs of ok probes
-    last_probe_error: Optional[str] = None  # of the latest failed probe (not JOINING)
+    reachability_ok: int = 0  # in REACHABILITY_WINDOW
+    reachability_failed: int = 0  # not ok and not JOINING
+    reachability_joining: int = 0  # not ok, answered JOINING (still loading)
+    reachability_rtt: Histogram = Histogram()  # RTTs of ok reachability checks
+    last_reachability_error: Optional[str] = None  # of the latest failed reachability check (not JOINING)
     chats_ok: int = 0  # in CHAT_WINDOW
     chats_failed: int = 0
     chat_speed: Histogram = Histogram()  # seconds per token per block of ok chat outcomes
@@ -139,8 +141,8 @@ def aggregate(history: PeerHistory, now: float) -> PeerAggregates:
         polls = [o for o in history.observations if o.at >= now - window]
         uptime.append(Uptime(online=sum(o.samples for o in polls if _up(o)), polls=sum(o.samples for o in polls)))
     flaps, chances = _flaps(history, now)
-    probes = [result for at, result in history.probes if at >= now - PROBE_WINDOW]
-    failed_probes = [r for r in probes if not r.ok and not r.joining]
+    checks = [result for at, result in history.reachability if at >= now - REACHABILITY_WINDOW]
+    failed_checks = [r for r in checks if not r.ok and not r.joining]
     chats = [o for o in history.outcomes if o.at >= now - CHAT_WINDOW]
     failed_chats = [o for o in chats if not o.ok]
     return PeerAggregates(
@@ -148,11 +150,11 @@ def aggregate(history: PeerHistory, now: float) -> PeerAggregates:
         uptime=tuple(uptime),
         flaps=flaps,
         flap_chances=chances,
-        probes_ok=sum(1 for r in probes if r.ok),
-        probes_failed=len(failed_probes),
-        probes_joining=sum(1 for r in probes if r.joining and not r.ok),
-        probe_rtt=histogram(r.rtt for r in probes if r.ok and r.rtt is not None),
-        last_probe_error=failed_probes[-1].error if failed_probes else None,
+        reachability_ok=sum(1 for r in checks if r.ok),
+        reachability_failed=len(failed_checks),
+        reachability_joining=sum(1 for r in checks if r.joining and not r.ok),
+        reachability_rtt=histogram(r.rtt for r in checks if r.ok and r.rtt is not None),
+        last_reachability_error=failed_checks[-1].error if failed_checks else None,
         chats_ok=sum(1 for o in chats if o.ok),
         chats_failed=len(failed_chats),
         chat_speed=histogram(o.seconds_per_token_per_block for o in chats if o.ok),
@@ -207,21 +209,21 @@ def _uptime(agg: PeerAggregates) -> tuple[float, str]:
     return weighted / weights, sentence
 
 
-def _probes(agg: PeerAggregates) -> tuple[float, float, str]:
-    counted = agg.probes_ok + agg.probes_failed
-    success = _shrink(agg.probes_ok / counted, counted, PRIOR["probe_success"]) if counted else NEUTRAL
-    if not counted and not agg.probes_joining:
+def _reachability(agg: PeerAggregates) -> tuple[float, float, str]:
+    counted = agg.reachability_ok + agg.reachability_failed
+    success = _shrink(agg.reachability_ok / counted, counted, PRIOR["probe_success"]) if counted else NEUTRAL
+    if not counted and not agg.reachability_joining:
         return success, NEUTRAL, "probe: none in the last 24 h"
-    sentence = f"probe ok {agg.probes_ok}/{counted}"
+    sentence = f"probe ok {agg.reachability_ok}/{counted}"
     rtt_quality = NEUTRAL
-    median_rtt = agg.probe_rtt.median()
+    median_rtt = agg.reachability_rtt.median()
     if median_rtt is not None:
-        rtt_quality = _shrink(1 / (1 + median_rtt / RTT_REFERENCE), agg.probe_rtt.count, PRIOR["probe_rtt"])
+        rtt_quality = _shrink(1 / (1 + median_rtt / RTT_REFERENCE), agg.reachability_rtt.count, PRIOR["probe_rtt"])
         sentence += f", median RTT {median_rtt * 1000:.0f} ms"
-    if agg.probes_joining:
-        sentence += f", {agg.probes_joining} answered JOINING (still loading)"
-    if agg.probes_failed and agg.last_probe_error:
-        sentence += f" (last error: {agg.last_probe_error})"
+    if agg.reachability_joining:
+        sentence += f", {agg.reachability_joining} answered JOINING (still loading)"
+    if agg.reachability_failed and agg.last_reachability_error:
+        sentence += f" (last error: {agg.last_reachability_error})"
     return success, rtt_quality, sentence
 
 
@@ -288,7 +290,7 @@ def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[
     why its outputs are wrong if the correctness probes found them so, and the error it answers
     every recent probe with if it fails them (either makes the score 0: a client gets nothing of it)."""
     uptime, uptime_text = _uptime(agg)
-    probe_success, probe_rtt, probe_text = _probes(agg)
+    reachable, rtt, reachability_text = _reachability(agg)
     stability, flap_text = _stability(agg)
     chat_success, chat_speed, chat_text = _chat(agg, reference_sec_per_block)
     if measured_sec_per_block is not None:
@@ -296,15 +298,15 @@ def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[
         chat_text += "; " + speed_text
     qualities = {
         "uptime": uptime,
-        "probe_success": probe_success,
-        "probe_rtt": probe_rtt,
+        "probe_success": reachable,  # (the stored and shown names of these two: kept)
+        "probe_rtt": rtt,
         "stability": stability,
         "chat_success": chat_success,
         "chat_speed": chat_speed,
     }
     components = {name: (q, float(WEIGHTS[name]), WEIGHTS[name] * q) for name, q in qualities.items()}
     total = round(sum(points for _, _, points in components.values()), 1)
-    explanation = (uptime_text, probe_text, flap_text, chat_text)
+    explanation = (uptime_text, reachability_text, flap_text, chat_text)
     if wrong_outputs:
         total = 0.0
         explanation += (f"outputs: {wrong_outputs} — score 0 until a probe finds them correct",)

@@ -139,6 +139,6 @@ class PeerHistory:
 
     peer_id: str
     observations: tuple[Observation, ...] = ()
-    probes: tuple[tuple[float, ReachabilityResult], ...] = ()  # (at, result)
+    reachability: tuple[tuple[float, ReachabilityResult], ...] = ()  # (at, result) of its reachability checks
     outcomes: tuple[ChatOutcome, ...] = ()
     first_seen: Optional[float] = None

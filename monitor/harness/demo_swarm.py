@@ -5,30 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
+# The demo's periods and shares, and the settings they override (printed at start): in
+# monitor/harness/demo_settings.py, a light module (no petals) the CLI and its specs read.
+from monitor.harness.demo_settings import (DEMO_COMPUTE_CHECK_PERIOD, DEMO_GENERATION_CHECK_PERIOD,  # noqa: F401
+                                           DEMO_ROUND_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD)
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
-
-# The demo polls, checks reachability and scores at least every 10 s (a chaos control's stop or
-# start is polled at once besides: ``DemoControls.on_change``).
-DEMO_ROUND_PERIOD = 10.0
-# The demo's servers are ours: they are measured often. A throttled one (the panel stops its
-# compute 80 % of the time) is named slow after two slow probes (a server's measured speed is the
-# low median of its newest three); throttled just after a probe, its first slow probe comes a period
-# later, so the second must come within about half a period for it to be named slow within two
-# (the confirmation, ``core.probes.worth_confirming``). The share bound lets it come d / share
-# after the first, where d is the time its steps took: 4–5 s on all 30 blocks, throttled, on the
-# 2-core benchmark machine (BENCHMARKS.md, probes) -> 4 s / 0.4 = 10 s = half of 20 s (a loaded
-# machine's longer probes push the confirmation later, and with it the verdict). The bound still
-# holds: each probe takes at most 40 % of a demo server's time until the next (a healthy one's
-# take 2–6 %; at the default, 2 %, probes of a server that slow would come every 200 s).
-DEMO_SPEED_PROBE_PERIOD = 20.0
-DEMO_SPEED_PROBE_MAX_SHARE = 0.4
-# The generation check (a few tokens end to end through the chat's engine) every 30 s instead of
-# 300 s: the demo's servers are ours, and its overview should tell within half a minute whether a
-# user can generate. Its cost: one short session (the prompt and 8 tokens) per 30 s.
-DEMO_GENERATION_CHECK_PERIOD = 30.0
-# A compute check (one token through a server's first block) every 5 s instead of 20 s: a killed,
-# frozen or failing demo server is named within seconds (its cost stays far below 1 % of its time).
-DEMO_COMPUTE_CHECK_PERIOD = 5.0
 
 
 def demo_expect(tiny: bool, prompt: str) -> Optional[str]:
@@ -88,20 +69,22 @@ def demo_layout(num_blocks: int, servers: int, throughput: float = 100.0) -> lis
     The servers form two layers that each cover all blocks: layer one cut into ``servers // 2``
     parts, layer two into the rest, with its cuts shifted so the two layers' seams differ.
     With 3 servers and 30 blocks: 0:30, 0:15, 15:30.
+    Server ``i`` is ``server-i`` everywhere: the harness, the demo panel, ``swarm-monitor chaos``
+    and the public name it announces (so the reasons name it the same).
     """
     if servers < 1:
         raise ValueError(f"at least one server is needed, got {servers}")
     if servers > num_blocks:
         raise ValueError(f"{servers} servers for {num_blocks} blocks: at most one server per block")
     if servers == 1:
-        return [ServerSpec("server-1", 0, num_blocks, throughput, "demo-1")]
+        return [ServerSpec("server-1", 0, num_blocks, throughput, "server-1")]
     first, second = servers // 2, servers - servers // 2
     cuts_one = [round(i * num_blocks / first) for i in range(first + 1)]
     step = num_blocks / second
     shift = step / 2 if first == second else 0
     cuts_two = [0] + [round(j * step - shift) for j in range(1, second)] + [num_blocks]
     spans = list(zip(cuts_one, cuts_one[1:])) + list(zip(cuts_two, cuts_two[1:]))
-    return [ServerSpec(f"server-{i + 1}", a, b, throughput, f"demo-{i + 1}") for i, (a, b) in enumerate(spans)]
+    return [ServerSpec(f"server-{i + 1}", a, b, throughput, f"server-{i + 1}") for i, (a, b) in enumerate(spans)]
 
 
 class DemoControls:

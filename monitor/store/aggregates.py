@@ -40,7 +40,7 @@ from sqlalchemy.engine import Connection
 
 from monitor.core import quantiles
 from monitor.core.common import HOUR
-from monitor.core.scores import CHAT_WINDOW, FLAP_WINDOW, PROBE_WINDOW, UPTIME_WINDOWS, PeerAggregates, Uptime
+from monitor.core.scores import CHAT_WINDOW, FLAP_WINDOW, REACHABILITY_WINDOW, UPTIME_WINDOWS, PeerAggregates, Uptime
 from monitor.core.snapshot import ONLINE
 from monitor.store.engine import count_if
 from monitor.store.hours import floor_hour, raw_pruned_until, rolled_up_until
@@ -105,7 +105,7 @@ def peer_aggregates(conn: Connection, now: float) -> list[PeerAggregates]:
     if not peers:
         return []
     _flaps(conn, _plan(now - FLAP_WINDOW, now, watermark), polls, peers)
-    _probes(conn, _plan(now - PROBE_WINDOW, now, watermark), now, peers)
+    _probes(conn, _plan(now - REACHABILITY_WINDOW, now, watermark), now, peers)
     _advertised(conn, week, polls, now, peers)
     names = _peer_names(conn, list(peers))
     counter = _Polls.of(polls, hourly_polls)
@@ -118,7 +118,7 @@ def peer_aggregates(conn: Connection, now: float) -> list[PeerAggregates]:
             window, first_seen, now)) for i, window in enumerate(windows))
         result.append(PeerAggregates(
             peer_id=peer_id, uptime=uptime, **found.counts,
-            probe_rtt=_histogram(found.rtt_bins), last_probe_error=found.probe_error[1],
+            reachability_rtt=_histogram(found.rtt_bins), last_reachability_error=found.probe_error[1],
             chat_speed=_histogram(found.speed_bins), last_chat_error=found.chat_error,
             advertised_inference_rps=found.advertised,
         ))
@@ -354,9 +354,9 @@ def prune(conn: Connection, cutoff: float) -> int:
 
 
 def _add_probes(found: _Peer, n: int, ok: int, joining: int, bins: Iterable, error: Optional[tuple]) -> None:
-    found.add("probes_ok", ok)
-    found.add("probes_joining", joining)
-    found.add("probes_failed", max(0, n - ok - joining))  # (a JOINING answer is never ok)
+    found.add("reachability_ok", ok)
+    found.add("reachability_joining", joining)
+    found.add("reachability_failed", max(0, n - ok - joining))  # (a JOINING answer is never ok)
     quantiles.merge_bins(found.rtt_bins, bins)
     if error is not None and error[0] > found.probe_error[0]:
         found.probe_error = error

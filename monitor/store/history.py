@@ -120,14 +120,14 @@ def block_coverage_series(conn: Connection, model: str, since: float, until: flo
 
 
 def histories(conn: Connection, since: float, until: float, keys: Optional[list[int]], merge_runs: bool = False,
-              probes_since: Optional[float] = None) -> dict[int, PeerHistory]:
+              reachability_since: Optional[float] = None) -> dict[int, PeerHistory]:
     """Per peer key (all peers observed or chatted with if ``keys`` is None): its ``PeerHistory``."""
     observations = _observations(conn, since, until, keys, merge_runs)
     outcomes = _outcomes(conn, since, until, keys)
     wanted = set(observations) | set(outcomes) if keys is None else set(keys)
     q = ProbeRow.__table__.c
     probes_q = sa.select(q.peer, q.at, q.kind, q.ok, q.rtt, q.error, q.joining, q.address).where(
-        q.at >= max(since, probes_since or since), q.at <= until).order_by(q.at, q.id)
+        q.at >= max(since, reachability_since or since), q.at <= until).order_by(q.at, q.id)
     peers = Peer.__table__.c
     peers_q = sa.select(peers.id, peers.peer_id, peers.first_seen)
     if keys is not None:
@@ -142,7 +142,7 @@ def histories(conn: Connection, since: float, until: float, keys: Optional[list[
             result[key] = PeerHistory(
                 peer_id=peer_id,
                 observations=tuple(observations.get(key, ())),
-                probes=tuple((r[1], probe(peer_id, *r[2:])) for r in probes.get(key, ())),
+                reachability=tuple((r[1], probe(peer_id, *r[2:])) for r in probes.get(key, ())),
                 outcomes=tuple(outcomes.get(key, ())),
                 first_seen=first_seen,
             )

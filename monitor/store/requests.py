@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from monitor.core.common import HOUR, finite
+from monitor.core.assessment import RouteHop
 from monitor.core.requests import APIS, MAX_HOPS, MAX_ROWS, OUTCOMES, RequestRecord, hour_figures
 from monitor.store import hours
 from monitor.store.schema import HourlyRequestsRow, Peer, RequestHopRow, RequestRow
@@ -72,7 +73,7 @@ def since(conn: Connection, since_at: float, *, model: Optional[str] = None, lim
 def _record(r) -> RequestRecord:
     return RequestRecord(
         at=r["at"], model=r["model"], api=r["api"], outcome=r["outcome"], error_kind=r["error_kind"],
-        route=tuple((str(p), int(s), int(e)) for p, s, e in (r.get("route") or ())), waited=r["waited"],
+        route=tuple(RouteHop(str(p), int(s), int(e)) for p, s, e in (r.get("route") or ())), waited=r["waited"],
         time_to_first_token=r["time_to_first_token"], tokens=r["tokens"], tokens_per_second=r["tokens_per_second"],
         failovers=r["failovers"])
 

@@ -1,6 +1,6 @@
 """The DHT edge: the process's DHT client (NAT traversal off, started whether or not the swarm
 answers), validation of what peers announce (untrusted: every field bounded), the scrape and the
-reachability probes.
+reachability checks.
 
 Importing this package imports petals (and so torch): the web layer never does.
 """

@@ -108,7 +108,8 @@ class PetalsRouting:
                 hops.append([peer_id, block, block])
             else:
                 hops[-1][2] = block
-        return [(names[peer_id], start, end) for peer_id, start, end in hops if end > start], float(path.total_cost)
+        return ([RouteHop(names[peer_id], start, end) for peer_id, start, end in hops if end > start],
+                float(path.total_cost))
 
     def choose_blocks(self, size: int, num_blocks: int, rows: Sequence[ServerRow]) -> tuple[int, int]:
         infos, _ = _module_infos(num_blocks, rows)

@@ -188,7 +188,7 @@ def _error_handlers(app: Flask) -> None:
     def _bad_range(error):
         return _http_error(BadRequest(str(error)))
 
-    from monitor.web.queries import StoreUnavailableError
+    from monitor.store import StoreError
 
     @app.before_request
     def _schema_is_this_versions():
@@ -199,7 +199,7 @@ def _error_handlers(app: Flask) -> None:
         if not (endpoint == "static" or endpoint.endswith(".static") or endpoint.startswith("assets.")):
             deps().store.check_schema()
 
-    @app.errorhandler(StoreUnavailableError)
+    @app.errorhandler(StoreError)  # down, locked or unmigrated: the pages answer 503 with the reason
     def _store_down(error):
         log.warning("answering 503 for %s: %s", request.path, error)  # the cause, for the operator
         return _error_response(503, *_store_failure(error))

@@ -243,7 +243,7 @@ def _peer_history_json(d, peer_id: str) -> str:
     if not queries.known_peer(d.store, peer_id, found):
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
     bounded = history.peer_history([_record(o) for o in found.observations],
-                                   [{**_record(p), "at": at} for at, p in found.probes],
+                                   [{**_record(p), "at": at} for at, p in found.reachability],
                                    [_record(o) for o in found.outcomes], limits)
     return current_app.json.dumps(dict(peer_id=peer_id, since=limits.since, until=limits.until,
                                        first_seen=found.first_seen, **bounded, limits=limits.to_dict())) + "\n"

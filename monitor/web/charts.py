@@ -306,10 +306,10 @@ def peer_throughput(observations: Sequence, *, since: float, until: float, lates
                                         until, yaxis=dict(title=dict(text="tokens/s"), rangemode="tozero")))
 
 
-def peer_probes(probes: Sequence[tuple], *, since: float, until: float) -> dict:
-    """Probe round-trip times (ms); failed probes as red crosses on the axis."""
-    ok = [(at, p) for at, p in probes if p.ok and p.rtt is not None]
-    failed = [(at, p) for at, p in probes if not p.ok]
+def peer_reachability(checks: Sequence[tuple], *, since: float, until: float) -> dict:
+    """Reachability check round-trip times (ms); failed checks as red crosses on the axis."""
+    ok = [(at, p) for at, p in checks if p.ok and p.rtt is not None]
+    failed = [(at, p) for at, p in checks if not p.ok]
     traces = [dict(
         type="scatter",
         x=[axis_time(at) for at, _ in ok], y=[p.rtt * 1000 for _, p in ok], name="reachable",
@@ -324,7 +324,7 @@ def peer_probes(probes: Sequence[tuple], *, since: float, until: float) -> dict:
             text=[plain(("joining: " if p.joining else "") + (p.error or "failed")) for _, p in failed],
             hovertemplate="%{x} UTC: %{text}<extra></extra>",
         ))
-    return _figure(traces, _peer_layout(traces, [at for at, _ in probes], since, until,
+    return _figure(traces, _peer_layout(traces, [at for at, _ in checks], since, until,
                                         yaxis=dict(title=dict(text="RTT, ms"), rangemode="tozero")))
 
 

@@ -137,8 +137,8 @@ def merge_observations(points: Sequence[dict]) -> dict:
             "samples": sum(p.get("samples", 1) for p in points)}
 
 
-def merge_probes(points: Sequence[dict]) -> dict:
-    """Probes as one: ok only if every one was, the mean RTT of those that answered."""
+def merge_reachability(points: Sequence[dict]) -> dict:
+    """Reachability checks as one: ok only if every one was, the mean RTT of those that answered."""
     ok = [p for p in points if p["ok"]]
     failed = [p for p in points if not p["ok"]]
     rtts = [p["rtt"] for p in ok if p.get("rtt") is not None]
@@ -182,9 +182,10 @@ def model_history(raw: dict, limits: HistoryLimits) -> dict:
     }
 
 
-def peer_history(observations: Sequence[dict], probes: Sequence[dict], outcomes: Sequence[dict],
+def peer_history(observations: Sequence[dict], reachability: Sequence[dict], outcomes: Sequence[dict],
                  limits: HistoryLimits) -> dict:
-    """A peer's records (dicts, oldest first), bounded: observations per model, probes, outcomes."""
+    """A peer's records (dicts, oldest first), bounded: observations per model, reachability checks
+    (under the API's key "probes"), outcomes."""
     by_model: dict[str, list[dict]] = {}
     for observation in observations:
         by_model.setdefault(observation["model"], []).append(observation)
@@ -192,6 +193,6 @@ def peer_history(observations: Sequence[dict], probes: Sequence[dict], outcomes:
             for point in downsample(f"observations[{model}]", points, merge_observations, limits)]
     return {
         "observations": sorted(kept, key=lambda p: p["at"]),
-        "probes": downsample("probes", probes, merge_probes, limits),
+        "probes": downsample("probes", reachability, merge_reachability, limits),
         "chat_outcomes": newest("chat_outcomes", outcomes, limits),
     }

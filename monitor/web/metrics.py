@@ -109,14 +109,14 @@ def server_families(cur: queries.Current) -> Iterable:
     yield version
 
 
-def _blocks(num_blocks: int, rows: Sequence[ServerRow], probes) -> tuple[Counter, list[int], dict[str, list[float]]]:
+def _blocks(num_blocks: int, rows: Sequence[ServerRow], reachability) -> tuple[Counter, list[int], dict[str, list[float]]]:
     """A model's blocks as its rows announce them (spans cut to the model): blocks per row state
     (``state_api.row_state``), online servers per block, and per RPS kind the summed RPS per block."""
     per_state: Counter = Counter()
     online_per_block = [0] * num_blocks
     rps = {kind: [0.0] * num_blocks for kind in RPS_KINDS}
     for row in rows:
-        state = state_api.row_state(row, probes.get(row.peer_id))
+        state = state_api.row_state(row, reachability.get(row.peer_id))
         start, end = max(row.start, 0), min(row.end, num_blocks)
         per_state[state] += max(end - start, 0)
         announced = {kind: finite(getattr(row, f"{kind}_rps")) or 0.0 for kind in RPS_KINDS}

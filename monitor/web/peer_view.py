@@ -81,21 +81,21 @@ def report(d, cur, peer_id: str, now: float) -> ServerReport:
 
 def history(d, cur, peer_id: str, hours: float, now: float) -> dict:
     """The peer's history over the last ``hours`` for the page: merged observations, downsampled
-    probes, the four figures and the newest chat outcomes; once per store state and minute."""
+    reachability checks, the four figures and the newest chat outcomes; once per store state and minute."""
     def build() -> dict:
         since = now - hours * 3600
         found = d.store.peer_history(peer_id, since, now, merge_runs=True)
         # every ok poll since the peer appeared observed it (seen or not), so its series run to the
         # latest poll: merged runs say only when each run began
         latest = min(cur.snapshot.taken_at, now) if cur.snapshot is not None else None
-        probes = downsample_probes(found.probes, since, now)
+        reachability = downsample_reachability(found.reachability, since, now)
         return dict(
-            history=replace(found, probes=probes),
+            history=replace(found, reachability=reachability),
             uptime=peer_uptime(d.store, peer_id, found, since, now),
             figures=dict(
                 states=charts.peer_state_timeline(found.observations, since=since, until=now, latest=latest),
                 throughput=charts.peer_throughput(found.observations, since=since, until=now, latest=latest),
-                probes=charts.peer_probes(probes, since=since, until=now),
+                reachability=charts.peer_reachability(reachability, since=since, until=now),
                 chats=charts.peer_chat_outcomes(found.outcomes, since=since, until=now),
             ),
             outcomes=sorted(found.outcomes, key=lambda o: o.at, reverse=True)[:20],
@@ -112,14 +112,14 @@ def peer_uptime(store, peer_id: str, found, since: float, until: float) -> maint
     return maintenance.uptime(found.observations, since, until, maintenance.covered_intervals(windows, since, until))
 
 
-def downsample_probes(probes: tuple, since: float, until: float, points: int = MAX_POINTS) -> tuple:
-    """At most ``points`` ok and ``points`` failed probes: per time bucket, one ok probe with the
-    median RTT and one failed probe whose error says how many failed (the latest error)."""
-    if len(probes) <= points:
-        return tuple(probes)
+def downsample_reachability(checks: tuple, since: float, until: float, points: int = MAX_POINTS) -> tuple:
+    """At most ``points`` ok and ``points`` failed reachability checks: per time bucket, one ok check
+    with the median RTT and one failed check whose error says how many failed (the latest error)."""
+    if len(checks) <= points:
+        return tuple(checks)
     width = max((until - since) / points, 1.0)
     buckets: dict[int, list] = {}
-    for at, result in probes:
+    for at, result in checks:
         buckets.setdefault(int((at - since) // width), []).append((at, result))
     out = []
     for index in sorted(buckets):

@@ -30,7 +30,6 @@ from monitor.core.snapshot import ONLINE, ModelInfo, PeerHistory, ReachabilityRe
 from monitor.store import PollSummary, StoreError
 from monitor.web import state_api
 
-StoreUnavailableError = StoreError  # down, locked or unmigrated: the pages answer 503 with the reason
 MAX_DERIVED = 64  # values kept per state; beyond that (a poller stopped for hours) start afresh
 
 
@@ -117,7 +116,7 @@ def state_dict(cur: Current, settings: Settings) -> dict:
     return cur.derive(("state", tuple(initial_peers), settings.scrape_period), lambda: state_api.build_state(
         cur.snapshot,
         healths=cur.healths,
-        probes=cur.reachability,
+        reachability=cur.reachability,
         scores=cur.scores,
         initial_peers=initial_peers,
         update_period=settings.scrape_period,
@@ -181,7 +180,7 @@ def coverage_series(store, dht_prefix: str, since: float, until: float):
 
 def known_peer(store, peer_id: str, history: Optional[PeerHistory] = None) -> bool:
     """Seen as a server, probed, or chatted through — ever (or in ``history``, when given)."""
-    if history is not None and (history.observations or history.probes or history.outcomes or history.first_seen):
+    if history is not None and (history.observations or history.reachability or history.outcomes or history.first_seen):
         return True
     return peer_id in set(store.peer_ids()) or peer_id in store.latest_reachability()
 

@@ -48,9 +48,9 @@ def model_name(model: ModelInfo) -> str:
     return model.dht_prefix
 
 
-def row_state(row: ServerRow, probe: Optional[ReachabilityResult]) -> str:
+def row_state(row: ServerRow, check: Optional[ReachabilityResult]) -> str:
     """online / joining / offline / unreachable, as health.petals.dev names a server row's state."""
-    if row.state == ONLINE and unreachable(probe):
+    if row.state == ONLINE and unreachable(check):
         return "unreachable"
     return {ONLINE: "online", JOINING: "joining", OFFLINE: "offline"}.get(row.state, "offline")
 
@@ -81,12 +81,12 @@ def score_dict(score: Optional[PeerScore]) -> Optional[dict]:
     return None if score is None else score.to_dict()
 
 
-def server_rows(model: ModelInfo, rows: Sequence[ServerRow], probes: Mapping[str, ReachabilityResult],
+def server_rows(model: ModelInfo, rows: Sequence[ServerRow], reachability: Mapping[str, ReachabilityResult],
                 scores: Mapping[str, PeerScore]) -> list[dict]:
     """One dict per server of this model, as health.petals.dev's ``server_rows[]``, sorted by peer id."""
     result = []
     for row in sorted(rows, key=lambda r: (r.peer_id, r.start)):
-        state = row_state(row, probes.get(row.peer_id))
+        state = row_state(row, reachability.get(row.peer_id))
         score = scores.get(row.peer_id)
         entry = {
             "short_peer_id": "..." + row.peer_id[-6:],  # health.petals.dev's exact form (ASCII dots)
@@ -143,7 +143,7 @@ def _diagnosis_fields(health: Optional[Assessment]) -> dict:
 
 
 def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[Assessment],
-                 probes: Mapping[str, ReachabilityResult], scores: Mapping[str, PeerScore]) -> dict:
+                 reachability: Mapping[str, ReachabilityResult], scores: Mapping[str, PeerScore]) -> dict:
     """One ``model_reports[]`` entry. ``health``: the model's diagnosis for the latest poll and
     probe round, as the poller stored it."""
     ours = _diagnosis_fields(health)
@@ -161,7 +161,7 @@ def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[A
         "short_name": name.split("/")[-1],
         "href": href,
         "state": "broken" if ours["monitor_state"] == BROKEN else "healthy",
-        "server_rows": server_rows(model, rows, probes, scores),
+        "server_rows": server_rows(model, rows, reachability, scores),
         **ours,
     }
 
@@ -177,7 +177,7 @@ def generation_check_dict(check: Optional[GenerationCheck]) -> Optional[dict]:
             "failed_peers": list(check.failed_peers)}
 
 
-def bootstrap_addresses(initial_peers: Sequence[str], probes: Mapping[str, ReachabilityResult]) -> dict[str, str]:
+def bootstrap_addresses(initial_peers: Sequence[str], reachability: Mapping[str, ReachabilityResult]) -> dict[str, str]:
     """peer id -> address of each bootstrap peer, in order: the configured ones first, then any
     other checked as one."""
     addresses: dict[str, str] = {}
@@ -185,52 +185,52 @@ def bootstrap_addresses(initial_peers: Sequence[str], probes: Mapping[str, Reach
         peer = peer_id_of_multiaddr(maddr)
         if peer and peer not in addresses:
             addresses[peer] = maddr
-    for peer, probe in sorted(probes.items()):
-        if probe.kind == "bootstrap" and peer not in addresses:
-            addresses[peer] = probe.address or ""
+    for peer, check in sorted(reachability.items()):
+        if check.kind == "bootstrap" and peer not in addresses:
+            addresses[peer] = check.address or ""
     return addresses
 
 
-def bootstrap_peers(initial_peers: Sequence[str], probes: Mapping[str, ReachabilityResult]) -> list[dict]:
+def bootstrap_peers(initial_peers: Sequence[str], reachability: Mapping[str, ReachabilityResult]) -> list[dict]:
     """Each bootstrap peer (``bootstrap_addresses``) with its state."""
     result = []
-    for peer, address in bootstrap_addresses(initial_peers, probes).items():
-        probe = probes.get(peer)
-        state = "unknown" if probe is None else "online" if probe.ok else "unreachable"
+    for peer, address in bootstrap_addresses(initial_peers, reachability).items():
+        check = reachability.get(peer)
+        state = "unknown" if check is None else "online" if check.ok else "unreachable"
         result.append({"peer_id": peer, "address": address, "state": state,
-                       "rtt": finite(probe.rtt) if probe else None, "error": probe.error if probe else None})
+                       "rtt": finite(check.rtt) if check else None, "error": check.error if check else None})
     return result
 
 
-def top_contributors(snapshot: Snapshot, probes: Mapping[str, ReachabilityResult]) -> dict[str, int]:
+def top_contributors(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult]) -> dict[str, int]:
     """public_name -> blocks it serves online (reachable), most first."""
     counts: Counter = Counter()
     for row in snapshot.servers:
-        if row.public_name and row_state(row, probes.get(row.peer_id)) == "online":
+        if row.public_name and row_state(row, reachability.get(row.peer_id)) == "online":
             counts[row.public_name] += row.length
     return dict(counts.most_common())
 
 
-def unreachable_peers(snapshot: Snapshot, probes: Mapping[str, ReachabilityResult],
+def unreachable_peers(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult],
                       bootstrap: Iterable[str]) -> list[str]:
     """Peers whose latest check failed, among the latest poll's servers and the bootstrap peers
     only (sorted): a peer that announced itself once and left is not an issue forever."""
     peers = {row.peer_id for row in snapshot.servers} | set(bootstrap)
-    return [peer for peer, probe in sorted(probes.items()) if peer in peers and unreachable(probe)]
+    return [peer for peer, check in sorted(reachability.items()) if peer in peers and unreachable(check)]
 
 
-def reachability_issues(snapshot: Snapshot, probes: Mapping[str, ReachabilityResult],
+def reachability_issues(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult],
                         bootstrap: Iterable[str]) -> list[dict]:
     """``unreachable_peers`` with their errors, as health.petals.dev's ``reachability_issues``."""
-    return [{"peer_id": peer, "err": probes[peer].error or "unreachable", "kind": probes[peer].kind}
-            for peer in unreachable_peers(snapshot, probes, bootstrap)]
+    return [{"peer_id": peer, "err": reachability[peer].error or "unreachable", "kind": reachability[peer].kind}
+            for peer in unreachable_peers(snapshot, reachability, bootstrap)]
 
 
 def build_state(
     snapshot: Snapshot,
     *,
     healths: Mapping[str, Assessment],
-    probes: Mapping[str, ReachabilityResult],
+    reachability: Mapping[str, ReachabilityResult],
     scores: Mapping[str, PeerScore],
     initial_peers: Sequence[str],
     update_period: float,
@@ -238,16 +238,16 @@ def build_state(
 ) -> dict:
     """The whole ``/api/v1/state`` dict for one snapshot (JSON-ready: plain types, no NaN)."""
     reports = [
-        {**model_report(model, snapshot.rows_for(model.dht_prefix), healths.get(model.dht_prefix), probes, scores),
+        {**model_report(model, snapshot.rows_for(model.dht_prefix), healths.get(model.dht_prefix), reachability, scores),
          "generation_check": generation_check_dict(generation.get(model.dht_prefix))}
         for model in snapshot.models
     ]
-    boot = bootstrap_peers(initial_peers, probes)
+    boot = bootstrap_peers(initial_peers, reachability)
     return {
         "bootstrap_states": [peer["state"] for peer in boot],
-        "top_contributors": top_contributors(snapshot, probes),
+        "top_contributors": top_contributors(snapshot, reachability),
         "model_reports": reports,
-        "reachability_issues": reachability_issues(snapshot, probes, (peer["peer_id"] for peer in boot)),
+        "reachability_issues": reachability_issues(snapshot, reachability, (peer["peer_id"] for peer in boot)),
         "last_updated": snapshot.taken_at,
         "update_period": update_period,
         "update_duration": snapshot.duration,

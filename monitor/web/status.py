@@ -63,7 +63,7 @@ def peer_windows(windows, peer_id: str, models=(), names=()) -> list[Maintenance
 
 
 @dataclass(frozen=True)
-class ModelStatus:
+class StatusPageRow:
     """One model's row of the status page."""
 
     dht_prefix: str
@@ -79,14 +79,14 @@ def poll_hold(settings) -> float:
     return STALE_PERIODS * settings.scrape_period
 
 
-def model_statuses(d, cur, now: float) -> list[ModelStatus]:
+def model_statuses(d, cur, now: float) -> list[StatusPageRow]:
     """Every model of the latest poll, with its bar and uptimes: once per store change, minute and
     set of maintenance windows (``WebCache.page``)."""
     since = now - DAYS * DAY
     windows = windows_since(d, since)
     key = ("status", int(now // MINUTE), _fingerprint(windows))
 
-    def build() -> list[ModelStatus]:
+    def build() -> list[StatusPageRow]:
         minute = (now // MINUTE) * MINUTE
         prefixes = [m.dht_prefix for m in cur.models]
         points = d.store.status_points(prefixes, since - DAY, minute, poll_hold=poll_hold(d.settings))
@@ -98,7 +98,7 @@ def model_statuses(d, cur, now: float) -> list[ModelStatus]:
             mine = uptime.compact(points.get(model.dht_prefix, []))
             in_force = maintenance.active(covering, now)
             health = cur.healths.get(model.dht_prefix)
-            found.append(ModelStatus(
+            found.append(StatusPageRow(
                 dht_prefix=model.dht_prefix, name=state_api.model_name(model),
                 state=uptime.MAINTENANCE if in_force else state_api.monitor_state(health),
                 days=uptime.days(mine, minute, count=DAYS, maintenance=left_out, outages=outages),
@@ -135,7 +135,7 @@ def notes_shown(d, now: float) -> list[Note]:
     return d.store.notes(resolved_since=now - NOTES_RESOLVED_DAYS * DAY)
 
 
-def overall(statuses: list[ModelStatus]) -> tuple[str, str]:
+def overall(statuses: list[StatusPageRow]) -> tuple[str, str]:
     """(state, sentence) of the whole swarm at the top of the page."""
     states = [s.state for s in statuses]
     if not states:
