@@ -85,7 +85,7 @@ def test_failing_servers_are_failing_for_every_reader_and_the_chat_routes_around
     # two failing: only server-1 serves, the chat answers through it and no route touches the others
     swarm.fail("server-3")
     assert wait_until(lambda: ids["server-3"] in diagnosis(svc).excluded_peers, VERDICT_TIMEOUT), diagnosis(svc).reasons
-    assert [hop[0] for hop in diagnosis(svc).route] == [ids["server-1"]]
+    assert [hop.peer_id for hop in diagnosis(svc).route] == [ids["server-1"]]
     since = time.time()
     for _ in range(3):
         answer = client.post("/v1/completions", json=ASK)
