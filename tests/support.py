@@ -87,6 +87,16 @@ os.environ[SESSION_MARKER] = str(os.getpid())
 # ---- waiting -----------------------------------------------------------------------------------
 
 
+def require_reference() -> None:
+    """Fail (never skip) a spec that checks against the reference transformers when set-up did not
+    install it: a missing reference must not pass as a green suite."""
+    from monitor.harness import reference
+
+    if not reference.available():
+        pytest.fail(f"the reference transformers is missing from {reference.REFERENCE_DIR}: run `make setup`",
+                    pytrace=False)
+
+
 def wait_until(predicate: Callable[[], T], timeout: float, step: float = 0.5) -> T:
     """Call ``predicate`` every ``step`` seconds until it returns something true or ``timeout``
     seconds have passed; returns its last answer (so ``assert wait_until(...)`` fails with it).

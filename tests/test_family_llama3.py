@@ -20,6 +20,7 @@ from monitor import compat  # noqa: F401  (must precede petals)
 from monitor import families
 from monitor.families import llama3
 from monitor.harness import reference
+from support import require_reference
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import TINY_NUM_BLOCKS, tiny_model
 from monitor.swarm.correctness import ReferenceModel, relative_error
@@ -45,9 +46,7 @@ def _prompts(vocabulary: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def checkpoint(data_dir):
-    if not reference.available():
-        pytest.fail(f"the reference transformers is missing from {reference.REFERENCE_DIR}: run `make setup`",
-                    pytrace=False)
+    require_reference()
     return tiny_model(data_dir, "llama3")
 
 
@@ -185,9 +184,7 @@ def test_a_llama2_checkpoint_keeps_4_34s_rotary_embedding_and_the_references_sta
     from petals.utils.auto_config import AutoDistributedConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    if not reference.available():
-        pytest.fail(f"the reference transformers is missing from {reference.REFERENCE_DIR}: run `make setup`",
-                    pytrace=False)
+    require_reference()
     families.install()
     model = tiny_model(data_dir, "llama")
     config = AutoDistributedConfig.from_pretrained(str(model.path))

@@ -31,7 +31,7 @@ from monitor.harness import reference
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.tiny_model import TINY_NUM_BLOCKS, tiny_model
 from monitor.swarm.correctness import ReferenceModel, relative_error
-from support import STEADY_UPDATE_PERIOD
+from support import STEADY_UPDATE_PERIOD, require_reference
 
 pytestmark = pytest.mark.swarm
 
@@ -45,9 +45,7 @@ TOKENS = 24  # positions in the hidden-state checks: three windows' worth
 
 @pytest.fixture(scope="module")
 def model(data_dir):
-    if not reference.available():
-        pytest.fail(f"the reference transformers is missing from {reference.REFERENCE_DIR}: run `make setup`",
-                    pytrace=False)
+    require_reference()
     return tiny_model(data_dir, "mixtral")
 
 

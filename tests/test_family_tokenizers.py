@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 from monitor.families import load_tokenizer
 from monitor.families.tokenizer import EmulatingBackend, TokenizerError, needs_conversion
 from monitor.harness import reference
+from support import require_reference
 from monitor.harness.tiny_model import tiny_model as build_tiny
 
 _spec = importlib.util.spec_from_file_location("tokenizer_calls", reference.SCRIPTS / "tokenizer_calls.py")
@@ -49,9 +50,7 @@ PAIRS = [("Is this the first?", "And the second one."), ("<s>opening", " spaced 
 
 @pytest.fixture(scope="module", autouse=True)
 def _reference_installed():
-    if not reference.available():
-        pytest.fail(f"the reference transformers is missing from {reference.REFERENCE_DIR}: run `make setup`",
-                    pytrace=False)
+    require_reference()
 
 
 def calls_for(tokenizer, texts, *, conversations=(), pairs=(), pad_token=None) -> list:

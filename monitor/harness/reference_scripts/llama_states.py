@@ -19,6 +19,8 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from reference import greedy  # (this folder's: the one greedy continuation)
+
 
 def compute(path: str, args: dict, *, unscaled: bool) -> dict:
     config = AutoConfig.from_pretrained(path)
@@ -39,13 +41,7 @@ def compute(path: str, args: dict, *, unscaled: bool) -> dict:
         out["hidden_states"] = [state[0].tolist() for state in result.hidden_states]
         out["last_block"] = captured["last"][0].tolist()
     if args.get("generate"):
-        out["generated"] = []
-        for ids in args["generate"]:
-            with torch.no_grad():
-                result = model.generate(torch.tensor([ids]), max_new_tokens=args.get("max_new_tokens", 16),
-                                        do_sample=False, attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                        pad_token_id=config.eos_token_id)
-            out["generated"].append(result[0, len(ids):].tolist())
+        out["generated"] = greedy(model, args["generate"], args.get("max_new_tokens", 16), config.eos_token_id)
     return out
 
 

@@ -13,6 +13,18 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
+def greedy(model, prompts, max_new_tokens: int, pad_token_id) -> list:
+    """The reference's greedy continuation of each prompt (token ids), new tokens only."""
+    generated = []
+    for ids in prompts:
+        with torch.no_grad():
+            result = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    pad_token_id=pad_token_id)
+        generated.append(result[0, len(ids):].tolist())
+    return generated
+
+
 def main() -> None:
     args = json.loads(sys.stdin.read())
     out = {}
@@ -24,13 +36,7 @@ def main() -> None:
     if args.get("generate"):
         model = AutoModelForCausalLM.from_pretrained(args["path"], torch_dtype=torch.float32)
         model.eval()
-        out["generated"] = []
-        for ids in args["generate"]:
-            with torch.no_grad():
-                result = model.generate(torch.tensor([ids]), max_new_tokens=args.get("max_new_tokens", 16),
-                                        do_sample=False, attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                        pad_token_id=tokenizer.eos_token_id)
-            out["generated"].append(result[0, len(ids):].tolist())
+        out["generated"] = greedy(model, args["generate"], args.get("max_new_tokens", 16), tokenizer.eos_token_id)
         out["generated_text"] = [tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
                                  for new in out["generated"]]
     print(json.dumps(out))
