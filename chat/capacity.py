@@ -375,6 +375,7 @@ class SessionsLoad:
     states: dict  # idle / waiting / generating -> open sessions
     expired: dict  # reason -> sessions the chat ended (evicted, idle, lifetime)
     refused: int  # opens refused: no idle session to make room with
+    released: int = 0  # idle sessions that let go of their servers' caches for another session
 
 
 class OpenSessions:
@@ -389,7 +390,7 @@ class OpenSessions:
         self._lock = threading.Lock()
         self._open: "OrderedDict[int, _Open]" = OrderedDict()  # id(member) -> entry, least recently used first
         self._expired: Counter = Counter()
-        self._refused = 0
+        self._refused = self._released = 0
         self._retry_after: Callable[[], int] = lambda: capacity.retry_after
 
     def estimate_with(self, retry_after: Callable[[], int]) -> None:
@@ -442,6 +443,22 @@ class OpenSessions:
                 entry.last_used = self._clock()
                 self._open.move_to_end(id(member))
 
+    def idle_holding(self, peer: str, needed: int) -> list:
+        """Idle sessions holding cache room on ``peer`` (``member.holds(peer)``), least recently used
+        first, as many as free twice ``needed`` tokens of it (each holds its ``max_length``): what to
+        release (``member.release()``) when ``peer`` refused a session of ``needed`` tokens for want
+        of room. Counted as released."""
+        found, freed = [], 0
+        with self._lock:
+            for entry in self._open.values():
+                if freed >= 2 * max(1, needed):
+                    break
+                if entry.state == IDLE and entry.member.holds(peer):
+                    found.append(entry.member)
+                    freed += entry.member.max_length
+            self._released += len(found)
+        return found
+
     def remove(self, member: Any, reason: Optional[str] = None) -> None:
         """``member`` closed (``reason``: why the chat ended it: "idle", "lifetime"; None: its owner did)."""
         with self._lock:
@@ -453,4 +470,5 @@ class OpenSessions:
             states = Counter(e.state for e in self._open.values())
             return SessionsLoad(limit=self.capacity.open_sessions, per_client=self.capacity.sessions_per_client,
                                 states={s: states.get(s, 0) for s in (IDLE, WAITING, GENERATING)},
-                                expired={k: v for k, v in self._expired.items() if v}, refused=self._refused)
+                                expired={k: v for k, v in self._expired.items() if v}, refused=self._refused,
+                                released=self._released)

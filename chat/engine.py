@@ -37,7 +37,7 @@ from chat.metrics import RequestHistograms
 from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, OutcomeSink, RouteHop, RoutingSettings, ScoreSource
 from chat.server_load import ServerLimits, ServerLoad
 from chat.remote_model import load_remote_model, sequence_manager_of
-from chat.sequence import HealthAwareSequenceManager
+from chat.sequence import CACHE_WAIT, HealthAwareSequenceManager
 from chat import request
 from chat.request import Answer, BatchAnswer
 from chat.session import ChatSession
@@ -160,6 +160,7 @@ class ChatEngine:
         max_logprobs: int = DEFAULT_MAX_LOGPROBS,
         max_retries: int = 3,
         request_timeout: float = 60.0,
+        cache_wait: float = CACHE_WAIT,
         client_config: Optional[dict] = None,
         request_sink: Optional[Callable[[RequestRecord], None]] = None,
         forecast_source: Optional[Callable[[], Mapping[str, ForecastInputs]]] = None,
@@ -176,7 +177,7 @@ class ChatEngine:
         self.server_limits = ServerLimits()  # the longest session each server accepts, learned from refusals
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(
             score_source=score_source, outcome_sink=outcome_sink, routing=self.routing, server_load=self.server_load,
-            server_limits=self.server_limits,
+            server_limits=self.server_limits, make_room=self.make_room, cache_wait=cache_wait,
         )
         # petals waits request_timeout (default 180 s) on a server that died mid-step before it
         # tries another one: a person waiting for an answer should not wait that long
@@ -197,6 +198,14 @@ class ChatEngine:
                                         path=Path(path) if path else None, aliases=aliases)
 
         self.request_histograms = RequestHistograms(self.model_names)  # /metrics (chat.metrics)
+
+    def make_room(self, peer: str, needed: int) -> None:
+        """``peer`` refused a session of ``needed`` tokens for want of cache room: this process's
+        idle kept-open sessions on it let go of their caches (``ChatSession.release``; each replays
+        its text at its next answer). Sessions of other processes and clients are the server's to
+        queue (``HealthAwareSequenceManager.get_request_metadata``)."""
+        for member in self.sessions.idle_holding(peer, needed):
+            member.release()
 
     def request_sink(self, record: RequestRecord) -> None:
         """Where each request's row goes when it ends: this process's histograms, then the sink given."""

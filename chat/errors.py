@@ -97,6 +97,16 @@ class Busy(ChatError):
         self.retry_after = retry_after
 
 
+class ServersFull(Busy):
+    """The servers of every route hold other sessions in their attention caches, and none made room
+    for this one in time: the swarm is busy, not broken (``chat.server_load.cache_full``)."""
+
+    def __init__(self, model: str, waited: float, retry_after: int = 60):
+        super().__init__(f"the servers of {model!r} have no room in their attention caches for this session now "
+                         f"(they hold other sessions, and none made room within {waited:.0f} s); retry in "
+                         f"{retry_after} s", retry_after)
+
+
 class SessionExpired(ChatError):
     """A kept-open session was ended by the chat (idle, evicted to make room, or too old). The
     message has chat.petals.dev's shape, "Session <id> expired: <why>", on which its page opens a

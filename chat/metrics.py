@@ -135,4 +135,7 @@ class ChatCollector:
         for reason in EXPIRIES:
             expired.add_metric([reason], sessions.expired.get(reason, 0))
         yield expired
+        yield CounterMetricFamily(f"{PREFIX}_sessions_released",
+                                  "Idle kept-open sessions that let go of their servers' caches for another session "
+                                  "(each replays its text at its next answer)", value=sessions.released)
         yield from self.engine.request_histograms.families()

@@ -18,7 +18,7 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.core.common import short_error
@@ -32,12 +32,13 @@ from swarm_monitor_client.routing import MonitorRouting
 from monitor.core.route_choice import RouteChoice, allowed
 
 from chat.policy import OutcomeSink, PeerWeight, RouteHop, RoutingSettings, ScoreSource
-from chat.server_load import ServerLimits, ServerLoad, refused_length
+from chat.server_load import ServerLimits, ServerLoad, cache_full, refused_length
 
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 5.0  # seconds to wait for a server to acknowledge the end of a session
 REFRESH_TIMEOUT = 30.0  # seconds to wait for a fresh view of the swarm (then the view at hand is used)
+CACHE_WAIT = 30.0  # seconds a server is asked to wait for cache room, once it refused a session for want of it
 
 
 class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
@@ -54,6 +55,10 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
     routing: RoutingSettings = RoutingSettings()
     server_load: Optional[ServerLoad] = None  # the chat's requests in flight per server (``chat.server_load``)
     server_limits: Optional[ServerLimits] = None  # the longest session each server accepts, as learned
+    # called with (peer, tokens needed) when a server refuses a session for want of cache room: the
+    # chat releases its own idle sessions on that server (``ChatEngine.make_room``)
+    make_room: Optional[Callable[[str, int], object]] = None
+    cache_wait: float = CACHE_WAIT
 
     @classmethod
     def configured(
@@ -64,13 +69,16 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         routing: Optional[RoutingSettings] = None,
         server_load: Optional[ServerLoad] = None,
         server_limits: Optional[ServerLimits] = None,
+        make_room: Optional[Callable[[str, int], object]] = None,
+        cache_wait: float = CACHE_WAIT,
     ) -> type["HealthAwareSequenceManager"]:
         return type(
             cls.__name__,
             (cls,),
             {"score_source": staticmethod(score_source) if score_source else None,
              "outcome_sink": staticmethod(outcome_sink) if outcome_sink else None,
-             "routing": routing or RoutingSettings(), "server_load": server_load, "server_limits": server_limits},
+             "routing": routing or RoutingSettings(), "server_load": server_load, "server_limits": server_limits,
+             "make_room": staticmethod(make_room) if make_room else None, "cache_wait": float(cache_wait)},
         )
 
     # -- the request routed now (the session stepping in this thread) and the load -------------
@@ -171,13 +179,38 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         if recorder is not None:
             recorder.span_done(peer_id)
 
+    def get_request_metadata(self, protocol: str, *args: Any, **kwargs: Any) -> Optional[dict]:
+        """petals' metadata, plus ``alloc_timeout`` for a session a server refused for want of cache
+        room: its next servers wait up to ``cache_wait`` seconds for room (petals servers queue the
+        allocation, up to their own ``max_alloc_timeout``) instead of refusing at once."""
+        metadata = super().get_request_metadata(protocol, *args, **kwargs)
+        session = getattr(_ACTIVE, "session", None)
+        if protocol == "rpc_inference" and metadata is not None and getattr(session, "waits_for_cache", False):
+            metadata = {**metadata, "alloc_timeout": self.cache_wait}
+        return metadata
+
     def on_request_failure(self, peer_id) -> None:
-        limit = refused_length(sys.exc_info()[1])
+        error = sys.exc_info()[1]
+        limit = refused_length(error)
         if limit is not None and peer_id is not None and self.server_limits is not None:
             # a server refusing a session longer than it accepts is not failing: learn its limit, and
             # the retry routes around it (``route_excluded``) without banning it for everyone
             self.server_limits.learn(peer_id.to_base58(), limit)
             logger.info("%s accepts sessions of at most %d tokens", peer_id.to_base58(), limit)
+            return
+        if peer_id is not None and cache_full(error):
+            # nor is a server whose cache holds other sessions now: it is busy. Not banned, no failed
+            # span; it costs more for a while (routes go around it where they can), this process's
+            # idle sessions on it let go of their caches, and the retry asks servers to wait for room
+            peer = peer_id.to_base58()
+            session = getattr(_ACTIVE, "session", None)
+            if self.server_load is not None:
+                self.server_load.full(peer)
+            if session is not None:
+                session.waits_for_cache = True
+            if self.make_room is not None:
+                self.make_room(peer, session.max_length if session is not None else 0)
+            logger.info("%s has no cache room for a session now; waiting for room or another server", peer)
             return
         super().on_request_failure(peer_id)
         recorder = _active_recorder()
@@ -348,6 +381,15 @@ class TimedInferenceSession(InferenceSession):
             outcome_sink if outcome_sink is not None else getattr(sequence_manager, "outcome_sink", None)
         )
         self._step_tokens = 0
+        self.waits_for_cache = False  # a server refused it for want of cache room: the next ones wait
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def peers(self) -> tuple[str, ...]:
+        """The servers this session holds open sessions on (and so cache room) now."""
+        return tuple(s.span.peer_id.to_base58() for s in self._server_sessions if not getattr(s, "closed", False))
 
     def step(self, inputs, *args, **kwargs):
         self._step_tokens = inputs.shape[1]

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 LOAD_WEIGHT = 1.0  # added to a server's cost factor per request in flight through it
 CACHE_SLACK = 4  # below this many times the tokens a session needs, a server's cache left costs more
+FULL_FACTOR = 4.0  # a server that just refused a session for want of cache room costs this many times more
+FULL_COOL = 10.0  # seconds it costs more after such a refusal
 
 
 def cache_factor(cache_tokens_left: Optional[int], needed: Optional[int]) -> float:
@@ -38,11 +41,13 @@ def cache_factor(cache_tokens_left: Optional[int], needed: Optional[int]) -> flo
 class ServerLoad:
     """Requests in flight through each server (peer id), and the directed ones among them."""
 
-    def __init__(self, directed_limit: int = 2):
+    def __init__(self, directed_limit: int = 2, clock: Callable[[], float] = time.monotonic):
         self.directed_limit = max(1, directed_limit)
+        self._clock = clock
         self._lock = threading.Lock()
         self._in_flight: Counter = Counter()
         self._directed: Counter = Counter()
+        self._full: dict[str, float] = {}  # peer -> when it last refused a session for want of cache room
 
     def enter(self, peers: Iterable[str], *, directed: bool = False) -> None:
         with self._lock:
@@ -69,12 +74,39 @@ class ServerLoad:
         with self._lock:
             return bool(peers) and all(self._directed[peer] >= self.directed_limit for peer in peers)
 
+    def full(self, peer: str) -> None:
+        """``peer`` just refused a session for want of attention-cache room (``cache_full``): for
+        ``FULL_COOL`` seconds it costs ``FULL_FACTOR`` times more, so routes go around it where they
+        can, and still through it where it is the only server of its blocks."""
+        with self._lock:
+            now = self._clock()
+            self._full = {p: t for p, t in self._full.items() if now - t < FULL_COOL}
+            self._full[peer] = now
+
     def factors(self, cache_tokens_left: Mapping[str, Optional[int]], needed: Optional[int]) -> dict[str, float]:
         """peer -> its cost factor now, for the peers of ``cache_tokens_left`` (what each announces)."""
         with self._lock:
             counts = dict(self._in_flight)
+            now = self._clock()
+            full = {peer for peer, at in self._full.items() if now - at < FULL_COOL}
         return {peer: (1.0 + LOAD_WEIGHT * counts.get(peer, 0)) * cache_factor(left, needed)
+                * (FULL_FACTOR if peer in full else 1.0)
                 for peer, left in cache_tokens_left.items()}
+
+
+# ---- servers whose attention cache is full --------------------------------------------------------
+
+# petals' server's words when its attention cache has no room for a session now (memory_cache.py):
+# "… bytes immediately: out of memory", "… (timeout=…)", "… within … seconds", "… cache is full, …".
+# Not "Could not allocate N bytes, max cache size = M bytes": that session never fits that server.
+CACHE_FULL = re.compile(r"Could not allocate \d+ (?:bytes immediately|\(timeout=|within )|attention cache is full")
+
+
+def cache_full(error: object) -> bool:
+    """``error`` is a server's refusal of a session for want of attention-cache room *now* (its
+    caches hold other sessions): the server is busy, not failing — it is neither banned nor scored
+    down, and the session waits for room or goes elsewhere."""
+    return bool(CACHE_FULL.search(str(error)))
 
 
 # ---- the longest session each server accepts ------------------------------------------------------

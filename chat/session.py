@@ -31,11 +31,12 @@ from monitor.core.route_choice import RouteChoice
 
 from chat.capacity import GENERATING, IDLE, WAITING, InSlot, OpenSessions, Slot
 from chat.decoding import AnswerRun, Delta, Finished, GenerationParams, decode_steps
-from chat.errors import (ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, SessionExpired,
-                         SessionTooLong)
+from chat.errors import (ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed,
+                         ServersFull, SessionExpired, SessionTooLong)
 from chat.policy import RouteHop
 from chat.remote_model import sequence_manager_of
-from chat.sequence import TimedInferenceSession
+from chat.sequence import CACHE_WAIT, TimedInferenceSession
+from chat.server_load import cache_full
 from chat.streams import ThreadStream
 
 logger = logging.getLogger(__name__)
@@ -94,19 +95,48 @@ class ChatSession:
         if self.room(new_input_tokens) >= wanted or self.rows != 1 or self._closed or self.max_length >= limit:
             return False
         with self._lock:
-            output_ids = self._petals.output_ids
-            history = output_ids[0].tolist() if output_ids is not None else list(self._replay)
+            history = self._history()
             length = min(limit, max(2 * self.max_length, len(history) + new_input_tokens + wanted))
-            old, self._petals = self._petals, TimedInferenceSession(self._manager, length,
-                                                                     outcome_sink=self._outcome_sink,
-                                                                     choice=self.choice)
-            self.max_length, self._replay = length, history
-        try:
-            old.close()
-        except Exception as e:  # noqa: BLE001 - its servers free the cache on their own timeout
-            logger.debug("closing the outgrown inference session failed: %r", e)
+            old = self._reopen(length, history)
+        _close_quietly(old, "the outgrown")
         logger.info("session %s grew to max_length %d (%d tokens replayed)", self.label, length, len(history))
         return True
+
+    def holds(self, peer: str) -> bool:
+        """The session holds cache room on ``peer`` now (an open session on it)."""
+        return peer in self._petals.peers()
+
+    def release(self) -> bool:
+        """Let go of the servers' caches this idle session holds, keeping its text: its next answer
+        replays the text into a fresh petals session first, as ``grow`` and fail-over do — no error,
+        no reconnect, one prefill more. Called when a server refused another session for want of
+        cache room (``OpenSessions.idle_holding``). False when it cannot: it is answering now, holds
+        nothing, answers several rows, or is closed."""
+        if self.rows != 1 or self._closed or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if not self._petals.peers():
+                return False
+            history = self._history()
+            old = self._reopen(self.max_length, history)
+        finally:
+            self._lock.release()
+        _close_quietly(old, "the released")
+        logger.info("session %s let go of its servers' caches (%d tokens to replay)", self.label, len(history))
+        return True
+
+    def _history(self) -> list[int]:
+        """Every token of the text so far (lock held)."""
+        output_ids = self._petals.output_ids
+        return output_ids[0].tolist() if output_ids is not None else list(self._replay)
+
+    def _reopen(self, length: int, history: list[int]) -> TimedInferenceSession:
+        """A fresh petals session of ``length`` takes this one's place, ``history`` to be replayed
+        into it with the next input (lock held); returns the old one, to be closed."""
+        old, self._petals = self._petals, TimedInferenceSession(self._manager, length, outcome_sink=self._outcome_sink,
+                                                                 choice=self.choice)
+        self.max_length, self._replay = length, history
+        return old
 
     def room(self, new_input_tokens: int) -> int:
         """How many tokens may still be generated after ``new_input_tokens`` more input."""
@@ -173,7 +203,8 @@ class ChatSession:
                                   name=f"chat-{self.model}")
             try:
                 yield from stream.items(stall_timeout=self._stall_timeout, on_stall=self._stalled,
-                                        as_error=lambda error: _as_chat_error(self.model, error, self._too_long()))
+                                        as_error=lambda error: _as_chat_error(self.model, error, self._too_long(),
+                                                                             self._manager))
                 for index, row in enumerate(run.rows):
                     tail = row.decoder.finish()
                     if tail is not None:
@@ -277,8 +308,17 @@ class ChatSession:
             logger.debug("closing the inference session failed: %r", e)
 
 
-def _as_chat_error(model: str, error: BaseException, too_long: Optional[ChatError] = None) -> ChatError:
-    """``too_long``: the session's own refusal, if its servers refuse sessions of its length."""
+def _close_quietly(petals_session: TimedInferenceSession, what: str) -> None:
+    try:
+        petals_session.close()
+    except Exception as e:  # noqa: BLE001 - its servers free the cache on their own timeout
+        logger.debug("closing %s inference session failed: %r", what, e)
+
+
+def _as_chat_error(model: str, error: BaseException, too_long: Optional[ChatError] = None,
+                   manager: Any = None) -> ChatError:
+    """``too_long``: the session's own refusal, if its servers refuse sessions of its length;
+    ``manager``: the session's sequence manager (how long servers were asked to wait for cache room)."""
     from petals.client.routing.sequence_manager import MissingBlocksError
 
     if isinstance(error, ChatError):
@@ -292,6 +332,8 @@ def _as_chat_error(model: str, error: BaseException, too_long: Optional[ChatErro
     if isinstance(error, NoFallback):
         return GenerationFailed(f"a server of the route failed while answering with {model!r}, and "
                                 f"petals.allow_fallbacks is false: no other server took its place")
+    if cache_full(error):
+        return ServersFull(model, getattr(manager, "cache_wait", CACHE_WAIT))
     if type(error).__name__ == "NoPathError":  # dijkstar: the request's choices leave no route now
         return GenerationFailed(f"no route through the servers the request allows serves {model!r} now "
                                 f"(they left or failed while answering)")

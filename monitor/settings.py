@@ -242,6 +242,9 @@ class Settings(BaseModel):
                                    description="requests waiting for a slot (a thread each)")
     chat_queue_timeout: float = setting(60, section="chat", gt=0, le=3600,
                                         description="how long a request may wait for a slot, then 429")
+    chat_cache_wait: float = setting(30, section="chat", gt=0, le=600,
+                                     description="how long a server is asked to wait for room in its attention "
+                                                 "cache once it refused a session for want of it (then 429)")
     max_slots_share: float = setting(0.5, section="chat", gt=0, le=1,
                                      description="the share of the slots and of the queue one client may hold")
     max_open_sessions: int = setting(32, section="chat", ge=1, le=100_000,

@@ -73,24 +73,28 @@ class GenerationChecker:
         self._thread: Optional[threading.Thread] = None
 
     # ---- one round -------------------------------------------------------------------------------
-    def run_once(self) -> list[GenerationCheck]:
-        """Check every model once; returns (and stores) the checks."""
+    def run_once(self) -> list[Optional[GenerationCheck]]:
+        """Check every model once; returns the checks (None: a model whose servers were too busy to
+        say, ``check``) and stores those that say something."""
         if not self.models:
             return []
         engine = self.engine()
         checks = [self.check(engine, model) for model in self.models if not self._stop.is_set()]
-        self.store.record_generation_checks(checks)
+        said = [check for check in checks if check is not None]
+        self.store.record_generation_checks(said)
         self.rounds += 1
-        self.checks += len(checks)
-        self.failures += sum(1 for c in checks if not c.ok)
+        self.checks += len(said)
+        self.failures += sum(1 for c in said if not c.ok)
         if self.after_round is not None:
             self.after_round()
         return checks
 
-    def check(self, engine, model) -> GenerationCheck:
-        """One check of ``model`` (a ModelConfig with a path): never raises, a failure is its result."""
+    def check(self, engine, model) -> Optional[GenerationCheck]:
+        """One check of ``model`` (a ModelConfig with a path): never raises, a failure is its result.
+        None when no server had attention-cache room for the check (``ServersFull``): the servers are
+        busy, which says nothing of whether they generate; the next round (``RETRY_AFTER``) asks again."""
         from chat.decoding import Finished, GenerationParams
-        from chat.errors import ChatError, ModelNotServed
+        from chat.errors import ChatError, ModelNotServed, ServersFull
 
         at, started = time.time(), time.perf_counter()
         outcomes: list[ChatOutcome] = []
@@ -104,6 +108,9 @@ class GenerationChecker:
                 for event in answer:
                     if isinstance(event, Finished):
                         finished = event
+        except ServersFull as e:
+            log.info("generation check of %s not made: %s", model.dht_prefix, e)
+            return None
         except Exception as e:  # noqa: BLE001 - whatever failed, it is this check's result
             from chat.feedback import ask_to_confirm
 
@@ -141,7 +148,7 @@ class GenerationChecker:
         def round_() -> None:
             began[0] = time.monotonic()
             failed[0] = True  # (until the round says otherwise: a round that raised is retried soon too)
-            failed[0] = not all(check.ok for check in self.run_once())
+            failed[0] = not all(check is not None and check.ok for check in self.run_once())
 
         def pause() -> float:
             wait = min(period, RETRY_AFTER) if failed[0] else period

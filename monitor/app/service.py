@@ -87,6 +87,7 @@ class Service:
             capacity=Capacity.from_settings(self.settings),
             max_batch_rows=self.settings.max_batch_rows,
             max_logprobs=self.settings.max_logprobs,
+            cache_wait=self.settings.chat_cache_wait,
             request_sink=self.requests,
             forecast_source=self.forecasts,
         )

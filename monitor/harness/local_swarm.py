@@ -46,6 +46,7 @@ class ServerSpec:
     throughput: float = 100.0
     public_name: Optional[str] = None
     inference_max_length: Optional[int] = None  # the longest session it accepts (petals' default: 2048)
+    attn_cache_tokens: Optional[int] = None  # its attention cache, in tokens per block (petals' default: 4096)
 
     @property
     def block_indices(self) -> str:
@@ -186,6 +187,8 @@ class LocalSwarm:
             args += ["--public-name", spec.public_name]
         if spec.inference_max_length:
             args += ["--inference-max-length", str(spec.inference_max_length)]
+        if spec.attn_cache_tokens:
+            args += ["--attn-cache-tokens", str(spec.attn_cache_tokens)]
         self.specs[spec.name] = spec
         self.servers[spec.name] = self._spawn(spec.name, args)
 

@@ -1,0 +1,76 @@
+"""Spec (pure): a server whose attention cache is full is busy, not failing (``chat.server_load``),
+and the chat's idle kept-open sessions on it are what let go of their caches first
+(``chat.capacity.OpenSessions.idle_holding``). On a real swarm: tests/test_cache_room.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat.capacity import GENERATING, IDLE, Capacity, OpenSessions
+from chat.server_load import FULL_COOL, FULL_FACTOR, ServerLoad, cache_full, refused_length
+
+
+# petals 2.2's words (server/memory_cache.py), as its client raises them
+@pytest.mark.parametrize("message", [
+    "rpc_inference failed: AllocationFailed('Could not allocate 24576 bytes immediately: out of memory')",
+    "Could not allocate 122880 (timeout=30.0)",
+    "Could not allocate 61440 within 30.0 seconds",
+    "Server's attention cache is full, failed to allocate 61440 bytes in 30.0 seconds",
+])
+def test_a_refusal_for_want_of_cache_room_is_busy(message):
+    assert cache_full(RuntimeError(message))
+
+
+@pytest.mark.parametrize("message", [
+    "Could not allocate 999999999 bytes, max cache size = 24576 bytes",  # never fits that server
+    "rpc_inference failed: ValueError('Cannot allocate KV cache for 80 tokens, max = 48')",  # too long
+    "CUDA out of memory. Tried to allocate 2.00 GiB",
+    "Broken input cache",
+])
+def test_other_failures_are_not_busy(message):
+    assert not cache_full(RuntimeError(message))
+
+
+def test_a_full_server_costs_more_for_a_while_then_as_before():
+    now = [100.0]
+    load = ServerLoad(clock=lambda: now[0])
+    announced = {"a": None, "b": None}
+    assert load.factors(announced, 512) == {"a": 1.0, "b": 1.0}
+    load.full("a")
+    assert load.factors(announced, 512) == {"a": FULL_FACTOR, "b": 1.0}
+    load.enter(["a"])
+    assert load.factors(announced, 512)["a"] == 2.0 * FULL_FACTOR  # in flight and full: both count
+    now[0] += FULL_COOL
+    assert load.factors(announced, 512) == {"a": 2.0, "b": 1.0}
+
+
+class Member:
+    def __init__(self, label: str, peers: tuple[str, ...], max_length: int = 512):
+        self.label, self.peers, self.max_length = label, peers, max_length
+
+    def holds(self, peer: str) -> bool:
+        return peer in self.peers
+
+    def expire(self, detail: str) -> None:
+        pass
+
+
+def test_idle_sessions_on_the_full_server_are_released_least_recently_used_first_as_many_as_needed():
+    now = [0.0]
+    sessions = OpenSessions(Capacity(slots=4, open_sessions=16), clock=lambda: now[0])
+    members = {name: Member(name, peers) for name, peers in
+               [("old", ("a",)), ("busy", ("a",)), ("elsewhere", ("b",)), ("mid", ("a", "b")), ("new", ("a",))]}
+    for name, member in members.items():
+        sessions.admit(member, client=name)
+        now[0] += 1
+        sessions.set_state(member, IDLE)  # used in this order: old first
+    sessions.set_state(members["busy"], GENERATING)
+    # a session of 512 tokens was refused on "a": idle holders of "a", oldest first, 2 × 512 tokens' worth
+    assert [m.label for m in sessions.idle_holding("a", 512)] == ["old", "mid"]
+    assert [m.label for m in sessions.idle_holding("a", 2048)] == ["old", "mid", "new"]  # all there are
+    assert sessions.idle_holding("c", 512) == []
+    assert sessions.load().released == 5
+
+
+def test_no_refusal_is_mistaken_for_a_length_limit():
+    assert refused_length(RuntimeError("Could not allocate 24576 bytes immediately: out of memory")) is None
