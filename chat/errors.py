@@ -99,7 +99,7 @@ class Busy(ChatError):
 
 class ServersFull(Busy):
     """The servers of every route hold other sessions in their attention caches, and none made room
-    for this one in time: the swarm is busy, not broken (``chat.server_load.cache_full``)."""
+    for this one in time: the swarm is busy, not broken (``monitor.core.common.cache_full``)."""
 
     def __init__(self, model: str, waited: float, retry_after: int = 60):
         super().__init__(f"the servers of {model!r} have no room in their attention caches for this session now "

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from monitor import compat  # noqa: F401  (must precede petals)
-from monitor.core.common import short_error
+from monitor.core.common import cache_full, short_error
 from monitor.core.snapshot import ChatOutcome
 
 from petals.client.inference_session import InferenceSession
@@ -32,7 +32,7 @@ from swarm_monitor_client.routing import MonitorRouting
 from monitor.core.route_choice import RouteChoice, allowed
 
 from chat.policy import OutcomeSink, PeerWeight, RouteHop, RoutingSettings, ScoreSource
-from chat.server_load import ServerLimits, ServerLoad, cache_full, refused_length
+from chat.server_load import ServerLimits, ServerLoad, refused_length
 
 logger = logging.getLogger(__name__)
 

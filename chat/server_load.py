@@ -75,9 +75,10 @@ class ServerLoad:
             return bool(peers) and all(self._directed[peer] >= self.directed_limit for peer in peers)
 
     def full(self, peer: str) -> None:
-        """``peer`` just refused a session for want of attention-cache room (``cache_full``): for
-        ``FULL_COOL`` seconds it costs ``FULL_FACTOR`` times more, so routes go around it where they
-        can, and still through it where it is the only server of its blocks."""
+        """``peer`` just refused a session for want of attention-cache room
+        (``monitor.core.common.cache_full``): for ``FULL_COOL`` seconds it costs ``FULL_FACTOR``
+        times more, so routes go around it where they can, and still through it where it is the
+        only server of its blocks."""
         with self._lock:
             now = self._clock()
             self._full = {p: t for p, t in self._full.items() if now - t < FULL_COOL}
@@ -92,21 +93,6 @@ class ServerLoad:
         return {peer: (1.0 + LOAD_WEIGHT * counts.get(peer, 0)) * cache_factor(left, needed)
                 * (FULL_FACTOR if peer in full else 1.0)
                 for peer, left in cache_tokens_left.items()}
-
-
-# ---- servers whose attention cache is full --------------------------------------------------------
-
-# petals' server's words when its attention cache has no room for a session now (memory_cache.py):
-# "… bytes immediately: out of memory", "… (timeout=…)", "… within … seconds", "… cache is full, …".
-# Not "Could not allocate N bytes, max cache size = M bytes": that session never fits that server.
-CACHE_FULL = re.compile(r"Could not allocate \d+ (?:bytes immediately|\(timeout=|within )|attention cache is full")
-
-
-def cache_full(error: object) -> bool:
-    """``error`` is a server's refusal of a session for want of attention-cache room *now* (its
-    caches hold other sessions): the server is busy, not failing — it is neither banned nor scored
-    down, and the session waits for room or goes elsewhere."""
-    return bool(CACHE_FULL.search(str(error)))
 
 
 # ---- the longest session each server accepts ------------------------------------------------------

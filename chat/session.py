@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from monitor import compat  # noqa: F401  (before petals)
-from monitor.core.common import short_error
+from monitor.core.common import cache_full, short_error
 from monitor.core.route_choice import RouteChoice
 
 from chat.capacity import GENERATING, IDLE, WAITING, InSlot, OpenSessions, Slot
@@ -36,7 +36,6 @@ from chat.errors import (ChatError, GenerationFailed, InvalidRequest, MaxLengthE
 from chat.policy import RouteHop
 from chat.remote_model import sequence_manager_of
 from chat.sequence import CACHE_WAIT, TimedInferenceSession
-from chat.server_load import cache_full
 from chat.streams import ThreadStream
 
 logger = logging.getLogger(__name__)

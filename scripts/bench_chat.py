@@ -57,18 +57,8 @@ class RawClient:
         import torch
 
         input_ids = torch.tensor([self.tokenizer(prompt).input_ids])
-        times = []
-
-        class Streamer:
-            calls = 0
-
-            def put(self, value):
-                self.calls += 1
-                if self.calls > 1:  # the first call is the prompt
-                    times.append(time.perf_counter())
-
-            def end(self):
-                pass
+        streamer = bc.TokenTimes()
+        times = streamer.times
 
         import gc
 
@@ -81,7 +71,7 @@ class RawClient:
         started = time.perf_counter()
         try:
             output = self.model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
-                                         streamer=Streamer())
+                                         streamer=streamer)
             end = time.perf_counter()
         except Exception as e:  # noqa: BLE001 - a failed request is a result
             return {"ok": False, "error": repr(e)[:300], "ttft": None, "tokens": 0, "tokens_per_s": None}

@@ -347,3 +347,23 @@ def run_and_exit(main) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+class TokenTimes:
+    """A transformers streamer for ``generate(streamer=...)`` that notes when each generated token
+    arrives (``times``; the first ``put`` is the prompt), and calls ``on_token`` for each."""
+
+    def __init__(self, on_token=None):
+        self.times: list[float] = []
+        self._calls = 0
+        self._on_token = on_token
+
+    def put(self, value) -> None:
+        self._calls += 1
+        if self._calls > 1:
+            self.times.append(time.perf_counter())
+            if self._on_token is not None:
+                self._on_token()
+
+    def end(self) -> None:
+        pass

@@ -59,6 +59,8 @@ def main() -> None:
     from petals.client.routing import sequence_manager
     from transformers import AutoTokenizer
 
+    from bench_common import TokenTimes  # (this folder: a streamer that notes each token's time)
+
     # this machine: every DHT on loopback only (petals' client makes its own with hivemind's defaults)
     class LoopbackDHT(hivemind.DHT):
         def __init__(self, *args, **kwargs):
@@ -84,26 +86,14 @@ def main() -> None:
     input_ids = torch.tensor([tokenizer(args.prompt).input_ids])
 
     for _ in range(args.requests):
-        times: list[float] = []
-
-        class Streamer:
-            calls = 0
-
-            def put(self, value):
-                self.calls += 1
-                if self.calls > 1:  # the first call is the prompt
-                    times.append(time.perf_counter())
-                    if args.progress:
-                        print("token", flush=True)
-
-            def end(self):
-                pass
+        streamer = TokenTimes(on_token=(lambda: print("token", flush=True)) if args.progress else None)
+        times = streamer.times
 
         seen_routes, seen_retries = len(routes.routes), routes.retries
         gc.disable()  # petals closes sessions in __del__: collected here, after generating (bench_chat.py)
         started = time.perf_counter()
         try:
-            output = model.generate(input_ids, max_new_tokens=args.tokens, do_sample=False, streamer=Streamer())
+            output = model.generate(input_ids, max_new_tokens=args.tokens, do_sample=False, streamer=streamer)
             error = None
         except Exception as e:  # noqa: BLE001 - a failed request is a result
             output, error = None, repr(e)[:300]

@@ -1,4 +1,5 @@
-"""Spec (pure): a server whose attention cache is full is busy, not failing (``chat.server_load``),
+"""Spec (pure): a server whose attention cache is full is busy, not failing (``monitor.core.common.
+cache_full``: for the chat's routing, ``chat.server_load``, and for the probes, ``monitor.swarm.speed``),
 and the chat's idle kept-open sessions on it are what let go of their caches first
 (``chat.capacity.OpenSessions.idle_holding``). On a real swarm: tests/test_cache_room.py."""
 
@@ -7,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from chat.capacity import GENERATING, IDLE, Capacity, OpenSessions
-from chat.server_load import FULL_COOL, FULL_FACTOR, ServerLoad, cache_full, refused_length
+from chat.server_load import FULL_COOL, FULL_FACTOR, ServerLoad, refused_length
+from monitor.core.common import cache_full
 
 
 # petals 2.2's words (server/memory_cache.py), as its client raises them
@@ -74,3 +76,22 @@ def test_idle_sessions_on_the_full_server_are_released_least_recently_used_first
 
 def test_no_refusal_is_mistaken_for_a_length_limit():
     assert refused_length(RuntimeError("Could not allocate 24576 bytes immediately: out of memory")) is None
+
+
+def test_a_probe_the_server_had_no_cache_room_for_is_busy_and_names_no_server_failing():
+    from hivemind.p2p import P2PHandlerError
+
+    from monitor.core.probes import BUSY, SERVER_ERROR, ServerProbe, failing_servers
+    from monitor.swarm.speed import failure_kind
+
+    handler = "Failed to call handler `TransformerConnectionHandler.rpc_inference` at QmPeer: "
+    full = P2PHandlerError(handler + "Could not allocate 24576 bytes immediately: out of memory")
+    assert failure_kind(full) == (BUSY, "Could not allocate 24576 bytes immediately: out of memory")
+    assert failure_kind(P2PHandlerError(handler + "CUDA error: out of memory"))[0] == SERVER_ERROR
+
+    def probe(at: float, kind: str) -> ServerProbe:
+        return ServerProbe("QmPeer", "m", 0, 4, at=at, ok=False, error="…", error_kind=kind)
+
+    assert failing_servers([probe(10, BUSY), probe(20, BUSY)], now=30, max_age=60) == {}
+    assert failing_servers([probe(10, SERVER_ERROR), probe(20, BUSY)], now=30, max_age=60) == {}
+    assert failing_servers([probe(10, SERVER_ERROR), probe(20, SERVER_ERROR)], now=30, max_age=60) == {"QmPeer": "…"}

@@ -69,6 +69,19 @@ def is_stale(last_poll_at: Optional[float], now: float, scrape_period: float) ->
     return last_poll_at is None or now - last_poll_at > STALE_PERIODS * scrape_period
 
 
+# petals' server's words when its attention cache has no room for a session *now* (its caches hold
+# other sessions; server/memory_cache.py): "… bytes immediately: out of memory", "… (timeout=…)",
+# "… within … seconds", "… cache is full, …". Not "Could not allocate N bytes, max cache size = M
+# bytes": that session never fits that server.
+_CACHE_FULL = re.compile(r"Could not allocate \d+ (?:bytes immediately|\(timeout=|within )|attention cache is full")
+
+
+def cache_full(error: Any) -> bool:
+    """``error`` is a server's refusal of a session for want of attention-cache room now: the
+    server is **busy**, not failing — its other sessions hold the room, and it serves them."""
+    return error is not None and bool(_CACHE_FULL.search(str(error)))
+
+
 _REMOTE_ERROR = re.compile(r"Failed to call handler `[^`]*` at \S+?: ")
 
 

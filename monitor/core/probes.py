@@ -22,12 +22,14 @@ for the same blocks and input. The comparison is the relative L2 error ``‖out 
 judged against ``tolerance(dtype, quant_type, blocks)``.
 
 A probe that fails says something only when the *server* answered with an error of its own (its
-handler raised — out of memory, a broken driver, a version or architecture mismatch —, its
-attention cache is full, it refused the session): ``error_kind`` ``SERVER_ERROR``. A server whose
+handler raised — out of memory, a broken driver, a version or architecture mismatch —, or it
+refused the session): ``error_kind`` ``SERVER_ERROR``. A server whose attention cache has no room
+now (``BUSY``, ``core.common.cache_full``) is serving other sessions: busy, not failing. A server whose
 newest ``FAILING_CONFIRMATIONS`` probes, all within the recent window, failed that way is
 **failing** (``failing_servers``): it is up, announced and reachable, but a client's every step
 through it fails, so it serves nothing. When the monitor itself gave up (``TIMEOUT``: no answer
-within the probe's timeout) or could not run the probe (``CLIENT_ERROR``), nothing is learnt of
+within the probe's timeout) or could not run the probe (``CLIENT_ERROR``), or the server was busy,
+nothing is learnt of
 the server's health: a slow server is judged by its speed, an absent one by its reachability.
 
 Every verdict reads the same window, ``recent_window(speed_probe_period)``: the diagnosis, the
@@ -68,8 +70,8 @@ RECOVERY_CONFIRM_AFTER = 0.05  # of a period: such a server's probe that would c
 RECOVERY_SHARE_FACTOR = 2.5  # such a server's probes may take this many times speed_probe_max_share (5 % at the defaults)
 
 # Why a probe failed (``ServerProbe.error_kind``).
-SERVER_ERROR, TIMEOUT, CLIENT_ERROR = "server", "timeout", "client"
-FAILURE_KINDS = (SERVER_ERROR, TIMEOUT, CLIENT_ERROR)
+SERVER_ERROR, TIMEOUT, CLIENT_ERROR, BUSY = "server", "timeout", "client", "busy"
+FAILURE_KINDS = (SERVER_ERROR, TIMEOUT, CLIENT_ERROR, BUSY)
 FAILING_CONFIRMATIONS = 2  # newest probes that must all fail with the server's own error: one flaky step changes nothing
 
 
@@ -101,7 +103,7 @@ class ServerProbe:
     prefill_seconds: Optional[float] = None  # the first step, PREFILL_TOKENS tokens
     duration: Optional[float] = None  # the steps' total time: the server's time this probe took (pauses not counted)
     error: Optional[str] = None  # why it failed (short)
-    error_kind: Optional[str] = None  # SERVER_ERROR | TIMEOUT | CLIENT_ERROR when it failed
+    error_kind: Optional[str] = None  # SERVER_ERROR | TIMEOUT | CLIENT_ERROR | BUSY when it failed
     verdict: Optional[str] = None  # CORRECT | WRONG | DISAGREES; None: not checked
     error_ratio: Optional[float] = None  # relative L2 error of the outputs
     tolerance: Optional[float] = None  # what error_ratio was judged against

@@ -15,9 +15,10 @@ server sends back is untrusted and checked (schema sizes bounded, outputs of the
 finite).
 
 A probe that fails says why (``ServerProbe.error_kind``): ``SERVER_ERROR`` when the server answered
-with an error of its own (its handler raised, its cache is full, it refused the session, or it sent
-something unusable; ``error`` is then the server's own message), ``TIMEOUT`` when it did not answer
-in time, ``CLIENT_ERROR`` when the probe could not run (no connection, our own failure).
+with an error of its own (its handler raised, it refused the session, or it sent something
+unusable; ``error`` is then the server's own message), ``BUSY`` when its attention cache had no room
+for the probe's session (it serves others), ``TIMEOUT`` when it did not answer in time,
+``CLIENT_ERROR`` when the probe could not run (no connection, our own failure).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
-from monitor.core.common import remote_error, short_error
+from monitor.core.common import cache_full, remote_error, short_error
 from monitor.core.compute_checks import ComputeCheck
 from monitor.core.probes import (
+    BUSY,
     CLIENT_ERROR,
     DECODE_STEPS,
     EMPTY_STEPS,
@@ -113,6 +115,8 @@ def failure_kind(error: BaseException) -> tuple[str, str]:
     if isinstance(error, ProbeError):
         return error.kind, str(error)
     if isinstance(error, P2PHandlerError):  # a stream's error names the handler, a unary call's is a repr
+        if cache_full(error):
+            return BUSY, remote_error(error) or short_error(_unrepr(str(error)))
         return SERVER_ERROR, remote_error(error) or short_error(_unrepr(str(error)))
     return CLIENT_ERROR, short_error(error)
 
