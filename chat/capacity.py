@@ -162,6 +162,7 @@ class Slots:
         self._clock = clock
         self._lock = threading.Lock()
         self._busy: Counter = Counter()  # client -> slots held
+        self._held: set = set()  # the slots held now (when each was granted: when it likely frees)
         self._queues: "OrderedDict[str, deque[_Waiter]]" = OrderedDict()  # in turn order
         self._holds: deque = deque(maxlen=RECENT_HOLDS)
         self._waits = WaitHistogram()
@@ -267,6 +268,7 @@ class Slots:
             self._busy[slot.client] -= 1
             if self._busy[slot.client] <= 0:
                 del self._busy[slot.client]
+            self._held.discard(slot)
             self._holds.append(now - slot.granted)
             self._dispatch(now)
 
@@ -286,7 +288,9 @@ class Slots:
     def _grant(self, client: str, asked: float, now: float) -> Slot:
         self._busy[client] += 1
         self._waits.observe(now - asked)
-        return Slot(self, client, now, now - asked)
+        slot = Slot(self, client, now, now - asked)
+        self._held.add(slot)
+        return slot
 
     def _dispatch(self, now: float) -> None:
         """Free slots to waiting clients in turn: the first client in turn order that may take one
@@ -311,12 +315,17 @@ class Slots:
         return Busy(f"{what}; retry in {seconds} s", seconds)
 
     def _until(self, position: int) -> float:
-        """Seconds until the request at ``position`` in line (1 = next) gets a slot, all of them
-        held: they free one by one, a slot every ``hold / slots`` seconds on average (its holders
-        started at different times), where ``hold`` is the median of recent hold times. Lock held;
-        the expectation behind the queue's places and the forecasts (Retry-After: ``_estimate``)."""
+        """Seconds until the request at ``position`` in line (1 = next) gets a slot. Each slot is
+        expected to free ``hold`` after it was granted (the median of recent hold times; now, for a
+        holder past it or a slot free), and again every ``hold`` after that: the request at
+        ``position`` takes the ``position``-th of those times. Lock held; the expectation behind the
+        queue's places and the forecasts (Retry-After: ``_estimate``)."""
         hold = statistics.median(self._holds) if self._holds else float(self.capacity.retry_after)
-        return min(float(MAX_RETRY_AFTER), position * hold / max(1, self.capacity.slots))
+        now, count = self._clock(), max(1, self.capacity.slots)
+        frees = sorted(max(0.0, slot.granted + hold - now) for slot in self._held)[:count]
+        frees += [0.0] * (count - len(frees))
+        rounds, index = divmod(max(1, position) - 1, count)
+        return min(float(MAX_RETRY_AFTER), frees[index] + rounds * hold)
 
     def _estimate(self, ahead: int) -> int:
         """Retry-After for a request behind ``ahead`` others: whole seconds after which a slot is
