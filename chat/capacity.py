@@ -454,9 +454,9 @@ class OpenSessions:
 
     def idle_holding(self, peer: str, needed: int) -> list:
         """Idle sessions holding cache room on ``peer`` (``member.holds(peer)``), least recently used
-        first, as many as free twice ``needed`` tokens of it (each holds its ``max_length``): what to
-        release (``member.release()``) when ``peer`` refused a session of ``needed`` tokens for want
-        of room. Counted as released."""
+        first, as many as free twice ``needed`` tokens of it (each holds its ``max_length``): what
+        lets go of its cache (``member.release_cache()``) when ``peer`` refused a session of
+        ``needed`` tokens for want of room. Counted as released."""
         found, freed = [], 0
         with self._lock:
             for entry in self._open.values():

@@ -201,11 +201,11 @@ class ChatEngine:
 
     def make_room(self, peer: str, needed: int) -> None:
         """``peer`` refused a session of ``needed`` tokens for want of cache room: this process's
-        idle kept-open sessions on it let go of their caches (``ChatSession.release``; each replays
+        idle kept-open sessions on it let go of their caches (``ChatSession.release_cache``; each replays
         its text at its next answer). Sessions of other processes and clients are the server's to
         queue (``HealthAwareSequenceManager.get_request_metadata``)."""
         for member in self.sessions.idle_holding(peer, needed):
-            member.release()
+            member.release_cache()
 
     def request_sink(self, record: RequestRecord) -> None:
         """Where each request's row goes when it ends: this process's histograms, then the sink given."""

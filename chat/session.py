@@ -105,7 +105,7 @@ class ChatSession:
         """The session holds cache room on ``peer`` now (an open session on it)."""
         return peer in self._petals.peers()
 
-    def release(self) -> bool:
+    def release_cache(self) -> bool:
         """Let go of the servers' caches this idle session holds, keeping its text: its next answer
         replays the text into a fresh petals session first, as ``grow`` and fail-over do — no error,
         no reconnect, one prefill more. Called when a server refused another session for want of

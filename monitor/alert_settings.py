@@ -173,8 +173,8 @@ class InhibitRuleConfig(BaseModel):
 
 
 class AlertSettings(BaseModel):
-    """The ``[alerts]`` table. Rules are evaluated by the poller after every scrape and probe round
-    (and every ``check_period``); notices go to every webhook unless a rule names its own."""
+    """The ``[alerts]`` table. Rules are evaluated by the poller after every scrape and reachability
+    round (and every ``check_period``); notices go to every webhook unless a rule names its own."""
 
     model_config = ConfigDict(extra="forbid")
 

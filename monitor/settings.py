@@ -280,7 +280,8 @@ class Settings(BaseModel):
 
     # [alerts] (README: Alerts; validated in monitor/alert_settings.py)
     alerts: AlertSettings = setting(AlertSettings(), section="alerts",
-                                    description="rules evaluated after every scrape and probe round, notices to webhooks")
+                                    description="rules evaluated after every scrape and reachability round, "
+                                                "notices to webhooks")
 
     @field_validator("*", mode="before")
     @classmethod

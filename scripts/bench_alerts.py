@@ -7,7 +7,7 @@ again to "healthy" and the recovery notice.
 
 Swarm: a bootstrap peer and 3 servers of the tiny model in the demo's layout (every block served
 twice: ``0:8``, ``0:4``, ``4:8``), started by the swarm harness on 127.0.0.1. A real poller (the
-service's scheduler: scrape, probe, scores, the alert jobs) writes a SQLite store; a webhook
+service's scheduler: scrape, reachability, scores, the alert jobs) writes a SQLite store; a webhook
 receiver on 127.0.0.1 records when notices arrive. Each run SIGKILLs ``server-2`` (``0:4``), which
 then exists only as the DHT records it left behind, and times:
 
@@ -17,7 +17,7 @@ then exists only as the DHT records it left behind, and times:
 - after ``restart`` (same identity) has seen it ONLINE in the DHT: until "healthy", and until the
   "resolved" notice arrives.
 
-Two settings: ``default`` (the monitor's defaults: scrape and probe every 60 s, rules wait two
+Two settings: ``default`` (the monitor's defaults: scrape and reachability checks every 60 s, rules wait two
 scrape periods; servers announce every 60 s as petals' do) and ``demo`` (what ``swarm-monitor
 demo`` runs: 10 s periods, rules wait 20 s, servers announce every 10 s). Short runs; the machine
 has 2 shared cores, so the section records the load.
@@ -37,7 +37,7 @@ import bench_common as bc
 from monitor import compat  # noqa: F401  (must precede petals)
 
 SETTINGS = {
-    # name: (scrape period, probe period, servers' update period)
+    # name: (scrape period, reachability period, servers' update period)
     "default": (60.0, 60.0, 60.0),
     "demo": (10.0, 10.0, 10.0),
 }
@@ -53,14 +53,14 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
     from monitor.harness.webhook_receiver import WebhookReceiver
     from monitor.store import Store
 
-    scrape, probe, update = SETTINGS[name]
+    scrape, reach, update = SETTINGS[name]
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-alerts-") as tmp, \
             LocalSwarm(model_path, TINY_DHT_PREFIX, update_period=update) as swarm, WebhookReceiver() as hook:
         swarm.start(demo_layout(TINY_NUM_BLOCKS, 3))
         settings = Settings(data_dir=Path(tmp), initial_peers=swarm.initial_peers,
                             models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
-                            scrape_period=scrape, reachability_period=probe,
+                            scrape_period=scrape, reachability_period=reach,
                             alerts={"webhooks": [{"name": "bench", "url": hook.url}]})
         store = Store(settings.resolved_database_url)
         store.migrate()
@@ -80,12 +80,12 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
             rules = {r.name: r for r in settings.alerts.rules_in_force(scrape)}
             hold = rules["model-health"].for_seconds
             for run in range(runs):
-                time.sleep(random.uniform(0, probe))  # kill at a random moment of the probe cycle
+                time.sleep(random.uniform(0, reach))  # kill at a random moment of the reachability cycle
                 fired_before, resolved_before = len(notices("firing")), len(notices("resolved"))
                 victim = swarm.peer_id(VICTIM)
                 killed = time.time()
                 swarm.kill(VICTIM)
-                limit = probe + scrape + hold + 4 * scrape + 120
+                limit = reach + scrape + hold + 4 * scrape + 120
                 seen = bc.wait(lambda: time.time() if state() in ("degraded", "broken") else None, limit)
                 excluded = store.latest_assessments()[TINY_DHT_PREFIX].excluded_peers
                 seen_as = excluded.get(victim, "no longer announced (its DHT records expired)")
@@ -94,8 +94,8 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
                 started = time.time()
                 swarm.restart(VICTIM)
                 online = time.time()
-                healthy = bc.wait(lambda: time.time() if state() == "healthy" else None, 2 * scrape + probe + 120)
-                bc.wait(lambda: len(notices("resolved")) > resolved_before, 2 * scrape + probe + 120)
+                healthy = bc.wait(lambda: time.time() if state() == "healthy" else None, 2 * scrape + reach + 120)
+                bc.wait(lambda: len(notices("resolved")) > resolved_before, 2 * scrape + reach + 120)
                 resolved = notices("resolved")[resolved_before:]
                 result = {
                     "run": run + 1, "dashboard": seen - killed if seen else None,
@@ -114,7 +114,7 @@ def run_settings(name: str, runs: int, model_path: Path) -> dict:
             poller.shutdown()
             store.close()
         duplicates = len(notices("firing")) - runs, len(notices("resolved")) - runs
-    return {"name": name, "scrape": scrape, "probe": probe, "update": update, "hold": hold, "runs": results,
+    return {"name": name, "scrape": scrape, "reachability": reach, "update": update, "hold": hold, "runs": results,
             "duplicates": duplicates}
 
 
@@ -131,14 +131,14 @@ def markdown(results: list[dict]) -> str:
         runs = r["runs"]
         missing = sum(1 for x in runs for key in ("dashboard", "webhook", "healthy", "recovery") if x[key] is None)
         rows.append([
-            r["name"], f"{r['scrape']:g} s / {r['probe']:g} s", f"{r['update']:g} s", f"{r['hold']:g} s",
+            r["name"], f"{r['scrape']:g} s / {r['reachability']:g} s", f"{r['update']:g} s", f"{r['hold']:g} s",
             spread(x["dashboard"] for x in runs), spread(x["webhook"] for x in runs),
-            f"≤ {r['probe'] + r['hold'] + 10:g} s",
+            f"≤ {r['reachability'] + r['hold'] + 10:g} s",
             spread(x["healthy"] for x in runs), spread(x["recovery"] for x in runs),
             f"{len(runs)}" + (f", {missing} timed out" if missing else "")
             + (f", extra notices {r['duplicates']}" if any(r["duplicates"]) else ""),
         ])
-    table = bc.table(["settings", "scrape / probe period", "servers announce every", "rule `for`",
+    table = bc.table(["settings", "scrape / reachability period", "servers announce every", "rule `for`",
                       "killed → dashboard", "killed → webhook", "expected webhook bound",
                       "ONLINE again → healthy", "ONLINE again → recovery notice", "runs"], rows)
     reasons = "; ".join(sorted({f"{r['name']}: \"{x['reason'][:100]}\"" for r in results for x in r["runs"]}))
@@ -146,20 +146,20 @@ def markdown(results: list[dict]) -> str:
 
 Median (min–max) over the runs. Tiny model, 3 servers in the demo's layout, SIGKILL of `server-2`
 (`0:4`: blocks `0:4` are left with one server, so the model turns degraded). The expected bound of
-killed → webhook is one probe period (the first probe round after the kill finds the server gone
+killed → webhook is one reachability period (the first reachability round after the kill finds the server gone
 long before its DHT records expire: they were announced to last 2 × its update period) + the rule's
-`for` + one `check_period` (10 s). The dashboard changes with the first probe round or scrape that
+`for` + one `check_period` (10 s). The dashboard changes with the first reachability round or scrape that
 sees it; the webhook comes `for` later. Back: a restarted server is healthy at the first scrape and
-probe round after it announces ONLINE, and recovery notices are not delayed by `for`. How the
+reachability round after it announces ONLINE, and recovery notices are not delayed by `for`. How the
 diagnosis saw the killed server first: {reasons}.
 
 What an operator can tune, and what it costs (N = servers online):
 
 | setting | detection it buys | cost |
 |---|---|---|
-| `reachability_period` (60 s) | a dead server is seen within one probe period (+ `reachability_timeout` if it hangs instead of refusing) | one `rpc_info` call per online server per period: 500 servers = 500 calls/min at 60 s, 3000/min at 10 s; each round takes ~5 s at 500 servers with 10 % unreachable (BENCHMARKS: scrape), so keep it above that |
+| `reachability_period` (60 s) | a dead server is seen within one reachability period (+ `reachability_timeout` if it hangs instead of refusing) | one `rpc_info` call per online server per period: 500 servers = 500 calls/min at 60 s, 3000/min at 10 s; each round takes ~5 s at 500 servers with 10 % unreachable (BENCHMARKS: scrape), so keep it above that |
 | `scrape_period` (60 s) | a server that announced OFFLINE (a clean stop) or whose records expired is seen within one period | one DHT read of every block (batches of 256 blocks) per period: ~0.6 s of the poller's time at 500 servers |
-| a rule's `for` (2 scrape periods) | notices come `for` after the dashboard changes | shorter: a single bad probe round or a server's restart (a minute or two) pages someone; `for` below one probe period turns every probe hiccup into a notice |
+| a rule's `for` (2 scrape periods) | notices come `for` after the dashboard changes | shorter: a single bad reachability round or a server's restart (a minute or two) pages someone; `for` below one reachability period turns every reachability hiccup into a notice |
 | `alerts.check_period` (10 s) | evaluation (and retries) at least this often besides after every round | a few small reads per run; notices are sent right after the evaluation that makes them |
 """
 

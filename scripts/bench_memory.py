@@ -79,7 +79,7 @@ def watch(base: str, groups: dict[str, int], minutes: float) -> list[dict]:
 
 
 def run_layout(layout: str, initial_peers: list[str], args) -> dict:
-    periods = {"SWARM_MONITOR_SCRAPE_PERIOD": str(args.period), "SWARM_MONITOR_PROBE_PERIOD": str(args.period)}
+    periods = {"SWARM_MONITOR_SCRAPE_PERIOD": str(args.period), "SWARM_MONITOR_REACHABILITY_PERIOD": str(args.period)}
     if layout == "serve":
         with bc.service(initial_peers, env=periods) as svc:
             samples = watch(svc["base"], {"serve": svc["pid"]}, args.minutes)
@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", type=int, default=500)
     parser.add_argument("--minutes", type=float, default=4, help="per layout")
-    parser.add_argument("--period", type=float, default=15, help="scrape and probe period of the poller (s)")
+    parser.add_argument("--period", type=float, default=15, help="scrape and reachability period of the poller (s)")
     parser.add_argument("--layouts", nargs="+", choices=("serve", "split"), default=["serve", "split"])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
@@ -143,7 +143,7 @@ def main(argv=None) -> None:
     markdown = bc.table(["layout", "process", "peak RSS", "target", ""], [row for r in results for row in _rows(r)])
     markdown += (
         f"\n\n{args.servers} virtual servers over 4 models (scripts/simulate_swarm.py), watched for "
-        f"{args.minutes:g} min per layout with scrape and probe every {args.period:g} s ("
+        f"{args.minutes:g} min per layout with scrape and reachability checks every {args.period:g} s ("
         + ", ".join(f"{r['layout']}: {r['polls']} polls recorded" for r in results)
         + "), no chat model; the overview, /api/v1/state and /metrics requested every ~5 s. "
         "A process that holds a DHT client imports hivemind, and hivemind imports torch: `import torch` "

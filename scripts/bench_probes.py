@@ -88,7 +88,7 @@ def max_share() -> float:
 
 def service_env(period: float) -> dict:
     return {"SWARM_MONITOR_SPEED_PROBE_PERIOD": str(period), "SWARM_MONITOR_SPEED_PROBE_MAX_SHARE": str(max_share()),
-            "SWARM_MONITOR_SCRAPE_PERIOD": "5", "SWARM_MONITOR_PROBE_PERIOD": "5",
+            "SWARM_MONITOR_SCRAPE_PERIOD": "5", "SWARM_MONITOR_REACHABILITY_PERIOD": "5",
             "SWARM_MONITOR_SCORE_PERIOD": "30"}
 
 

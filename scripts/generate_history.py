@@ -7,7 +7,7 @@ write path, as the poller would have written them.
 Every poll (every ``--poll-period`` s of fabricated time) is a Snapshot recorded with
 ``Store.record_poll`` together with each model's diagnosis as the poller computes it
 (``Poller.assess``, i.e. ``core.assess.assess``); every poll has its
-probe batch (``Store.record_reachability``); chat outcomes are recorded hourly
+batch of reachability checks (``Store.record_reachability``); chat outcomes are recorded hourly
 (``Store.record_chat_outcomes``); ``Store.rollup_and_prune`` runs every simulated hour as the
 scheduler runs it, with the default retention (raw 2 days, rollups 90 days); the peer scores are
 computed and recorded once at the end by the poller's score job (``Poller.refresh_scores``).
@@ -15,13 +15,13 @@ computed and recorded once at the end by the poller's score job (``Poller.refres
 Churn: each of the N server slots alternates sessions up (exponential, mean 20 h) and down (mean
 1.5 h); a session starts JOINING for 1-3 polls; 60 % of departures announce OFFLINE for one poll,
 the rest vanish; 15 % of departures are for good (a new peer id takes the slot, maybe another
-span). 10 % of the slots' peers are unreachable to probes; others fail 0.5 % of probes. Spans,
+span). 10 % of the slots' peers are unreachable; the others fail 0.5 % of their reachability checks. Spans,
 throughputs and announcement fields come from ``simulate_swarm.plan_swarm``.
 
 Two shortcuts keep it fast. ``next_pings`` are only written for the last 2 hours (the store keeps
 them for 1 hour, so the database ends up the same). ``coverage.diagnose`` (~60-90 ms per model at
 500 servers, petals' route search) runs per model only when the set of blocks without a server
-changed, or when the model's rows or probe outcomes changed and ``--analysis-every`` polls (30)
+changed, or when the model's rows or reachability outcomes changed and ``--analysis-every`` polls (30)
 have passed; otherwise the model's previous diagnosis is recorded again with this poll's block
 coverage (``coverage.block_coverage``), which is exact for every poll. So model states may lag
 churn by up to 30 polls, but never miss an outage.
@@ -79,7 +79,7 @@ class HistoryGenerator:
         poll in ``FAST_COARSE`` is made (those hours end up as hourly rollups anyway, with one row
         per peer, model and hour as usual, counting fewer polls; keep ``fine_days`` above the raw
         retention for raw rows as dense as the poller's). Everything per peer — observations,
-        probes, chat outcomes, rollups — is written as usual."""
+        reachability checks, chat outcomes, rollups — is written as usual."""
         from dataclasses import replace
 
         from simulate_swarm import plan_swarm, sim_models
@@ -158,7 +158,7 @@ class HistoryGenerator:
             ))
         return rows
 
-    def _probes(self, at: float, rows):
+    def _reachability(self, at: float, rows):
         from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
 
         unreachable = {slot.server.peer_id for slot in self.slots if slot.unreachable}
@@ -216,10 +216,10 @@ class HistoryGenerator:
             rows = self._rows(at, with_pings=at >= pings_from)
             snapshot = Snapshot(taken_at=at, duration=round(self.rng.uniform(0.2, 0.6), 3), models=self.models,
                                 servers=tuple(rows))
-            probes = self._probes(at, rows)
-            healths = [] if self.fast and at < pings_from else self._timed("analyse", self._analyse, snapshot, probes)
+            checks = self._reachability(at, rows)
+            healths = [] if self.fast and at < pings_from else self._timed("analyse", self._analyse, snapshot, checks)
             self._timed("record_poll", self.store.record_poll, snapshot, healths)
-            self._timed("record_reachability", self.store.record_reachability, probes)
+            self._timed("record_reachability", self.store.record_reachability, checks)
             if at >= next_rollup:
                 self._timed("record_chat_outcomes", self.store.record_chat_outcomes,
                             self._chats(next_rollup - HOUR, rows))
@@ -250,28 +250,28 @@ class HistoryGenerator:
             at += self.poll_period * (FAST_COARSE if at < fine_from else 1)
         return times
 
-    def _analyse(self, snapshot, probes):
+    def _analyse(self, snapshot, checks):
         """The poller's analysis (``Poller.assess``), per model. Block coverage is computed every
         poll; a model's diagnosis is recomputed when the blocks without a server change, or when
-        its rows or probe outcomes changed and ``analysis_every`` polls have passed, else reused
+        its rows or reachability outcomes changed and ``analysis_every`` polls have passed, else reused
         with this poll's block coverage."""
         from dataclasses import replace as dc_replace
 
         from monitor.core import coverage
 
-        probe_map = {p.peer_id: p for p in probes.results}
+        reachability = {c.peer_id: c for c in checks.results}
         healths = []
         for model in snapshot.models:
             rows = snapshot.rows_for(model.dht_prefix)
-            blocks = coverage.block_coverage(model, rows, probe_map)
+            blocks = coverage.block_coverage(model, rows, reachability)
             missing = tuple(b.index for b in blocks if b.online == 0)
             key = (tuple((r.peer_id, r.state, r.start, r.end) for r in rows),
-                   tuple(probe_map[r.peer_id].ok for r in rows if r.peer_id in probe_map))
+                   tuple(reachability[r.peer_id].ok for r in rows if r.peer_id in reachability))
             cached = self._cache.get(model.dht_prefix)
             due = cached is None or cached["missing"] != missing or (
                 cached["key"] != key and self._poll_index - cached["at"] >= self.analysis_every)
             if due:
-                [health] = self.poller.assess(dc_replace(snapshot, models=(model,)), probe_map)
+                [health] = self.poller.assess(dc_replace(snapshot, models=(model,)), reachability)
                 cached = self._cache[model.dht_prefix] = {"missing": missing, "key": key, "at": self._poll_index,
                                                           "health": health}
                 self.counts["diagnoses"] = self.counts.get("diagnoses", 0) + 1

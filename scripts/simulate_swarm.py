@@ -513,7 +513,7 @@ def main(argv=None) -> None:
     parser.add_argument("--models", type=int, default=4)
     parser.add_argument("--unreachable", type=float, default=0.1, help="fraction of peer ids with no process")
     parser.add_argument("--responders", type=int, default=8, help="virtual servers backed by a peer that answers")
-    parser.add_argument("--hung", type=int, default=0, help="unreachable servers whose peer hangs (probe timeouts)")
+    parser.add_argument("--hung", type=int, default=0, help="unreachable servers whose peer hangs (reachability checks time out)")
     parser.add_argument("--update-period", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--initial-peers", nargs="*", default=None,

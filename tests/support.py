@@ -11,16 +11,27 @@ registers itself as both ``support`` and ``tests.support``, so the session's clo
   WebSocket the server may have closed first), the chat's ``MESSAGES``;
 - the demo: ``start_demo``, ``dashboard_url``;
 - the swarm's layout: ``SESSION_SPECS`` (``DEGRADING``, ``DEGRADED_SPAN``), ``STEADY_UPDATE_PERIOD``;
-- a populated store: ``populate`` (three polls, probes, chat outcomes and scores written through
-  the poller's own path), ``web_settings``, ``PEERS``, ``TINY``, ``peer``, and the HTML helpers
-  ``elements`` and ``text_of``;
+- a populated store: ``populate`` (three polls, reachability checks, chat outcomes and scores
+  written through the poller's own path), ``web_settings``, ``PEERS``, ``TINY``, ``peer``,
+  ``random_peer_id``, ``seeded_peer_id``, ``petals_announcement`` (what a petals server stores
+  under a block); the HTML helpers ``elements``, ``text_of``, ``words`` and
+  ``report_of`` ("Is this server OK?" as text); ``no_internals``, ``strict_json``,
+  ``metric_families`` and ``metric_sample`` (of /metrics);
 - stores: ``STORE_KINDS`` (the params of a fixture run on SQLite and PostgreSQL), ``store_url_of``
   (a param's URL), ``open_migrated_store``, ``migrated_store`` (a store fixture's body),
   ``sqlite_store``, ``fold_wal`` (a SQLite store whole in its file, to copy);
 - a monitor of a real swarm: ``tiny_settings`` (watching its tiny model), ``polled_prober`` (a
   poller that has scraped once and its server prober);
 - scores from whole histories, the specification the score job's SQL meets: ``peer_histories``
-  (every peer's ``PeerHistory`` from a store), ``score_peer``, ``swarm_reference``, ``score_swarm``.
+  (every peer's ``PeerHistory`` from a store), ``score_peer``, ``swarm_reference``, ``score_swarm``;
+- alerts over a store: ``ALERT_MODEL`` with its one server ``ALERT_PEER``, ``record_state`` (a poll
+  stored with its assessment in a state), ``alert_settings`` (webhooks), ``fire_degraded``,
+  ``maintenance_window``, ``unix_seconds`` (an Alertmanager's times);
+- the pollers' lease: ``lease_of`` (a poller's), ``expire_lease`` (its deadline past);
+- a store's rows made by hand: ``STORE_LLAMA``, ``store_peer``, ``store_row``, ``store_snapshot``,
+  ``store_health`` (a diagnosis);
+- a status page's 90 days: ``STATUS_PLAN`` (each day's polls), ``STATUS_EXPECTED`` (each day's bar),
+  ``status_health``, ``day_start``, ``write_status_history`` (conftest's ``status_app`` serves them).
 """
 
 from __future__ import annotations
@@ -37,8 +48,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import atexit  # noqa: E402
+import dataclasses
 import functools
 import hashlib
+import json
+import math
 import re
 import shutil
 import signal
@@ -50,6 +64,8 @@ import tempfile
 import threading
 import time
 from contextlib import closing, contextmanager
+from datetime import datetime
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -57,11 +73,16 @@ from typing import Callable, Iterator, TypeVar
 import base58
 import psutil
 import pytest
+import sqlalchemy
 from simple_websocket import ConnectionClosed
 from werkzeug.serving import make_server
 
+from monitor.app.alerter import Alerter
 from monitor.app.jobs import Poller
 from monitor.app.probing import ServerProber
+from monitor.core.alert_rules import FIRED
+from monitor.core.assessment import Assessment, BlockCoverage, Recommendation, RouteHop
+from monitor.core.maintenance import MaintenanceWindow
 from monitor.core import scores
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import (
@@ -107,6 +128,19 @@ def wait_until(predicate: Callable[[], T], timeout: float, step: float = 0.5) ->
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(min(step, max(0.0, deadline - time.monotonic())))
+
+
+def probe_rounds_until(prober, done: Callable[[list], bool], timeout: float = 90.0, pause: float = 0.5) -> list:
+    """Run a prober's rounds as its job does (one per tick, ``pause`` apart) until ``done(probes so
+    far)``; returns them, or fails naming what the rounds gave."""
+    seen: list = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen.extend(prober.run_once())
+        if done(seen):
+            return seen
+        time.sleep(pause)
+    raise AssertionError(f"not done within {timeout:.0f} s; probes: {seen}")
 
 
 # ---- processes ---------------------------------------------------------------------------------
@@ -414,6 +448,157 @@ def score_swarm(histories, now: float) -> dict[str, PeerScore]:
     return scores.score_all((scores.aggregate(h, now) for h in histories), now)
 
 
+# ---- alerts: one watched model whose stored assessment a spec sets ----------------------------
+
+ALERT_PERIOD = 60.0  # the scrape period of ``alert_settings``
+ALERT_MODEL = ModelInfo("llama", 4, name="Llama 2", official=True)
+ALERT_PEER = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"  # its one server, public name "a"
+
+
+def alert_diagnosis(state: str) -> Assessment:
+    """``ALERT_MODEL``'s assessment in ``state`` (its one server alone on blocks 0:4)."""
+    reasons = () if state == "healthy" else ("blocks 0:4 have one server",)
+    return Assessment(model="llama", state=state, reasons=reasons,
+                      coverage_pct=100.0, servers_online=1, min_redundancy=1, blocks=(), missing_ranges=(),
+                      single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0,
+                      route=(), recommendation=Recommendation(0, 4, 4, "--block_indices 0:4", "redundancy"))
+
+
+def record_state(store: Store, at: float, state: str) -> None:
+    """A poll at ``at`` of ``ALERT_MODEL``, stored with its assessment in ``state``."""
+    store.record_poll(Snapshot(taken_at=at, duration=1.0, models=(ALERT_MODEL,), servers=(
+        ServerRow(peer_id=ALERT_PEER, model="llama", start=0, end=4, state="ONLINE", public_name="a"),)),
+        [alert_diagnosis(state)])
+
+
+def alert_settings(tmp_path, *urls, **alerts) -> Settings:
+    """Settings with a webhook per URL (2 s timeout, retried after 10 s) and ``alerts`` overriding the rest."""
+    hooks = [{"name": f"hook-{i}", "url": url, "timeout": 2} for i, url in enumerate(urls, 1)]
+    return Settings(data_dir=tmp_path, scrape_period=ALERT_PERIOD, initial_peers=[],
+                    alerts={"webhooks": hooks, "retry_backoff": 10, **alerts})
+
+
+def unix_seconds(iso: str) -> float:
+    """An ISO 8601 time (``Z`` for UTC, as Alertmanager writes it) in unix seconds."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def maintenance_window(scope="peer", target="my-box", start=0.0, end=None, rec=None, wid=1) -> MaintenanceWindow:
+    """A maintenance window as an operator makes it (reason "upgrade", by "alice")."""
+    return MaintenanceWindow(id=wid, scope=scope, target=target, starts_at=start, ends_at=end, reason="upgrade",
+                             recurrence=rec, created_by="alice")
+
+
+def fire_degraded(store: Store, settings: Settings, now: float) -> Alerter:
+    """A degraded model, seen long enough: the alerter's first evaluation after it fires."""
+    alerter = Alerter(settings, store, watching_since=now - 1000)
+    record_state(store, now - 200, "degraded")
+    alerter.evaluate(now - 200)
+    record_state(store, now, "degraded")
+    assert [n.event for n in alerter.evaluate(now).notices] == [FIRED]
+    return alerter
+
+
+# ---- the pollers' lease -------------------------------------------------------------------------
+
+
+def lease_of(who, *, epoch=1, deadline=110.0, released=False):
+    """The lease ``who`` (a ``PollerId``) holds, as the store keeps it."""
+    from monitor.core.leadership import Lease
+
+    return Lease(holder=who.holder, host=who.host, pid=who.pid, started_at=who.started_at, epoch=epoch, since=50.0,
+                 deadline=deadline, renewed_at=deadline - 10, released=released)
+
+
+def expire_lease(store: Store) -> None:
+    """Move the pollers' lease deadline into the past (as the clock would, a lease length later)."""
+    with store.engine.begin() as conn:
+        conn.execute(sqlalchemy.text("UPDATE poller_leases SET deadline = deadline - 3600"))
+
+
+# ---- a store's rows, made by hand (test_store.py, test_sqlite_store.py) ------------------------
+
+STORE_LLAMA = ModelInfo("llama-70b-hf", 8, repository="meta-llama/Llama-2-70b-hf", name="Llama 2 70B", official=True)
+
+
+def store_peer(name: str) -> str:
+    """A peer id of the usual length (52 characters: ``12D3KooW`` and the name, padded)."""
+    return f"12D3KooW{name:_<44}"[:52]
+
+
+def store_row(name: str, model: ModelInfo = STORE_LLAMA, start: int = 0, end: int = None, state: str = ONLINE,
+              **extra) -> ServerRow:
+    return ServerRow(peer_id=store_peer(name), model=model.dht_prefix, start=start,
+                     end=model.num_blocks if end is None else end, state=state, **extra)
+
+
+def store_snapshot(at: float, rows, models=(STORE_LLAMA,), **extra) -> Snapshot:
+    return Snapshot(taken_at=at, duration=1.5, models=tuple(models), servers=tuple(rows), **extra)
+
+
+def store_health(model: ModelInfo, state: str, blocks=None, **extra) -> Assessment:
+    """A diagnosis as ``coverage.diagnose`` returns it; ``blocks``: (serving servers, their throughput)
+    per block, by default one server of throughput 1 on every block."""
+    blocks = blocks if blocks is not None else [(1, 1.0)] * model.num_blocks
+    fields = dict(
+        model=model.dht_prefix, state=state, reasons=(f"{state} because",), coverage_pct=100.0, servers_online=2,
+        min_redundancy=1, est_tokens_per_s=5.0, missing_ranges=(), single_served_ranges=(), bottleneck_ranges=(),
+        low_cache_ranges=(), route=(RouteHop(store_peer("a"), 0, model.num_blocks),),
+        blocks=tuple(BlockCoverage(index=i, peers=(store_peer("a"),) * n, online=n, total_throughput=t,
+                                   min_throughput=t / n if n else None, cache_tokens_left=None)
+                     for i, (n, t) in enumerate(blocks)),
+        recommendation=Recommendation(0, model.num_blocks, model.num_blocks, f"--block_indices 0:{model.num_blocks}",
+                                      "more redundancy"),
+    )
+    return Assessment(**{**fields, **extra})
+
+
+# ---- a status page's 90 days ------------------------------------------------------------------
+
+STATUS_POLL_EVERY = 3 * 3600.0
+# days ago -> the state of each of its polls (every 3 h, from 00:10 UTC); a missing day: no poll
+STATUS_PLAN = {
+    9: ["healthy"] * 8,
+    8: ["healthy"] * 4 + ["degraded"] + ["healthy"] * 3,
+    7: ["healthy"] * 2 + ["broken"] + ["healthy"] * 5,
+    6: ["broken"] * 4 + ["healthy"] * 4,  # the broken half inside a maintenance window
+    4: ["healthy"] * 8,
+    3: ["healthy"] * 8,
+    2: ["healthy"] * 8,
+    1: ["healthy"] * 8,  # raw polls from here on (raw retention: 2 days)
+    0: ["degraded"] * 8,
+}
+# days ago -> the state its bar shows (the maintenance window: conftest's ``status_app``)
+STATUS_EXPECTED = {9: "healthy", 8: "degraded", 7: "broken", 6: "maintenance", 5: "no data", 4: "healthy",
+                   1: "healthy", 0: "degraded", 20: "no data"}
+
+
+def status_health(state: str) -> Assessment:
+    base = Assessment.not_diagnosed(TINY.dht_prefix, TINY.num_blocks, "unused")
+    return dataclasses.replace(base, state=state, reasons=() if state == "healthy" else (f"the model is {state}",),
+                               coverage_pct=100.0 if state != "broken" else 50.0, servers_online=2)
+
+
+def day_start(now: float, days_ago: int) -> float:
+    """The start (00:00 UTC) of the day ``days_ago`` days before ``now``'s."""
+    return math.floor(now / 86400) * 86400 - days_ago * 86400
+
+
+def write_status_history(store: Store, now: float) -> None:
+    """``STATUS_PLAN`` through the poller's write path, then the hourly rollup and retention."""
+    last = None
+    for days_ago in sorted(STATUS_PLAN, reverse=True):
+        for k, state in enumerate(STATUS_PLAN[days_ago]):
+            at = day_start(now, days_ago) + k * STATUS_POLL_EVERY + 600
+            if at > now - 120:
+                break
+            store.record_poll(Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=()), [status_health(state)])
+            last = state
+    # today's last poll, a minute ago (today always has one, whatever the hour now)
+    store.record_poll(Snapshot(taken_at=now - 60, duration=0.5, models=(TINY,), servers=()), [status_health(last)])
+    store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=90)
+
+
 # ---- a populated store (the web's specs) -------------------------------------------------------
 
 
@@ -425,6 +610,24 @@ OTHER = ModelInfo("other-model", 4, repository="javascript:alert(2)")
 def peer(name: str) -> str:
     """A real-format libp2p peer id (sha256 multihash, base58: ``Qm...``)."""
     return base58.b58encode(b"\x12\x20" + hashlib.sha256(name.encode()).digest()).decode()
+
+
+def seeded_peer_id(rng) -> str:
+    """A well-formed peer id (sha2-256 multihash) drawn from ``rng`` (a ``random.Random``)."""
+    return base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode()
+
+
+def random_peer_id() -> str:
+    """A well-formed peer id (sha2-256 multihash) that no process owns."""
+    return base58.b58encode(b"\x12\x20" + os.urandom(32)).decode()
+
+
+def petals_announcement(state=None, throughput=10.0, **extra) -> tuple:
+    """What a petals server stores under each of its block uids (ONLINE unless ``state`` says otherwise)."""
+    from monitor import compat  # noqa: F401  (before petals)
+    from petals.data_structures import ServerInfo, ServerState
+
+    return ServerInfo(state=ServerState.ONLINE if state is None else state, throughput=throughput, **extra).to_tuple()
 
 
 PEERS = {name: peer(name) for name in ("first", "second", "full", "joining", "unreachable", "other", "bootstrap")}
@@ -470,15 +673,15 @@ def poll_rows(stage: int, infinite_ping: bool = True) -> list[ServerRow]:
 
 
 def populate(store, settings, now: float, *, infinite_ping: bool = True) -> dict:
-    """Three polls (broken at now-2h, healthy at now-1h and now-60s), probes, chat outcomes, scores,
-    written as the poller writes them (``Poller.analyse`` / ``Poller.refresh_scores``, which run
-    ``coverage.diagnose`` and ``scores.score_all``).
+    """Three polls (broken at now-2h, healthy at now-1h and now-60s), reachability checks, chat
+    outcomes, scores, written as the poller writes them (``Poller.analyse`` /
+    ``Poller.refresh_scores``, which run ``coverage.diagnose`` and ``scores.score_all``).
 
     ``infinite_ping``: one server reports an infinite RTT to the unreachable one, as petals servers do."""
     poller = Poller(settings, store, dht=None)  # analysis and scoring only: no DHT needed
     times = [now - 7200, now - 3600, now - 60]
     for stage, at in enumerate(times):
-        probes = ReachabilityBatch(taken_at=at - 5, duration=0.2, results=tuple(
+        checks = ReachabilityBatch(taken_at=at - 5, duration=0.2, results=tuple(
             [ReachabilityResult(PEERS["first"], "server", True, rtt=0.004)]
             + ([ReachabilityResult(PEERS["second"], "server", True, rtt=0.006),
                 ReachabilityResult(PEERS["full"], "server", True, rtt=0.003)] if stage >= 1 else [])
@@ -487,7 +690,7 @@ def populate(store, settings, now: float, *, infinite_ping: bool = True) -> dict
                 ReachabilityResult(PEERS["other"], "server", True, rtt=0.002)] if stage >= 2 else [])
             + [ReachabilityResult(PEERS["bootstrap"], "bootstrap", True, rtt=0.001, address=BOOTSTRAP_ADDR)]
         ))
-        store.record_reachability(probes)
+        store.record_reachability(checks)
         snapshot = Snapshot(taken_at=at, duration=1.25 + stage, models=(TINY, OTHER) if stage >= 2 else (TINY,),
                             servers=tuple(poll_rows(stage, infinite_ping)), invalid_records=stage)
         store.record_poll(snapshot, poller.assess(snapshot, store.latest_reachability()))
@@ -522,6 +725,47 @@ class _Elements(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "script":
             self._in_script = None
+
+
+def no_internals(text: str, *paths) -> None:
+    """What a user is told names no traceback, file, exception or any of ``paths``."""
+    assert "Traceback" not in text and 'File "' not in text and "Error:" not in text and "OSError" not in text
+    for path in paths:
+        assert str(path) not in text
+
+
+def strict_json(text: str):
+    """JSON as browsers and strict parsers read it: NaN and Infinity are not JSON."""
+    def reject(constant):
+        raise AssertionError(f"{constant} in a JSON document")
+    return json.loads(text, parse_constant=reject)
+
+
+def metric_families(client) -> dict:
+    """name -> the metric family, of what the app's /metrics answers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return {f.name: f for f in text_string_to_metric_families(response.get_data(as_text=True))}
+
+
+def metric_sample(families, name, **labels) -> float:
+    [value] = [s.value for s in families[name].samples if s.name == name and s.labels == labels]
+    return value
+
+
+def words(html: str) -> str:
+    """A page's text, its entities unescaped."""
+    return text_of(unescape(html))
+
+
+def report_of(client, peer_id: str) -> str:
+    """The "Is this server OK?" section of the peer's page, as text."""
+    response = client.get(f"/peers/{peer_id}")
+    assert response.status_code == 200, response.get_data(as_text=True)[:500]
+    text = words(response.get_data(as_text=True))
+    return text[text.index("Is this server OK?"):text.index("What it announces now")]
 
 
 def elements(html: str) -> _Elements:

@@ -1,7 +1,8 @@
-"""Specs of the ``alertmanager`` webhook: what is pushed to ``POST /api/v2/alerts`` (stable labels,
-annotations, ``startsAt``/``endsAt``, ``generatorURL``), and a real Alertmanager (Debian's
+"""Specs of the ``alertmanager`` webhook against a real Alertmanager (Debian's
 ``prometheus-alertmanager``, on 127.0.0.1) that takes the alert, lists it through its own API,
-keeps it while it is re-sent, and resolves it — and tells its own receiver so.
+keeps it while it is re-sent, and resolves it — and tells its own receiver so. What is pushed to
+``POST /api/v2/alerts`` (stable labels, annotations, ``startsAt``/``endsAt``, ``generatorURL``):
+``test_alert_rules.py``.
 """
 
 from __future__ import annotations
@@ -12,73 +13,19 @@ import signal
 import subprocess
 import time
 import urllib.request
-from dataclasses import replace
-from datetime import datetime
 
 import pytest
 
-from monitor.app import webhooks
 from monitor.app.alerter import Alerter
-from monitor.core import alert_rules as core
 from monitor.core.alert_rules import CHANGED, FIRED, RESOLVED
 from monitor.core.assessment import Assessment, Recommendation
 from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings
 from monitor.store import Store
-from support import free_port, wait_until
+from support import free_port, unix_seconds, wait_until
 
 PEER = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-
-
-def stamp(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-# ---- the payload -----------------------------------------------------------------------------------
-
-
-def test_an_alert_is_pushed_with_stable_labels_annotations_and_its_times():
-    notice = core.Notice(rule="gpu-box", kind=core.PEER_OFFLINE, subject="my-box", label="peer my-box", event=FIRED,
-                         state="offline", severity="warning", summary="peer my-box is offline", at=2000.0, since=1000.0,
-                         details=("not announced in the latest poll",), models=("llama", "bloom"), peer=PEER,
-                         peer_name="my-box")
-    [alert] = json.loads(webhooks.group_payload([(1, notice)], "alertmanager", "https://mon.example", now=2000.0,
-                                                ttl=240.0))
-    assert alert["labels"] == {"alertname": "PetalsPeerOffline", "severity": "warning", "rule": "gpu-box",
-                               "kind": "peer_offline", "subject": "my-box", "model": "bloom,llama", "peer": PEER,
-                               "source": "petals-swarm-monitor"}
-    assert alert["annotations"] == {"summary": "peer my-box is offline",
-                                    "description": "not announced in the latest poll",
-                                    "dashboard_url": f"https://mon.example/peers/{PEER}", "label": "peer my-box",
-                                    "peer_name": "my-box"}
-    assert (stamp(alert["startsAt"]), stamp(alert["endsAt"])) == (1000.0, 2240.0)
-    assert alert["generatorURL"] == f"https://mon.example/peers/{PEER}"
-    over = replace(notice, event=RESOLVED, at=3000.0, state="ok", severity="ok", previous_state="offline")
-    resolved = json.loads(webhooks.group_payload([(2, over)], "alertmanager"))
-    assert stamp(resolved[0]["endsAt"]) == 3000.0 and "generatorURL" not in resolved[0]
-    assert resolved[0]["labels"] == alert["labels"]  # the same alert for Alertmanager
-
-
-def test_a_change_of_severity_resolves_the_alert_of_the_old_one():
-    notice = core.Notice(rule="model-health", kind=core.MODEL_DEGRADED, subject="llama", label="Llama", event=CHANGED,
-                         state="broken", severity="critical", summary="Llama is broken", at=500.0, since=100.0,
-                         previous_state="degraded", models=("llama",))
-    old, new = json.loads(webhooks.group_payload([(3, notice)], "alertmanager", now=500.0, ttl=240.0))
-    assert (old["labels"]["severity"], stamp(old["endsAt"])) == ("warning", 500.0)
-    assert (new["labels"]["severity"], stamp(new["endsAt"])) == ("critical", 740.0)
-    assert {k: v for k, v in old["labels"].items() if k != "severity"} == \
-        {k: v for k, v in new["labels"].items() if k != "severity"}
-
-
-def test_the_webhook_url_is_the_alertmanagers_base_url_or_its_endpoint():
-    from monitor.alert_settings import WebhookConfig
-
-    assert WebhookConfig(name="am", url="http://127.0.0.1:9093", format="alertmanager").endpoint == \
-        "http://127.0.0.1:9093/api/v2/alerts"
-    assert WebhookConfig(name="am", url="http://am:9093/prefix/api/v2/alerts", format="alertmanager").endpoint == \
-        "http://am:9093/prefix/api/v2/alerts"
-    assert WebhookConfig(name="x", url="http://am:9093/hook").endpoint == "http://am:9093/hook"
 
 
 # ---- a real Alertmanager ---------------------------------------------------------------------------
@@ -180,8 +127,8 @@ def test_a_real_alertmanager_takes_the_alert_keeps_it_while_resent_and_resolves_
         assert alert["annotations"]["summary"] == "Llama 2 (llama) is degraded: blocks 0:4 have one server"
         assert alert["annotations"]["dashboard_url"] == "http://127.0.0.1:8080/models/llama"
         assert alert["generatorURL"] == "http://127.0.0.1:8080/models/llama"
-        assert alert["status"]["state"] == "active" and abs(stamp(alert["startsAt"]) - now) < 1
-        first_end = stamp(alert["endsAt"])
+        assert alert["status"]["state"] == "active" and abs(unix_seconds(alert["startsAt"]) - now) < 1
+        first_end = unix_seconds(alert["endsAt"])
         assert 39 < first_end - now <= 41  # four re-sends ahead
         [notified] = am_receiver.wait_for(1, 30)
         assert notified["status"] == "firing" and notified["alerts"][0]["labels"]["rule"] == "model-health"
@@ -191,9 +138,9 @@ def test_a_real_alertmanager_takes_the_alert_keeps_it_while_resent_and_resolves_
         later = time.time()
         alerter.deliver(later)
         assert alerter.deliver(later + 1) == {"delivered": 0, "retry": 0, "failed": 0}
-        assert wait_until(lambda: (found := listed(base)) and stamp(found[0]["endsAt"]) > first_end, 10)
+        assert wait_until(lambda: (found := listed(base)) and unix_seconds(found[0]["endsAt"]) > first_end, 10)
         alerter.deliver(later + 11)
-        assert stamp(listed(base)[0]["endsAt"]) >= later + 11 + 39
+        assert unix_seconds(listed(base)[0]["endsAt"]) >= later + 11 + 39
 
         # broken: the warning alert is resolved, a critical one fires
         record(store, time.time(), "broken")

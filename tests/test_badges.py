@@ -1,7 +1,7 @@
 """Spec: badges (README: Dashboard, Badges) — a model's and a server's state and uptime as SVG and as
 shields.io's endpoint JSON, readable without login from any origin, cacheable, an unknown model or
-peer a grey "unknown" badge; the peer page and "is my server OK?" give the Markdown to paste, and the
-image it points to renders in Chromium.
+peer a grey "unknown" badge; the peer page and "is my server OK?" give the Markdown to paste (the
+image it points to, drawn by Chromium: ``test_pages_in_chromium.py``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
-import pytest
-
 from monitor.core.maintenance import MaintenanceWindow
-from support import PEERS, TINY, serve
+from support import PEERS, TINY
 
 SVG = "{http://www.w3.org/2000/svg}"
 GREEN, AMBER, RED, GREY, BLUE = "1f7a3f", "9a6700", "b3362a", "5f6b7a", "2f6fcb"
@@ -104,8 +102,8 @@ def test_a_maintenance_window_shows_on_the_badges(populated):
     assert svg_badge(client.get(f"/badges/peers/{PEERS['first']}/state.svg"))[1][1] == "online"
 
 
-def test_the_peer_page_and_my_server_report_give_the_markdown_to_paste(client, populated, browser):
-    app = populated[0]
+def test_the_peer_page_and_my_server_report_give_the_markdown_to_paste(client):
+    """The Markdown of a README badge; the image it points to renders in Chromium (``test_pages_in_chromium.py``)."""
     page = client.get(f"/peers/{PEERS['first']}").get_data(as_text=True)
     markdown = re.findall(r"\[!\[petals server status\]\((http://[^)]+)\)\]\((http://[^)]+)\)", page)
     assert markdown == [(f"http://localhost/badges/peers/{PEERS['first']}/state.svg",
@@ -113,14 +111,3 @@ def test_the_peer_page_and_my_server_report_give_the_markdown_to_paste(client, p
     assert "img.shields.io/endpoint?url=http%3A%2F%2Flocalhost%2Fbadges%2Fpeers%2F" in page
     report = client.get(f"/peers/{PEERS['first']}", headers={"HX-Request": "true", "HX-Target": "my-server"})
     assert "petals server status" in report.get_data(as_text=True)
-    # the image the Markdown points to renders: a green "online" badge, as a README would show it
-    with serve(app) as base:
-        tab = browser.new_page()
-        tab.set_content(f'<img id="b" src="{base}/badges/peers/{PEERS["first"]}/state.svg">')
-        tab.wait_for_function("document.getElementById('b').complete")
-        size = tab.evaluate("[document.getElementById('b').naturalWidth, document.getElementById('b').naturalHeight]")
-        assert size[0] > 60 and size[1] == 20
-        tab.goto(f"{base}/badges/peers/{PEERS['first']}/state.svg")
-        assert tab.locator("text").nth(1).text_content() == "online"
-        assert tab.locator(f'rect[fill="#{GREEN}"]').count() == 1  # the message's side, green
-        tab.close()

@@ -19,7 +19,7 @@ from monitor.settings import Settings
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from support import MALICIOUS_NAME
 
-STATE_TIMEOUT_MS = 90_000  # a state change needs a probe + a scrape (2 s each) and a refresh (1 s)
+STATE_TIMEOUT_MS = 90_000  # a state change needs a reachability round + a scrape (2 s each) and a refresh (1 s)
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ def test_a_server_replaced_mid_route_hands_over_only_new_tokens_to_the_next_one(
 
 def weights_from_scores(outcomes, peers, started):
     """PeerWeights as the monitor computes them: monitor.core.scores over what it saw of each peer
-    since ``started`` (online at every 10 s poll, probes ok: all three servers are up) and the
+    since ``started`` (online at every 10 s poll, reachability checks ok: all three servers are up) and the
     chat outcomes."""
     now = time.time()
     polls = [started + i * 10 for i in range(int((now - started) // 10) + 1)]

@@ -9,7 +9,8 @@ error handlers), a real engine on the session swarm, and a real HTTP server for 
   ``ws_max_lifetime`` seconds, with a message and a close frame that say why, and its place freed;
 - on the chat page one visitor cannot stream, stop or continue another's turn; conversations are
   capped per visitor and in all without dropping an answer being written;
-- errors carry no internals (paths, exception texts).
+- errors carry no internals (paths, exception texts; petals' own error text, without a swarm:
+  ``test_chat_errors.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from monitor.settings import ModelConfig, Settings
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.store import Store
 from monitor.web import create_app
-from support import close_ws, read_sse, serve
+from support import close_ws, no_internals, read_sse, serve
 
 BROKEN = "broken-checkpoint"  # configured with a folder that holds no model: tokenizing it fails
 LIMIT = 1000  # max_prompt_chars here
@@ -119,12 +120,6 @@ class _Lines:
 
     def iter_lines(self, decode_unicode=True):
         return iter(self.text.split("\n"))
-
-
-def no_internals(text: str, *paths) -> None:
-    assert "Traceback" not in text and 'File "' not in text and "Error:" not in text and "OSError" not in text
-    for path in paths:
-        assert str(path) not in text
 
 
 # ---- prompts and arrays ---------------------------------------------------------------------------
@@ -241,17 +236,6 @@ def test_chat_errors_carry_no_internals(app, broken_dir):
     page = client.get("/chat").get_data(as_text=True)
     for text in (chat.get_data(as_text=True), page, json.dumps(models)):
         no_internals(text, broken_dir)
-
-
-def test_a_failure_in_the_swarm_is_told_without_the_peers_error_text():
-    """petals' errors name peers, addresses and files: the user gets what happened and what to do."""
-    from chat.session import _as_chat_error
-
-    raw = RuntimeError("Failed to connect to /ip4/10.1.2.3/tcp/31337/p2p/12D3KooWExample "
-                       "(File \"/srv/petals/client/inference_session.py\", line 322)")
-    error = _as_chat_error(TINY_DHT_PREFIX, raw)
-    assert error.status == 503 and "try again" in str(error) and TINY_DHT_PREFIX in str(error)
-    no_internals(str(error), "/srv/petals", "10.1.2.3", "12D3KooW")
 
 
 # ---- WebSocket time limits ---------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Specs of the command line's shape (``monitor/app/cli.py``): the commands and their help, ``--config``
 once on the group (and still after a command), the ``chaos`` group calling the dashboard the
-settings name, and ``report`` (``poll --once``, its old spelling) on a real swarm.
+settings name, and ``migrate`` in its own process (one line; no petals or torch imported by what a
+web-only host runs). (``report`` and ``poll --once`` on a real swarm: ``test_cli_swarm.py``; the
+migrations and a web worker before them: ``test_migrate.py``.)
 
 The chaos commands call a small HTTP server of the spec's own on 127.0.0.1, which records what it
-was asked and checks the bearer token; the rest runs through click's CliRunner, except the reports,
-which poll the session swarm in their own processes as an operator's would."""
+was asked and checks the bearer token; the rest runs through click's CliRunner."""
 
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ from click.testing import CliRunner
 
 from monitor.app.chaos_cli import ACTIONS
 from monitor.app.cli import COMMANDS, main
-from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.settings import Settings
 from monitor.web.auth import resolve_token
+from monitor.store import Store, head_revision
 from support import free_port
 
+ROOT = Path(__file__).resolve().parent.parent
 SERVER_ACTIONS = ("stop", "start", "throttle", "unthrottle", "corrupt", "uncorrupt", "fail", "unfail")
 
 
@@ -312,36 +314,42 @@ def test_chaos_imports_neither_petals_nor_torch(tmp_path, demo_data, dashboard):
     assert dashboard.requests == [("POST", "/demo/servers/server-2/fail", dashboard.token)]
 
 
-# ---- report and poll --once on a real swarm ----------------------------------------------------
 
 
-def report_in_a_process(tmp_path: Path, swarm, name: str, args_before_config: bool, *command: str) -> str:
-    """The command's stdout, run as an operator would, with the swarm and model in its own config."""
-    data = tmp_path / name
-    config = tmp_path / f"{name}.toml"
-    config.write_text(f'data_dir = "{data}"\ninitial_peers = {json.dumps(list(swarm.initial_peers))}\n'
-                      f'discover_models = false\n[[models]]\ndht_prefix = "{TINY_DHT_PREFIX}"\n'
-                      f"num_blocks = {TINY_NUM_BLOCKS}\n")
-    options = ["--config", str(config)]
-    args = [*command, *options] if args_before_config else [*options, *command]
+# ---- migrate -----------------------------------------------------------------------------------
+
+
+def test_migrate_on_an_empty_sqlite_file_prints_one_line_with_the_head_revision(tmp_path):
+    """The command in its own process, as an operator runs it: one line, no Alembic log per revision."""
+    path = tmp_path / "new" / "monitor.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_MONITOR_")}
-    done = subprocess.run([sys.executable, "-m", "monitor.app.cli", *args], capture_output=True, text=True,
-                          timeout=180, env=env, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert (data / "monitor.db").exists()  # the config's data dir: it was read
-    return done.stdout
+    done = subprocess.run([sys.executable, "-m", "monitor.app.cli", "migrate", "--database-url", f"sqlite:///{path}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"Created the schema of sqlite:///{path}: revision {head_revision()}."]
+    assert "Running upgrade" not in done.stderr and "alembic" not in done.stderr, done.stderr
+    store = Store(f"sqlite:///{path}")
+    assert store.current_revision() == head_revision()
+    store.close()
 
 
-def shape(report: str) -> list[str]:
-    """The report with its numbers, paths and column padding taken out."""
-    text = re.sub(r"sqlite:///\S+:", "sqlite:///DB:", report)
-    return [re.sub(r"\s+", " ", re.sub(r"\d+(\.\d+)?", "N", line)).rstrip() for line in text.splitlines()]
-
-
-def test_report_and_poll_once_print_the_same_report(swarm, tmp_path):
-    report = report_in_a_process(tmp_path, swarm, "report", False, "report")  # swarm-monitor --config F report
-    old = report_in_a_process(tmp_path, swarm, "old", True, "poll", "--once")  # swarm-monitor poll --once --config F
-    assert f"({TINY_DHT_PREFIX}, {TINY_NUM_BLOCKS} blocks): HEALTHY" in report, report
-    for name in ("first-half", "second-half", "full"):
-        assert name in report and name in old
-    assert shape(report) == shape(old), f"report:\n{report}\npoll --once:\n{old}"
+def test_help_a_usage_error_and_migrate_import_neither_petals_nor_torch(tmp_path):
+    """What an operator runs on a web-only host, or before a deploy, answers in a fraction of a
+    second: the commands that need a DHT import petals (and torch) themselves."""
+    code = ("import sys, click\n"
+            "from monitor.app.cli import main\n"
+            "for args in (['--help'], ['demo', '--tiny', '--webhook', 'ftp://x/y'],\n"
+            f"             ['migrate', '--database-url', 'sqlite:///{tmp_path / 'monitor.db'}']):\n"
+            "    try:\n"
+            "        main(args, standalone_mode=False)\n"
+            "    except click.UsageError as e:\n"
+            "        print('usage error:', e.format_message())\n"
+            "print(sorted(m for m in ('petals', 'torch', 'hivemind', 'transformers') if m in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_MONITOR_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("Usage: ") for line in lines)
+    assert "usage error: Invalid value for --webhook: 'ftp://x/y': must be an http:// or https:// URL" in done.stdout
+    assert f"revision {head_revision()}." in done.stdout
+    assert lines[-1] == "[]", done.stdout

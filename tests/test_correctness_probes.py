@@ -5,7 +5,8 @@ diagnosis, and the chat routes around it. Honest float32 servers are never flagg
 
 The session swarm (tiny Llama: first-half 0:4, second-half 4:8, full 0:8; the harness makes a
 server corrupt its outputs, and each spec that does puts it back), a real SQLite store, the real poller and measuring job run
-round by round, a real chat engine, and once the whole service with its scheduler.
+round by round, a real chat engine, and once the whole service with its scheduler. The tolerance,
+the cross-check and the diagnosis they make, without a swarm: ``test_probe_verdicts.py``.
 """
 
 from __future__ import annotations
@@ -24,86 +25,16 @@ from monitor.core.probes import (
     CORRECT,
     DISAGREES,
     WRONG,
-    ServerProbe,
-    cross_check,
-    disagreeing_outputs,
-    judge,
-    tolerance,
 )
 from monitor.harness.demo_swarm import DemoControls
 from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
-from support import SESSION_SPECS, polled_prober, sqlite_store, tiny_settings
+from support import SESSION_SPECS, polled_prober, probe_rounds_until, sqlite_store, tiny_settings
 
 HALF = TINY_NUM_BLOCKS // 2
 SPECS = SESSION_SPECS  # the session swarm's servers (its specs put back whatever they change)
 PERIOD = 1.0
-
-
-# ---- pure ----------------------------------------------------------------------------------------
-
-
-def test_tolerance_follows_precision_and_quantization_and_grows_with_the_blocks():
-    assert tolerance("float32", None, 8) < tolerance("float16", None, 8) < tolerance("bfloat16", None, 8)
-    assert tolerance("bfloat16", None, 8) < tolerance("bfloat16", "nf4", 8)
-    assert tolerance("float32", None, 1) < tolerance("float32", None, 30)
-    assert tolerance("float16", "int8", 80) <= 0.5  # never so loose that half the output may be off
-    assert judge(1e-6, tolerance("float32", None, 8)) == CORRECT
-    assert judge(0.9, tolerance("bfloat16", "nf4", 80)) == WRONG
-    assert judge(float("nan"), 0.5) == WRONG
-
-
-def test_cross_check_outvotes_one_wrong_server_and_shows_a_disagreement_nobody_outvotes():
-    allowed = {pair: 0.01 for pair in [("a", "b"), ("a", "c"), ("b", "c")]}
-    one_off = {("a", "b"): 1e-6, ("a", "c"): 0.8, ("b", "c"): 0.8}
-    assert cross_check(one_off, allowed) == {"a": (CORRECT, ()), "b": (CORRECT, ()), "c": (WRONG, ("a", "b"))}
-    two = {("a", "b"): 0.8}
-    assert cross_check(two, {("a", "b"): 0.01}) == {"a": (DISAGREES, ("b",)), "b": (DISAGREES, ("a",))}
-
-
-def test_a_disagreement_nobody_outvotes_is_a_reason_in_the_diagnosis_and_both_servers_still_serve():
-    from monitor.swarm.routing import diagnose
-    from monitor.core.assessment import DEGRADED
-    from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow
-
-    def checked(peer, at, start, end, verdict):
-        return ServerProbe(peer_id=peer, model="m", start=start, end=end, at=at, ok=True, seconds_per_token=0.01,
-                           verdict=verdict, error_ratio=0.9 if verdict == DISAGREES else 1e-6, tolerance=0.01,
-                           checked_against="peers", detail="disagrees with …x" if verdict == DISAGREES else None)
-
-    # "full" serves two segments, checked in turn: its agreement on 0:4 does not clear its disagreement on 4:8
-    probes = [checked("full", 10, 4, 8, DISAGREES), checked("second", 10, 4, 8, DISAGREES),
-              checked("full", 20, 0, 4, CORRECT), checked("first", 20, 0, 4, CORRECT)]
-    disagreeing = disagreeing_outputs(probes, now=30, max_age=60, model="m")
-    assert set(disagreeing) == {"full", "second"} and "blocks 4:8" in disagreeing["full"]
-    assert disagreeing_outputs(probes + [checked("second", 25, 4, 8, CORRECT)], now=30, max_age=60) == {
-        "full": disagreeing["full"]}  # a newer agreement on the same blocks clears it
-    assert disagreeing_outputs(probes, now=100, max_age=60) == {}  # too old to count
-
-    rows = [ServerRow(peer, "m", start, end, ONLINE, throughput=10.0, public_name=peer)
-            for peer, start, end in (("first", 0, 4), ("second", 4, 8), ("full", 0, 8))]
-    health = diagnose(ModelInfo("m", 8), rows, disagreeing=disagreeing)
-    assert health.state == DEGRADED and health.min_redundancy == 2 and not health.excluded_peers
-    for peer in ("full", "second"):
-        assert any(r.startswith(f"{peer} outputs disagree with other servers") and "cannot tell which" in r
-                   for r in health.reasons), health.reasons
-
-
-def test_a_thousand_disagreeing_servers_make_a_diagnosis_of_a_few_lines():
-    """Anyone can announce servers: 1,000 of them disagreeing (or wrong) name a few and count the
-    rest, so a diagnosis (stored with every poll, shown on every page) stays small."""
-    from monitor.core.coverage import MAX_NAMED
-    from monitor.swarm.routing import diagnose
-    from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow
-    from monitor.core.assessment import DEGRADED
-
-    rows = [ServerRow(f"s{i:04d}", "m", 0, 8, ONLINE, throughput=10.0, public_name=f"s{i:04d}") for i in range(1000)]
-    disagreeing = {row.peer_id: "outputs disagree with other servers on blocks 0:8" for row in rows}
-    health = diagnose(ModelInfo("m", 8), rows, disagreeing=disagreeing)
-    named = [r for r in health.reasons if "cannot tell which" in r]
-    assert len(named) == MAX_NAMED and f"and {1000 - MAX_NAMED} more servers that disagree with others" in health.reasons
-    assert health.state == DEGRADED and len(health.reasons) <= 2 * MAX_NAMED
 
 
 # ---- on a real swarm -------------------------------------------------------------------------------
@@ -130,21 +61,10 @@ def checked(swarm, tiny_model, tmp_path_factory):
         store.close()
 
 
-def rounds_until(prober: ServerProber, done, timeout: float = 90.0) -> list:
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen.extend(prober.run_once())
-        if done(seen):
-            return seen
-        time.sleep(0.3)
-    raise AssertionError(f"not done within {timeout:.0f} s; probes: {seen}")
-
-
 def test_honest_float32_servers_are_never_flagged(checked):
     swarm, _, prober, _ = checked
     peers = {swarm.peer_id(spec.name) for spec in SPECS}
-    probes = rounds_until(prober, lambda seen: all(sum(p.peer_id == peer for p in seen) >= 3 for peer in peers))
+    probes = probe_rounds_until(prober, lambda seen: all(sum(p.peer_id == peer for p in seen) >= 3 for peer in peers))
     for p in probes:
         assert p.ok and p.verdict == CORRECT and p.checked_against == "reference", p
         assert p.error_ratio < p.tolerance / 100  # not a near miss: float32 agrees to rounding
@@ -156,7 +76,7 @@ def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_
     swarm.corrupt("second-half")
     corrupted_at = time.time()
     try:
-        probes = rounds_until(prober, lambda seen: any(p.peer_id == second and p.at > corrupted_at for p in seen))
+        probes = probe_rounds_until(prober, lambda seen: any(p.peer_id == second and p.at > corrupted_at for p in seen))
         verdicts = {p.peer_id: p.verdict for p in probes if p.at > corrupted_at}
         assert verdicts[second] == WRONG  # its first probe since it corrupts
         assert all(v == CORRECT for peer, v in verdicts.items() if peer != second)
@@ -187,7 +107,7 @@ def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_
     finally:
         swarm.uncorrupt("second-half")
     fixed_at = time.time()
-    probes = rounds_until(prober, lambda seen: any(p.peer_id == second and p.at > fixed_at for p in seen))
+    probes = probe_rounds_until(prober, lambda seen: any(p.peer_id == second and p.at > fixed_at for p in seen))
     assert [p.verdict for p in probes if p.peer_id == second and p.at > fixed_at][-1] == CORRECT
     assert second not in store.latest_assessments()[TINY_DHT_PREFIX].excluded_peers  # a correct verdict clears it
 
@@ -200,10 +120,10 @@ def test_without_weights_servers_of_the_same_blocks_are_compared_and_disagreemen
     swarm.corrupt("second-half")
     try:
         # full serves both segments, 0:4 (with first-half) and 4:8 (with second-half), in turn
-        probes = rounds_until(prober, lambda seen: any(p.peer_id == second and p.verdict for p in seen)
-                              and any(p.peer_id == full and (p.start, p.end) == (HALF, TINY_NUM_BLOCKS)
-                                      and p.verdict for p in seen)
-                              and any(p.peer_id == first and p.verdict for p in seen))
+        probes = probe_rounds_until(prober, lambda seen: any(p.peer_id == second and p.verdict for p in seen)
+                                    and any(p.peer_id == full and (p.start, p.end) == (HALF, TINY_NUM_BLOCKS)
+                                            and p.verdict for p in seen)
+                                    and any(p.peer_id == first and p.verdict for p in seen))
     finally:
         swarm.uncorrupt("second-half")
         prober.close()

@@ -1,4 +1,5 @@
-"""Specs of the per-model diagnosis: coverage, redundancy, route speed, and where to add a server."""
+"""Specs of the per-model diagnosis: coverage, redundancy, route speed, and where to add a server.
+(The recommendation against petals' own block selection on the live swarm: ``test_against_petals.py``.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from monitor.core.coverage import (
 )
 from monitor.swarm.routing import best_route, diagnose
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow
-from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 
 MODEL = ModelInfo("demo-model", 8)
 
@@ -88,7 +88,7 @@ def test_a_peer_without_public_name_is_named_by_its_short_id():
     assert "…fCWCmp" in health.reasons[0]
 
 
-def test_a_server_whose_probe_failed_does_not_count_as_serving():
+def test_a_server_whose_reachability_check_failed_does_not_count_as_serving():
     rows = [row("peerA", 0, 8, public_name="alpha"), row("peerB", 0, 8, public_name="beta")]
     health = diagnose(MODEL, rows, {"peerA": failed("peerA", "connection refused")})
     assert health.state == DEGRADED
@@ -103,7 +103,7 @@ def test_a_server_whose_probe_failed_does_not_count_as_serving():
     assert "alpha is ONLINE but unreachable" in both_down.reasons[0]
 
 
-def test_a_probe_that_answers_joining_or_no_probe_yet_still_counts_as_reachable():
+def test_a_check_that_answers_joining_or_no_check_yet_still_counts_as_reachable():
     rows = [row("peerA", 0, 8), row("peerB", 0, 8)]
     still_loading = ReachabilityResult(peer_id="peerA", kind="server", ok=False, joining=True, error="protocol not supported")
     ok = ReachabilityResult(peer_id="peerB", kind="server", ok=True, rtt=0.01)
@@ -221,44 +221,3 @@ def test_the_health_is_json_ready():
 def test_rows_of_other_models_are_ignored():
     other = ServerRow(peer_id="peerZ", model="other", start=0, end=8, state=ONLINE, throughput=1.0)
     assert diagnose(MODEL, [row("peerA", 0, 8), other]).servers_online == 1
-
-
-# ---- against petals itself, on the live session swarm ----------------------------------------
-
-
-def test_the_recommendation_equals_petals_block_selection_on_the_live_swarm(swarm):
-    from petals.data_structures import RemoteModuleInfo, ServerState
-    from petals.server.block_selection import choose_best_blocks
-    from petals.utils.dht import compute_spans, get_remote_module_infos
-
-    uids = [f"{TINY_DHT_PREFIX}.{i}" for i in range(TINY_NUM_BLOCKS)]
-    infos = get_remote_module_infos(swarm.dht, uids, latest=True)
-    model = ModelInfo(TINY_DHT_PREFIX, TINY_NUM_BLOCKS)
-    peers = {swarm.peer_id(name): name for name in ("first-half", "second-half", "full")}
-    assert {p.to_base58() for info in infos for p in info.servers} >= peers.keys()
-
-    def rows_of(module_infos):
-        return [
-            ServerRow(peer_id=span.peer_id.to_base58(), model=TINY_DHT_PREFIX, start=span.start, end=span.end,
-                      state=span.state.name, throughput=span.throughput,
-                      inference_rps=span.server_info.inference_rps,
-                      cache_tokens_left=span.server_info.cache_tokens_left,
-                      public_name=span.server_info.public_name,
-                      next_pings=dict(span.server_info.next_pings or {}))
-            for span in compute_spans(module_infos, min_state=ServerState.OFFLINE).values()
-        ]
-
-    live = diagnose(model, rows_of(infos))
-    assert live.state == HEALTHY, live.reasons
-    assert live.missing_ranges == () and live.min_redundancy == 2
-    assert {hop.peer_id for hop in live.route} <= peers.keys()
-
-    # the whole swarm, and the swarm without each one of its servers: different weakest ranges
-    for dropped in (None, *peers):
-        view = [RemoteModuleInfo(info.uid, {p: s for p, s in info.servers.items() if p.to_base58() != dropped})
-                for info in infos]
-        rows = rows_of(view)
-        for size in range(1, TINY_NUM_BLOCKS + 1):
-            petals_choice = choose_best_blocks(size, view)
-            ours = diagnose(model, rows, recommend_blocks=size).recommendation
-            assert list(range(ours.start, ours.end)) == petals_choice, (peers.get(dropped), size)

@@ -1,4 +1,6 @@
-"""Spec of the front door: `swarm-monitor demo` serves a real model, the dashboard and a chat."""
+"""Spec of the front door: `swarm-monitor demo` serves a real model, the dashboard and a chat; and
+the demo model answers through a swarm of its own as on this machine (the model itself, without a
+swarm: ``test_demo_model.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import urllib.request
 
 import pytest
 
+from monitor.harness.demo_model import DEMO_DHT_PREFIX, DEMO_NUM_BLOCKS, greedy_answer_ids
 from monitor.harness.demo_swarm import DEMO_ROUND_PERIOD
-from support import dashboard_url, start_demo, stop_process, swarm_processes, wait_until
+from support import STEADY_UPDATE_PERIOD, dashboard_url, start_demo, stop_process, swarm_processes, wait_until
 
 pytestmark = pytest.mark.swarm  # the demo starts a swarm of its own
 
@@ -74,3 +77,26 @@ def test_the_demo_serves_a_healthy_model_and_a_chat_answer_and_stops_cleanly_on_
     assert demo.returncode == 0, "".join(output)[-3000:]
     assert output[-1] == "Stopped.\n", output[-3:]
     assert wait_until(lambda: not swarm_processes(since=started), 20), swarm_processes(since=started)
+
+
+# ---- the demo model through a swarm of its own -------------------------------------------------
+
+
+def test_greedy_tokens_through_a_two_server_swarm_equal_local_transformers(demo_checkpoint, demo_local_model,
+                                                                          demo_tokenizer):
+    from chat.remote_model import load_remote_model
+    from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+
+    half = DEMO_NUM_BLOCKS // 2
+    with LocalSwarm(demo_checkpoint, DEMO_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as swarm:
+        swarm.start([ServerSpec("first", 0, half), ServerSpec("second", half, DEMO_NUM_BLOCKS)])
+        remote = load_remote_model(demo_checkpoint, swarm.dht)
+        question = "Describe the Eiffel Tower in two sentences."  # longer than 10 tokens
+        started = time.monotonic()
+        through_swarm = greedy_answer_ids(remote, demo_tokenizer, question, max_new_tokens=10)
+        elapsed = time.monotonic() - started
+    on_this_machine = greedy_answer_ids(demo_local_model, demo_tokenizer, question, max_new_tokens=10)
+    print(f"\n{len(through_swarm)} tokens through the swarm in {elapsed:.2f} s "
+          f"({len(through_swarm) / elapsed:.1f} tokens/s)")
+    assert through_swarm == on_this_machine
+    assert len(through_swarm) == 10

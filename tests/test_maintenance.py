@@ -1,8 +1,8 @@
 """Specs of maintenance windows: occurrences (one-off, weekly in a time zone across daylight saving
 time, cron), the time they cover and the uptime that leaves it out, the alerts they hold, the
-store on SQLite and PostgreSQL, the API (operators only, hostile input refused), the "maintenance"
-mark on the overview, model and peer pages, and a real swarm: a window on a peer holds its alerts
-and leaves the window out of its uptime.
+API (operators only, hostile input refused), the "maintenance" mark on the overview, model and
+peer pages. The store on SQLite and PostgreSQL, and a real swarm (a window on a peer holds its
+alerts and leaves the window out of its uptime): ``test_alerts.py``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ import pytest
 from monitor.core import alert_rules as core
 from monitor.core import maintenance as mnt
 from monitor.core.alert_rules import FIRED, RESOLVED, PeerView, Rule, SwarmView
-from monitor.core.maintenance import MaintenanceWindow, Recurrence
+from monitor.core.maintenance import Recurrence
 from monitor.core.muting import Mutes
 from monitor.core.snapshot import Observation
-from monitor.harness.webhook_receiver import WebhookReceiver
-from monitor.store import Store
-from support import DEGRADING, PEERS, STORE_KINDS, TINY, alerting_settings, migrated_store, store_url_of, wait_until
+from support import (PEERS, TINY, maintenance_window)
 
 BERLIN = ZoneInfo("Europe/Berlin")
 PEER_A = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -31,16 +29,12 @@ def at(text: str, tz=BERLIN) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=tz).timestamp()
 
 
-def window(scope="peer", target="my-box", start=0.0, end=None, rec=None, wid=1) -> MaintenanceWindow:
-    return MaintenanceWindow(id=wid, scope=scope, target=target, starts_at=start, ends_at=end, reason="upgrade",
-                             recurrence=rec, created_by="alice")
-
-
 # ---- when a window is in force -----------------------------------------------------------------
 
 
 def test_a_weekly_window_follows_its_time_zone_across_daylight_saving_time():
-    weekly = window(rec=Recurrence(duration=2 * 3600, timezone="Europe/Berlin", weekdays=(5, 6), at="03:30"))
+    weekly = maintenance_window(rec=Recurrence(duration=2 * 3600, timezone="Europe/Berlin", weekdays=(5, 6),
+                                               at="03:30"))
     found = mnt.occurrences(weekly, at("2026-03-20T00:00"), at("2026-04-01T00:00"))
     # Sat 21, Sun 22, Sat 28, Sun 29 March at 03:30 Berlin: UTC+1 before the switch (29 March, 02:00), UTC+2 after
     assert [datetime.fromtimestamp(a, BERLIN).strftime("%a %d %H:%M") for a, _ in found] == [
@@ -54,8 +48,9 @@ def test_a_weekly_window_follows_its_time_zone_across_daylight_saving_time():
 
 
 def test_a_cron_window_and_the_bounds_of_a_recurring_window():
-    cron = window(rec=Recurrence(duration=3600, timezone="UTC", cron="0 2 * * sun"),
-                  start=at("2026-03-01T00:00", ZoneInfo("UTC")), end=at("2026-03-22T02:30", ZoneInfo("UTC")))
+    cron = maintenance_window(rec=Recurrence(duration=3600, timezone="UTC", cron="0 2 * * sun"),
+                              start=at("2026-03-01T00:00", ZoneInfo("UTC")),
+                              end=at("2026-03-22T02:30", ZoneInfo("UTC")))
     found = mnt.occurrences(cron, at("2026-02-01T00:00", ZoneInfo("UTC")), at("2026-05-01T00:00", ZoneInfo("UTC")))
     starts = [datetime.utcfromtimestamp(a).strftime("%m-%d %H:%M") for a, _ in found]
     assert starts == ["03-01 02:00", "03-08 02:00", "03-15 02:00", "03-22 02:00"]
@@ -66,11 +61,11 @@ def test_a_cron_window_and_the_bounds_of_a_recurring_window():
 
 
 def test_covered_intervals_merge_what_windows_share_and_filter_by_what_they_cover():
-    one = window(start=100, end=300)
-    two = window(start=250, end=400, wid=2)
-    other = window(target="someone-else", start=1000, end=2000, wid=3)
-    model = window(scope="model", target="llama", start=500, end=600, wid=4)
-    everything = window(scope="global", target=None, start=700, end=800, wid=5)
+    one = maintenance_window(start=100, end=300)
+    two = maintenance_window(start=250, end=400, wid=2)
+    other = maintenance_window(target="someone-else", start=1000, end=2000, wid=3)
+    model = maintenance_window(scope="model", target="llama", start=500, end=600, wid=4)
+    everything = maintenance_window(scope="global", target=None, start=700, end=800, wid=5)
     mine = [w for w in (one, two, other, model, everything) if w.covers(models=("llama",), peers=(PEER_A, "my-box"))]
     assert mine == [one, two, model, everything]
     assert mnt.covered_intervals(mine, 0, 750) == [(100, 400), (500, 600), (700, 750)]
@@ -111,7 +106,7 @@ def test_uptime_leaves_the_window_out_and_says_how_much():
     plain = mnt.uptime(history, 0, 1200)
     assert (plain.up_seconds, plain.observed_seconds, plain.maintenance_seconds) == (900, 1200, 0)
     assert plain.share == 0.75
-    held = mnt.uptime(history, 0, 1200, mnt.covered_intervals([window(start=550, end=950)], 0, 1200))
+    held = mnt.uptime(history, 0, 1200, mnt.covered_intervals([maintenance_window(start=550, end=950)], 0, 1200))
     assert (held.up_seconds, held.observed_seconds, held.maintenance_seconds) == (800, 800, 400)
     assert held.share == 1.0
     assert mnt.uptime([], 0, 100).share is None
@@ -127,7 +122,7 @@ def test_a_window_on_a_peer_holds_its_alerts_and_what_still_fires_after_it_is_to
     rule = Rule("box", core.PEER_OFFLINE, for_seconds=0, peers=("my-box",))
     other = Rule("model-health", core.MODEL_DEGRADED, for_seconds=0)
     t0 = 1_700_000_000.0
-    windows = (window(start=t0, end=t0 + 600),)
+    windows = (maintenance_window(start=t0, end=t0 + 600),)
     memory: dict = {}
     sent, held = [], []
 
@@ -149,46 +144,6 @@ def test_a_window_on_a_peer_holds_its_alerts_and_what_still_fires_after_it_is_to
     assert sent == [] and [n.event for n in held] == [FIRED, RESOLVED, FIRED]
     run(t0 + 600, [])
     assert [(n.event, n.rule) for n in sent] == [(FIRED, "box")]
-
-
-# ---- the store ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=STORE_KINDS)
-def store(request, tmp_path):
-    with migrated_store(store_url_of(request, tmp_path / "monitor.db")) as s:
-        yield s
-
-
-def test_windows_are_stored_ended_for_good_and_logged(store):
-    now = time.time()
-    weekly = window(rec=Recurrence(duration=3600, timezone="Europe/Berlin", weekdays=(5, 6), at="02:00"), start=now)
-    cron = window(scope="model", target="llama", rec=Recurrence(duration=1800, timezone="UTC", cron="0 3 * * *"),
-                  start=now, wid=0)
-    once = window(scope="global", target=None, start=now, end=now + 3600)
-    ids = [store.create_maintenance_window(w, via="api token") for w in (weekly, cron, once)]
-    stored = {w.id: w for w in store.maintenance_windows(ending_after=now)}
-    assert stored[ids[0]].recurrence == weekly.recurrence and stored[ids[0]].ends_at is None
-    assert stored[ids[1]].recurrence.cron == "0 3 * * *" and stored[ids[1]].target == "llama"
-    assert (stored[ids[2]].scope, stored[ids[2]].ends_at) == ("global", now + 3600)
-    ended = store.end_maintenance_window(ids[0], at=now + 10, by="bob", via="browser session", why="done")
-    assert (ended.ends_at, ended.ended_by) == (now + 10, "bob")
-    assert mnt.next_start(ended, now + 10) is None  # a recurring window ended for good
-    assert {w.id for w in store.maintenance_windows(ending_after=now + 11)} == set(ids[1:])
-    assert {w.id for w in store.maintenance_windows()} == set(ids)
-    assert [(c.action, c.by, c.via) for c in store.mute_changes("maintenance", [ids[0]])[ids[0]]] == [
-        ("created", "alice", "api token"), ("ended", "bob", "browser session")]
-
-
-def test_the_new_tables_match_the_models(store):
-    from alembic.autogenerate import compare_metadata
-    from alembic.runtime.migration import MigrationContext
-
-    from monitor.store import metadata
-
-    with store.engine.connect() as conn:
-        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
-    assert [d for d in diffs if any(t in repr(d) for t in ("silences", "maintenance", "mute_changes", "alert"))] == []
 
 
 # ---- the web -------------------------------------------------------------------------------------------
@@ -269,52 +224,6 @@ def test_the_pages_say_maintenance_and_the_peer_page_leaves_it_out_of_uptime(pop
     assert "new release" not in client.get("/").get_data(as_text=True)
     alerts_page = client.get("/alerts", headers=headers).get_data(as_text=True)
     assert f'data-maintenance="{window_id}" data-status="active"' in alerts_page
-
-
-# ---- a real swarm ----------------------------------------------------------------------------------------
-
-
-@pytest.mark.timeout(600)
-def test_a_window_on_a_peer_holds_its_alerts_and_leaves_the_window_out_of_its_uptime(swarm, tmp_path):
-    """A server of the session swarm goes down inside its maintenance window: its offline alert
-    fires on the dashboard, held by the window; the webhook hears nothing; the peer page's uptime
-    leaves the window out. It comes back within the window: still nothing is sent."""
-    from monitor.app.jobs import Poller
-    from monitor.web import create_app
-
-    peer = swarm.peer_id(DEGRADING)
-    with WebhookReceiver() as ops:
-        settings = alerting_settings(swarm, tmp_path, ops.url,
-                                     [{"name": DEGRADING, "kind": "peer_offline", "peers": [peer], "for": 4}])
-        store = Store(settings.resolved_database_url)
-        store.migrate()
-        client = create_app(settings, store).test_client()
-        headers = {"Authorization": f"Bearer {client.application.extensions['operator_token']}"}
-        poller = Poller(settings, store, swarm.dht)
-        poller.start()
-        try:
-            assert wait_until(lambda: store.peer_record(peer) is not None, 90)
-            time.sleep(4)  # some uptime before the window: two polls
-            made = client.post("/api/v1/maintenance", headers=headers, json={
-                "scope": "peer", "target": peer, "duration": "15m", "reason": "upgrading petals"})
-            assert made.status_code == 201
-            swarm.stop(DEGRADING)
-            alert = wait_until(lambda: (a := store.alerts().get((DEGRADING, peer))) and a.status == "firing" and a,
-                               120)
-            assert alert and alert.held == (f"maintenance {made.get_json()['maintenance']['id']}: upgrading petals",)
-            page = client.get(f"/peers/{peer}?hours=1").get_data(as_text=True)
-            assert "maintenance left out: " in page and "upgrading petals" in page
-            import re
-            share = float(re.search(r'data-uptime="([0-9.]+)"', page).group(1))
-            assert share > 0.99  # its downtime fell inside the window: not counted against it
-            swarm.restart(DEGRADING)
-            assert wait_until(lambda: (DEGRADING, peer) not in store.alerts(), 120), store.alerts()
-            assert store.alert_deliveries() == [] and ops.received == []  # nothing queued: nothing to send
-            events = store.alert_events(0, time.time() + 1)
-            assert [(e.notice.event, bool(e.notice.held)) for e in events] == [("resolved", True), ("firing", True)]
-        finally:
-            poller.shutdown()
-            store.close()
 
 
 def test_an_operator_plans_weekly_maintenance_with_the_alerts_pages_form(populated):

@@ -4,15 +4,11 @@ The production order (README: Production serving) is migrate first, then the pol
 and chat in any order. A web worker never migrates: on a database with no schema yet, or one at an
 older revision, every page and API answers 503 naming the revision it is at, the one this version
 needs (Alembic's head, so a new revision changes nothing here) and the command to run; a database
-that is really down still answers "unavailable". On SQLite and PostgreSQL alike.
+that is really down still answers "unavailable". On SQLite and PostgreSQL alike. (``migrate`` in
+its own process, printing one line and importing neither petals nor torch: ``test_cli.py``.)
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -23,7 +19,6 @@ from monitor.store import Store, head_revision
 from monitor.store.engine import MIGRATIONS_DIR
 from monitor.web import create_app
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN = "run `swarm-monitor migrate`"
 
 
@@ -77,42 +72,6 @@ def json_error(client, path: str) -> str:
 
 
 # ---- the command -----------------------------------------------------------------------------
-
-
-def test_migrate_on_an_empty_sqlite_file_prints_one_line_with_the_head_revision(tmp_path):
-    """The command in its own process, as an operator runs it: one line, no Alembic log per revision."""
-    path = tmp_path / "new" / "monitor.db"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_MONITOR_")}
-    done = subprocess.run([sys.executable, "-m", "monitor.app.cli", "migrate", "--database-url", f"sqlite:///{path}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [f"Created the schema of sqlite:///{path}: revision {head_revision()}."]
-    assert "Running upgrade" not in done.stderr and "alembic" not in done.stderr, done.stderr
-    store = Store(f"sqlite:///{path}")
-    assert store.current_revision() == head_revision()
-    store.close()
-
-
-def test_help_a_usage_error_and_migrate_import_neither_petals_nor_torch(tmp_path):
-    """What an operator runs on a web-only host, or before a deploy, answers in a fraction of a
-    second: the commands that need a DHT import petals (and torch) themselves."""
-    code = ("import sys, click\n"
-            "from monitor.app.cli import main\n"
-            "for args in (['--help'], ['demo', '--tiny', '--webhook', 'ftp://x/y'],\n"
-            f"             ['migrate', '--database-url', 'sqlite:///{tmp_path / 'monitor.db'}']):\n"
-            "    try:\n"
-            "        main(args, standalone_mode=False)\n"
-            "    except click.UsageError as e:\n"
-            "        print('usage error:', e.format_message())\n"
-            "print(sorted(m for m in ('petals', 'torch', 'hivemind', 'transformers') if m in sys.modules))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_MONITOR_")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert any(line.startswith("Usage: ") for line in lines)
-    assert "usage error: Invalid value for --webhook: 'ftp://x/y': must be an http:// or https:// URL" in done.stdout
-    assert f"revision {head_revision()}." in done.stdout
-    assert lines[-1] == "[]", done.stdout
 
 
 def test_migrate_twice_says_up_to_date_and_from_an_older_revision_says_from_which(db_url):
@@ -238,3 +197,96 @@ def test_assessments_stored_before_causes_get_the_cause_their_reasons_begin_with
     assert Assessment.from_dict(rows["old"]).excluded_causes == {
         "a": "failing", "b": "unreachable", "c": "wrong outputs", "d": "JOINING", "e": "OFFLINE", "f": "failing"}
     assert rows["old"]["excluded_peers"] == reasons and rows["newer"] == newer
+
+
+
+def rows_of(url: str, *tables: str) -> dict[str, list[dict]]:
+    """table -> its rows (by id, peer, hour: what it has of them), as its reflected columns read them."""
+    import sqlalchemy as sa
+
+    store = Store(url)
+    try:
+        with store.engine.connect() as conn:
+            found = {}
+            for name in tables:
+                table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+                order = [table.c[c] for c in ("id", "peer", "hour") if c in table.c]
+                found[name] = [dict(r) for r in conn.execute(sa.select(table).order_by(*order)).mappings()]
+            return found
+    finally:
+        store.close()
+
+
+def test_reachability_tables_keep_every_row_under_their_new_names(db_url):
+    """Revision 0022: ``probe_results``, ``latest_probes`` and ``hourly_probes`` (reachability
+    checks, not probes) become ``reachability_results``, ``latest_reachability`` and
+    ``hourly_reachability`` with every row and their indexes, the schema then exactly the models'
+    (on PostgreSQL new ids go on from the renamed sequence); a stored score's components
+    ``probe_success``/``probe_rtt`` are ``reachability_success``/``reachability_rtt``. Downgrade
+    gives the old names back, rows and all."""
+    import sqlalchemy as sa
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
+    from monitor.store import metadata
+
+    old_tables = ("probe_results", "latest_probes", "hourly_probes")
+    new_tables = ("reachability_results", "latest_reachability", "hourly_reachability")
+    checks = [{"at": 100.0 + i, "peer": 1, "kind": "server", "ok": i % 3 != 0, "rtt": 0.01 * i,
+               "error": None if i % 3 else "timeout", "joining": False, "address": None} for i in range(1, 8)]
+    latest = [{"peer": 1, "at": 107.0, "kind": "server", "ok": True, "rtt": 0.07, "error": None, "joining": False,
+               "address": None},
+              {"peer": 2, "at": 90.0, "kind": "bootstrap", "ok": False, "rtt": None, "error": "refused",
+               "joining": False, "address": "/ip4/127.0.0.1/tcp/1"}]
+    hourly = [{"peer": 1, "hour": 0.0, "n": 7, "ok": 5, "joining": 0, "mean_rtt": 0.04, "rtt_bins": [3, 5, 0.2],
+               "last_error": "timeout"}]
+    components = {"uptime": {"value": 1.0, "weight": 30, "points": 30.0},
+                  "probe_success": {"value": 0.9, "weight": 15, "points": 13.5},
+                  "probe_rtt": {"value": 0.8, "weight": 10, "points": 8.0}}
+    assert migrate_cli(db_url).exit_code == 0
+    downgrade(db_url, "0021")
+    store = Store(db_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO peers (id, peer_id) VALUES (1, 'peer-a'), (2, 'peer-boot')"))
+            for name, rows in zip(old_tables, (checks, latest, hourly)):
+                conn.execute(sa.Table(name, sa.MetaData(), autoload_with=conn).insert(), rows)
+            conn.execute(sa.Table("peer_scores", sa.MetaData(), autoload_with=conn).insert(),
+                         [{"peer": 1, "at": 107.0, "score": 71.5, "explanation": ["a"], "components": components}])
+    finally:
+        store.close()
+    before = rows_of(db_url, *old_tables)
+    assert [{k: v for k, v in row.items() if k != "id"} for row in before["probe_results"]] == checks
+
+    upgraded = migrate_cli(db_url)
+    assert upgraded.exit_code == 0 and upgraded.output.strip().endswith(f"from revision 0021 to {head_revision()}.")
+    assert list(rows_of(db_url, *new_tables).values()) == list(before.values())
+    store = Store(db_url)
+    try:
+        inspector = sa.inspect(store.engine)
+        assert not set(old_tables) & set(inspector.get_table_names())
+        assert {i["name"] for t in new_tables for i in inspector.get_indexes(t)} == {
+            "ix_reachability_results_at", "ix_reachability_results_peer_at", "ix_hourly_reachability_hour"}
+        with store.engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
+            if conn.dialect.name == "postgresql":  # (SQLite keeps constraints' names in the table's text only)
+                assert conn.execute(sa.text("SELECT pg_get_serial_sequence('reachability_results', 'id')")
+                                    ).scalar() == "public.reachability_results_id_seq"
+                assert [(inspector.get_pk_constraint(t)["name"], inspector.get_foreign_keys(t)[0]["name"])
+                        for t in new_tables] == [(f"pk_{t}", f"fk_{t}_peer_peers") for t in new_tables]
+        score = store.latest_scores()["peer-a"]
+        assert list(score.components) == ["uptime", "reachability_success", "reachability_rtt"]
+        assert score.components["reachability_success"] == (0.9, 15.0, 13.5)
+        assert store.latest_reachability()["peer-boot"].error == "refused"
+        store.record_reachability(ReachabilityBatch(200.0, 1.0, (ReachabilityResult("peer-a", "server", True, rtt=0.02),)))
+        assert [r.rtt for _, r in store.peer_history("peer-a", 0, 300).reachability][-2:] == [0.07, 0.02]
+    finally:
+        store.close()
+    assert rows_of(db_url, "reachability_results")["reachability_results"][-1]["id"] == 8  # (after the kept ids)
+
+    downgrade(db_url, "0021")
+    kept = rows_of(db_url, *old_tables, "peer_scores")
+    assert kept["probe_results"][:7] == before["probe_results"] and len(kept["probe_results"]) == 8
+    assert kept["latest_probes"][1:] == latest[1:] and kept["hourly_probes"] == hourly
+    assert kept["peer_scores"][0]["components"] == components

@@ -40,7 +40,7 @@ def sqlite_store(tmp_path):
 
 
 def poll(poller: Poller):
-    """One scheduler round, as the jobs run it: probes, then the scrape and its diagnosis."""
+    """One scheduler round, as the jobs run it: reachability checks, then the scrape and its diagnosis."""
     poller.check_reachability_once()
     snapshot = poller.poll_once()
     assert snapshot is not None, poller.stats.last_error
@@ -94,14 +94,14 @@ def test_outage_is_diagnosed_named_and_kept_in_history(swarm, sqlite_store, tmp_
     assert start >= outage_started - 1 and end is not None and end > start
 
 
-def test_a_probe_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_scrape(swarm, sqlite_store,
-                                                                                       tmp_path):
+def test_a_reachability_round_rediagnoses_the_latest_poll_without_waiting_for_the_next_scrape(swarm, sqlite_store,
+                                                                                              tmp_path):
     s = swarm
     poller = Poller(make_settings(s, tmp_path), sqlite_store, s.dht)
     poll(poller)
     assert sqlite_store.latest_assessments()[TINY_DHT_PREFIX].min_redundancy == 2
 
-    s.kill("full")  # its record stays in the DHT until it expires; its probe fails at once
+    s.kill("full")  # its record stays in the DHT until it expires; its reachability check fails at once
     poller.check_reachability_once()
     diagnosis = sqlite_store.latest_assessments()[TINY_DHT_PREFIX]
     assert diagnosis.min_redundancy == 1

@@ -3,28 +3,24 @@
 
 Every request the chat serves leaves one row without text: answered, failed, refused (but for the
 client's own mistakes) or left by its client. The figures are the exact percentiles of the stored
-rows, by nearest rank, over fixed windows. On the session swarm: real answers through the chat's
-engine and the OpenAI and chat.petals.dev APIs leave their rows, read back through the API.
+rows, by nearest rank, over fixed windows. (On the session swarm, real answers through the chat's
+engine and the OpenAI and chat.petals.dev APIs leave their rows: ``test_chat_requests.py``.)
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
 import pytest
 
-from chat.engine import ChatEngine, GenerationParams
-from chat.feedback import StoreForecasts, StoreRequests
-from chat.http import create_blueprint
+from chat.engine import ChatEngine
 from monitor.core.assessment import RouteHop
 from monitor.core.requests import (CANCELLED, ERROR, FIRST_TOKEN_BUCKETS, OK, RequestRecord, hour_figures, percentile,
                                    stats, stats_by_server)
-from monitor.harness.tiny_model import TINY_DHT_PREFIX
-from monitor.settings import ModelConfig, Settings
+from monitor.settings import ModelConfig
 from monitor.web import create_app
-from support import PEERS, TINY, poll_rows, sqlite_store, wait_until, web_settings
+from support import PEERS, TINY, poll_rows, sqlite_store, web_settings
 
 A, B = PEERS["first"], PEERS["second"]
 
@@ -162,107 +158,7 @@ def test_rows_are_rolled_up_per_hour_and_the_hours_outlive_the_raw_rows(store):
     assert store.request_hours(TINY.dht_prefix, now - 7 * 86400, now) == []
 
 
-# ---- on the session swarm: the chat's own requests --------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def chat(swarm, tiny_model, tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("request-rows")
-    store = sqlite_store(data_dir)
-    rows = StoreRequests(store, period=0.2).start()
-    forecasts = StoreForecasts(store, [TINY_DHT_PREFIX], period=3600).start()  # refreshed by the specs
-    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
-                        max_sessions=1, queue_size=1, queue_timeout=5, retry_after=1, request_sink=rows,
-                        forecast_source=forecasts)
-    app = create_app(Settings(data_dir=data_dir, chat_rate_limit="1000 per minute"), store,
-                     chat_blueprints=[create_blueprint(engine)])
-    yield engine, store, rows, app
-    engine.close()
-    forecasts.close()
-    rows.close()
-    store.close()
-
-
-def test_every_request_the_chat_serves_leaves_one_row(chat, swarm):
-    engine, store, rows, app = chat
-    started = time.time()
-    params = GenerationParams(max_new_tokens=6)
-    with engine.answer(TINY_DHT_PREFIX, [1, 2, 3], params) as answer:
-        finished = list(answer)[-1]
-    client = app.test_client()
-    done = client.post("/v1/completions", json={"model": TINY_DHT_PREFIX, "prompt": "Hello", "max_tokens": 4})
-    assert done.status_code == 200, done.get_data(as_text=True)
-    assert client.post("/api/v1/generate", data={"model": TINY_DHT_PREFIX, "inputs": "Hi",
-                                                 "max_new_tokens": 3}).status_code == 200
-    bad = client.post("/v1/completions", json={"model": TINY_DHT_PREFIX, "prompt": "x", "max_tokens": -5})
-    assert bad.status_code == 400  # the client's own mistake: no row
-    with engine.answer(TINY_DHT_PREFIX, [1, 2, 3], GenerationParams(max_new_tokens=30)) as left:
-        next(iter(left))  # the client leaves after its first event
-    rows.flush()
-    found = wait_until(lambda: [r for r in store.requests_since(started - 1, model=TINY_DHT_PREFIX)], 10)
-    assert [(r.api, r.outcome) for r in found] == [("openai", OK), ("openai", OK), ("petals", OK),
-                                                    ("openai", CANCELLED)], found
-    first = found[0]
-    assert first.tokens == finished.completion_tokens and first.time_to_first_token == finished.time_to_first_token
-    assert first.route == tuple(RouteHop(hop.peer_id, hop.start, hop.end) for hop in finished.route)
-    assert first.waited is not None and 0 <= first.waited < 1 and first.failovers == 0
-    assert {peer for r in found[:3] for peer, _, _ in r.route} <= {swarm.peer_id(n) for n in swarm.servers}
-    text = json.dumps([{**r.__dict__, "route": [list(hop) for hop in r.route]} for r in found])
-    assert "Hello" not in text and "Hi" not in text  # no prompt, no answer
-    # /metrics: the same requests as histograms of this chat process (label values bounded)
-    metrics = client.get("/metrics").get_data(as_text=True)
-    counted = {api: sum(1 for r in found if r.api == api and r.outcome == OK) for api in ("openai", "petals")}
-    for api, count in counted.items():
-        line = f'swarm_monitor_chat_requests_total{{api="{api}",model="{TINY_DHT_PREFIX}",outcome="ok"}} {float(count)}'
-        assert line in metrics, line
-    answered = [r.time_to_first_token for r in found if r.outcome == OK]
-    count_line = f'swarm_monitor_chat_request_first_token_seconds_count{{model="{TINY_DHT_PREFIX}"}} {float(len(answered))}'
-    assert count_line in metrics, count_line
-    inf = f'swarm_monitor_chat_request_first_token_seconds_bucket{{le="+Inf",model="{TINY_DHT_PREFIX}"}} {float(len(answered))}'
-    assert inf in metrics
-    within = sum(1 for t in answered if t <= 1.0)
-    assert f'swarm_monitor_chat_request_first_token_seconds_bucket{{le="1.0",model="{TINY_DHT_PREFIX}"}} {float(within)}' in metrics
-    assert 'model="other"' not in metrics
-
-
-def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
-    engine, store, rows, app = chat
-    client = app.test_client()
-    body = {"model": TINY_DHT_PREFIX, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 6}
-    before = client.post("/v1/estimate", json=body)
-    assert before.status_code == 200, before.get_data(as_text=True)
-    first = before.get_json()
-    assert first["object"] == "estimate" and first["max_tokens"] == 6 and first["prompt_tokens"] > 0
-    assert first["petals"]["served"] and first["petals"]["forecast"]["wait"] == 0.0
-    for _ in range(6):  # real requests, then the forecast rests on them
-        assert client.post("/v1/chat/completions", json=body).status_code == 200
-    rows.flush()
-    engine.forecast_source.refresh()
-    forecast = client.post("/v1/estimate", json=body).get_json()["petals"]["forecast"]
-    done = [r for r in store.requests_since(time.time() - 1800, model=TINY_DHT_PREFIX) if r.outcome == OK]
-    # one after another, each alone on the servers: the evidence is those of them on the route the
-    # router would take now, if five or more took it, else all of them
-    planned = [peer for peer, _, _ in engine.planned_route(TINY_DHT_PREFIX, 64)]
-    same_route = [r for r in done if [peer for peer, _, _ in r.route] == planned]
-    evidence = same_route if len(same_route) >= 5 else done
-    assert forecast["source"] == "requests" and forecast["based_on"] == len(evidence) and len(done) >= 6
-    assert forecast["tokens_per_second"] == pytest.approx(percentile([r.tokens_per_second for r in evidence], 50),
-                                                          rel=1e-3)
-    assert forecast["time_to_first_token"] == pytest.approx(percentile([r.time_to_first_token for r in evidence], 50),
-                                                            rel=1e-3)
-    assert forecast["total"] == pytest.approx(forecast["wait"] + forecast["time_to_first_token"]
-                                              + 5 / forecast["tokens_per_second"], rel=1e-2)
-    stored = len(store.requests_since(0, model=TINY_DHT_PREFIX))
-    card = client.get(f"/v1/models/{TINY_DHT_PREFIX}").get_json()["petals"]["forecast"]
-    assert card["max_tokens"] == 256 and card["source"] == "requests"
-    bad = client.post("/v1/estimate", json={**body, "max_tokens": -1})
-    assert bad.status_code == 400 and "max_tokens" in bad.get_json()["error"]["message"]
-    shown = client.get(f"/chat/forecast?model={TINY_DHT_PREFIX}&max_new_tokens=6").get_data(as_text=True)
-    assert 'data-forecast-source="requests"' in shown and f"from the last {len(done)} answers" in shown
-    assert " tokens/s</strong>" in shown and "6 tokens in" in shown
-    assert "/chat/forecast" in client.get("/chat").get_data(as_text=True)  # the page asks for it before Send
-    rows.flush()
-    assert len(store.requests_since(0, model=TINY_DHT_PREFIX)) == stored  # estimates generate nothing, leave no row
+# ---- the forecast -----------------------------------------------------------------------------
 
 
 def test_the_forecast_carries_what_the_assessment_recommends_for_a_new_server():

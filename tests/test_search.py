@@ -1,6 +1,6 @@
 """Specs of finding a server: the search box on every page, its htmx results, its JSON API.
 
-The store is populated through its own write path (``support.populate``: polls, probes,
+The store is populated through its own write path (``support.populate``: polls, reachability checks,
 chat outcomes and scores as the poller writes them); the search runs over real SQLite here and
 over SQLite and PostgreSQL in ``test_store.py`` (``-k search``).
 """

@@ -1,8 +1,8 @@
 """Specs of silences: matchers over alert labels, a silenced alert that keeps its state and sends
-nothing, the notice it missed sent when the silence ends while it still fires, the store on SQLite
-and PostgreSQL (every change logged: who, when, how, why), the API and the Alerts page (operators
-only; anonymous readers only if allowed; hostile input refused), and a real swarm: a server
-stopped under a silence sends nothing, and the silence is shown.
+nothing, the notice it missed sent when the silence ends while it still fires, the API and the
+Alerts page (operators only; anonymous readers only if allowed; hostile input refused). The store
+on SQLite and PostgreSQL (every change logged: who, when, how, why) and a real swarm (a server
+stopped under a silence sends nothing, and the silence is shown): ``test_alerts.py``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from monitor.core import alert_rules as core
 from monitor.core import muting
 from monitor.core.alert_rules import CHANGED, FIRED, FIRING, RESOLVED, ModelView, PeerView, Rule, SwarmView
 from monitor.core.muting import Matcher, Mutes, Silence, matcher, parse_matcher
-from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings
 from monitor.store import Store
-from support import DEGRADING, STORE_KINDS, migrated_store, store_url_of, wait_until
 
 T0 = 1_700_000_000.0
 PERIOD = 60.0
@@ -179,33 +177,6 @@ def test_a_model_alert_is_held_while_everything_the_model_lost_is_silenced():
     assert [n.event for n in other.at(T0, models=[model("degraded")])] == [FIRED]
 
 
-# ---- the store -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=STORE_KINDS)
-def store(request, tmp_path):
-    with migrated_store(store_url_of(request, tmp_path / "monitor.db")) as s:
-        yield s
-
-
-def test_silences_are_stored_ended_and_every_change_is_logged(store):
-    now = time.time()
-    sid = store.create_silence(silence(matcher("model", "=", "llama"), parse_matcher('peer_name=~"gpu-.*"'),
-                                       start=now, end=now + 3600), via="api token")
-    [stored] = store.silences(ending_after=now)
-    assert stored.id == sid and [str(m) for m in stored.matchers] == ['model="llama"', 'peer_name=~"gpu-.*"']
-    assert (stored.comment, stored.created_by, stored.active(now + 1)) == ("upgrading petals", "alice", True)
-    ended = store.end_silence(sid, at=now + 60, by="bob", via="browser session", why="upgrade done")
-    assert (ended.ends_at, ended.ended_at, ended.ended_by, ended.active(now + 61)) == (now + 60, now + 60, "bob", False)
-    assert store.end_silence(sid, at=now + 120, by="eve", via="api token", why="again") == ended  # already over
-    assert store.end_silence(sid + 100, at=now, by="eve", via="api token", why="none") is None
-    assert store.silences(ending_after=now + 61) == []
-    assert [s.id for s in store.silences(ending_after=now - 3600)] == [sid]
-    changes = store.mute_changes("silence", [sid])[sid]
-    assert [(c.action, c.by, c.via, c.why) for c in changes] == [
-        ("created", "alice", "api token", "upgrading petals"), ("ended", "bob", "browser session", "upgrade done")]
-
-
 # ---- the web -------------------------------------------------------------------------------------
 
 
@@ -341,81 +312,3 @@ def test_a_body_that_is_not_a_json_object_is_refused(tmp_path):
     assert client.post("/api/v1/silences/notanumber/end", headers=operator).status_code == 404
     assert client.post("/api/v1/silences/999/end", headers=operator).status_code == 404
     assert store.silences(ending_after=0) == []
-
-
-# ---- a real swarm --------------------------------------------------------------------------------
-
-
-@pytest.mark.timeout(600)
-def test_a_server_stopped_under_a_silence_sends_nothing_and_the_silence_is_shown(swarm, tmp_path):
-    """An operator silences a server of the session swarm for 10 minutes and stops it: its offline
-    alert and the model's degraded one (what the model lost is that server) fire on the dashboard,
-    marked silenced, and the webhook stays quiet; when the operator ends the silence while the
-    server is still down, the notices go out then."""
-    from monitor.app.jobs import Poller
-    from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
-    from monitor.settings import ModelConfig
-    from monitor.web import create_app
-
-    peer = swarm.peer_id(DEGRADING)
-    with WebhookReceiver() as ops:
-        settings = Settings(
-            data_dir=tmp_path, initial_peers=swarm.initial_peers,
-            models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)],
-            scrape_period=2, reachability_period=2, reachability_timeout=2, score_period=600,
-            alerts={"check_period": 1, "retry_backoff": 1, "default_inhibit": False,
-                    "webhooks": [{"name": "ops", "url": ops.url}],
-                    "rules": [{"name": "model-health", "kind": "model_degraded", "for": 4},
-                              {"name": DEGRADING, "kind": "peer_offline", "peers": [peer], "for": 4}]})
-        store = Store(settings.resolved_database_url)
-        store.migrate()
-        client = create_app(settings, store).test_client()
-        token = client.application.extensions["operator_token"]
-        poller = Poller(settings, store, swarm.dht)
-        poller.start()
-        try:
-            assert wait_until(lambda: (store.latest_assessments().get(TINY_DHT_PREFIX) or
-                                       type("x", (), {"state": None})).state == "healthy", 90)
-            made = client.post("/api/v1/silences", headers={"Authorization": f"Bearer {token}"}, json={
-                "peer": peer, "duration": "10m", "comment": f"upgrading petals on {DEGRADING}", "by": "operator"})
-            assert made.status_code == 201
-            swarm.stop(DEGRADING)
-
-            def both_firing():
-                alerts = store.alerts()
-                keys = {(DEGRADING, peer), ("model-health", TINY_DHT_PREFIX)}
-                return all(k in alerts and alerts[k].status == "firing" for k in keys) and alerts
-
-            alerts = wait_until(both_firing, 120)
-            assert alerts, store.alerts()
-            assert alerts[(DEGRADING, peer)].held[0].startswith("silence ")
-            assert alerts[(DEGRADING, peer)].models == (TINY_DHT_PREFIX,)
-            name = store.peer_record(peer).public_name or peer
-            assert alerts[("model-health", TINY_DHT_PREFIX)].held == (
-                f"silence 1: upgrading petals on {DEGRADING} (what the model lost: {name})",)
-            # the webhook stays quiet: nothing was ever queued for it, so nothing can reach it later
-            assert store.alert_deliveries() == [] and ops.received == []
-            page = client.get("/alerts", headers={"Authorization": f"Bearer {token}"}).get_data(as_text=True)
-            assert f'data-alert="{DEGRADING}/{peer}" data-status="firing"' in page
-            assert f"held, nothing is sent: silence 1: upgrading petals on {DEGRADING}" in page
-            anonymous = client.get("/alerts").get_data(as_text=True)
-            assert "held, nothing is sent: silence" in anonymous and "upgrading petals" not in anonymous
-            api = {(a["rule"], a["subject"]): a for a in client.get("/api/v1/alerts").get_json()["active"]}
-            assert api[(DEGRADING, peer)]["held"][0]["by"] == "silence"
-            held = [e for e in client.get("/api/v1/alerts").get_json()["events"] if e["held"]]
-            assert {e["rule"] for e in held} == {DEGRADING, "model-health"} and all(not e["deliveries"] for e in held)
-            overview = client.get("/").get_data(as_text=True)
-            assert "held: silence" in overview
-
-            sid = made.get_json()["silence"]["id"]
-            assert client.post(f"/api/v1/silences/{sid}/end", headers={"Authorization": f"Bearer {token}"},
-                               json={"reason": "want to hear of it"}).status_code == 200
-            assert wait_until(lambda: len(store.alert_deliveries()) == 2 and not store.pending_alert_deliveries(), 60), \
-                store.alert_deliveries()
-            told = [n for body in ops.accepted() for n in (body.get("notices") or [body])]
-            assert sorted((n["rule"], n["event"]) for n in told) == sorted([("model-health", "firing"),
-                                                                            (DEGRADING, "firing")])
-            swarm.restart(DEGRADING)
-        finally:
-            poller.shutdown()
-            store.close()

@@ -1,5 +1,6 @@
 """The benchmarks' swarm simulator announces what petals servers announce: the monitor's scrape reads
-every virtual server back as a valid row, and a virtual server with a responder answers probes."""
+every virtual server back as a valid row, and a virtual server with a responder answers reachability
+checks."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_simulated_swarm_is_scraped_as_valid_servers(tmp_path):
             try:
                 snapshot = scrape(dht, [], discover=True)
                 answering = sim.peer_ids("answering")
-                probes = check_servers(dht, answering + sim.peer_ids("unreachable")[:1], timeout=5)
+                checks = check_servers(dht, answering + sim.peer_ids("unreachable")[:1], timeout=5)
             finally:
                 dht.shutdown()
 
@@ -37,4 +38,4 @@ def test_simulated_swarm_is_scraped_as_valid_servers(tmp_path):
     assert scraped == announced
     assert {"ONLINE", "JOINING"} <= {r.state for r in snapshot.servers}
     assert any(r.next_pings for r in snapshot.servers)
-    assert [p.ok for p in probes.results] == [True, False]
+    assert [c.ok for c in checks.results] == [True, False]

@@ -6,87 +6,23 @@ feed of state changes and notes.
 The history is written through the store's own write path (``Store.record_poll`` with each poll's
 diagnosis, then ``rollup_and_prune`` as the scheduler runs it, so older days are hourly rollups and
 the last two are raw polls), with a known state per day; a maintenance window is made through the
-store as the operators' API makes it. The page is rendered by the real app and drawn by Chromium.
+store as the operators' API makes it (conftest's ``status_app``, ``support.STATUS_PLAN``). The page
+is rendered by the real app; Chromium draws its bars in ``test_pages_in_chromium.py``.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import replace
 
 import pytest
 
 from monitor.core import uptime
 from monitor.core.common import DAY, HOUR
-from monitor.core.assessment import Assessment
 from monitor.core.maintenance import MaintenanceWindow
 from monitor.core.snapshot import Snapshot
 from monitor.core.uptime import StatusPoint
-from monitor.store import Store
-from monitor.web import create_app
-from support import TINY, serve, web_settings
-
-POLL_EVERY = 3 * HOUR
-# days ago -> the state of each of its polls (every 3 h, from 00:10 UTC); a missing day: no poll
-PLAN = {
-    9: ["healthy"] * 8,
-    8: ["healthy"] * 4 + ["degraded"] + ["healthy"] * 3,
-    7: ["healthy"] * 2 + ["broken"] + ["healthy"] * 5,
-    6: ["broken"] * 4 + ["healthy"] * 4,  # the broken half inside a maintenance window
-    4: ["healthy"] * 8,
-    3: ["healthy"] * 8,
-    2: ["healthy"] * 8,
-    1: ["healthy"] * 8,  # raw polls from here on (raw retention: 2 days)
-    0: ["degraded"] * 8,
-}
-EXPECTED = {9: "healthy", 8: "degraded", 7: "broken", 6: "maintenance", 5: "no data", 4: "healthy", 1: "healthy",
-            0: "degraded", 20: "no data"}
-# the page's colours (static/app.css, light scheme)
-COLOURS = {"healthy": "rgb(46, 157, 87)", "degraded": "rgb(212, 154, 22)", "broken": "rgb(214, 69, 69)",
-           "maintenance": "rgb(59, 111, 212)", "no data": "rgb(201, 206, 214)"}
-
-
-def health(state: str) -> Assessment:
-    base = Assessment.not_diagnosed(TINY.dht_prefix, TINY.num_blocks, "unused")
-    return replace(base, state=state, reasons=() if state == "healthy" else (f"the model is {state}",),
-                   coverage_pct=100.0 if state != "broken" else 50.0, servers_online=2)
-
-
-def day_start(now: float, days_ago: int) -> float:
-    return math.floor(now / DAY) * DAY - days_ago * DAY
-
-
-def write_history(store: Store, now: float) -> None:
-    """``PLAN`` through the poller's write path, then the hourly rollup and retention."""
-    last = None
-    for days_ago in sorted(PLAN, reverse=True):
-        for k, state in enumerate(PLAN[days_ago]):
-            at = day_start(now, days_ago) + k * POLL_EVERY + 600
-            if at > now - 120:
-                break
-            store.record_poll(Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=()), [health(state)])
-            last = state
-    # today's last poll, a minute ago (today always has one, whatever the hour now)
-    store.record_poll(Snapshot(taken_at=now - 60, duration=0.5, models=(TINY,), servers=()), [health(last)])
-    store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=90)
-
-
-@pytest.fixture
-def status_app(tmp_path):
-    now = time.time()
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    write_history(store, now)
-    six = day_start(now, 6)
-    store.create_maintenance_window(MaintenanceWindow(
-        id=0, scope="model", target=TINY.dht_prefix, starts_at=six, ends_at=six + 12 * HOUR,
-        reason="upgrading every server to petals 2.3", created_at=now, created_by="spec"), via="api token")
-    settings = web_settings(data_dir=tmp_path, admin_token="t" * 32)
-    app = create_app(settings, store)
-    yield app, store, now
-    store.close()
+from support import STATUS_EXPECTED, TINY, day_start, status_health
 
 
 def test_uptime_spreads_each_point_over_its_time_and_leaves_maintenance_out():
@@ -139,7 +75,7 @@ def test_each_day_says_its_worst_state_maintenance_or_no_data(status_app):
         [row] = status.model_statuses(d, queries.current(d), now)
     assert len(row.days) == 90 and row.days[-1].end == pytest.approx((now // 60) * 60)
     by_age = {round((day_start(now, 0) - day.start) / DAY): day for day in row.days}
-    assert {age: by_age[age].state for age in EXPECTED} == EXPECTED
+    assert {age: by_age[age].state for age in STATUS_EXPECTED} == STATUS_EXPECTED
     six = by_age[6]
     assert six.maintenance == pytest.approx(4 * HOUR) and six.observed == pytest.approx(4 * HOUR)
     # outages come from the state changes (polls every 3 h here: broken from 06:10 to 09:10), and
@@ -150,44 +86,6 @@ def test_each_day_says_its_worst_state_maintenance_or_no_data(status_app):
     assert six.outages == ((day_start(now, 6) + 12 * HOUR, day_start(now, 6) + 12 * HOUR + 600),)
     assert row.uptimes["30d"].maintenance == pytest.approx(4 * HOUR)  # said on the page, below
     assert 0 < row.uptimes["30d"].share < 1 and row.uptimes["24h"].share == 1.0  # degraded counts as up
-
-
-def test_the_bars_render_in_chromium_with_the_right_colours_and_say_each_day_on_hover_and_focus(status_app, browser,
-                                                                                                artifacts_dir):
-    app, store, now = status_app
-    with serve(app) as base:
-        page = browser.new_page(color_scheme="light", viewport={"width": 1280, "height": 900})
-        page.goto(base + "/status")
-        bar = page.locator(f'section[data-model="{TINY.dht_prefix}"] ol.days')
-        assert bar.locator("li.day").count() == 90
-        for age, state in EXPECTED.items():
-            day = time.strftime("%Y-%m-%d", time.gmtime(day_start(now, age)))
-            cell = bar.locator(f'li[data-day="{day}"]')
-            assert cell.get_attribute("data-state") == state, day
-            colour = cell.evaluate("el => getComputedStyle(el).backgroundColor")
-            assert colour == COLOURS[state], (day, state, colour)
-        # hover: the day's figures appear beside it
-        broken = bar.locator(f'li[data-day="{time.strftime("%Y-%m-%d", time.gmtime(day_start(now, 7)))}"]')
-        broken.hover()
-        tip = broken.locator(".tip")
-        assert tip.bounding_box()["width"] > 100
-        assert "broken" in tip.inner_text() and "up" in tip.inner_text()
-        held = bar.locator(f'li[data-day="{time.strftime("%Y-%m-%d", time.gmtime(day_start(now, 6)))}"] .tip')
-        assert "maintenance 4 h (left out of uptime)" in held.text_content()
-        # the keyboard reaches the days, and a focused day shows its figures too
-        page.mouse.move(0, 0)
-        for _ in range(60):
-            page.keyboard.press("Tab")
-            if page.evaluate("document.activeElement.classList.contains('day')"):
-                break
-        focused = page.locator("li.day:focus")
-        assert focused.count() == 1 and focused.locator(".tip").bounding_box()["width"] > 100
-        page.screenshot(path=str(artifacts_dir / "status-page.png"), full_page=True)
-        # uptime figures, with the maintenance left out said so
-        section = page.locator(f'section[data-model="{TINY.dht_prefix}"]')
-        assert section.locator('[data-uptime="24h"] dd').inner_text().startswith("100%")
-        assert "4 h maintenance left out" in section.locator('[data-uptime="30d"] dd').inner_text()
-        page.close()
 
 
 def test_the_status_page_shows_open_notes_and_maintenance_in_force(status_app):
@@ -229,7 +127,7 @@ def test_a_new_poll_reaches_the_page_and_its_htmx_refresh_at_once_though_the_liv
     refresh = {"HX-Request": "true", "HX-Target": "status-live"}
     assert "1 of 1 model is degraded" in client.get("/status").get_data(as_text=True)
     assert "1 of 1 model is degraded" in client.get("/status", headers=refresh).get_data(as_text=True)
-    store.record_poll(Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=()), [health("broken")])
+    store.record_poll(Snapshot(taken_at=time.time(), duration=0.5, models=(TINY,), servers=()), [status_health("broken")])
     page = client.get("/status").get_data(as_text=True)
     part = client.get("/status", headers=refresh).get_data(as_text=True)
     assert "1 of 1 model is down." in page and "1 of 1 model is down." in part

@@ -1,26 +1,21 @@
 """Specs of the SQL store, on SQLite and on a real PostgreSQL (tests/postgres.py).
 
 Polls are written through the store's own write path (``record_poll``) with made-up times, so days
-of history take a second; the swarm is not needed here.
+of history take a second; the swarm is not needed here. What only SQLite has (its file, its locks,
+the size of thirty days): ``test_sqlite_store.py``.
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import random
-import sqlite3
-import statistics
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
 
 from monitor.core.common import DAY, HOUR, short_peer_id
-from monitor.core.assessment import BlockCoverage, Assessment, Recommendation, RouteHop
+from monitor.core.assessment import Assessment
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import (
     JOINING,
@@ -30,45 +25,15 @@ from monitor.core.snapshot import (
     ModelInfo,
     ReachabilityBatch,
     ReachabilityResult,
-    ServerRow,
     Snapshot,
 )
 from monitor.store import Store, StoreSchemaError, StoreUnavailable
-from support import STORE_KINDS, migrated_store, peer_histories, store_url_of
+from support import STORE_KINDS, STORE_LLAMA, migrated_store, peer_histories, store_url_of
+from support import store_health as health, store_peer as peer, store_row as row, store_snapshot as snapshot
 
 T0 = 1_699_999_200.0  # an hour boundary
-LLAMA = ModelInfo("llama-70b-hf", 8, repository="meta-llama/Llama-2-70b-hf", name="Llama 2 70B", official=True)
+LLAMA = STORE_LLAMA
 MIXTRAL = ModelInfo("mixtral-hf", 4)
-
-
-def peer(name: str) -> str:
-    return f"12D3KooW{name:_<44}"[:52]
-
-
-def row(name: str, model: ModelInfo = LLAMA, start: int = 0, end: int = None, state: str = ONLINE, **extra) -> ServerRow:
-    return ServerRow(peer_id=peer(name), model=model.dht_prefix, start=start,
-                     end=model.num_blocks if end is None else end, state=state, **extra)
-
-
-def snapshot(at: float, rows, models=(LLAMA,), **extra) -> Snapshot:
-    return Snapshot(taken_at=at, duration=1.5, models=tuple(models), servers=tuple(rows), **extra)
-
-
-def health(model: ModelInfo, state: str, blocks=None, **extra) -> Assessment:
-    """A diagnosis as ``coverage.diagnose`` returns it; ``blocks``: (serving servers, their throughput)
-    per block, by default one server of throughput 1 on every block."""
-    blocks = blocks if blocks is not None else [(1, 1.0)] * model.num_blocks
-    fields = dict(
-        model=model.dht_prefix, state=state, reasons=(f"{state} because",), coverage_pct=100.0, servers_online=2,
-        min_redundancy=1, est_tokens_per_s=5.0, missing_ranges=(), single_served_ranges=(), bottleneck_ranges=(),
-        low_cache_ranges=(), route=(RouteHop(peer("a"), 0, model.num_blocks),),
-        blocks=tuple(BlockCoverage(index=i, peers=(peer("a"),) * n, online=n, total_throughput=t,
-                                   min_throughput=t / n if n else None, cache_tokens_left=None)
-                     for i, (n, t) in enumerate(blocks)),
-        recommendation=Recommendation(0, model.num_blocks, model.num_blocks, f"--block_indices 0:{model.num_blocks}",
-                                      "more redundancy"),
-    )
-    return Assessment(**{**fields, **extra})
 
 
 def stored_status(h: Assessment, at: float) -> dict:
@@ -142,7 +107,7 @@ def test_the_latest_polls_diagnoses_are_kept_and_replaced_and_change_the_marks(s
     assert store.change_marks() != marks
 
     marks = store.change_marks()
-    assert store.record_assessments([replace(diagnosis, state="degraded")], taken_at=T0)  # after a probe round
+    assert store.record_assessments([replace(diagnosis, state="degraded")], taken_at=T0)  # after a reachability round
     assert store.latest_assessments()[LLAMA.dht_prefix].state == "degraded"
     assert store.latest_model_status()[LLAMA.dht_prefix]["state"] == "healthy"  # the poll's status stays
     assert store.change_marks() != marks
@@ -210,7 +175,7 @@ def test_next_pings_are_kept_for_an_hour_only(store):
     assert kept == [T0 + 2 * HOUR]
 
 
-def test_latest_probes_are_the_newest_per_peer(store):
+def test_the_latest_reachability_checks_are_the_newest_per_peer(store):
     store.record_reachability(ReachabilityBatch(T0, 1.0, (ReachabilityResult(peer("a"), "server", True, rtt=0.02),
                                              ReachabilityResult(peer("b"), "server", False, error="timeout"))))
     store.record_reachability(ReachabilityBatch(T0 + 60, 1.0, (
@@ -224,7 +189,7 @@ def test_latest_probes_are_the_newest_per_peer(store):
         peer("b"): ReachabilityResult(peer("b"), "server", False, error="timeout"),
         peer("boot"): ReachabilityResult(peer("boot"), "bootstrap", True, rtt=0.001, address="/ip4/127.0.0.1/tcp/1/p2p/x"),
     }
-    assert store.peer_ids() == []  # probed peers are not servers until a poll sees them
+    assert store.peer_ids() == []  # checked peers are not servers until a poll sees them
 
 
 def test_scores_keep_the_latest_per_peer(store):
@@ -322,7 +287,7 @@ GONE = 3 * PER_HOUR  # the polls that miss "flaky" (3 hours)
 
 def _four_days(store) -> float:
     """Polls every 20 min for 4 days: "steady" always ONLINE; "flaky" gone on day 1, hours 3-5;
-    the model broken (block 2 unserved) in day 1, hour 4; probes of both every 10 min."""
+    the model broken (block 2 unserved) in day 1, hour 4; reachability checks of both every 10 min."""
     t = T0
     rng = random.Random(7)
     while t < T0 + 4 * DAY:
@@ -372,7 +337,7 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     cutoff = T0 + 2 * DAY  # now - 2 days, floored to the hour
     assert counts["hours_rolled_up"] == 4 * 24
     assert counts["polls"] == 2 * PER_DAY and counts["server_observations"] == 2 * PER_DAY * 2 - GONE
-    assert counts["probe_results"] == 2 * PER_DAY * 2
+    assert counts["reachability_results"] == 2 * PER_DAY * 2
     history = store.model_status_history(model, T0, now)
     hourly = [h for h in history if h["samples"] > 1]
     assert [h["at"] for h in hourly] == [T0 + i * HOUR for i in range(48)]  # old part: one row per hour
@@ -401,9 +366,9 @@ def test_rollups_replace_old_raw_rows_and_every_query_still_covers_the_whole_ran
     _, throughput = store.block_coverage_series(model, T0, T0 + 2 * HOUR, value="throughput")
     assert throughput[0][0] == 150.0
 
-    probes = _probe_counts(store, peer("flaky"), T0, now)
-    assert [p["n"] for p in probes[:48]] == [PER_HOUR] * 48 and probes[4]["ok"] == 0 and probes[2]["ok"] == PER_HOUR
-    assert sum(p["n"] for p in probes) == 4 * PER_DAY
+    checks = _reachability_counts(store, peer("flaky"), T0, now)
+    assert [c["n"] for c in checks[:48]] == [PER_HOUR] * 48 and checks[4]["ok"] == 0 and checks[2]["ok"] == PER_HOUR
+    assert sum(c["n"] for c in checks) == 4 * PER_DAY
     assert all(at >= cutoff for at, _ in store.peer_history(peer("flaky"), T0, now).reachability)
 
     # idempotent: running again changes nothing
@@ -427,15 +392,15 @@ def test_rollup_uptime_does_not_count_polls_before_a_peer_first_appeared(store):
     assert _uptime(store.peer_history(peer("early"), T0, T0 + HOUR).observations) == (6, 6)
 
 
-def _probe_counts(store, peer_id: str, since: float, until: float) -> list[dict]:
+def _reachability_counts(store, peer_id: str, since: float, until: float) -> list[dict]:
     """Oldest first: ``{at, n, ok}`` per rolled-up hour of the peer's reachability checks, then per
-    raw check: what the ``hourly_probes`` rollup keeps of ``server_probes`` (the scores count it)."""
+    raw check: what the ``hourly_reachability`` rollup keeps of ``reachability_results`` (the scores count it)."""
     from monitor.store import latest
     from monitor.store.hours import raw_start, rollup_window
-    from monitor.store.schema import HourlyProbesRow, ProbeRow
+    from monitor.store.schema import HourlyReachabilityRow, ReachabilityCheckRow
 
-    h, p = HourlyProbesRow.__table__.c, ProbeRow.__table__.c
-    with store.db.read("reading probe counts") as conn:
+    h, p = HourlyReachabilityRow.__table__.c, ReachabilityCheckRow.__table__.c
+    with store.db.read("reading reachability counts") as conn:
         key = latest.peer_key(conn, peer_id)
         hourly = conn.execute(sa.select(h.hour, h.n, h.ok).where(
             h.peer == key, *rollup_window(h.hour, since, until, raw_start(conn, p.at))).order_by(h.hour)).all()
@@ -457,13 +422,13 @@ def test_a_poll_stored_after_its_hour_was_rolled_up_is_rolled_up_too(store):
     store.rollup_and_prune(T0 + HOUR + 120, raw_retention_days=10, rollup_retention_days=30)
     assert tuple(_hourly_polls(store, T0)) == (6, 6)
 
-    # a poll taken in hour 0 that finished storing after the rollup ran, and a late probe round
+    # a poll taken in hour 0 that finished storing after the rollup ran, and a late reachability round
     store.record_poll(snapshot(T0 + 3599, [row("a"), row("late")]))
     store.record_reachability(ReachabilityBatch(T0 + 3000, 1.0, (ReachabilityResult(peer("late"), "server", True, rtt=0.01),)))
     counts = store.rollup_and_prune(T0 + 2 * HOUR + 60, raw_retention_days=10, rollup_retention_days=30)
     assert counts["hours_rolled_up"] == 2  # hour 0 again, and hour 1
     assert tuple(_hourly_polls(store, T0)) == (7, 7)
-    assert [p["n"] for p in _probe_counts(store, peer("late"), T0, T0 + HOUR)] == [1]
+    assert [c["n"] for c in _reachability_counts(store, peer("late"), T0, T0 + HOUR)] == [1]
 
 
 def test_raw_rows_are_never_pruned_before_they_are_rolled_up(store):
@@ -498,7 +463,7 @@ def test_the_now_tables_keep_only_what_was_seen_within_retention(store):
     store.record_scores([PeerScore(peer("stays"), 90.0, {}, (), at=later)])
 
     counts = store.rollup_and_prune(later + 60, raw_retention_days=2, rollup_retention_days=30)
-    assert (counts["latest_probes"], counts["peer_scores"], counts["models"], counts["peers"],
+    assert (counts["latest_reachability"], counts["peer_scores"], counts["models"], counts["peers"],
             counts["peer_policies"]) == (1, 1, 1, 1, 1)
     assert set(store.latest_reachability()) == {peer("stays")} and set(store.latest_scores()) == {peer("stays")}
     assert store.peer_ids() == [peer("stays")]
@@ -539,13 +504,18 @@ def test_upgrading_from_the_previous_revision_keeps_the_data(store_url):
     with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no latest_diagnoses
         old.record_poll(snap, [health(LLAMA, "healthy")])
     poll_id = _insert_as_revision_1(old.engine, snap)
-    old.record_reachability(ReachabilityBatch(T0, 1.0, (ReachabilityResult(peer("a"), "server", True, rtt=0.01),)))
+    with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no reachability_results
+        old.record_reachability(ReachabilityBatch(T0, 1.0, (ReachabilityResult(peer("a"), "server", True, rtt=0.01),)))
     with pytest.raises(StoreSchemaError, match="migrate"):  # revision 1 has no chat_outcomes.error
         old.record_chat_outcome(ChatOutcome(T0, peer("a"), LLAMA.dht_prefix, 0, 8, ok=False, error="boom"))
-    with old.engine.begin() as conn:  # a status and an outcome as revision 1 wrote them
+    with old.engine.begin() as conn:  # a status, a reachability check and an outcome as revision 1 wrote them
         conn.execute(sa.text("INSERT INTO model_status (poll_id, at, model, state) VALUES (:poll, :at, :model, :state)"),
                      {"poll": poll_id, "at": T0, "model": LLAMA.dht_prefix, "state": "healthy"})
         key = conn.execute(sa.text("SELECT id FROM peers WHERE peer_id = :p"), {"p": peer("a")}).scalar()
+        for table in ("probe_results", "latest_probes"):
+            conn.execute(sa.text(f"INSERT INTO {table} (at, peer, kind, ok, rtt, joining) "
+                                 "VALUES (:at, :peer, 'server', :ok, 0.01, :joining)"),
+                         {"at": T0, "peer": key, "ok": True, "joining": False})
         conn.execute(sa.text('INSERT INTO chat_outcomes (at, peer, model, start, "end", ok, seconds_per_token) '
                              "VALUES (:at, :peer, :model, 0, 8, :ok, 0.5)"),
                      {"at": T0, "peer": key, "model": LLAMA.dht_prefix, "ok": True})
@@ -605,40 +575,7 @@ def test_an_unmigrated_database_says_to_migrate(store_url):
         s.close()
 
 
-def test_the_default_store_is_a_sqlite_file_in_wal_mode_in_the_data_dir(tmp_path):
-    from monitor.settings import Settings
-
-    store = Store.from_settings(Settings(data_dir=tmp_path / "not" / "yet"))
-    store.migrate()
-    store.close()
-    path = tmp_path / "not" / "yet" / "monitor.db"
-    with sqlite3.connect(path) as conn:  # WAL: the web threads read while the poller writes
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-
-
 # ---- resilience ------------------------------------------------------------------------------
-
-
-def test_a_locked_sqlite_file_raises_store_unavailable_soon_and_works_after(tmp_path):
-    path = tmp_path / "monitor.db"
-    store = Store(f"sqlite:///{path}", timeout=1.0)
-    store.migrate()
-    store.record_poll(snapshot(T0, [row("a")]))
-    locker = sqlite3.connect(path)
-    locker.execute("BEGIN EXCLUSIVE")
-    try:
-        started = time.monotonic()
-        with pytest.raises(StoreUnavailable, match="locked") as raised:
-            store.record_poll(snapshot(T0 + 60, [row("a")]))
-        assert 0.9 < time.monotonic() - started < 5
-        assert str(path) in str(raised.value)
-        assert store.latest_snapshot().taken_at == T0  # WAL: readers are not blocked by the writer
-    finally:
-        locker.rollback()
-        locker.close()
-    store.record_poll(snapshot(T0 + 120, [row("a")]))
-    assert store.last_poll().at == T0 + 120
-    store.close()
 
 
 def test_a_stopped_postgres_raises_store_unavailable_and_the_same_store_works_after_restart(postgres, postgres_url):
@@ -659,178 +596,7 @@ def test_a_stopped_postgres_raises_store_unavailable_and_the_same_store_works_af
     store.close()
 
 
-def test_readers_never_see_a_half_written_poll(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    errors, seen = [], []
-    done = threading.Event()
-
-    def read():
-        try:
-            while not done.is_set():
-                snap, last = store.latest_snapshot(), store.last_poll()
-                if snap is not None:
-                    n = int(snap.taken_at - T0)  # poll i has i + 1 servers
-                    assert len(snap.servers) == n + 1, (n, len(snap.servers))
-                    seen.append(n)
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    readers = [threading.Thread(target=read) for _ in range(3)]
-    for t in readers:
-        t.start()
-    for i in range(30):
-        store.record_poll(snapshot(T0 + i, [row(f"p{j}") for j in range(i + 1)]))
-    done.set()
-    for t in readers:
-        t.join()
-    store.close()
-    assert not errors, errors[0]
-    assert seen
-
-
-# ---- cost ------------------------------------------------------------------------------------
-
-
-def _big_snapshot(at: float, servers: int = 500, models: int = 4, pings: int = 10) -> Snapshot:
-    """``servers`` servers spread over ``models`` models of 80 blocks, announcing like petals 2.2."""
-    infos = [ModelInfo(f"org/model-{m}-70b-hf", 80, repository=f"org/model-{m}", name=f"Model {m}") for m in range(models)]
-    ids = [peer(f"s{i:04d}") for i in range(servers)]
-    rng = random.Random(int(at))
-    rows = []
-    for i, peer_id in enumerate(ids):
-        start = rng.randrange(0, 60)
-        rows.append(ServerRow(
-            peer_id=peer_id, model=infos[i % models].dht_prefix, start=start, end=start + rng.randrange(4, 21),
-            state=ONLINE, throughput=rng.uniform(10, 500), inference_rps=rng.uniform(5, 50),
-            forward_rps=rng.uniform(100, 900), network_rps=rng.uniform(50, 500),
-            cache_tokens_left=rng.randrange(0, 200_000), version="2.2.0", torch_dtype="bfloat16",
-            quant_type="nf4", using_relay=rng.random() < 0.3, public_name=f"server {i}",
-            next_pings={p: rng.uniform(0.001, 0.3) for p in rng.sample(ids, pings)},
-        ))
-    return Snapshot(taken_at=at, duration=3.0, models=tuple(infos), servers=tuple(rows))
-
-
-def _timed(work) -> float:
-    """Seconds ``work`` takes, the garbage collector kept out: in a spec worker that has imported
-    torch and petals, one full collection of the heap takes ~0.2 s, charged to whichever call
-    happens to trigger it (record_poll allocates more than a plain insert, so it is the one that
-    does: 14× instead of 3× once). Run inside ``_heap_frozen``, so what the collector may do
-    between two timed calls is quick."""
-    gc.disable()
-    try:
-        started = time.perf_counter()
-        work()
-        return time.perf_counter() - started
-    finally:
-        gc.enable()
-
-
-@contextmanager
-def _heap_frozen():
-    """The heap collected once and frozen (``gc.freeze``: its objects left out of every later
-    collection), as the service freezes its own after start (``Service._make_app``); unfrozen
-    after."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def _raw_rows(store: Store) -> tuple[list, list]:
-    """The latest poll's observation and pings rows as plain tuples (what a poll stores)."""
-    with store.engine.connect() as conn:
-        poll_id = conn.exec_driver_sql("SELECT max(id) FROM polls").scalar()
-        return tuple([tuple(r) for r in conn.exec_driver_sql(f"SELECT * FROM {table} WHERE poll_id = ?", (poll_id,))]
-                     for table in ("server_observations", "server_pings"))
-
-
-def _raw_read(store: Store) -> None:
-    """The least a read of the latest poll does: its rows fetched with one query a table, the
-    pings' JSON parsed."""
-    with store.engine.connect() as conn:
-        poll_id = conn.exec_driver_sql("SELECT max(id) FROM polls").scalar()
-        conn.exec_driver_sql("SELECT * FROM server_observations o JOIN peers p ON p.id = o.peer "
-                             "WHERE o.poll_id = ? ORDER BY o.id", (poll_id,)).all()
-        [json.loads(r[-1]) for r in conn.exec_driver_sql("SELECT * FROM server_pings WHERE poll_id = ?", (poll_id,))]
-
-
-def _raw_write(store: Store, observations: list, pings: list) -> None:
-    """The least a write of a poll does: its rows inserted with one statement a table (into
-    copies of the tables), the pings' JSON written."""
-    with store.engine.begin() as conn:
-        for table, rows in (("server_observations", observations), ("server_pings", pings)):
-            conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS raw_{table} AS SELECT * FROM {table} WHERE 0")
-            conn.exec_driver_sql(f"DELETE FROM raw_{table}")
-            conn.exec_driver_sql(f"INSERT INTO raw_{table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
-        [json.dumps(json.loads(r[-1])) for r in pings]
-
-
-WRITE_RATIO, READ_RATIO = 8, 5  # measured ~3x and ~1.5x: a query per row would be far more
-
-
-def test_recording_and_reading_a_500_server_poll_is_fast(tmp_path, record_property):
-    """A poll of 500 servers is written and read back in a small multiple of the time its rows
-    alone take with one plain statement a table (measured in the same run: a ratio, so that a loaded
-    machine does not fail it; one query per server would). The times themselves are printed; on
-    the 2-core machine they are ~30 ms and ~10 ms (targets 200 ms and 50 ms)."""
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    snaps = [_big_snapshot(T0 + 60 * i) for i in range(6)]
-    healths = [health(m, "healthy", blocks=[(3, 300.0)] * 80) for m in snaps[0].models]
-    writes, reads, raw_writes, raw_reads = [], [], [], []
-    with _heap_frozen():
-        for snap in snaps:
-            writes.append(_timed(lambda: store.record_poll(snap, healths)))
-            reads.append(_timed(lambda: store.latest_snapshot()))
-            assert store.latest_snapshot() == snap
-            raw_reads.append(_timed(lambda: _raw_read(store)))
-            observations, pings = _raw_rows(store)
-            assert len(observations) == len(pings) == 500
-            raw_writes.append(_timed(lambda: _raw_write(store, observations, pings)))
-    store.close()
-    write, read, raw_write, raw_read = (statistics.median(times[1:]) for times in (writes, reads, raw_writes, raw_reads))
-    record_property("record_poll_ms", round(write * 1000, 1))
-    record_property("latest_snapshot_ms", round(read * 1000, 1))
-    print(f"\n500 servers x 4 models, SQLite: record_poll {write * 1000:.1f} ms ({write / raw_write:.1f}x its rows' "
-          f"plain insert), latest_snapshot {read * 1000:.1f} ms ({read / raw_read:.1f}x their plain select)")
-    assert write < WRITE_RATIO * raw_write, f"record_poll took {write / raw_write:.1f}x its rows' plain insert"
-    assert read < READ_RATIO * raw_read, f"latest_snapshot took {read / raw_read:.1f}x its rows' plain select"
-
-
-def test_thirty_days_of_500_servers_fit_in_a_gigabyte(tmp_path):
-    """Measure each table's bytes per poll (raw) and per hour (rollups) with SQLite's dbstat, then
-    project 30 days of 60 s polls: 2 days of raw rows, an hour of next_pings, 30 days of rollups."""
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
-    healths = [health(ModelInfo(f"org/model-{m}-70b-hf", 80), "healthy", blocks=[(3, 312.25)] * 80, reasons=(),
-                      servers_online=125, min_redundancy=3, est_tokens_per_s=4.2) for m in range(4)]
-    ids = [peer(f"s{i:04d}") for i in range(500)]
-    polls = 20
-    for minute in range(polls):
-        at = T0 + 60 * minute
-        store.record_poll(_big_snapshot(at), healths)
-        store.record_reachability(ReachabilityBatch(at, 2.0, tuple(ReachabilityResult(p, "server", True, rtt=0.0123 + minute / 1e4)
-                                                      for p in ids)))
-    store.rollup_and_prune(T0 + 2 * HOUR, raw_retention_days=10, rollup_retention_days=30)  # one hour rolled up
-    with store.engine.connect() as conn:
-        sizes = dict(conn.exec_driver_sql(
-            "SELECT coalesce(i.tbl_name, d.name), sum(d.pgsize) FROM dbstat d "
-            "LEFT JOIN sqlite_schema i ON i.name = d.name GROUP BY 1").all())
-    store.close()
-    per_poll = {"server_observations", "polls", "model_status", "block_coverage", "probe_results"}
-    raw = sum(sizes.get(t, 0) for t in per_poll) / polls
-    pings = sizes.get("server_pings", 0) / polls
-    rollup = sum(v for t, v in sizes.items() if t.startswith("hourly_"))
-    projected = 2 * 1440 * raw + 60 * pings + 30 * 24 * rollup + sum(
-        v for t, v in sizes.items() if t in ("peers", "models", "latest_probes", "model_state_changes"))
-    print(f"\nSQLite, 500 servers x 4 models of 80 blocks: raw {raw / 1e3:.0f} kB/poll "
-          + ", ".join(f"{t} {sizes.get(t, 0) / polls / 1e3:.0f}" for t in sorted(per_poll))
-          + f"; next_pings {pings / 1e3:.0f} kB/poll (1 h kept); rollups {rollup / 1e3:.0f} kB/hour; "
-          f"30 days (2 raw + 30 rolled up) = {projected / 1e9:.2f} GB")
-    assert projected < 1e9
+# ---- peer policies ---------------------------------------------------------------------------
 
 
 def test_peer_policies_are_set_replaced_and_cleared(store):
@@ -884,7 +650,7 @@ def test_rollups_keep_what_the_scores_count_flaps_and_rtt_histograms(store):
 
     from monitor.core import quantiles, scores
 
-    # "b" flaps inside the hour (up, down, up, down) and leaves across its end; probes with RTTs
+    # "b" flaps inside the hour (up, down, up, down) and leaves across its end; reachability checks with RTTs
     ups = [True, False, True, False, True, True]
     for i, up in enumerate(ups):
         store.record_poll(snapshot(T0 + 600 * i, [row("a")] + ([row("b")] if up else [])))
@@ -896,7 +662,7 @@ def test_rollups_keep_what_the_scores_count_flaps_and_rtt_histograms(store):
         flaps = dict(((r[0], (r[1], r[2])) for r in conn.execute(sa.text(
             "SELECT p.peer_id, h.flap_chances, h.flaps FROM hourly_observations h JOIN peers p ON p.id = h.peer "
             "WHERE h.hour = :hour"), {"hour": T0})))
-        bins, error = conn.execute(sa.text("SELECT rtt_bins, last_error FROM hourly_probes WHERE hour = :hour"),
+        bins, error = conn.execute(sa.text("SELECT rtt_bins, last_error FROM hourly_reachability WHERE hour = :hour"),
                                    {"hour": T0}).one()
     # inside the hour: b was ONLINE at 4 polls followed by another poll of the hour, and left 2 times
     assert flaps == {peer("a"): (5, 0), peer("b"): (3, 2)}
@@ -917,5 +683,5 @@ def test_rollups_keep_what_the_scores_count_flaps_and_rtt_histograms(store):
     # the histograms go with the raw rows: a day later they are pruned, the counts stay
     store.rollup_and_prune(T0 + 4 * DAY, raw_retention_days=1, rollup_retention_days=30)
     with store.engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT rtt_bins, n FROM hourly_probes WHERE hour = :hour"),
+        assert conn.execute(sa.text("SELECT rtt_bins, n FROM hourly_reachability WHERE hour = :hour"),
                             {"hour": T0}).one() == (None, 6)

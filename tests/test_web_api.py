@@ -89,7 +89,7 @@ def test_state_carries_our_additions(client):
                                          "rtt": 0.001, "error": None}]
 
 
-def test_is_reachable_answers_from_the_latest_probe_without_a_live_check(client):
+def test_is_reachable_answers_from_the_latest_reachability_check_without_a_live_check(client):
     ok = client.get(f"/api/v1/is_reachable/{PEERS['full']}")
     assert ok.status_code == 200
     assert ok.get_json() == {"success": True, "message": None, "your_ip": "127.0.0.1"}
@@ -210,7 +210,7 @@ def test_healthz_says_whether_the_database_answers_and_the_poller_keeps_up(clien
 @pytest.fixture
 def long_history(tmp_path):
     """(app, now): 45 polls a minute apart (one of them broken: only the first half is served),
-    each with a probe of the first server (every 10th failing), and history_max_points = 10."""
+    each with a reachability check of the first server (every 10th failing), and history_max_points = 10."""
     from monitor.app.jobs import Poller
     from monitor.core.snapshot import ReachabilityBatch, Snapshot
     from monitor.store import Store

@@ -1,10 +1,10 @@
 """Specs of the dashboard pages (Flask test client) on a store populated through its own write path.
 
 ``populate`` (tests/support.py) writes three polls an hour apart (the model broken, then healthy),
-probes, chat outcomes and scores exactly as the poller does (``Poller.analyse`` /
+reachability checks, chat outcomes and scores exactly as the poller does (``Poller.analyse`` /
 ``Poller.refresh_scores``, which run ``coverage.diagnose`` and ``scores.score_all``); the API,
 metrics and gunicorn specs read it too, each spec its own copy of a store populated once for the
-session (conftest's ``populated``).
+session (conftest's ``populated``). The overview while PostgreSQL is away: ``test_web_gunicorn.py``.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_peer_page_shows_what_it_announces_its_score_and_history(client):
         assert expected in text, expected
     assert re.search(r"Score: \d+ / 100", text)
     figures = [t for a, t in elements(html).scripts if a.get("type") == "application/json"]
-    assert len(figures) == 4  # state, throughput, probes, chats
+    assert len(figures) == 4  # state, throughput, reachability, chats
 
 
 def test_a_peer_gone_from_the_latest_poll_still_has_a_page_and_unknown_ones_404(client):
@@ -275,28 +275,7 @@ def test_an_operator_pins_blocks_and_clears_a_peer_for_the_chat_from_its_page(po
     assert store.peer_policies() == {}
 
 
-def test_while_the_database_is_away_the_overview_keeps_showing_the_last_state(tmp_path, postgres,
-                                                                             populated_postgres_url):
-    settings = web_settings(data_dir=tmp_path)
-    url, _ = populated_postgres_url  # migrated and populated (``populate``)
-    store = Store(url)
-    try:
-        client = create_app(settings, store).test_client()
-        assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
-        postgres.stop()
-        try:
-            page = client.get("/")
-            assert page.status_code == 200
-            text = text_of(page.get_data(as_text=True))
-            assert "database is unavailable" in text and "Tiny Llama" in text
-        finally:
-            postgres.start()
-        assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
-    finally:
-        store.close()
-
-
-def test_pages_reuse_what_they_read_until_a_poll_a_probe_round_or_a_score_refresh_lands(populated):
+def test_pages_reuse_what_they_read_until_a_poll_a_reachability_round_or_a_score_refresh_lands(populated):
     app, store, settings, now = populated
     client = app.test_client()
 

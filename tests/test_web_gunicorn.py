@@ -1,5 +1,6 @@
 """Production serving: gunicorn (threaded workers) runs ``monitor.web.wsgi:app`` against PostgreSQL,
-reads settings from the environment, serves the pages, and runs no poller of its own."""
+reads settings from the environment, serves the pages, and runs no poller of its own; while
+PostgreSQL is away, the overview keeps showing the last state it read."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import psutil
 import pytest
 
 from monitor.store import Store
-from support import BOOTSTRAP_ADDR, PEERS, free_port, wait_until
+from monitor.web import create_app
+from support import BOOTSTRAP_ADDR, PEERS, free_port, text_of, wait_until, web_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).parent / "gunicorn"
@@ -90,3 +92,27 @@ def test_gunicorn_serves_the_dashboard_from_postgres_and_runs_no_poller(gunicorn
     assert store.last_poll().id == polls_before
     family = psutil.Process(process.pid).children(recursive=True)
     assert len(family) == 2 and not any("p2pd" in p.name() for p in family)
+
+
+# ---- PostgreSQL away ----------------------------------------------------------------------------
+
+
+def test_while_the_database_is_away_the_overview_keeps_showing_the_last_state(tmp_path, postgres,
+                                                                             populated_postgres_url):
+    settings = web_settings(data_dir=tmp_path)
+    url, _ = populated_postgres_url  # migrated and populated (``populate``)
+    store = Store(url)
+    try:
+        client = create_app(settings, store).test_client()
+        assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
+        postgres.stop()
+        try:
+            page = client.get("/")
+            assert page.status_code == 200
+            text = text_of(page.get_data(as_text=True))
+            assert "database is unavailable" in text and "Tiny Llama" in text
+        finally:
+            postgres.start()
+        assert "database is unavailable" not in text_of(client.get("/").get_data(as_text=True))
+    finally:
+        store.close()

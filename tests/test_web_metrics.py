@@ -111,7 +111,7 @@ def test_metrics_carry_servers_speed_reachability_and_the_last_polls_time_and_er
     app, store, _, _ = populated
     f = scrape(app.test_client())
     diagnoses = store.latest_assessments()
-    # first, second and full are online and reachable; joining is JOINING; unreachable failed its probe
+    # first, second and full are online and reachable; joining is JOINING; unreachable failed its reachability check
     assert value(f, "swarm_monitor_model_servers_online", model="tiny-llama") == 3
     assert value(f, "swarm_monitor_model_servers_online", model="other-model") == 1
     assert value(f, "swarm_monitor_model_est_tokens_per_second", model="tiny-llama") == pytest.approx(

@@ -1,5 +1,7 @@
 """Spec: on a public address an anonymous client can change nothing, exhaust nothing for long, and
-learn nothing about the internals. Operators log in with a token (README: Security)."""
+learn nothing about the internals. Operators log in with a token (README: Security). Other sites
+may read us, never act for our operators: read-only JSON APIs, badges, the Atom feed and /metrics
+answer any origin without credentials, operators' changes carry no CORS header (README: API)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from monitor.settings import Settings
 from monitor.store import Store
 from monitor.web import create_app
-from support import PEERS, populate, web_settings
+from support import PEERS, TINY, populate, web_settings
 
 PEER = "QmNjDTuCnSD1KaBrqJXc4JxyC2HmnDaSdXDJx1dcnRLtsE"
 
@@ -161,3 +163,38 @@ def test_one_clients_forwarded_prefix_never_shapes_another_clients_links(tmp_pat
             assert "evil.example" not in answer.get_data(as_text=True), target
     finally:
         store.close()
+
+
+# ---- other origins (CORS; a real browser on another origin: test_cors.py) ----------------------
+
+
+def test_the_dashboard_answers_reads_to_any_origin_and_changes_to_none(client):
+    origin = {"Origin": "https://widgets.example"}
+    for path in ("/api/v1/state", "/api/v1/models", f"/api/v1/peers/{PEERS['first']}", "/api/v1/notes",
+                 f"/badges/models/{TINY.dht_prefix}/state.svg", "/status/feed.atom", "/metrics", "/healthz",
+                 "/api/v1/no-such-thing"):
+        response = client.get(path, headers=origin)
+        assert response.headers.get("Access-Control-Allow-Origin") == "*", path
+        assert "Access-Control-Allow-Credentials" not in response.headers, path
+    for path in ("/", "/status", f"/models/{TINY.dht_prefix}", "/login"):  # pages: no cross-origin reads
+        assert "Access-Control-Allow-Origin" not in client.get(path, headers=origin).headers, path
+    # operators' changes: no CORS header on the answer, and a preflight allows no method
+    for path in ("/api/v1/notes", "/api/v1/silences", "/api/v1/notes/1/resolve", f"/peers/{PEERS['first']}/policy"):
+        answer = client.post(path, headers=origin, json={"scope": "swarm", "text": "x"})
+        assert answer.status_code in (401, 403) and not any(h.startswith("Access-Control-") for h in answer.headers.keys()), path
+        preflight = client.options(path, headers={**origin, "Access-Control-Request-Method": "POST",
+                                                  "Access-Control-Request-Headers": "authorization, content-type"})
+        assert "Access-Control-Allow-Methods" not in preflight.headers or "POST" not in preflight.headers[
+            "Access-Control-Allow-Methods"], path
+        assert "Access-Control-Allow-Credentials" not in preflight.headers, path
+
+
+def test_chat_origins_are_checked_at_start():
+    from monitor.web import cors
+
+    assert cors.chat_origins([]) == "*" and cors.chat_origins(["*"]) == "*"
+    assert cors.chat_origins(["https://chat.example.org", "http://127.0.0.1:8080/"]) == [
+        "https://chat.example.org", "http://127.0.0.1:8080"]
+    for bad in ("chat.example.org", "https://example.org/path", "javascript:alert(1)", "https://*.example.org"):
+        with pytest.raises(ValueError, match="is not an origin"):
+            cors.chat_origins([bad])

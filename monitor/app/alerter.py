@@ -3,9 +3,9 @@
 Two APScheduler jobs in the poller's scheduler (``schedule_alerts``, called by ``Poller.start``):
 
 - ``alerts`` evaluates every rule (``monitor/core/alert_rules.py``, pure) over the latest stored poll,
-  diagnoses, probes and scores, right after every scrape and probe round and at least every
-  ``alerts.check_period``; it stores what changed (alerts, notices, one pending delivery per notice
-  and webhook) in one transaction, so a restarted poller neither repeats nor loses a notice;
+  diagnoses, reachability checks and scores, right after every scrape and reachability round and at
+  least every ``alerts.check_period``; it stores what changed (alerts, notices, one pending delivery
+  per notice and webhook) in one transaction, so a restarted poller neither repeats nor loses a notice;
 - ``alert-delivery`` sends pending deliveries, oldest first and in order per webhook, retrying a
   failed one with exponential backoff (``retry_backoff``, doubling up to an hour) until
   ``max_attempts``, after which it is marked failed (shown on /alerts and /metrics). Deliveries
@@ -365,7 +365,7 @@ def _now() -> datetime:
 
 def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
     """Add the alert jobs to the poller's scheduler (before it starts): evaluation every
-    ``check_period`` and right after every scrape and probe round, delivery every ``check_period``
+    ``check_period`` and right after every scrape and reachability round, delivery every ``check_period``
     (retries) and as soon as an evaluation made a notice. None when alerts are disabled.
 
     Nothing here calls the scheduler from its own threads (``modify_job`` from a listener deadlocks

@@ -8,7 +8,11 @@ period, so a server throttled just after a probe is named slow within two period
 when its last probe took so long that the next would exceed ``speed_probe_max_share`` of the
 server's time (``core.probes.next_probe_delay``): a probe's cost to a server is the time its
 steps took, so the share it takes is bounded by ``speed_probe_max_share`` whatever the server's
-speed. At most ``speed_probe_concurrency`` sessions run at once over all servers. Probes run on their own thread
+speed. A server judged slow, wrong or failing is *recovering* (routing sends it nothing, and its
+recovery is what is worth knowing): it is probed every quarter period, within 2.5 times
+``speed_probe_max_share``, and a probe that would clear it is confirmed 5 % of a period later, so
+its recovery is seen within a minute at the defaults (``next_probe_delay(recovering=True)``).
+At most ``speed_probe_concurrency`` sessions run at once over all servers. Probes run on their own thread
 and event loop (``swarm.speed.ProbeLoop``), so a slow or silent server never delays a scrape or a
 page; the DHT process only answers one tiny call.
 
@@ -161,17 +165,17 @@ class ServerProber:
                 for peer, server in assessment.servers.items() if server.cause in (CAUSE_SLOW, CAUSE_WRONG, CAUSE_FAILING)}
 
     def _due_rows(self, snapshot: Snapshot, now: float) -> list[ServerRow]:
-        """ONLINE rows not failing their reachability probe, one per (peer, model), that are due."""
+        """ONLINE rows not failing their reachability check, one per (peer, model), that are due."""
         reachability = self.store.latest_reachability()
         rows: dict[tuple[str, str], ServerRow] = {}
         online: dict[tuple[str, str], float] = {}
         for row in snapshot.servers:
-            probe = reachability.get(row.peer_id)
+            check = reachability.get(row.peer_id)
             if row.state != ONLINE or row.end <= row.start:
                 continue
             key = (row.peer_id, row.model)
             online[key] = self.next_due.get(key, 0.0)
-            if probe is not None and not probe.ok:  # unreachable: look again in a tick
+            if check is not None and not check.ok:  # unreachable: look again in a tick
                 online[key] = max(online[key], now + tick_seconds(self.period))
             elif now >= online[key] and key not in rows:
                 rows[key] = row

@@ -22,6 +22,18 @@ receivers were told (``announced_state``): once it is no longer held and still f
 they missed goes out then (``firing``, or ``changed`` if they heard an older state); a resolved
 alert sends its recovery only if they were told it fired.
 
+Confirmed verdicts do not wait out ``for``: when a model's state (or a peer's) rests only on
+servers named by confirming checks — two failed compute checks, two failing probes, a wrong output,
+two slow probes (``Condition.confirmed``) — it is told at once, since ``for`` would only count scrape
+periods on top of the confirmation. A server that left (OFFLINE, gone from the DHT) or a low score
+still waits ``for``, so a clean restart back within it pages nobody. An alert told that way resolves
+once its condition has been clear for ``RESOLVE_HOLD`` (or its ``for``, if shorter): a server down
+and up several times within a minute is one notice pair.
+
+Defaults (``default_rules``): ``model-health`` (``model_degraded``, every model), ``bootstrap-down``
+and ``monitor-stale``; ``for`` is ``DEFAULT_FOR_PERIODS`` scrape periods (none for ``monitor_stale``,
+whose ``periods`` already wait), ``repeat`` ``DEFAULT_REPEAT``.
+
 While the latest poll is not fresh (older than ``STALE_PERIODS`` scrape periods, or made before
 the evaluator started) the rules that read polls hold their alerts as they are: old data proves
 nothing either way. ``bootstrap_down`` (reachability checks) and ``monitor_stale`` are judged regardless.
@@ -43,9 +55,9 @@ from monitor.core.timefmt import duration, utc
 # rule kinds
 MODEL_DEGRADED = "model_degraded"  # the model is degraded or broken (the state follows it)
 MODEL_BROKEN = "model_broken"  # the model is broken
-BOOTSTRAP_DOWN = "bootstrap_down"  # a bootstrap peer does not answer its probe
+BOOTSTRAP_DOWN = "bootstrap_down"  # a bootstrap peer does not answer its reachability check
 PEER_OFFLINE = "peer_offline"  # a watched peer announces no ONLINE span
-PEER_UNREACHABLE = "peer_unreachable"  # a watched peer announces ONLINE but fails its probe
+PEER_UNREACHABLE = "peer_unreachable"  # a watched peer announces ONLINE but fails its reachability check
 PEER_WRONG_OUTPUTS = "peer_wrong_outputs"  # correctness probes flag a watched peer
 PEER_FAILING = "peer_failing"  # a watched peer answers every recent probe with an error of its own
 PEER_SCORE_BELOW = "peer_score_below"  # a watched peer's health score is below ``below``
@@ -108,7 +120,7 @@ class PeerView:
 @dataclass(frozen=True)
 class BootstrapView:
     peer_id: str
-    up: Optional[bool]  # None: not probed yet
+    up: Optional[bool]  # None: not checked yet
     error: Optional[str] = None
 
 
@@ -309,8 +321,9 @@ def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Conditi
         failed = [p for p in matches if p.state == ONLINE and p.reachable is False]
         active = bool(failed)
         confirmed = active and all(p.confirmed for p in failed)
-        summary = (f"{label} announces ONLINE but does not answer probes: {failed[0].reachability_error or 'unreachable'}"
-                   if active else f"{label} answers probes again")
+        summary = (f"{label} announces ONLINE but does not answer reachability checks: "
+                   f"{failed[0].reachability_error or 'unreachable'}"
+                   if active else f"{label} answers reachability checks again")
         state = "unreachable"
     elif rule.kind == PEER_WRONG_OUTPUTS:
         details = tuple(p.wrong_outputs for p in matches if p.wrong_outputs)

@@ -1,12 +1,24 @@
 """The one step that combines a poll's inputs into each model's assessment (``core.assessment``).
 
 Pure: every input is given, read at one ``now``. ``assess`` takes the poll's snapshot, the latest
-reachability check per peer, the server probes of the recent window (``probes.recent_window``:
-one window for every probe verdict) and each model's newest generation check (counted only while
-``generation.is_current``), and returns per model the diagnosis (``coverage.diagnose``) with, per
+reachability check per peer, the compute checks of their window (``compute_checks.window``; where a
+server's newest check is newer than its reachability check, the check decides whether it answers),
+the server probes of the recent window (``probes.recent_window``: one window for every probe
+verdict) and each model's newest generation check (counted only while ``generation.is_current``),
+and returns per model the diagnosis (``coverage.diagnose``) with, per
 announced server, its cause and what the probes measured of it. The poller stores the result with
 its poll and again after any later input of that poll (``monitor.app.assessing``); every reader
-reads what was stored.
+reads what was stored. Which input makes which figure of the model page:
+
+- state, reasons, coverage, redundancy, bottlenecks, recommendation: the snapshot and the
+  reachability checks (``coverage.diagnose``);
+- the best route and its speed ("measured", "partly measured", "announced"): announced speeds and
+  pings, the speed probes' measurements, the reachability checks' RTTs (petals' own routing);
+- each server's cause (failing, wrong outputs, slow, disagrees, unreachable): the probes and the
+  compute checks (``server_assessments``, one window per kind);
+- "broken" after a failed generation check: a current check only.
+
+Scores are not assessed here: the score job reads history and the stored assessments' verdicts.
 """
 
 from __future__ import annotations

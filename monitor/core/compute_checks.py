@@ -20,6 +20,13 @@ sees it leave. A verdict rests on the server's newest ``CONFIRMATIONS`` checks w
 - else, none answered → **not answering** (the diagnosis calls it unreachable).
 
 One check that succeeds ends either verdict.
+
+Users' failures are evidence (``confirming_request``): a chat request whose step through a server
+failed with the server's error or a timeout (a client that left, a bad request or a prompt too long
+never reach a server) asks the leader for a compute check of it now, at most once per
+``REQUEST_INTERVAL`` per server whatever the traffic; one that measured a span ``SLOW_FACTOR`` times
+slower than its probes asks for a speed probe of it, at most once per ``PROBE_REQUEST_INTERVAL``.
+Confirmed, the verdict changes for every reader at once; not confirmed, nothing changes.
 """
 
 from __future__ import annotations

@@ -36,6 +36,12 @@ Bottlenecks: served blocks whose total throughput (the sum over serving servers,
 block selection sums it) is below ``BOTTLENECK_FRACTION`` of the median over served blocks —
 the place where the swarm is thinnest relative to itself, even when nothing is missing.
 
+Reasons are short sentences for people: a sentence names at most ``MAX_IN_REASON`` servers (public
+name or short id) and counts the rest by cause ("blocks 0:80 have no serving server: 3 ONLINE but
+failing, 119 ONLINE but unreachable — see the servers table"), and at most ``MAX_NAMED`` servers of
+each kind (failing, wrong, disagreeing, slow) get a sentence, the rest counted, so a swarm of
+hostile or broken servers makes a diagnosis a few lines long.
+
 Ranges are ``start:end`` with ``end`` exclusive, as petals' ``--block_indices``. The result types
 live in ``monitor.core.assessment`` (no petals there), so the web can show a stored diagnosis.
 """

@@ -1,6 +1,6 @@
 """Medians that merge and stay small: a log-scale histogram whose buckets keep a count and a sum.
 
-The scores need the median probe RTT over a day and each peer's median chat speed over a week.
+The scores need the median reachability RTT over a day and each peer's median chat speed over a week.
 Exact medians need every value in memory (or a sort in SQL per peer); a histogram needs one row
 per (peer, bucket), can be summed in SQL (``GROUP BY peer, bucket``) and merged across rollups,
 and is the same whether it was filled from Python objects or from SQL. Buckets are 1/16 of an

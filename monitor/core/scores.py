@@ -32,17 +32,17 @@ from monitor.core.snapshot import ONLINE, Observation, PeerHistory
 NEUTRAL = 0.5
 
 # name -> (weight in points, prior strength k in samples). The names are stored with every score and
-# shown by the API and the peer page: "probe_success" and "probe_rtt" are the reachability checks'
-# (their older name, kept there)
+# shown by the API and the peer page ("reachability_*" were "probe_*" before revision 0022)
 WEIGHTS = {
     "uptime": 30,
-    "probe_success": 15,
-    "probe_rtt": 10,
+    "reachability_success": 15,
+    "reachability_rtt": 10,
     "stability": 15,
     "chat_success": 15,
     "chat_speed": 15,
 }
-PRIOR = {"uptime": 5, "probe_success": 4, "probe_rtt": 4, "stability": 10, "chat_success": 3, "chat_speed": 3}
+PRIOR = {"uptime": 5, "reachability_success": 4, "reachability_rtt": 4, "stability": 10, "chat_success": 3,
+         "chat_speed": 3}
 UPTIME_WINDOWS = ((HOUR, 0.5, "1 h"), (DAY, 0.3, "24 h"), (WEEK, 0.2, "7 d"))
 REACHABILITY_WINDOW, FLAP_WINDOW, CHAT_WINDOW = DAY, DAY, WEEK
 SCORE_WINDOW = max(w for w, _, _ in UPTIME_WINDOWS)  # the oldest evidence any component looks at
@@ -55,20 +55,23 @@ score = sum of weight × quality over six components (weights sum to {sum(WEIGHT
 Each quality is shrunk towards 0.5 by its evidence: quality = (n × measured + k × 0.5) / (n + k),
 n = the component's sample count, k = its prior strength. No evidence: 0.5, so a new peer scores 50.
 
-uptime         {WEIGHTS['uptime']:>2}  share of polls that saw the peer ONLINE (a poll that did not see it counts as down),
-                   over the last 1 h, 24 h and 7 d, weighted 0.5 / 0.3 / 0.2 (windows without polls are left out);
-                   each window shrunk with k = {PRIOR['uptime']} polls
-probe success  {WEIGHTS['probe_success']:>2}  ok probes / probes in the last 24 h (JOINING answers are not counted), k = {PRIOR['probe_success']}
-probe RTT      {WEIGHTS['probe_rtt']:>2}  1 / (1 + median RTT / {RTT_REFERENCE * 1000:.0f} ms) over ok probes in the last 24 h, k = {PRIOR['probe_rtt']}
-stability      {WEIGHTS['stability']:>2}  exp(−flaps / {FLAP_SCALE:g}); a flap = leaving ONLINE between two consecutive polls of one model,
-                   in the last 24 h; n = polls in the last 24 h that followed an ONLINE poll, k = {PRIOR['stability']}
-chat success   {WEIGHTS['chat_success']:>2}  ok / all chat outcomes in the last 7 d, k = {PRIOR['chat_success']}
-chat speed     {WEIGHTS['chat_speed']:>2}  min(1, swarm median ÷ peer median) of seconds per token per block over ok chat outcomes
-                   in the last 7 d (swarm median = median over peers of each peer's median), k = {PRIOR['chat_speed']};
-                   0.5 while there is no swarm reference
+uptime                {WEIGHTS['uptime']:>2}  share of polls that saw the peer ONLINE (a poll that did not see it counts as
+                          down), over the last 1 h, 24 h and 7 d, weighted 0.5 / 0.3 / 0.2 (windows without
+                          polls are left out); each window shrunk with k = {PRIOR['uptime']} polls
+reachability success  {WEIGHTS['reachability_success']:>2}  ok / all reachability checks in the last 24 h (JOINING answers are
+                          not counted), k = {PRIOR['reachability_success']}
+reachability RTT      {WEIGHTS['reachability_rtt']:>2}  1 / (1 + median RTT / {RTT_REFERENCE * 1000:.0f} ms) over ok reachability checks in
+                          the last 24 h, k = {PRIOR['reachability_rtt']}
+stability             {WEIGHTS['stability']:>2}  exp(−flaps / {FLAP_SCALE:g}); a flap = leaving ONLINE between two consecutive polls of
+                          one model, in the last 24 h; n = polls in the last 24 h that followed an ONLINE poll,
+                          k = {PRIOR['stability']}
+chat success          {WEIGHTS['chat_success']:>2}  ok / all chat outcomes in the last 7 d, k = {PRIOR['chat_success']}
+chat speed            {WEIGHTS['chat_speed']:>2}  min(1, swarm median ÷ peer median) of seconds per token per block over ok chat
+                          outcomes in the last 7 d (swarm median = median over peers of each peer's median),
+                          k = {PRIOR['chat_speed']}; 0.5 while there is no swarm reference
 Speed probes: where they measured the peer (the median of its newest 3 probes' one-token steps per
-                   block), that figure judges its speed instead of the chats' (n = 3), and the swarm median
-                   is taken over each peer's probe figure, or its chat median if it was not probed.
+                          block), that figure judges its speed instead of the chats' (n = 3), and the swarm
+                          median is taken over each peer's probe figure, or its chat median if it was not probed.
 Wrong outputs: a peer whose latest correctness probe found its outputs wrong scores 0.
 Medians are estimated from log-scale histograms with buckets 1/16 octave wide (the mean of the middle
 bucket): within {MAX_RELATIVE_ERROR * 100:.1f} % of the exact median, so they can be counted in SQL.
@@ -211,14 +214,15 @@ def _uptime(agg: PeerAggregates) -> tuple[float, str]:
 
 def _reachability(agg: PeerAggregates) -> tuple[float, float, str]:
     counted = agg.reachability_ok + agg.reachability_failed
-    success = _shrink(agg.reachability_ok / counted, counted, PRIOR["probe_success"]) if counted else NEUTRAL
+    success = _shrink(agg.reachability_ok / counted, counted, PRIOR["reachability_success"]) if counted else NEUTRAL
     if not counted and not agg.reachability_joining:
-        return success, NEUTRAL, "probe: none in the last 24 h"
-    sentence = f"probe ok {agg.reachability_ok}/{counted}"
+        return success, NEUTRAL, "reachability checks: none in the last 24 h"
+    sentence = f"reachability checks ok {agg.reachability_ok}/{counted}"
     rtt_quality = NEUTRAL
     median_rtt = agg.reachability_rtt.median()
     if median_rtt is not None:
-        rtt_quality = _shrink(1 / (1 + median_rtt / RTT_REFERENCE), agg.reachability_rtt.count, PRIOR["probe_rtt"])
+        rtt_quality = _shrink(1 / (1 + median_rtt / RTT_REFERENCE), agg.reachability_rtt.count,
+                              PRIOR["reachability_rtt"])
         sentence += f", median RTT {median_rtt * 1000:.0f} ms"
     if agg.reachability_joining:
         sentence += f", {agg.reachability_joining} answered JOINING (still loading)"
@@ -298,8 +302,8 @@ def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[
         chat_text += "; " + speed_text
     qualities = {
         "uptime": uptime,
-        "probe_success": reachable,  # (the stored and shown names of these two: kept)
-        "probe_rtt": rtt,
+        "reachability_success": reachable,
+        "reachability_rtt": rtt,
         "stability": stability,
         "chat_success": chat_success,
         "chat_speed": chat_speed,

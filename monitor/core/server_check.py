@@ -7,7 +7,7 @@ status (ok / warn / bad / info), a sentence and, when something is wrong, what t
   (without announcing OFFLINE), announced OFFLINE, or last seen serving a model this monitor no
   longer watches (another ``dht_prefix``);
 - **announced** — its state and span per model, and its petals version against the swarm's;
-- **reachable** — the latest probe (or a live check the visitor asked for);
+- **reachable** — the latest reachability check (or a live one the visitor asked for);
 - **useful** — what it serves against what the swarm needs: blocks only it serves, blocks
   still missing, and where petals' own block selection would put a new server (the
   ``Recommendation`` the poller stored with each model's diagnosis);
@@ -59,8 +59,8 @@ class ServerFacts:
     first_seen: Optional[float] = None  # first/last poll that saw it announce; None: never
     last_seen: Optional[float] = None
     last: tuple[LastAnnouncement, ...] = ()  # when it is not in the latest poll
-    probe: Optional[ReachabilityResult] = None  # the latest probe (stored, or a live check)
-    probe_is_live: bool = False
+    reachability: Optional[ReachabilityResult] = None  # the latest reachability check (stored, or a live one)
+    reachability_is_live: bool = False
     healths: Mapping[str, Assessment] = field(default_factory=dict)
     score: Optional[PeerScore] = None
 
@@ -95,7 +95,7 @@ def check(facts: ServerFacts) -> ServerReport:
         checks.append(_announced(facts, names))
         checks.append(_reachable(facts))
         checks.extend(_useful(facts, row, names) for row in facts.rows)
-    elif facts.probe is not None and facts.probe_is_live:
+    elif facts.reachability is not None and facts.reachability_is_live:
         checks.append(_reachable(facts))
     checks.append(_score(facts))
     status = max((c.status for c in checks), key=_WORST.__getitem__)
@@ -180,17 +180,18 @@ def _announced(facts: ServerFacts, names: Mapping[str, str]) -> Check:
 
 
 def _reachable(facts: ServerFacts) -> Check:
-    probe, how = facts.probe, "A live check just now" if facts.probe_is_live else "The latest probe"
-    if probe is None:
-        return Check("reachable", INFO, "Not probed yet: the monitor probes servers every minute or so.",
-                     "Use “Check now” to probe it.")
-    if probe.ok:
-        rtt = f" in {duration(probe.rtt)}" if probe.rtt is not None else ""
+    found = facts.reachability
+    how = "A live check just now" if facts.reachability_is_live else "The latest reachability check"
+    if found is None:
+        return Check("reachable", INFO, "Not checked yet: the monitor checks every server's reachability every "
+                     "minute or so.", "Use “Check now” to check it.")
+    if found.ok:
+        rtt = f" in {duration(found.rtt)}" if found.rtt is not None else ""
         return Check("reachable", OK, f"{how} reached it{rtt}.")
-    if probe.joining:
+    if found.joining:
         return Check("reachable", WARN, f"{how} reached it, but it is still loading its blocks.",
                      "Wait until it announces ONLINE.")
-    return Check("reachable", BAD, f"{how} could not reach it: {probe.error or 'no answer'}.",
+    return Check("reachable", BAD, f"{how} could not reach it: {found.error or 'no answer'}.",
                  "Clients cannot use a server the monitor cannot reach: make sure its port is reachable "
                  "from the internet (forward it, or give --public_ip and --port), or let it use a relay.")
 
@@ -241,7 +242,8 @@ def _score(facts: ServerFacts) -> Check:
     status = OK if value >= 60 else INFO if value >= LOW_SCORE else WARN
     advice = None
     if status == INFO:
-        advice = "A new server starts at 50 and earns points as polls, probes and chats see it serve well."
+        advice = ("A new server starts at 50 and earns points as polls, reachability checks, probes and chats see "
+                  "it serve well.")
     elif status == WARN:
         advice = "Low scores come from the sentences above; the health-aware chat routes around such peers."
     return Check("score", status, f"Health score {value:.0f}/100: " + "; ".join(facts.score.explanation) + ".", advice)

@@ -1,4 +1,10 @@
-"""Plain data that flows from the scrape to the store and the analysis (no I/O, no SQL).
+"""Plain data from the DHT edge: what the scrape read (``Snapshot``, its ``ServerRow``s), what the
+reachability checks found (``ReachabilityResult``), and the per-peer history the scores read (no I/O,
+no SQL).
+
+A snapshot is an input, not a verdict: ``monitor.core.assess`` combines it with the reachability
+checks, compute checks, probes and generation checks into each model's assessment, and the poller
+stores the poll and its assessment together; nothing downstream analyses a snapshot again.
 
 Peers control everything they announce; by the time data is in these classes it has been
 validated and length-limited (see ``monitor/swarm/``), so everything downstream can trust the types.

@@ -1,4 +1,22 @@
-"""The embedded demo's swarm layout and its chaos controls (used by the dashboard's demo panel)."""
+"""The embedded demo's swarm layout and its chaos controls (the dashboard's demo panel and
+``swarm-monitor chaos``).
+
+Layout (``demo_layout``): every block served by two servers, so any one can die with the model still
+fully served; 3 servers on the demo model's 30 blocks are ``0:30``, ``0:15`` and ``15:30``. Server
+``i`` is ``server-i`` everywhere (harness, panel, CLI, the public name it announces).
+
+Controls (``DemoControls``), each what a real server can do to a swarm:
+
+- ``stop`` / ``start``: the server's process goes and comes back; the service polls at once
+  (``on_change``), so the dashboard shows it within seconds, not a scrape period later;
+- ``throttle``: the server's compute runtime is stopped 80 % of every 0.25 s (SIGSTOP/SIGCONT) — slow,
+  but its handlers still answer pings: what petals' default routing cannot see;
+- ``corrupt``: it perturbs its blocks' outputs — fast, ONLINE, wrong;
+- ``fail``: every inference and forward step raises "CUDA error: out of memory" — ONLINE, reachable,
+  failing;
+- ``hostile``: a made-up peer announces extreme and malformed records on every block for ten
+  minutes (``harness/hostile.py``).
+"""
 
 from __future__ import annotations
 

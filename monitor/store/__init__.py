@@ -1,4 +1,4 @@
-"""The SQL store: what every poll, probe and chat saw, and the few queries the views and scores need.
+"""The SQL store: what every poll, check, probe and chat saw, and the few queries the views and scores need.
 
 ``Store`` is the one object callers use; the work is in the modules beside it:
 
@@ -7,8 +7,8 @@
   into ``StoreUnavailable`` / ``StoreSchemaError`` / ``StoreDataError``, writes that leave out
   only the rows the database refuses (``insert_rows``), migrations and the schema's revision
   check (``StoreNotMigrated``: no schema yet, or an older one);
-- ``writes``: polls (with each model's ``Assessment``), probes, chat outcomes, scores, policies;
-- ``latest``: the latest snapshot, probes, statuses, diagnoses, scores and change marks;
+- ``writes``: polls (with each model's ``Assessment``), reachability checks, chat outcomes, scores, policies;
+- ``latest``: the latest snapshot, reachability checks, statuses, diagnoses, scores and change marks;
 - ``history``: statuses, state changes, outages, block coverage and peer histories over a range;
 - ``rollups``: hourly rollups and retention (and why 30 days of 500 servers fit in ~1 GB);
 - ``hours``: the hour arithmetic and the rollup watermarks that rollups, history and aggregates share;
@@ -18,7 +18,7 @@
 - ``mutes``: silences and maintenance windows, and who changed them when and why;
 - ``notes``: operators' incident notes and their history; ``status_history``: the status page's reads.
 
-Who writes: the poller (polls, diagnoses, probes, scores, rollups), the chat (its requests'
+Who writes: the poller (polls, diagnoses, checks, probes, scores, rollups), the chat (its requests'
 outcomes) and the web (operators' peer policies); readers are the web, the chat's router and the
 poller itself. One ``Store`` may be shared by threads and each process opens its own: every call
 takes its own pooled connection and transaction, so the object holds no state but the engine.
@@ -123,7 +123,7 @@ class Store:
 
     def record_reachability(self, batch: ReachabilityBatch) -> None:
         if batch.results:
-            with self.db.write("recording probes") as conn:
+            with self.db.write("recording reachability checks") as conn:
                 writes.record_reachability(conn, batch)
                 hours.follow_writes(conn, batch.taken_at)
 
@@ -178,7 +178,7 @@ class Store:
             return latest.last_poll(conn)
 
     def change_marks(self) -> tuple:
-        """A fingerprint of the latest state (poll, probes, scores, diagnoses): while it stays the
+        """A fingerprint of the latest state (poll, reachability checks, scores, diagnoses): while it stays the
         same, whatever a reader derived from that state still holds."""
         with self.db.read("reading change marks") as conn:
             return latest.change_marks(conn)
@@ -189,8 +189,8 @@ class Store:
             return latest.latest_snapshot(conn)
 
     def latest_reachability(self) -> dict[str, ReachabilityResult]:
-        """Each peer's latest probe."""
-        with self.db.read("reading the latest probes") as conn:
+        """Each peer's latest reachability check."""
+        with self.db.read("reading the latest reachability checks") as conn:
             return latest.latest_reachability(conn)
 
     def latest_model_status(self) -> dict[str, dict]:
@@ -280,14 +280,14 @@ class Store:
             return history.block_coverage_series(conn, model, since, until, value, stat)
 
     def peer_history(self, peer_id: str, since: float, until: float, *, merge_runs: bool = False) -> PeerHistory:
-        """The peer's observations, probes and chat outcomes in [since, until], oldest first.
+        """The peer's observations, reachability checks and chat outcomes in [since, until], oldest first.
 
         Observations include the polls that did not see it (``seen=False``) for the models it
         served; before raw retention they are hourly rows (``samples`` > 1, ``at`` = the hour).
         ``merge_runs``: also merge consecutive polls with the same state and span within each clock
         hour (``samples`` = polls), which keeps uptime and flaps exact at a fraction of the rows;
-        consumers must then weigh by ``samples``. Probes are raw only (within raw retention);
-        the hourly ``hourly_probes`` rollup is what the scores count (``peer_aggregates``)."""
+        consumers must then weigh by ``samples``. Reachability checks are raw only (within raw retention);
+        the hourly ``hourly_reachability`` rollup is what the scores count (``peer_aggregates``)."""
         with self.db.read("reading peer history") as conn:
             key = latest.peer_key(conn, peer_id)
             found = None if key is None else history.histories(conn, since, until, [key], merge_runs).get(key)
@@ -373,7 +373,7 @@ class Store:
         """Aggregate every completed hour not yet rolled up (and hours written into since they
         were), then delete raw rows older than ``raw_retention_days`` (whole hours, only rolled-up
         ones), rollups, chat outcomes and state changes older than ``rollup_retention_days``, and
-        latest probes, scores, models, peers and policies not seen within those retentions
+        latest reachability checks, scores, models, peers and policies not seen within those retentions
         (``rollups.rollup_and_prune``). Idempotent; returns counts."""
         return rollups.rollup_and_prune(self.db, now, raw_retention_days=raw_retention_days,
                                         rollup_retention_days=rollup_retention_days)

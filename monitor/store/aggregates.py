@@ -1,6 +1,6 @@
 """What the peer scores need, counted by SQL: ``PeerAggregates`` per peer, no row materialized.
 
-The score job used to read a week of observations, probes and chat outcomes into Python for every
+The score job used to read a week of observations, reachability checks and chat outcomes into Python for every
 peer (``history.histories``: ~24 s and ~150,000 objects at 500 servers). Here the database counts,
 and whatever is older than the last hour or two comes from the hourly rollups:
 
@@ -15,9 +15,9 @@ and whatever is older than the last hour or two comes from the hourly rollups:
   (``departures``: ``hourly_observations.flap_chances`` / ``flaps``); the pairs across hour
   boundaries, in the partial hours and in hours rolled up before those columns existed are
   counted here from raw rows, the same way;
-- **probes** of the last day: ok / failed / JOINING counts, the RTT histogram (``probe_bins``,
-  buckets as ``monitor.core.quantiles`` computes them; ``hourly_probes.rtt_bins``) and the latest
-  failure's error (``hourly_probes.last_error``);
+- **reachability checks** of the last day: ok / failed / JOINING counts, the RTT histogram
+  (``reachability_bins``, buckets as ``monitor.core.quantiles`` computes them;
+  ``hourly_reachability.rtt_bins``) and the latest failure's error (``hourly_reachability.last_error``);
 - **chat outcomes** of the week: counts, the histogram of seconds per token per block, the latest
   error; and the latest announced ``inference_rps``.
 
@@ -48,10 +48,10 @@ from monitor.store.schema import (
     ChatOutcomeRow,
     HourlyObservationsRow,
     HourlyPollsRow,
-    HourlyProbesRow,
+    HourlyReachabilityRow,
     Peer,
     Poll,
-    ProbeRow,
+    ReachabilityCheckRow,
     ServerObservationRow,
 )
 
@@ -79,7 +79,7 @@ class _Peer:
     counts: dict = field(default_factory=dict)  # PeerAggregates' integer fields
     rtt_bins: dict = field(default_factory=dict)  # bucket -> [count, sum], merged as rows come
     speed_bins: dict = field(default_factory=dict)
-    probe_error: tuple = (-math.inf, None)  # (when, error) of the latest failed probe
+    reachability_error: tuple = (-math.inf, None)  # (when, error) of the latest failed reachability check
     chat_error: Optional[str] = None
     advertised: Optional[float] = None
     announced: tuple = (-math.inf, None)  # (hour, model) of the latest rolled-up hour with an inference_rps
@@ -105,7 +105,7 @@ def peer_aggregates(conn: Connection, now: float) -> list[PeerAggregates]:
     if not peers:
         return []
     _flaps(conn, _plan(now - FLAP_WINDOW, now, watermark), polls, peers)
-    _probes(conn, _plan(now - REACHABILITY_WINDOW, now, watermark), now, peers)
+    _reachability(conn, _plan(now - REACHABILITY_WINDOW, now, watermark), now, peers)
     _advertised(conn, week, polls, now, peers)
     names = _peer_names(conn, list(peers))
     counter = _Polls.of(polls, hourly_polls)
@@ -118,7 +118,7 @@ def peer_aggregates(conn: Connection, now: float) -> list[PeerAggregates]:
             window, first_seen, now)) for i, window in enumerate(windows))
         result.append(PeerAggregates(
             peer_id=peer_id, uptime=uptime, **found.counts,
-            reachability_rtt=_histogram(found.rtt_bins), last_reachability_error=found.probe_error[1],
+            reachability_rtt=_histogram(found.rtt_bins), last_reachability_error=found.reachability_error[1],
             chat_speed=_histogram(found.speed_bins), last_chat_error=found.chat_error,
             advertised_inference_rps=found.advertised,
         ))
@@ -291,7 +291,7 @@ def _flaps(conn: Connection, window: _Window, polls: list[tuple[int, float]], pe
             peers[peer].add("flaps", flaps)
 
 
-# ---- probes, chats, advertised speed ----------------------------------------------------------
+# ---- reachability checks, chats, advertised speed --------------------------------------------
 
 
 def _bucket(value):
@@ -301,11 +301,11 @@ def _bucket(value):
                    else_=0)
 
 
-def probe_bins(conn: Connection, intervals: Sequence[Interval], now: float, *, by_peer: bool = True) -> dict:
+def reachability_bins(conn: Connection, intervals: Sequence[Interval], now: float, *, by_peer: bool = True) -> dict:
     """peer -> {"n", "ok", "joining", "bins": [(bucket, count, sum of RTTs)], "error": (at, error)
-    of the latest failure that was not JOINING} over the probes in ``intervals``: what the hourly
+    of the latest failure that was not JOINING} over the reachability checks in ``intervals``: what the hourly
     rollup keeps per hour and what the scores count for the partial hours."""
-    q = ProbeRow.__table__.c
+    q = ReachabilityCheckRow.__table__.c
     timed = sa.and_(q.ok, q.rtt.is_not(None))
     where = _in(q.at, intervals, now)
     found: dict[int, dict] = {}
@@ -319,16 +319,17 @@ def probe_bins(conn: Connection, intervals: Sequence[Interval], now: float, *, b
         slot["joining"] += int(joining or 0)
         if index is not None and n_timed:
             slot["bins"].append((int(index), int(n_timed), float(total or 0.0)))
-    for peer, at, error in _latest(conn, ProbeRow.__table__, (q.at, q.error), sa.and_(where, ~q.ok, ~q.joining)):
+    failed = sa.and_(where, ~q.ok, ~q.joining)
+    for peer, at, error in _latest(conn, ReachabilityCheckRow.__table__, (q.at, q.error), failed):
         if peer in found:
             found[peer]["error"] = (at, error)
     return found
 
 
-def _probes(conn: Connection, window: _Window, now: float, peers: dict[int, _Peer]) -> None:
+def _reachability(conn: Connection, window: _Window, now: float, peers: dict[int, _Peer]) -> None:
     raw = list(window.raw)
     if window.hours_until > window.hours_from:
-        hp = HourlyProbesRow.__table__.c
+        hp = HourlyReachabilityRow.__table__.c
         pruned = raw_pruned_until(conn)
         for peer, hour, n, ok, joining, bins, error, mean_rtt in conn.execute(sa.select(
                 hp.peer, hp.hour, hp.n, hp.ok, hp.joining, hp.rtt_bins, hp.last_error, hp.mean_rtt).where(
@@ -336,30 +337,30 @@ def _probes(conn: Connection, window: _Window, now: float, peers: dict[int, _Pee
             if bins is None and (pruned is None or hour >= pruned):  # rolled up before revision 0008
                 raw.append((hour, hour + HOUR))  # (its raw rows are still there: count those)
             elif peer in peers:
-                if bins is None:  # (raw rows and histogram pruned: the hour's mean stands for its probes)
+                if bins is None:  # (raw rows and histogram pruned: the hour's mean stands for its checks)
                     bins = [quantiles.bucket(mean_rtt), ok, mean_rtt * ok] if mean_rtt and ok else []
-                _add_probes(peers[peer], n, ok, joining, zip(*[iter(bins)] * 3),  # (stored flat: b, n, sum, ...)
+                _add_reachability(peers[peer], n, ok, joining, zip(*[iter(bins)] * 3),  # (stored flat: b, n, sum, ...)
                             (hour + HOUR - 1, error) if n - ok - joining > 0 else None)
-    for peer, slot in probe_bins(conn, _merge(raw), now).items():
+    for peer, slot in reachability_bins(conn, _merge(raw), now).items():
         if peer in peers:
-            _add_probes(peers[peer], slot["n"], slot["ok"], slot["joining"], slot["bins"], slot["error"])
+            _add_reachability(peers[peer], slot["n"], slot["ok"], slot["joining"], slot["bins"], slot["error"])
 
 
 def prune(conn: Connection, cutoff: float) -> int:
     """Drop the RTT histograms of hours before ``cutoff`` (the raw retention's): the scores read a
     day of them, and they are most of a rolled-up hour's bytes. Returns the rows changed."""
-    hp = HourlyProbesRow.__table__
+    hp = HourlyReachabilityRow.__table__
     return conn.execute(sa.update(hp).where(hp.c.hour < cutoff, hp.c.rtt_bins.is_not(None))
                         .values(rtt_bins=None)).rowcount
 
 
-def _add_probes(found: _Peer, n: int, ok: int, joining: int, bins: Iterable, error: Optional[tuple]) -> None:
+def _add_reachability(found: _Peer, n: int, ok: int, joining: int, bins: Iterable, error: Optional[tuple]) -> None:
     found.add("reachability_ok", ok)
     found.add("reachability_joining", joining)
     found.add("reachability_failed", max(0, n - ok - joining))  # (a JOINING answer is never ok)
     quantiles.merge_bins(found.rtt_bins, bins)
-    if error is not None and error[0] > found.probe_error[0]:
-        found.probe_error = error
+    if error is not None and error[0] > found.reachability_error[0]:
+        found.reachability_error = error
 
 
 def _merge(intervals: list[Interval]) -> list[Interval]:

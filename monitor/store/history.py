@@ -1,5 +1,5 @@
 """Reads over a time range: a model's status, state changes, outages and block coverage, and each
-peer's observations, probes and chat outcomes (``PeerHistory``, what the scores take).
+peer's observations, reachability checks and chat outcomes (``PeerHistory``, what the scores take).
 
 Where raw rows are kept every poll is one row; before that every rolled-up hour is one
 (``hours.rollup_window``), so a range of any length costs at most one row per poll of the last
@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from monitor.core.common import HOUR
 from monitor.core.assessment import BROKEN
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ChatOutcome, Observation, PeerHistory
-from monitor.store.latest import probe, status_dict
+from monitor.store.latest import reachability_result, status_dict
 from monitor.store.hours import floor_hour, mean, raw_start, rollup_window
 from monitor.store.schema import (
     BlockCoverageRow,
@@ -30,7 +30,7 @@ from monitor.store.schema import (
     ModelStatusRow,
     Peer,
     Poll,
-    ProbeRow,
+    ReachabilityCheckRow,
     ServerObservationRow,
 )
 
@@ -125,24 +125,24 @@ def histories(conn: Connection, since: float, until: float, keys: Optional[list[
     observations = _observations(conn, since, until, keys, merge_runs)
     outcomes = _outcomes(conn, since, until, keys)
     wanted = set(observations) | set(outcomes) if keys is None else set(keys)
-    q = ProbeRow.__table__.c
-    probes_q = sa.select(q.peer, q.at, q.kind, q.ok, q.rtt, q.error, q.joining, q.address).where(
+    q = ReachabilityCheckRow.__table__.c
+    checks_q = sa.select(q.peer, q.at, q.kind, q.ok, q.rtt, q.error, q.joining, q.address).where(
         q.at >= max(since, reachability_since or since), q.at <= until).order_by(q.at, q.id)
     peers = Peer.__table__.c
     peers_q = sa.select(peers.id, peers.peer_id, peers.first_seen)
     if keys is not None:
-        probes_q, peers_q = probes_q.where(q.peer.in_(keys)), peers_q.where(peers.id.in_(keys))
-    probes: dict[int, list] = {}
-    for r in conn.execute(probes_q).all():
+        checks_q, peers_q = checks_q.where(q.peer.in_(keys)), peers_q.where(peers.id.in_(keys))
+    checks: dict[int, list] = {}
+    for r in conn.execute(checks_q).all():
         if r[0] in wanted:
-            probes.setdefault(r[0], []).append(r)
+            checks.setdefault(r[0], []).append(r)
     result = {}
     for key, peer_id, first_seen in conn.execute(peers_q):
         if key in wanted:
             result[key] = PeerHistory(
                 peer_id=peer_id,
                 observations=tuple(observations.get(key, ())),
-                reachability=tuple((r[1], probe(peer_id, *r[2:])) for r in probes.get(key, ())),
+                reachability=tuple((r[1], reachability_result(peer_id, *r[2:])) for r in checks.get(key, ())),
                 outcomes=tuple(outcomes.get(key, ())),
                 first_seen=first_seen,
             )

@@ -1,9 +1,9 @@
-"""Reads of the latest state: the latest poll as a ``Snapshot``, each peer's latest probe and score,
-each model's latest status and diagnosis, and the marks that say whether any of it changed.
+"""Reads of the latest state: the latest poll as a ``Snapshot``, each peer's latest reachability check
+and score, each model's latest status and diagnosis, and the marks that say whether any of it changed.
 
-What the pages, the API, /metrics and the chat's router read on every request, so each is one or
-a few indexed queries (``latest_reachability``, ``peer_scores`` and ``assessments`` hold one row per
-peer or model for that reason). Every function takes a connection inside a read transaction.
+What the pages, the API, /metrics and the chat's router read on every request, so each is one or a
+few indexed queries (the tables ``latest_reachability``, ``peer_scores`` and ``assessments`` hold one
+row per peer or model for that reason). Every function takes a connection inside a read transaction.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from monitor.store.schema import (
     ChatOutcomeRow,
     GenerationCheckRow,
     AssessmentRow,
-    LatestProbeRow,
+    LatestReachabilityRow,
     ModelStatusRow,
     MuteChangeRow,
     Peer,
@@ -78,7 +78,7 @@ def last_poll(conn: Connection) -> Optional[PollSummary]:
 
 def change_marks(conn: Connection) -> tuple:
     """Fingerprints of everything the pages derive from the latest state (the last poll, the last
-    probe round, the last score refresh, the last diagnosis, the last generation check, the last
+    reachability round, the last score refresh, the last diagnosis, the last generation check, the last
     change to a silence or maintenance window), in one cheap query: a reader may reuse what it
     derived while they stay the same. Poll ids only grow; the per-peer and per-model tables are
     counted too, as rows can leave them."""
@@ -86,7 +86,8 @@ def change_marks(conn: Connection) -> tuple:
         return sa.select(expression).select_from(table).scalar_subquery()
 
     polls, mute_changes = Poll.__table__, MuteChangeRow.__table__
-    per_peer_or_model = [row.__table__ for row in (LatestProbeRow, PeerScoreRow, AssessmentRow, GenerationCheckRow)]
+    per_peer_or_model = [row.__table__ for row in
+                         (LatestReachabilityRow, PeerScoreRow, AssessmentRow, GenerationCheckRow)]
     query = sa.select(scalar(sa.func.max(polls.c.id), polls), scalar(sa.func.max(mute_changes.c.id), mute_changes), *(
         scalar(expression, table) for table in per_peer_or_model
         for expression in (sa.func.max(table.c.at), sa.func.count())))
@@ -138,11 +139,11 @@ def latest_snapshot(conn: Connection) -> Optional[Snapshot]:
 
 
 def latest_reachability(conn: Connection) -> dict[str, ReachabilityResult]:
-    """Each peer's latest probe."""
-    t, peers = LatestProbeRow.__table__.c, Peer.__table__
+    """Each peer's latest reachability check."""
+    t, peers = LatestReachabilityRow.__table__.c, Peer.__table__
     query = sa.select(peers.c.peer_id, t.kind, t.ok, t.rtt, t.error, t.joining, t.address, t.at).join(
         peers, peers.c.id == t.peer)
-    return {r[0]: probe(*r) for r in conn.execute(query)}
+    return {r[0]: reachability_result(*r) for r in conn.execute(query)}
 
 
 def latest_model_status(conn: Connection) -> dict[str, dict]:
@@ -232,7 +233,7 @@ def status_dict(r: Mapping[str, Any]) -> dict:
             "est_tokens_per_s": r["est_tokens_per_s"]}
 
 
-def probe(peer_id, kind, ok, rtt, error, joining, address, at=None) -> ReachabilityResult:
+def reachability_result(peer_id, kind, ok, rtt, error, joining, address, at=None) -> ReachabilityResult:
     return ReachabilityResult(peer_id=peer_id, kind=kind, ok=bool(ok), rtt=rtt, error=error, joining=bool(joining),
                               address=address, at=at)
 

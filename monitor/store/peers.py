@@ -28,7 +28,7 @@ SUFFIX_MARKS = ("…", "...")  # how short peer ids are shown ("…abc123"); a q
 class PeerMatch:
     peer_id: str
     public_name: Optional[str]
-    first_seen: Optional[float]  # None: never announced itself (only probed or chatted with)
+    first_seen: Optional[float]  # None: never announced itself (only checked or chatted with)
     last_seen: Optional[float]
     matched: str  # "peer id", "peer id prefix", "peer id suffix", "public name"
 

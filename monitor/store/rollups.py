@@ -3,9 +3,9 @@
 Every completed hour is aggregated into the ``hourly_*`` tables (``rolled_up_until`` in
 ``store_meta`` is the watermark); then raw rows older than the raw retention (whole, rolled-up
 hours only: never past the watermark) and rollups, chat outcomes and state changes older than the
-rollup retention go. The watermark follows the writes: a poll or probe round stored into an hour
+rollup retention go. The watermark follows the writes: a poll or reachability round stored into an hour
 already rolled up (it finished after the rollup ran) moves it back (``hours.follow_writes``), so the
-next rollup redoes that hour with every row. The "now" tables are pruned too: latest probes,
+next rollup redoes that hour with every row. The "now" tables are pruned too: latest reachability checks,
 scores and watched models not refreshed within the raw retention, and peers (and their routing
 policies) not seen within the rollup retention that no row refers to any more.
 The history readers use a rollup hour only where no raw rows are left (``hours.rollup_window``), so a
@@ -15,7 +15,7 @@ Why it fits in ~1 GB for 30 days × 60 s polls × 500 servers: peers are interne
 coverage is one row per (poll, model) with JSON arrays (not one row per block: 4 models × 80
 blocks would be 320 rows per poll, and the 24 h heatmap reads 1440 rows, not 460 k), and
 ``next_pings`` are kept an hour only. Measured on SQLite (tests/test_store.py): 113 kB of raw rows
-per poll of 500 servers (74 of them observations, 33 probes), 127 kB of rollups per hour: 30 days
+per poll of 500 servers (74 of them observations, 33 reachability checks), 127 kB of rollups per hour: 30 days
 ≈ 0.44 GB.
 """
 
@@ -39,11 +39,11 @@ from monitor.store.schema import (
     BlockCoverageRow,
     ChatOutcomeRow,
     HourlyBlockCoverageRow,
-    LatestProbeRow,
+    LatestReachabilityRow,
     HourlyModelStatusRow,
     HourlyObservationsRow,
     HourlyPollsRow,
-    HourlyProbesRow,
+    HourlyReachabilityRow,
     HourlyRequestsRow,
     ModelStateChangeRow,
     ModelStatusRow,
@@ -51,15 +51,15 @@ from monitor.store.schema import (
     PeerPolicyRow,
     PeerScoreRow,
     Poll,
-    ProbeRow,
+    ReachabilityCheckRow,
     RequestRow,
     ServerObservationRow,
     ServerPingsRow,
     WatchedModel,
 )
 
-HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow, HourlyProbesRow,
-                 HourlyRequestsRow)
+HOURLY_TABLES = (HourlyPollsRow, HourlyObservationsRow, HourlyModelStatusRow, HourlyBlockCoverageRow,
+                 HourlyReachabilityRow, HourlyRequestsRow)
 
 
 def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
@@ -104,7 +104,7 @@ def _rollup_next_hour(conn: Connection, current_hour: float) -> bool:
 
 
 def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
-    """Delete polls (with everything recorded per poll) and probes older than ``cutoff``, but never
+    """Delete polls (with everything recorded per poll) and reachability checks older than ``cutoff``, but never
     past the watermark: raw rows go only once they are rolled up."""
     done = rolled_up_until(conn, lock=True)
     if done is None:
@@ -120,12 +120,12 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
         table = row.__table__
         counts[table.name] = conn.execute(sa.delete(table).where(table.c.poll_id.in_(old_polls))).rowcount
     counts["polls"] = conn.execute(sa.delete(polls).where(polls.c.at < cutoff)).rowcount
-    probes = ProbeRow.__table__
-    counts["probe_results"] = conn.execute(sa.delete(probes).where(probes.c.at < cutoff)).rowcount
+    checks = ReachabilityCheckRow.__table__
+    counts[checks.name] = conn.execute(sa.delete(checks).where(checks.c.at < cutoff)).rowcount
     counts["server_probes"] = server_probes.prune(conn, cutoff)  # (raw only, no rollup)
     counts["generation_checks"] = generation_checks.prune(conn, cutoff)  # (raw only, no rollup)
     counts["requests"] = requests.prune(conn, cutoff)  # (rolled up: hourly_requests)
-    counts["hourly_probes.rtt_bins"] = aggregates.prune(conn, cutoff)  # (kept as long as raw rows)
+    counts["hourly_reachability.rtt_bins"] = aggregates.prune(conn, cutoff)  # (kept as long as raw rows)
     return counts
 
 
@@ -146,12 +146,12 @@ def _prune_rollups(conn: Connection, cutoff: float) -> dict[str, int]:
 
 
 def _prune_now(conn: Connection, raw_cutoff: float, rollup_cutoff: float) -> dict[str, int]:
-    """The "now" tables keep only what was seen lately: latest probes, scores and watched models
+    """The "now" tables keep only what was seen lately: latest reachability checks, scores and watched models
     not refreshed since ``raw_cutoff``; peers not seen since ``rollup_cutoff`` that no row refers to
     (found from the schema's foreign keys, so tables added later are respected); routing policies
     set before ``rollup_cutoff`` for peers no longer known."""
     counts = {}
-    for row in (LatestProbeRow, PeerScoreRow):
+    for row in (LatestReachabilityRow, PeerScoreRow):
         table = row.__table__
         counts[table.name] = conn.execute(sa.delete(table).where(table.c.at < raw_cutoff)).rowcount
     models = WatchedModel.__table__
@@ -194,7 +194,7 @@ def _rollup_hour(conn: Connection, hour: float) -> None:
     _insert_rows(conn, HourlyObservationsRow, _observation_rows(conn, hour, in_hour, ok_times, pairs))
     _insert_rows(conn, HourlyModelStatusRow, _status_rows(conn, hour, in_hour))
     _insert_rows(conn, HourlyBlockCoverageRow, _block_rows(conn, hour, in_hour))
-    _insert_rows(conn, HourlyProbesRow, _probe_rows(conn, hour, end))
+    _insert_rows(conn, HourlyReachabilityRow, _reachability_rows(conn, hour, end))
     _insert_rows(conn, HourlyRequestsRow, requests.hour_rows(conn, hour, end))
 
 
@@ -270,11 +270,11 @@ def _block_rows(conn: Connection, hour: float, in_hour) -> list[dict]:
     return rows
 
 
-def _probe_rows(conn: Connection, hour: float, end: float) -> list[dict]:
-    """Per peer: probes, ok, JOINING, the mean RTT, and for the scores the RTT histogram and the
-    latest failure's error (``aggregates.probe_bins``)."""
+def _reachability_rows(conn: Connection, hour: float, end: float) -> list[dict]:
+    """Per peer: reachability checks, ok, JOINING, the mean RTT, and for the scores the RTT histogram and the
+    latest failure's error (``aggregates.reachability_bins``)."""
     rows = []
-    for peer, found in aggregates.probe_bins(conn, [(hour, end)], math.inf).items():
+    for peer, found in aggregates.reachability_bins(conn, [(hour, end)], math.inf).items():
         timed = sum(n for _, n, _ in found["bins"])
         rows.append({"peer": peer, "hour": hour, "n": found["n"], "ok": found["ok"], "joining": found["joining"],
                      "mean_rtt": sum(total for _, _, total in found["bins"]) / timed if timed else None,
@@ -284,9 +284,9 @@ def _probe_rows(conn: Connection, hour: float, end: float) -> list[dict]:
 
 
 def _next_hour_with_data(conn: Connection, after: Optional[float]) -> Optional[float]:
-    """The start of the first hour at or after ``after`` that has polls, probes or requests."""
+    """The start of the first hour at or after ``after`` that has polls, reachability checks or requests."""
     candidates = []
-    for column in (Poll.__table__.c.at, ProbeRow.__table__.c.at, RequestRow.__table__.c.at):
+    for column in (Poll.__table__.c.at, ReachabilityCheckRow.__table__.c.at, RequestRow.__table__.c.at):
         query = sa.select(sa.func.min(column))
         if after is not None:
             query = query.where(column >= after)

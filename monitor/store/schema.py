@@ -21,13 +21,14 @@ from monitor.store.schema_types import PEER_POLICIES, BigId, _json_field, metada
 
 
 class Peer(SQLModel, table=True):
-    """Every peer ever seen (announced, probed, or chatted with); ``id`` is the key other tables use."""
+    """Every peer ever seen (announced, checked for reachability, or chatted with); ``id`` is the key
+    other tables use."""
 
     __tablename__ = "peers"
     __table_args__ = (sa.UniqueConstraint("peer_id"), sa.Index(None, "public_name"))  # (name: peer search)
     id: Optional[int] = Field(default=None, primary_key=True)
     peer_id: str
-    first_seen: Optional[float] = None  # first/last poll that saw it announce (None: only probed)
+    first_seen: Optional[float] = None  # first/last poll that saw it announce (None: never announced)
     last_seen: Optional[float] = None
     public_name: Optional[str] = None  # the last one it announced
 
@@ -138,8 +139,11 @@ class ModelStateChangeRow(SQLModel, table=True):
     reasons: Any = _json_field()
 
 
-class ProbeRow(SQLModel, table=True):
-    __tablename__ = "probe_results"
+class ReachabilityCheckRow(SQLModel, table=True):
+    """One reachability check of one peer (``core.snapshot.ReachabilityResult``); renamed from
+    ``probe_results`` by revision 0022 (``latest_probes`` and ``hourly_probes`` too)."""
+
+    __tablename__ = "reachability_results"
     __table_args__ = (sa.Index(None, "peer", "at"), sa.Index(None, "at"))
     id: Optional[int] = Field(default=None, primary_key=True, sa_type=BigId)
     at: float
@@ -152,10 +156,11 @@ class ProbeRow(SQLModel, table=True):
     address: Optional[str] = None
 
 
-class LatestProbeRow(SQLModel, table=True):
-    """Each peer's latest probe, so ``latest_reachability`` reads a few hundred rows, not the history."""
+class LatestReachabilityRow(SQLModel, table=True):
+    """Each peer's latest reachability check, so ``latest.latest_reachability`` reads a few hundred rows,
+    not the history."""
 
-    __tablename__ = "latest_probes"
+    __tablename__ = "latest_reachability"
     peer: int = Field(foreign_key="peers.id", primary_key=True)
     at: float
     kind: str
@@ -408,11 +413,11 @@ class HourlyBlockCoverageRow(SQLModel, table=True):
     mean_throughput: Any = _json_field()
 
 
-class HourlyProbesRow(SQLModel, table=True):
+class HourlyReachabilityRow(SQLModel, table=True):
     """A peer's reachability checks per hour, kept past raw retention: what the scores count
     (``store/aggregates.py``)."""
 
-    __tablename__ = "hourly_probes"
+    __tablename__ = "hourly_reachability"
     __table_args__ = (sa.Index(None, "hour"),)  # (revision 0009: the scores read the last day's hours)
     peer: int = Field(foreign_key="peers.id", primary_key=True)
     hour: float = Field(primary_key=True)
@@ -420,7 +425,7 @@ class HourlyProbesRow(SQLModel, table=True):
     ok: int
     joining: int
     mean_rtt: Optional[float] = None
-    # added by revision 0008 (NULL for hours rolled up before): the RTT histogram of ok probes as
+    # added by revision 0008 (NULL for hours rolled up before): the RTT histogram of ok checks as
     # core/quantiles.py buckets them, flat (decodes faster): [bucket, count, sum, bucket, ...], kept
     # as long as raw rows (the scores read a day of it); and the latest failure's error
     rtt_bins: Any = _json_field()

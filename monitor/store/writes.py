@@ -1,7 +1,8 @@
-"""Writes: what each poll, probe round, score refresh and chat request saw, and operators' peer policies.
+"""Writes: what each poll, reachability round, score refresh and chat request saw, and operators' peer
+policies (a probe round's rows: ``server_probes``).
 
-Three kinds of process write: the poller (polls, diagnoses, probes, scores, rollups), the chat
-(outcomes of its requests) and the web (peer policies set from a peer's page). Every function
+Three kinds of process write: the poller (polls, diagnoses, reachability checks, scores, rollups), the
+chat (outcomes of its requests) and the web (peer policies set from a peer's page). Every function
 here runs inside one write transaction (``Database.write``) that the caller opens, so a reader
 never sees half of a poll.
 """
@@ -27,14 +28,14 @@ from monitor.store.schema import (
     BlockCoverageRow,
     ChatOutcomeRow,
     AssessmentRow,
-    LatestProbeRow,
+    LatestReachabilityRow,
     ModelStateChangeRow,
     ModelStatusRow,
     Peer,
     PeerPolicyRow,
     PeerScoreRow,
     Poll,
-    ProbeRow,
+    ReachabilityCheckRow,
     ServerObservationRow,
     ServerPingsRow,
     WatchedModel,
@@ -283,7 +284,7 @@ def _upsert_seen_peers(conn: Connection, written: PollWritten, servers: Sequence
 
 
 def peer_keys(conn: Connection, peer_ids: Iterable[str]) -> dict[str, int]:
-    """Keys of these peers, adding the unknown ones (not marked seen: they were probed or chatted)."""
+    """Keys of these peers, adding the unknown ones (not marked seen: they were only checked or chatted)."""
     table = Peer.__table__
     wanted = list(dict.fromkeys(peer_ids))
     keys = _select_keys(conn, wanted)
@@ -304,25 +305,25 @@ def _select_keys(conn: Connection, peer_ids: Iterable[str]) -> dict[str, int]:
     return keys
 
 
-# ---- probes, chat outcomes, scores, policies -------------------------------------------------
+# ---- reachability checks, chat outcomes, scores, policies ------------------------------------
 
 
 def record_reachability(conn: Connection, batch: ReachabilityBatch) -> None:
-    """A probe round; a probe the database refuses costs that probe (logged), not the round."""
+    """A reachability round; a check the database refuses costs that check (logged), not the round."""
     at = batch.taken_at
     keys = peer_keys(conn, [r.peer_id for r in batch.results])
     rows = [{"at": at, "peer": keys[r.peer_id], "kind": r.kind, "ok": r.ok, "rtt": finite(r.rtt),
              "error": r.error, "joining": r.joining, "address": r.address} for r in batch.results]
-    rows, refused = insert_rows(conn, sa.insert(ProbeRow.__table__), rows)
+    rows, refused = insert_rows(conn, sa.insert(ReachabilityCheckRow.__table__), rows)
     if refused:
-        log.warning("probe round at %s: %d probes were not stored: %s", at, len(refused),
+        log.warning("reachability round at %s: %d checks were not stored: %s", at, len(refused),
                     "; ".join(r.error for r in refused[:MAX_NAMED_REFUSALS]))
-    latest = LatestProbeRow.__table__
+    latest = LatestReachabilityRow.__table__
     stmt = insert(conn, latest)
     stmt = stmt.on_conflict_do_update(
         index_elements=["peer"],
         set_={name: stmt.excluded[name] for name in ("at", "kind", "ok", "rtt", "error", "joining", "address")},
-        where=latest.c.at <= stmt.excluded.at,  # a late batch does not replace a newer probe
+        where=latest.c.at <= stmt.excluded.at,  # a late batch does not replace a newer check
     )
     if rows:
         conn.execute(stmt, list({row["peer"]: row for row in rows}.values()))

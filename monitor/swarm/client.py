@@ -1,6 +1,7 @@
 """The process's DHT client, and the one way to run work inside it.
 
-One DHT client per process: the poller's scrapes and probes and the chat's petals client share it.
+One DHT client per process: the poller's scrapes and reachability checks and the chat's petals client
+share it.
 Its work runs inside the DHT's own process (``DHT.run_coroutine``), which receives its arguments
 through a pipe that hangs on large pickles: callers send small batches, parse there, and get back
 compact plain tuples and dicts.
@@ -27,7 +28,7 @@ from monitor.swarm.dht_options import NO_NAT_TRAVERSAL, loopback_maddrs
 from monitor.swarm.reaper import guard_dht_daemons
 
 # Imported here, before any DHT process is forked, so the DHT child already has petals loaded
-# and the probe/scrape coroutines never stall its event loop on a multi-second import.
+# and the reachability/scrape coroutines never stall its event loop on a multi-second import.
 import petals.data_structures  # noqa: E402,F401
 import petals.utils.dht  # noqa: E402,F401
 

@@ -1,7 +1,8 @@
-"""Reachability probes: ask servers (rpc_info) and bootstrap peers (connect + DHT ping) directly
-whether they answer.
+"""Reachability checks: ask servers (rpc_info) and bootstrap peers (connect + DHT ping) directly
+whether they answer. (Not probes: a probe runs real inference through a server's span,
+``monitor.swarm.speed``.)
 
-Separate from the scrape, so a peer that does not answer can slow a probe batch (bounded by its
+Separate from the scrape, so a peer that does not answer can slow a batch of checks (bounded by its
 timeout) but never a scrape. Calls carry small batches of peer ids into the DHT process and bring
 back plain tuples.
 """
@@ -36,8 +37,8 @@ def _error_text(error: BaseException) -> str:
 
 
 def _reachability_semaphore(concurrency: int) -> asyncio.Semaphore:
-    """One semaphore per DHT event loop, shared by all the batches of probes in flight, so that
-    at most ``concurrency`` probes run at once whatever the batching (lives in the DHT process)."""
+    """One semaphore per DHT event loop, shared by all the batches of checks in flight, so that
+    at most ``concurrency`` checks run at once whatever the batching (lives in the DHT process)."""
     key = (id(asyncio.get_running_loop()), concurrency)
     if key not in _REACHABILITY_SEMAPHORES:
         _REACHABILITY_SEMAPHORES[key] = asyncio.Semaphore(concurrency)
@@ -52,7 +53,7 @@ async def _check_servers(dht, node, peer_ids: list[str], timeout: float, concurr
 
     semaphore = _reachability_semaphore(concurrency)
 
-    async def probe(peer: str) -> tuple:
+    async def check(peer: str) -> tuple:
         async with semaphore:
             started = time.perf_counter()
             try:
@@ -62,12 +63,12 @@ async def _check_servers(dht, node, peer_ids: list[str], timeout: float, concurr
                 return peer, True, time.perf_counter() - started, None, False
             except asyncio.TimeoutError:
                 return peer, False, None, f"no answer to rpc_info within {timeout:g} s", False
-            except Exception as e:  # noqa: BLE001 - every failure is a probe result
+            except Exception as e:  # noqa: BLE001 - every failure is a check's result
                 if _NOT_SERVED.search(str(e)):  # handlers not registered yet: still joining
                     return peer, False, None, "joining: rpc_info not served yet", True
                 return peer, False, None, _error_text(e), False
 
-    return list(await asyncio.gather(*(probe(peer) for peer in peer_ids)))
+    return list(await asyncio.gather(*(check(peer) for peer in peer_ids)))
 
 
 async def _check_bootstrap(dht, node, targets: list[tuple[str, str]], timeout: float) -> list[tuple]:
@@ -76,7 +77,7 @@ async def _check_bootstrap(dht, node, targets: list[tuple[str, str]], timeout: f
     from hivemind.proto import dht_pb2
     from hivemind.utils.multiaddr import Multiaddr
 
-    async def probe(peer: str, address: str) -> tuple:
+    async def check(peer: str, address: str) -> tuple:
         try:
             peer_id = PeerID.from_base58(peer)
             async with asyncio.timeout(timeout):
@@ -88,10 +89,10 @@ async def _check_bootstrap(dht, node, targets: list[tuple[str, str]], timeout: f
                 return peer, True, time.perf_counter() - started, None
         except (asyncio.TimeoutError, TimeoutError):
             return peer, False, None, f"no connection and DHT ping within {timeout:g} s"
-        except Exception as e:  # noqa: BLE001 - every failure is a probe result
+        except Exception as e:  # noqa: BLE001 - every failure is a check's result
             return peer, False, None, _error_text(e)
 
-    return list(await asyncio.gather(*(probe(peer, address) for peer, address in targets)))
+    return list(await asyncio.gather(*(check(peer, address) for peer, address in targets)))
 
 
 def check_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurrency: int = 32) -> ReachabilityBatch:
@@ -101,7 +102,7 @@ def check_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurr
     A server that answers "protocol not supported" is still loading its blocks (joining=True).
     """
     if timeout <= 0 or concurrency < 1:
-        raise ValueError(f"probe timeout must be > 0 and concurrency >= 1, got {timeout} and {concurrency}")
+        raise ValueError(f"reachability timeout must be > 0 and concurrency >= 1, got {timeout} and {concurrency}")
     taken_at, started = time.time(), time.perf_counter()
     results: dict[str, ReachabilityResult] = {}
     valid = []
@@ -113,7 +114,7 @@ def check_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurr
 
     # All batches go at once; a semaphore shared inside the DHT process bounds the concurrency.
     # Each call stays under PIPE_BUF (4 KB pickled), so concurrent writes to hivemind's command
-    # pipe are atomic and a slow peer holds up only its own probe, not a whole batch.
+    # pipe are atomic and a slow peer holds up only its own check, not a whole batch.
     batches = [valid[i : i + REACHABILITY_BATCH_PEERS] for i in range(0, len(valid), REACHABILITY_BATCH_PEERS)]
     pending = [
         (batch, submit(dht, partial(_check_servers, peer_ids=batch, timeout=timeout, concurrency=concurrency)))
@@ -129,7 +130,7 @@ def check_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurr
             future.cancel()
             for peer in batch:
                 results[peer] = ReachabilityResult(peer_id=peer, kind="server", ok=False,
-                                            error=f"probe batch failed in the DHT process: {short_error(e)}")
+                                            error=f"reachability batch failed in the DHT process: {short_error(e)}")
     ordered = tuple(results[peer] for peer in dict.fromkeys(peer_ids))
     return ReachabilityBatch(taken_at=taken_at, duration=time.perf_counter() - started, results=ordered)
 
@@ -146,7 +147,7 @@ def check_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0, *,
         try:
             peer = parse_peer_id(Multiaddr(address).value_for_protocol("p2p"))
             targets.append((peer, address))
-        except Exception as e:  # noqa: BLE001 - a bad configured address is a failed probe, named
+        except Exception as e:  # noqa: BLE001 - a bad configured address is a failed check, named
             results[address] = ReachabilityResult(
                 peer_id="", kind="bootstrap", ok=False, address=clean_text(address[:MAX_RAW_TEXT_CHARS]),
                 error=f"not a multiaddr ending in /p2p/<peer id>: {short_error(e)}",
@@ -161,7 +162,7 @@ def check_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0, *,
             answers = future.result(timeout + 30)
         except Exception as e:  # noqa: BLE001
             future.cancel()
-            answers = [(peer, False, None, f"probe failed in the DHT process: {short_error(e)}")
+            answers = [(peer, False, None, f"reachability check failed in the DHT process: {short_error(e)}")
                        for peer, _ in targets]
         for (peer, ok, rtt, error), (_, address) in zip(answers, targets):
             results[address] = ReachabilityResult(peer_id=peer, kind="bootstrap", ok=ok, rtt=rtt, error=error,

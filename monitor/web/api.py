@@ -116,12 +116,12 @@ def _live_check(d, peer_id: str):
 
 @dataclass(frozen=True)
 class Reachability:
-    """A reachability answer: ``success`` and ``message`` as health.petals.dev words them, the probe
-    behind them (None: none) and whether it was a live check."""
+    """A reachability answer: ``success`` and ``message`` as health.petals.dev words them, the
+    reachability check behind them (None: none) and whether it was a live one."""
 
     success: bool
     message: Optional[str]
-    probe: Optional[ReachabilityResult] = None
+    check: Optional[ReachabilityResult] = None
     live: bool = False
 
 
@@ -141,7 +141,7 @@ def reachability(peer_id: str) -> Reachability:
     else:
         result = d.store.latest_reachability().get(peer_id)
     if result is None:
-        return Reachability(False, f"peer {peer_id} has not been probed yet" if announced else
+        return Reachability(False, f"peer {peer_id} has not been checked for reachability yet" if announced else
                             f"peer {peer_id} is not announced in the swarm's DHT in the latest poll")
     message = None if result.ok else (result.error or "unreachable")
     if not result.ok and result.joining:
@@ -211,14 +211,14 @@ def peer(peer_id: str):
     security.require_peer_id(peer_id)
     d, cur = _current()
     rows = [row for row in (cur.snapshot.servers if cur.snapshot else ()) if row.peer_id == peer_id]
-    probe = cur.reachability.get(peer_id)
-    if not rows and probe is None and not queries.known_peer(d.store, peer_id):
+    check = cur.reachability.get(peer_id)
+    if not rows and check is None and not queries.known_peer(d.store, peer_id):
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
     return jsonify(
         peer_id=peer_id,
-        spans=[{"model": row.model, "start": row.start, "end": row.end, "state": state_api.row_state(row, probe),
+        spans=[{"model": row.model, "start": row.start, "end": row.end, "state": state_api.row_state(row, check),
                 "server_info": state_api.server_info(row)} for row in rows],
-        probe=_record(probe) if probe is not None else None,
+        probe=_record(check) if check is not None else None,  # (its latest reachability check: the API's name)
         score=state_api.score_dict(cur.scores.get(peer_id)),
         last_updated=cur.snapshot.taken_at if cur.snapshot else None,
     )
@@ -226,7 +226,8 @@ def peer(peer_id: str):
 
 @bp.get("/peers/<peer_id>/history")
 def peer_history(peer_id: str):
-    """A peer's observations, probes and chat outcomes in a range, bounded like a model's history.
+    """A peer's observations, reachability checks (the API's key "probes") and chat outcomes in a
+    range, bounded like a model's history.
     The answer is kept until the store changes (``peer_view.cached``; at most a minute when the
     range ends now): many clients asking for a month of one peer cost one read."""
     security.require_peer_id(peer_id)
@@ -243,7 +244,7 @@ def _peer_history_json(d, peer_id: str) -> str:
     if not queries.known_peer(d.store, peer_id, found):
         abort(404, description=f"peer {peer_id} was never seen by this monitor")
     bounded = history.peer_history([_record(o) for o in found.observations],
-                                   [{**_record(p), "at": at} for at, p in found.reachability],
+                                   [{**_record(r), "at": at} for at, r in found.reachability],
                                    [_record(o) for o in found.outcomes], limits)
     return current_app.json.dumps(dict(peer_id=peer_id, since=limits.since, until=limits.until,
                                        first_seen=found.first_seen, **bounded, limits=limits.to_dict())) + "\n"

@@ -7,9 +7,10 @@ what one request can cost is bounded twice:
   clamped to the oldest time kept, and the answer says so (``limits.since_requested`` and a note);
   a range that ends before it is a 400 (there is nothing to show).
 - **points**: every series has at most ``history_max_points`` points. Series of samples (a model's
-  status, block coverage, a peer's observations per model, its probes) are downsampled by merging
-  runs of consecutive points into one, as the hourly rollups do: the merged point's ``at`` is the
-  run's first, ``samples`` says how many polls or probes it stands for, states are the worst (model
+  status, block coverage, a peer's observations per model, its reachability checks — under the
+  API's older key ``probes``) are downsampled by merging runs of consecutive points into one, as the
+  hourly rollups do: the merged point's ``at`` is the run's first, ``samples`` says how many polls
+  or checks it stands for, states are the worst (model
   status) or the most frequent (observations) with ``states`` counting each, numbers are means
   weighted by samples (minimums for redundancy and block coverage by servers). Lists of events
   (state changes, outages, chat outcomes) keep their newest ``history_max_points`` entries; narrow

@@ -234,15 +234,15 @@ def peer_families(cur: queries.Current, initial_peers: Sequence[str]) -> Iterabl
     yield GaugeMetricFamily("swarm_monitor_peer_health_score_left_out",
                             f"Scored peers of the latest poll beyond the {MAX_PEER_SERIES} reported", value=left_out)
     bootstrap = state_api.bootstrap_addresses(initial_peers, cur.reachability)
-    yield GaugeMetricFamily("swarm_monitor_unreachable_peers", "Peers whose latest probe failed",
+    yield GaugeMetricFamily("swarm_monitor_unreachable_peers", "Peers whose latest reachability check failed",
                             value=len(state_api.unreachable_peers(cur.snapshot, cur.reachability, bootstrap)))
 
 
 def bootstrap_family(cur: queries.Current, initial_peers: Sequence[str]) -> GaugeMetricFamily:
     """Each bootstrap peer's latest check, also before the first successful poll (a monitor whose
     DHT client cannot start finds them all down)."""
-    boot = GaugeMetricFamily("swarm_monitor_bootstrap_peer_up", "1 if the bootstrap peer answered its latest probe",
-                             labels=["peer_id"])
+    boot = GaugeMetricFamily("swarm_monitor_bootstrap_peer_up",
+                             "1 if the bootstrap peer answered its latest reachability check", labels=["peer_id"])
     for peer in state_api.bootstrap_addresses(initial_peers, cur.reachability):
         check = cur.reachability.get(peer)
         if check is not None:

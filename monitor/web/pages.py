@@ -156,10 +156,10 @@ def peer(peer_id: str):
     target = htmx_target()
     view = peer_view.history(d, cur, peer_id, hours, now) if target != "my-server" else {}
     models = {m.dht_prefix: m for m in cur.models}
-    probe = cur.reachability.get(peer_id)
+    reachability = cur.reachability.get(peer_id)
     context = dict(
-        now=now, cur=cur, peer_id=peer_id, hours=hours, probe=probe, **view,
-        rows=[(row, models.get(row.model), state_api.row_state(row, probe)) for row in rows],
+        now=now, cur=cur, peer_id=peer_id, hours=hours, reachability=reachability, **view,
+        rows=[(row, models.get(row.model), state_api.row_state(row, reachability)) for row in rows],
         public_name=next((row.public_name for row in rows if row.public_name), None),
         score=state_api.score_dict(cur.scores.get(peer_id)),
         formula=scores_module.FORMULA,

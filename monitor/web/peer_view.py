@@ -4,15 +4,15 @@ A peer page read ~3,000 raw rows for 7 days and drew four charts with every poin
 (70 ms alone, p95 1.2–2.9 s under 16 clients). Now:
 
 - what a page derives from the store is kept in the app's cache (``monitor.web.cache``) keyed by
-  the store's change marks (``Store.change_marks``: a poll, a probe round, a score refresh) and
+  the store's change marks (``Store.change_marks``: a poll, a reachability round, a score refresh) and
   the minute (the history) or ``LIVE_SECONDS`` (the report, which says "… ago"), so a page is read
   once per change, however many people look at it; concurrent requests for the same page wait for
   one computation instead of all doing it (``cached``); the parts every visitor sees alike (the
   report, the live figures) are made once per ``LIVE_SECONDS`` in a cache of their own
   (``report``, ``rendered``), so they never push the histories out;
 - the history is read with runs merged (``merge_runs``: one row per unchanged run per clock hour,
-  exact for states) and the probe chart is downsampled to at most ``MAX_POINTS`` points (median
-  RTT per time bucket, failures counted per bucket), so a week is a few hundred points.
+  exact for states) and the reachability chart is downsampled to at most ``MAX_POINTS`` points
+  (median RTT per time bucket, failed checks counted per bucket), so a week is a few hundred points.
 
 Web workers import no petals: the report reads what the poller stored (``monitor.core.server_check``).
 """
@@ -53,7 +53,7 @@ def rendered(d, cur, key: tuple, now: float, render: Callable[[], Any]):
 # ---- "my server" ------------------------------------------------------------------------------
 
 
-def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[ReachabilityResult] = None,
+def server_facts(store, cur, peer_id: str, now: float, *, reachability: Optional[ReachabilityResult] = None,
                  live: bool = False) -> ServerFacts:
     """What the report on ``peer_id`` is made of: the latest poll (``cur``) and a few indexed reads."""
     snapshot = cur.snapshot
@@ -65,13 +65,14 @@ def server_facts(store, cur, peer_id: str, now: float, *, probe: Optional[Reacha
         versions=cur.derive(("versions",), lambda: dict(Counter(
             row.version for row in (snapshot.servers if snapshot else ()) if row.version))),
         first_seen=record.first_seen if record else None, last_seen=record.last_seen if record else None,
-        last=last, probe=probe if probe is not None else cur.reachability.get(peer_id), probe_is_live=live,
+        last=last, reachability=reachability if reachability is not None else cur.reachability.get(peer_id),
+        reachability_is_live=live,
         healths=cur.healths, score=cur.scores.get(peer_id),
     )
 
 
 def report(d, cur, peer_id: str, now: float) -> ServerReport:
-    """The report with the latest stored probe, once per store state and ``LIVE_SECONDS``."""
+    """The report with the latest stored reachability check, once per store state and ``LIVE_SECONDS``."""
     return d.cache.now(cur.marks, now, ("report", peer_id),
                        lambda: server_check.check(server_facts(d.store, cur, peer_id, now)))
 

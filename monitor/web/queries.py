@@ -179,7 +179,7 @@ def coverage_series(store, dht_prefix: str, since: float, until: float):
 
 
 def known_peer(store, peer_id: str, history: Optional[PeerHistory] = None) -> bool:
-    """Seen as a server, probed, or chatted through — ever (or in ``history``, when given)."""
+    """Seen as a server, checked for reachability, or chatted through — ever (or in ``history``, when given)."""
     if history is not None and (history.observations or history.reachability or history.outcomes or history.first_seen):
         return True
     return peer_id in set(store.peer_ids()) or peer_id in store.latest_reachability()

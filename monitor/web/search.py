@@ -67,8 +67,8 @@ def find(query: str) -> tuple[list[Result], bool]:
     results = []
     for match in matches[:limit]:
         mine = rows.get(match.peer_id, [])
-        probe = cur.reachability.get(match.peer_id)
-        states = [state_api.row_state(row, probe) for row in mine]
+        check = cur.reachability.get(match.peer_id)
+        states = [state_api.row_state(row, check) for row in mine]
         score = cur.scores.get(match.peer_id)
         results.append(Result(
             peer_id=match.peer_id,

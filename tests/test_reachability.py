@@ -1,6 +1,7 @@
-"""Specs of the probes: servers and bootstrap peers are asked directly whether they answer.
+"""Specs of the reachability checks: servers and bootstrap peers are asked directly whether they
+answer (not probes: those run inference, ``test_speed_probes.py``).
 
-Probes run concurrently with a per-peer timeout, so N peers that do not answer cost about one
+Checks run concurrently with a per-peer timeout, so N peers that do not answer cost about one
 timeout, not N; and they are separate from the scrape, which a dead server does not slow down.
 """
 
@@ -12,20 +13,14 @@ import socket
 import time
 from contextlib import ExitStack
 
-from hivemind.p2p import PeerID
-
 from monitor.harness.local_swarm import ServerSpec
 from monitor.core.snapshot import ModelInfo
 from monitor.swarm import check_bootstrap, check_servers, scrape
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
+from support import random_peer_id
 
 TINY = ModelInfo(TINY_DHT_PREFIX, TINY_NUM_BLOCKS, official=True)
 SERVERS = ("first-half", "second-half", "full")
-
-
-def random_peer_id() -> str:
-    """A well-formed peer id (sha2-256 multihash) that no process owns."""
-    return PeerID(b"\x12\x20" + os.urandom(32)).to_base58()
 
 
 def test_every_server_of_the_session_swarm_answers_its_rpc_info(swarm):
@@ -87,7 +82,7 @@ def test_silent_bootstrap_addresses_cost_one_timeout_together(swarm):
     assert 1.5 < elapsed < 2 + 2  # all six waited out their timeout, at the same time
 
 
-def test_killed_and_hung_servers_fail_their_probe_within_the_timeout_while_the_scrape_goes_on(make_swarm):
+def test_killed_and_hung_servers_fail_their_check_within_the_timeout_while_the_scrape_goes_on(make_swarm):
     s = make_swarm([ServerSpec("killed", 0, TINY_NUM_BLOCKS), ServerSpec("hung", 0, TINY_NUM_BLOCKS),
                     ServerSpec("alive", 0, TINY_NUM_BLOCKS)])
     killed, hung, alive = (s.peer_id(name) for name in ("killed", "hung", "alive"))
