@@ -121,8 +121,10 @@ class StoreRequests:
     At most ``max_queued`` rows wait; beyond that (the database away for long) new rows are dropped
     and counted (``dropped``), with one warning per run of drops."""
 
-    def __init__(self, store: Any, *, period: float = 1.0, batch: int = 500, max_queued: int = 10_000):
-        self.store, self.period, self.batch = store, period, batch
+    def __init__(self, store: Any, *, period: float = 1.0, batch: int = 500, max_queued: int = 10_000,
+                 on_written: Optional[Callable[[], object]] = None):
+        """``on_written``: called after a flush that wrote rows (e.g. ``StoreForecasts.refresh_soon``)."""
+        self.store, self.period, self.batch, self.on_written = store, period, batch, on_written
         self._queue: "queue.Queue[RequestRecord]" = queue.Queue(max_queued)
         self.dropped = self.written = 0
         self._dropping = False
@@ -151,6 +153,8 @@ class StoreRequests:
                 except queue.Empty:
                     break
             if not rows:
+                if written and self.on_written is not None:
+                    self.on_written()
                 return written
             try:
                 self.store.record_requests(rows)
@@ -176,19 +180,24 @@ class StoreRequests:
 class StoreForecasts:
     """The engine's ``forecast_source``: per model what its forecasts rest on (``core/forecast.py``:
     the model's answered requests of the last half hour, the stored assessment), read from the store
-    every ``period`` seconds on a thread of its own; the last good read while the database is away."""
+    every ``period`` seconds on a thread of its own, and soon after this process stored rows of its
+    own (``refresh_soon``; at most every ``min_gap`` seconds); the last good read while the database
+    is away."""
 
-    def __init__(self, store: Any, models: list[str], *, period: float = 30.0):
-        self.store, self.models, self.period = store, list(models), period
+    def __init__(self, store: Any, models: list[str], *, period: float = 30.0, min_gap: float = 5.0):
+        self.store, self.models, self.period, self.min_gap = store, list(models), period, min_gap
         self._known: dict[str, ForecastInputs] = {}
-        self._stop = threading.Event()
+        self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._last = float("-inf")  # (monotonic) when the last refresh began
+        self.refreshes = 0
 
     def __call__(self) -> dict[str, ForecastInputs]:
         return self._known
 
     def refresh(self) -> dict[str, ForecastInputs]:
-        now = time.time()
+        now, self._last = time.time(), time.monotonic()
+        self.refreshes += 1
         try:
             assessments = self.store.latest_assessments()
             known = {model: forecast_inputs(model, self.store.requests_since(now - FORECAST_WINDOW, model=model),
@@ -201,11 +210,23 @@ class StoreForecasts:
 
     def start(self) -> "StoreForecasts":
         self.refresh()
-        self._thread = every(self.period, self.refresh, name="forecasts", stop=self._stop)
+        self._thread = every(self.period, self._tick, name="forecasts", stop=self._stop, wake=self._wake)
         return self
+
+    def refresh_soon(self) -> None:
+        """New rows were stored: refresh now, or ``min_gap`` after the last refresh."""
+        self._wake.set()
+
+    def _tick(self) -> None:
+        early = self._last + self.min_gap - time.monotonic()
+        if early > 0 and self._stop.wait(early):
+            return
+        self._wake.clear()  # (whatever asked for a read until now, this one answers)
+        self.refresh()
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
 
 
 def store_outcome_sink(store: Any, weights: Optional[StoreWeights] = None) -> OutcomeSink:

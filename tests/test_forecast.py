@@ -3,11 +3,14 @@ come from the answered requests most like it — the same route at a similar loa
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from monitor.core.forecast import (MIN_REQUESTS, PROBES, REQUESTS, ForecastInputs, Observed, forecast, inputs, like,
                                    loads)
 from monitor.core.requests import ERROR as FAILED, OK, RequestRecord
+from support import wait_until
 
 A, B, C = "peer-a", "peer-b", "peer-c"
 
@@ -61,3 +64,39 @@ def test_inputs_keep_each_answered_request_with_its_route_and_load():
     # too few answered requests: the probes' estimate, as before
     assert forecast(ForecastInputs("m", est_tokens_per_s=5.0), wait=0, prompt_tokens=1, max_tokens=2,
                     load=1, route=(A,)).source == PROBES
+
+
+def test_forecasts_are_read_again_soon_after_this_process_stored_rows_of_its_own():
+    from chat.feedback import StoreForecasts, StoreRequests
+
+    class Store:
+        reads = 0
+
+        def latest_assessments(self):
+            return {}
+
+        def requests_since(self, since, *, model):
+            Store.reads += 1
+            return [record(time.time() - 1.0)]
+
+        def record_requests(self, rows):
+            pass
+
+    store = Store()
+    forecasts = StoreForecasts(store, ["m"], period=3600, min_gap=0.3).start()
+    rows = StoreRequests(store, period=3600, on_written=forecasts.refresh_soon)
+    try:
+        assert forecasts.refreshes == 1 and forecasts()["m"].model == "m"
+        assert rows.flush() == 0 and forecasts.refreshes == 1  # nothing written: nothing to read again
+        rows(record(time.time()))
+        started = time.monotonic()
+        assert rows.flush() == 1
+        rows(record(time.time()))
+        rows.flush()  # twice within min_gap: read again once, min_gap after the last read
+        assert wait_until(lambda: forecasts.refreshes == 2, 5, step=0.01)
+        assert time.monotonic() - started < 3600 and Store.reads == 2
+        time.sleep(0.5)
+        assert forecasts.refreshes == 2
+    finally:
+        forecasts.close()
+        rows.close()

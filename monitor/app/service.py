@@ -75,7 +75,7 @@ class Service:
         from chat.policy import RoutingSettings
 
         self.weights = StoreWeights(self.store).start()
-        self.requests = StoreRequests(self.store).start()
+        self.requests = StoreRequests(self.store, on_written=self._refresh_forecasts_soon).start()
         chat_models = [m for m in self.settings.models if m.path]
         self.forecasts = StoreForecasts(self.store, [m.dht_prefix for m in chat_models]).start()
         return ChatEngine(
@@ -91,6 +91,10 @@ class Service:
             request_sink=self.requests,
             forecast_source=self.forecasts,
         )
+
+    def _refresh_forecasts_soon(self) -> None:
+        if self.forecasts is not None:
+            self.forecasts.refresh_soon()
 
     def _make_app(self):
         from monitor.web import create_app
