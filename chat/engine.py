@@ -447,6 +447,16 @@ class ChatEngine:
         (``monitor.core.forecast``): the queue's wait now, and what real requests (or the probes) say
         of requests at the load it would meet — on the route it would take now, with ``route_known``
         (the router's choice, for a request about to be made; a model list's forecast needs none)."""
+        if route_known:
+            return self.forecast_route(name, prompt_tokens=prompt_tokens, max_tokens=max_tokens)[0]
+        return self._forecast(name, prompt_tokens, max_tokens, [])
+
+    def forecast_route(self, name: str, *, prompt_tokens: int, max_tokens: int) -> tuple[Forecast, list[RouteHop]]:
+        """``forecast`` on the route the request would take now, and that route's hops ([]: unknown)."""
+        hops = self.planned_route(name, prompt_tokens + max_tokens)
+        return self._forecast(name, prompt_tokens, max_tokens, [peer for peer, _, _ in hops]), hops
+
+    def _forecast(self, name: str, prompt_tokens: int, max_tokens: int, route: list[str]) -> Forecast:
         known = {}
         if self.forecast_source is not None:
             try:
@@ -454,7 +464,6 @@ class ChatEngine:
             except Exception as e:  # noqa: BLE001 - a forecast of nothing, not a failed request
                 logger.warning("forecast inputs unavailable: %r", e)
         wait = self.slots.expected_wait()
-        route = [peer for peer, _, _ in self.planned_route(name, prompt_tokens + max_tokens)] if route_known else []
         if route:  # beside the requests on its busiest server now (one that waits takes a leaver's place)
             in_flight = self.server_load.in_flight()
             busiest = max(in_flight.get(peer, 0) for peer in route)

@@ -233,7 +233,7 @@ class Settings(BaseModel):
     routing: Literal["health", "default"] = setting(
         "health", section="chat", description="`health`: score-aware routing; `default`: petals' own (for comparison)")
     min_peer_score: float = setting(30, section="chat", ge=0, le=100, description="servers scored below are avoided")
-    pinned_peers: list[str] = setting([], section="chat", description="peers routing prefers")
+    pinned_peers: list[str] = setting([], section="chat", description="when set, the only peers routing uses")
     blocked_peers: list[str] = setting([], section="chat", description="peers routing never uses")
     chat_slots: int = setting(4, section="chat", gt=0, le=1024,
                               description="generation slots: answers computed at once (`max_chat_sessions` still "

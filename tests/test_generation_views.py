@@ -58,7 +58,7 @@ def test_a_failing_check_reads_failing_with_its_error(populated):
     client = app.test_client()
     overview = client.get("/").get_data(as_text=True)
     assert 'data-generation-ok="false"' in overview
-    assert "failing: answer did not match /Paris/" in text_of(overview)
+    assert "generation failed: answer did not match /Paris/" in text_of(overview)
     metrics = client.get("/metrics").get_data(as_text=True)
     assert re.search(r'^swarm_monitor_generation_check_ok\{model="tiny-llama"\} 0\.0$', metrics, re.M)
 
@@ -106,7 +106,7 @@ def test_a_pattern_that_is_no_regular_expression_is_refused_when_the_settings_lo
 def test_the_summary_line_says_ok_with_its_figures_or_failing_with_the_error():
     assert summary(ok_check("Paris"), now=1000.0 + 120) == "generation ok · 17 tok/s · first token 410 ms · 2 min ago"
     failing = GenerationCheck(model="m", at=1000.0, ok=False, error="answer did not match /Paris/: 'x'")
-    assert summary(failing, now=1001.0) == "failing: answer did not match /Paris/: 'x'"
+    assert summary(failing, now=1001.0) == "generation failed: answer did not match /Paris/: 'x'"
     assert summary(None, now=0.0) == "generation not checked yet"
     assert is_current(ok_check("x"), now=1000.0 + 3 * 300, period=300)
     assert not is_current(ok_check("x"), now=1000.0 + 3 * 300 + 1, period=300) and not is_current(None, 0, 300)

@@ -428,8 +428,8 @@ def _ordinal(n: int) -> str:
 def _finding_servers(engine: ChatEngine, turn: _Turn) -> str:
     """The step after the slot: the servers the route will take (as the router would choose now),
     said with what real requests of late got (the forecast), if anything."""
-    forecast = engine.forecast(turn.model, prompt_tokens=len(turn.input_ids), max_tokens=turn.params.max_new_tokens)
-    route = engine.planned_route(turn.model, len(turn.input_ids) + turn.params.max_new_tokens)
+    forecast, route = engine.forecast_route(turn.model, prompt_tokens=len(turn.input_ids),
+                                            max_tokens=turn.params.max_new_tokens)
     said = "Finding servers for the model's blocks and computing the first token"
     if route:
         said = ("Computing the first token through " + " → ".join(

@@ -127,11 +127,11 @@ def _speed(tokens_per_second: float) -> str:
 
 def summary(check: Optional[GenerationCheck], now: float) -> str:
     """One line for the pages: "generation ok · 17 tok/s · first token 400 ms · 2 min ago",
-    "failing: ‹error›", or "generation not checked yet"."""
+    "generation failed: ‹error›", or "generation not checked yet" ("failing" is a server's word)."""
     if check is None:
         return "generation not checked yet"
     if not check.ok:
-        return f"failing: {check.error or 'the check failed'}"
+        return f"generation failed: {check.error or 'the check failed'}"
     parts = ["generation ok"]
     if check.tokens_per_second is not None:
         parts.append(f"{_speed(check.tokens_per_second)} tok/s")

@@ -16,48 +16,38 @@ sliding window, then the sparse mixture of experts). Checkpoint keys are the pub
 
 from __future__ import annotations
 
-import threading
-
 MODEL_TYPE = "mixtral"
-
-_registered = False
-_lock = threading.Lock()
 
 
 def register() -> None:
-    """Register Mixtral with transformers' AutoConfig and petals 2.2's model registry."""
-    global _registered
-    if _registered:
-        return
-    with _lock:
-        if _registered:
-            return
-        from monitor import compat
+    """Register Mixtral with transformers' AutoConfig and petals 2.2's model registry (idempotent:
+    each registration is made only where its registry lacks it; ``families.install`` calls this
+    once per process, under its lock)."""
+    from monitor import compat
 
-        compat.import_petals()
-        from petals.utils.auto_config import _CLASS_MAPPING, register_model_classes
-        from transformers import AutoConfig, AutoTokenizer, LlamaTokenizer, LlamaTokenizerFast
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+    compat.import_petals()
+    from petals.utils.auto_config import _CLASS_MAPPING, register_model_classes
+    from transformers import AutoConfig, AutoTokenizer, LlamaTokenizer, LlamaTokenizerFast
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
-        from monitor.families.mixtral.config import DistributedMixtralConfig, MixtralConfig
-        from monitor.families.mixtral.model import (
-            DistributedMixtralForCausalLM,
-            DistributedMixtralForSequenceClassification,
-            DistributedMixtralModel,
+    from monitor.families.mixtral.config import DistributedMixtralConfig, MixtralConfig
+    from monitor.families.mixtral.model import (
+        DistributedMixtralForCausalLM,
+        DistributedMixtralForSequenceClassification,
+        DistributedMixtralModel,
+    )
+
+    if MODEL_TYPE not in CONFIG_MAPPING:
+        AutoConfig.register(MODEL_TYPE, MixtralConfig)
+    if MixtralConfig not in TOKENIZER_MAPPING:  # (as current transformers map mixtral, for a
+        # tokenizer_config.json that names no tokenizer class)
+        AutoTokenizer.register(MixtralConfig, slow_tokenizer_class=LlamaTokenizer,
+                               fast_tokenizer_class=LlamaTokenizerFast)
+    if MODEL_TYPE not in _CLASS_MAPPING:
+        register_model_classes(
+            config=DistributedMixtralConfig,
+            model=DistributedMixtralModel,
+            model_for_causal_lm=DistributedMixtralForCausalLM,
+            model_for_sequence_classification=DistributedMixtralForSequenceClassification,
         )
-
-        if MODEL_TYPE not in CONFIG_MAPPING:
-            AutoConfig.register(MODEL_TYPE, MixtralConfig)
-        if MixtralConfig not in TOKENIZER_MAPPING:  # (as current transformers map mixtral, for a
-            # tokenizer_config.json that names no tokenizer class)
-            AutoTokenizer.register(MixtralConfig, slow_tokenizer_class=LlamaTokenizer,
-                                   fast_tokenizer_class=LlamaTokenizerFast)
-        if MODEL_TYPE not in _CLASS_MAPPING:
-            register_model_classes(
-                config=DistributedMixtralConfig,
-                model=DistributedMixtralModel,
-                model_for_causal_lm=DistributedMixtralForCausalLM,
-                model_for_sequence_classification=DistributedMixtralForSequenceClassification,
-            )
-        _registered = True
