@@ -141,119 +141,43 @@ def chat_metrics(base: str) -> dict:
 # ---- (a) people on chat.petals.dev's page -----------------------------------------------------------
 
 
-class PageUser:
+class PageUser(chatjs.ChatPage):
     """One person on chat.petals.dev's page (static/chat.js, CHATBOT regime): a thread that asks,
     reads, asks again; every turn timed from Enter to its first token and to its end."""
 
     def __init__(self, ws_url: str, address: str, model: str, read: tuple[float, float], until: float, seed: int):
-        self.ws_url, self.headers, self.model = ws_url, {"X-Forwarded-For": address}, model
+        super().__init__(ws_url, address, model, PAGE_MODEL, reply_timeout=300)
         self.read, self.until, self.random = read, until, random.Random(seed)
-        self.replicas: list[list[str]] = []
-        self.ws = None
-        self.position = 0
-        self.session_length = chatjs.FIRST_SESSION_LENGTH
-        self.waiting_for_inputs = True
-        self.turns: list[dict] = []  # {asked, first, done, tokens, shown}
-        self.opens = 0
-        self.server_errors: list[str] = []
-        self.expect = "reply"  # what the socket's next message answers: the open, or a generate
+        self.turns: list[dict] = []  # {asked, first, done, tokens, shown, stopped}
 
     def run(self) -> None:
         time.sleep(self.random.uniform(0, self.read[0]))  # people arrive over the first reading time
         while time.monotonic() < self.until:
             self.turn(self.random.choice(QUESTIONS))
             time.sleep(self.random.uniform(*self.read))
-        self.reset()
+        self.close()
 
     def turn(self, question: str) -> None:
-        from simple_websocket import ConnectionClosed
-
-        self._while_reading()
-        self.replicas += [["human", "Human: " + question], ["ai", "Assistant:"]]
-        self.waiting_for_inputs = False
-        record = {"asked": time.monotonic(), "first": None, "done": None, "tokens": 0, "shown": None, "stopped": False}
-        self.turns.append(record)
-        self.send_replica()
-        while not self.waiting_for_inputs and record["shown"] is None:
-            try:
-                raw = self.ws.receive(timeout=300)
-            except ConnectionClosed:
-                self.failure("Connection was closed", auto_retry=True)
-                continue
-            if raw is None:
-                record["shown"] = "no reply for 300 s"
-                break
-            response = json.loads(raw)
-            if not response["ok"]:
-                self.server_errors.append(response["traceback"])
-                self.failure(response["traceback"])
-                continue
-            if self.expect == "open":
-                self.send_replica()
-                continue
-            if response.get("outputs"):
-                record["first"] = record["first"] or time.monotonic()
-            record["tokens"] += response.get("token_count", 0)
-            self.replicas[-1][1] = chatjs.answer_so_far(self.replicas[-1][1], response["outputs"], PAGE_MODEL)
-            if response["stop"]:
-                self.waiting_for_inputs = True
-            elif record["tokens"] >= STOP_AFTER_TOKENS:  # "stop generation": the page resets its session
-                record["stopped"] = True
-                self.reset()
-                self.waiting_for_inputs = True
-        record["done"] = time.monotonic()
+        try:
+            shown = self.ask(question)
+        except chatjs.NoReply as e:
+            shown = str(e)
+        record = self.turns[-1]
+        record["shown"], record["done"] = shown, time.monotonic()
         record["first"] = record["first"] or record["done"]
 
-    def _while_reading(self) -> None:
-        from simple_websocket import ConnectionClosed
+    def on_ask(self) -> None:
+        self.turns.append({"asked": time.monotonic(), "first": None, "done": None, "tokens": 0, "shown": None,
+                           "stopped": False})
 
-        if self.ws is None:
-            return
-        try:
-            while True:
-                raw = self.ws.receive(timeout=0)
-                if raw is None:
-                    return
-                response = json.loads(raw)
-                if not response["ok"]:
-                    self.server_errors.append(response["traceback"])
-                    self.reset()
-                    return
-        except ConnectionClosed:
-            self.reset()
-
-    def send_replica(self) -> None:
-        if self.ws is None:
-            from simple_websocket import Client
-
-            self.ws = Client.connect(self.ws_url, headers=self.headers)
-            self.ws.send(json.dumps(chatjs.open_message(self.model, self.session_length)))
-            self.opens += 1
-            self.expect = "open"
-            return
-        message, self.position = chatjs.generate_message(self.replicas, self.position, PAGE_MODEL)
-        self.ws.send(json.dumps(message))
-        self.expect = "reply"
-
-    def failure(self, message: str, auto_retry: bool = False) -> None:
-        self.reset()
-        if self.waiting_for_inputs:
-            return
-        auto_retry, self.session_length = chatjs.after_failure(message, self.session_length, PAGE_MODEL,
-                                                               auto_retry=auto_retry)
-        if auto_retry:
-            self.send_replica()
-        else:
-            self.turns[-1]["shown"] = message
-
-    def reset(self) -> None:
-        if self.ws is not None:
-            try:
-                self.ws.close()
-            except Exception:  # noqa: BLE001 - closed already
-                pass
-        self.ws = None
-        self.position = 0
+    def on_reply(self, response: dict) -> bool:
+        record = self.turns[-1]
+        if response.get("outputs"):
+            record["first"] = record["first"] or time.monotonic()
+        record["tokens"] += response.get("token_count", 0)
+        # "stop generation" on an answer that runs on (the page resets its session)
+        record["stopped"] = not response["stop"] and record["tokens"] >= STOP_AFTER_TOKENS
+        return record["stopped"]
 
 
 def part_a(base: str, model: str, users: int, duration: float, read: tuple[float, float], starve: float) -> dict:
@@ -285,7 +209,8 @@ def part_a(base: str, model: str, users: int, duration: float, read: tuple[float
             "person_wait": (min(person_waits, default=0), max(person_waits, default=0)),
             "stopped": sum(1 for t in answered if t["stopped"]),
             "reopened": sum(p.opens - 1 for p in people),
-            "server_errors": sorted({re.sub(r"[0-9a-f]{8}", "…", e)[:90] for p in people for e in p.server_errors})[:6]}
+            "server_errors": sorted({re.sub(r"[0-9a-f]{8}", "…", e)[:90]
+                                     for p in people for e in p.received_errors})[:6]}
 
 
 # ---- (b) four idle sessions, then an HTTP completion ----------------------------------------------

@@ -1,14 +1,14 @@
 """Spec: chat.petals.dev's own page chats here without an error shown, under real use (README: Chat
 capacity) — on the session swarm, through the real web app and a real WebSocket server.
 
-``PetalsPage`` is chat.petals.dev's ``static/chat.js`` (petals-infra/chat.petals.dev), message for
-message: it opens a session of ``max_length`` 512, sends the conversation from its last position
-(human turns end with the model's separator, earlier answers with its stop token), streams an
-answer with ``max_new_tokens`` 1 until the stop sequence, and on a failure while its user waits it
-retries by itself when the message says ``Session … expired`` (a new session, the whole
-conversation again) or ``Maximum length exceeded`` (a session four times as long, up to the
-model's longest), else shows the error box. While its user reads, a message or a closed socket
-only resets its session.
+``PetalsPage`` (``ChatPage`` of ``monitor/harness/petals_page.py``) is chat.petals.dev's
+``static/chat.js`` (petals-infra/chat.petals.dev), message for message: it opens a session of
+``max_length`` 512, sends the conversation from its last position (human turns end with the
+model's separator, earlier answers with its stop token), streams an answer with
+``max_new_tokens`` 1 until the stop sequence, and on a failure while its user waits it retries by
+itself when the message says ``Session … expired`` (a new session, the whole conversation again)
+or ``Maximum length exceeded`` (a session four times as long, up to the model's longest), else
+shows the error box. While its user reads, a message or a closed socket only resets its session.
 
 - a conversation past 512 tokens: open 512 → generate → "Maximum length exceeded" → open 2048 →
   generate, and the answer comes (the tiny model with its context declared 4096 tokens: a RoPE
@@ -27,7 +27,6 @@ import time
 import urllib.request
 
 import pytest
-from simple_websocket import Client as WsClient, ConnectionClosed
 
 from chat.capacity import Capacity
 from chat.engine import ChatEngine
@@ -38,7 +37,7 @@ from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.settings import ModelConfig, Settings
 from monitor.store import Store
 from monitor.web import create_app
-from support import close_ws, serve, wait_until
+from support import serve, wait_until
 
 LONG_CONTEXT = 4096
 # the page's description of a model (its ``models`` table); "e" ends the tiny model's answers soon
@@ -46,119 +45,17 @@ MODEL = chatjs.PageModel(stop_token="e")
 TURN = "Tell me more about the servers of the swarm and the blocks they hold. "  # ~32 tiny-tokenizer tokens
 
 
-class PetalsPage:
-    """chat.petals.dev's chat page (CHATBOT regime), driven synchronously: ``say`` is the user
-    pressing Enter; the page's event handlers run as their messages come."""
+class PetalsPage(chatjs.ChatPage):
+    """chat.petals.dev's chat page (CHATBOT regime, ``monitor/harness/petals_page.py``) for the tiny
+    model: ``say`` is the user pressing Enter."""
 
     def __init__(self, ws_url: str, address: str, model: str = TINY_DHT_PREFIX):
-        self.ws_url, self.headers, self.model = ws_url, {"X-Forwarded-For": address}, model
-        self.replicas: list[list[str]] = []  # [kind, text]: "human" / "ai"
-        self.ws = None
-        self.position = 0
-        self.session_length = chatjs.FIRST_SESSION_LENGTH
-        self.sent: list[tuple] = []  # what the page sent: ("open", max_length) / ("generate",)
-        self.received_errors: list[str] = []  # every {"ok": false} message it got
-        self.shown: list[str] = []  # what its error box showed
-        self.streamed: list[str] = []  # the outputs of every reply to the latest generate
-        self.waiting_for_inputs = True
+        super().__init__(ws_url, address, model, MODEL)
 
-    # -- the user ---------------------------------------------------------------------------------
     def say(self, text: str, timeout: float = 120) -> str:
         """Type ``text`` and press Enter; the answer, once the page shows it whole (or the error box)."""
-        self._events_while_reading()
-        self.replicas += [["human", "Human: " + text], ["ai", "Assistant:"]]
-        self.waiting_for_inputs = False
-        deadline = time.monotonic() + timeout
-        self._send_replica()
-        while not self.waiting_for_inputs and not self.shown:
-            assert time.monotonic() < deadline, "no answer in time"
-            self._receive()
-        return self.replicas[-1][1]
-
-    def _events_while_reading(self) -> None:
-        """What the page's handlers did while its user read: a message or a close resets the session."""
-        if self.ws is None:
-            return
-        try:
-            while True:
-                raw = self.ws.receive(timeout=0)
-                if raw is None:
-                    return
-                response = json.loads(raw)
-                if not response["ok"]:
-                    self.received_errors.append(response["traceback"])
-                    self._handle_failure(response["traceback"])
-                    return
-        except ConnectionClosed:  # ws.onclose: "Connection was closed", with autoRetry
-            self._handle_failure("Connection was closed", auto_retry=True)
-
-    # -- chat.js ----------------------------------------------------------------------------------
-    def _open_session(self) -> None:
-        self.ws = WsClient.connect(self.ws_url, headers=self.headers)
-        self._send(chatjs.open_message(self.model, self.session_length))
-        self.sent.append(("open", self.session_length))
-        self._on_message = self._on_open
-
-    def _on_open(self, response: dict) -> None:
-        if not response["ok"]:
-            self._handle_failure(response["traceback"])
-            return
-        self._send_replica()
-
-    def _send_replica(self) -> None:
-        if self.ws is None:
-            self._open_session()
-            return
-        message, self.position = chatjs.generate_message(self.replicas, self.position, MODEL)
-        self._send(message)
-        self.sent.append(("generate",))
-        self.streamed = []
-        self._on_message = self._on_reply
-
-    def _on_reply(self, response: dict) -> None:
-        if not response["ok"]:
-            self._handle_failure(response["traceback"])
-            return
-        self.streamed.append(response["outputs"])
-        self.replicas[-1][1] = chatjs.answer_so_far(self.replicas[-1][1], response["outputs"], MODEL)
-        if response["stop"]:
-            self.waiting_for_inputs = True  # appendTextArea()
-
-    def _handle_failure(self, message: str, auto_retry: bool = False) -> None:
-        self._reset_session()
-        if self.waiting_for_inputs:
-            return  # the error and the retry button only for a user waiting for an answer
-        auto_retry, self.session_length = chatjs.after_failure(message, self.session_length, MODEL,
-                                                             auto_retry=auto_retry)
-        if auto_retry:
-            self._send_replica()  # retry()
-        else:
-            self.shown.append(message)
-
-    def _reset_session(self) -> None:
-        if self.ws is not None:
-            close_ws(self.ws)  # the server may have closed it already
-        self.ws = None
-        self.position = 0
-
-    # -- the socket -------------------------------------------------------------------------------
-    def _send(self, message: dict) -> None:
-        self.ws.send(json.dumps(message))
-
-    def _receive(self) -> None:
-        try:
-            raw = self.ws.receive(timeout=60)
-        except ConnectionClosed:
-            self._handle_failure("Connection was closed", auto_retry=True)
-            return
-        assert raw is not None, "the server sent nothing for 60 s"
-        response = json.loads(raw)
-        if not response["ok"]:
-            self.received_errors.append(response["traceback"])
-        self._on_message(response)
-
-    def close(self) -> None:
-        self._reset_session()
+        self.ask(text, timeout)
+        return self.answer
 
 
 @pytest.fixture(scope="module")
