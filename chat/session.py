@@ -301,10 +301,7 @@ class ChatSession:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._petals.close()
-        except Exception as e:  # noqa: BLE001
-            logger.debug("closing the inference session failed: %r", e)
+        _close_quietly(self._petals, "the")
 
 
 def _close_quietly(petals_session: TimedInferenceSession, what: str) -> None:
