@@ -147,6 +147,17 @@ def test_the_model_is_found_and_diagnosed_healthy_with_every_block_covered(famil
     assert len(health.blocks) == TINY_NUM_BLOCKS
 
 
+def assert_healthy_but_for_timing(health):
+    """Healthy, or degraded only by a "slow" verdict: a tiny model's step is microseconds of compute,
+    so on a loaded machine one of two servers may measure a few times the other (seen in CI: 1.04 ms
+    per token per block, 4.8x the other's). Speed verdicts have their own specs (test_speed_probes);
+    here no verdict about outputs may remain."""
+    if health.state == HEALTHY:
+        return
+    assert health.state == DEGRADED, health.reasons
+    assert health.reasons and all(" is slow: " in reason for reason in health.reasons), health.reasons
+
+
 def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family):
     if family.store.latest_snapshot() is None:
         family.poller.poll_once()
@@ -166,7 +177,8 @@ def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family)
             assert probe.checked_against == BY_REFERENCE
             assert probe.verdict == "ok" and probe.error_ratio < probe.tolerance, probe
         health = family.store.latest_assessments()[family.model.dht_prefix]
-        assert health.state == HEALTHY and health.speed_source == "measured", health.reasons
+        assert health.speed_source == "measured", health.reasons
+        assert_healthy_but_for_timing(health)
 
         family.swarm.corrupt("server-2")
         judged = []
@@ -182,7 +194,7 @@ def test_speed_and_correctness_probes_agree_with_the_monitors_own_blocks(family)
         wait_until(lambda: any(p.peer_id == corrupted and p.at > since and p.verdict == "ok"
                                for p in prober.run_once()), 30)
         health = family.store.latest_assessments()[family.model.dht_prefix]
-        assert health.state == HEALTHY, health.reasons
+        assert_healthy_but_for_timing(health)
     finally:
         family.swarm.uncorrupt("server-2")
         prober.close()
