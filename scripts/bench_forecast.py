@@ -60,13 +60,17 @@ def post(base: str, path: str, body: dict, timeout: float = 60.0) -> dict:
 def one(base: str, prefix: str, prompt: str) -> dict:
     """The estimate, then the streamed request; both figures side by side."""
     body = {"model": prefix, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0}
-    forecast = post(base, "/v1/estimate", body)["petals"]["forecast"]
+    estimate = post(base, "/v1/estimate", body)["petals"]
+    started = time.time()
     got = bc.stream_completion(base, prefix, prompt, TOKENS)
     extension = got.get("petals") or {}
     ttft = extension.get("time_to_first_token")
     waited = max(0.0, got["ttft"] - ttft) if got["ttft"] is not None and ttft is not None else None
-    return {"ok": got["ok"], "error": got["error"], "forecast": forecast, "ttft": ttft,
-            "tokens_per_s": extension.get("tokens_per_second"), "waited": waited}
+    route = lambda hops: "+".join(hop["peer_id"][-6:] for hop in hops or ())  # noqa: E731
+    return {"ok": got["ok"], "error": got["error"], "forecast": estimate["forecast"], "ttft": ttft,
+            "tokens_per_s": extension.get("tokens_per_second"), "waited": waited, "at": started,
+            "end": time.time(), "planned": route(estimate.get("planned_route")),
+            "route": route(extension.get("route"))}
 
 
 def within(forecast, actual, tolerance: float) -> bool:
@@ -105,7 +109,8 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
     got_key = {"time_to_first_token": "ttft", "tokens_per_second": "tokens_per_s", "wait": "waited"}
     share = lambda rows, key, tol: (sum(within(r["forecast"][key], r[got_key[key]], tol)  # noqa: E731
                                         for r in rows) / len(rows)) if rows else None
-    print("requests", name, json.dumps([{k: r[k] for k in ("ok", "ttft", "tokens_per_s", "waited")}
+    print("requests", name, json.dumps([{k: r[k] for k in ("ok", "ttft", "tokens_per_s", "waited", "at", "end",
+                                                           "planned", "route")}
                                         | {"forecast": r["forecast"]} for r in results]), flush=True)
     return {"name": name, "requests": len(results), "failed": len(results) - len(good),
             "ttft_share": share(good, "time_to_first_token", TTFT_TOLERANCE) if good else None,

@@ -100,8 +100,8 @@ def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
     request = (chat_request if chat else text_request)(engine, model, params, limits)
     status = engine.status(model)
     prompt_tokens = max(len(row) for row in request.rows)
-    forecast = engine.forecast(model, prompt_tokens=prompt_tokens, max_tokens=request.generation.max_new_tokens,
-                               route_known=True)
+    forecast, planned = engine.forecast_route(model, prompt_tokens=prompt_tokens,
+                                              max_tokens=request.generation.max_new_tokens)
     route = {"meets": True}
     choice = route_choice(params)
     if status.served and not choice.empty:
@@ -113,7 +113,7 @@ def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
     return jsonify(object="estimate", model=name, prompt_tokens=prompt_tokens,
                    max_tokens=request.generation.max_new_tokens, answers=len(request.rows),
                    petals={"served": status.served, "reason": status.reason or None, "forecast": forecast.to_dict(),
-                           "route_choice": route})
+                           "planned_route": [hop.to_dict() for hop in planned], "route_choice": route})
 
 
 @dataclass
