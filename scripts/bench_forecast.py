@@ -10,9 +10,11 @@ Swarm: the demo's layout (three servers: all blocks, first half, second half) of
 
 (accuracy) ``swarm-monitor serve`` in its own process with a fresh store per condition: *idle*
     (one request at a time), *throttled* (the all-blocks server's compute paused 2/3 of the time),
-    *16 users* (16 at once, 16 generation slots) and *queued* (16 at once, 4 slots). After a
-    warm-up (the forecast rests on the model's real requests of the last 30 min) and the chat's
-    next read of them (two requests per person, arriving 0.2 s apart), each request is preceded by ``POST /v1/estimate`` with its own body; its
+    *16 users* (16 at once, 16 generation slots) and *queued* (16 at once, 4 slots). People
+    arrive 0.2 s apart and each asks one request after another: their first ones are the warm-up
+    (the forecast rests on the model's real requests of the last 30 min), the next ones are
+    measured, and each goes on asking until everyone's measured requests are in, so the measured
+    ones meet the condition's load, not its ramps. Each request is preceded by ``POST /v1/estimate`` with its own body; its
     forecast is compared with what the request then got: time to first token and decode tokens/s
     as the chat measured them (its ``petals`` extension), and the wait for a slot (the client's time
     to the first token less the chat's). Share of requests within ±30 % (first token), ±20 %
@@ -85,24 +87,33 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
         base = svc["base"]
         wait_chat_ready(base, prefix, PROMPTS[0])
         per_user = max(1, requests // users)
+        warm = max(2, 8 // users)  # each person's first requests: the forecast's evidence, past the servers' first
+        asking = threading.Semaphore(0)  # released once per person whose requests are in
+        results: list = []
 
-        def user(index: int, count: int, out: list) -> None:
-            for i in range(count):
-                out.append(one(base, prefix, PROMPTS[(index + i) % len(PROMPTS)]))
+        def person(index: int) -> None:
+            try:
+                for i in range(warm):
+                    one(base, prefix, PROMPTS[(index + i) % len(PROMPTS)])
+                for i in range(per_user):
+                    results.append(one(base, prefix, PROMPTS[(index + warm + i) % len(PROMPTS)]))
+            finally:
+                asking.release()
+            asked = 0
+            while not everyone_done.is_set():  # the house stays as full until everyone's requests are in
+                one(base, prefix, PROMPTS[(index + asked) % len(PROMPTS)])
+                asked += 1
 
-        def load(count: int) -> list:
-            out: list = []
-            threads = [threading.Thread(target=user, args=(i, count, out)) for i in range(users)]
-            for t in threads:  # people arrive a moment apart, not in the same millisecond
-                t.start()
-                time.sleep(ARRIVAL_GAP)
-            for t in threads:
-                t.join()
-            return out
-
-        load(max(2, 8 // users))  # warm-up: the forecast's real requests, past the servers' first ones
-        time.sleep(32)  # the chat reads them every 30 s
-        results = load(per_user)
+        everyone_done = threading.Event()
+        threads = [threading.Thread(target=person, args=(i,)) for i in range(users)]
+        for t in threads:  # people arrive a moment apart, not in the same millisecond
+            t.start()
+            time.sleep(ARRIVAL_GAP)
+        for _ in threads:
+            asking.acquire()
+        everyone_done.set()
+        for t in threads:
+            t.join()
     good = [r for r in results if r["ok"]]
     # queued: forecast to wait, or waited (a wait nobody forecast counts against the forecast)
     queued = [r for r in good if r["forecast"]["wait"] >= 1.0 or (r["waited"] or 0.0) >= 1.0]

@@ -21,17 +21,23 @@ def record(at: float, *, waited: float = 0.0, ttft: float = 0.5, tokens: int = 1
                          time_to_first_token=ttft, tokens=tokens, tokens_per_second=tps)
 
 
-def test_a_requests_load_counts_those_generating_when_it_started():
-    # each generates for ttft + (tokens - 1) / tps = 0.5 + 1.0 = 1.5 s from the end of its wait
+def test_a_requests_load_is_the_requests_on_its_busiest_server_averaged_over_its_time():
+    # each generates for ttft + (tokens - 1) / tps = 0.5 + 1.0 = 1.5 s from the end of its wait:
+    # 0.0-1.5, 0.2-1.7, 1.3-2.8 (waited 0.3), 3.0-4.5; the last generated nothing (a moment at 3.1)
     records = [record(0.0), record(0.2), record(1.0, waited=0.3), record(3.0), record(3.1, ttft=None, tokens=0,
                                                                                       tps=None, outcome=FAILED)]
-    # 0.0: itself; 0.2: with the first; 1.3: all three (the first ends at 1.5); 3.0: alone again;
-    # a request without a first token generated nothing, but is there for itself (3.1: with the one of 3.0)
-    assert loads(records) == [1, 2, 3, 1, 2]
-    # what counts is sharing a server: one on other servers waits behind none of them
+    # the first: the second beside it for 1.3 of its 1.5 s, the third for 0.2 — those that came while it
+    # ran count as much as those there before; the fourth: alone (a moment beside it is no time);
+    # the one without a first token: the fourth was generating when it came
+    assert loads(records) == pytest.approx([1 + 1.5 / 1.5, 1 + 1.7 / 1.5, 1 + 0.6 / 1.5, 1.0, 2.0])
+    # what counts is sharing a server, and the busiest of its servers: on B+C, the one beside it on C
     elsewhere = record(0.3, route=((B, 0, 4), (C, 4, 8)))
     beside = record(0.4, route=((C, 0, 8),))
-    assert loads([*records[:3], elsewhere, beside]) == [1, 2, 3, 1, 2]
+    assert loads([*records[:3], elsewhere, beside]) == pytest.approx(
+        [2.0, 1 + 1.7 / 1.5, 1 + 0.6 / 1.5, 1 + 1.4 / 1.5, 1 + 1.4 / 1.5])
+    # one without a route shares a server with every other
+    unknown = record(0.3, route=())
+    assert loads([records[0], unknown])[1] == pytest.approx(1 + 1.2 / 1.5)
 
 
 def test_the_evidence_is_the_same_route_at_a_similar_load_then_wider():
@@ -60,7 +66,7 @@ def test_inputs_keep_each_answered_request_with_its_route_and_load():
                                                                              tokens=0, tps=None)]
     known = inputs("m", records, None, now=10.0)
     assert known.requests == 2 and [o.route for o in known.observed] == [(A, B), (A,)]
-    assert [o.load for o in known.observed] == [1, 2]
+    assert [o.load for o in known.observed] == pytest.approx([1 + 1.3 / 1.5, 1 + 1.3 / 1.5])
     # too few answered requests: the probes' estimate, as before
     assert forecast(ForecastInputs("m", est_tokens_per_s=5.0), wait=0, prompt_tokens=1, max_tokens=2,
                     load=1, route=(A,)).source == PROBES

@@ -8,9 +8,10 @@ the chat's own queue now.
 
 What a request gets depends on the route it takes and on how many requests share the servers with
 it: with sixteen in flight, one route's requests may decode at a third of another's. So each answered
-request is kept with its route and its **load** — the requests generating on a server of its route
-when it started, itself included, counted from the stored rows' own intervals and routes
-(:func:`loads`; every chat process's rows, as the servers see them). A forecast for a request that would take ``route`` at ``load`` rests on the
+request is kept with its route and its **load** — the requests on the busiest server of its route
+while it generated, itself included, averaged over its time, counted from the stored rows' own
+intervals and routes (:func:`loads`; every chat process's rows, as the servers see them). A forecast
+for a request that would take ``route`` beside the requests on its busiest server now rests on the
 answered requests most like it, the first group with at least ``MIN_REQUESTS``: the same route at a
 similar load (within ``LOAD_MARGIN``), a similar load on any route, the same route at any load, all
 of them; the medians of that group are its figures.
@@ -39,18 +40,19 @@ class Observed:
     """One answered request as a forecast uses it."""
 
     route: tuple[str, ...]  # its servers' peer ids, in route order
-    load: int  # requests generating when it started, itself included
+    load: float  # requests on the busiest server of its route while it generated, itself included (``loads``)
     time_to_first_token: Optional[float]
     tokens_per_second: Optional[float]
 
 
-def loads(records: Sequence[RequestRecord]) -> list[int]:
-    """For each record, the requests that shared a server with it when it started, itself
-    included: those that started before it (or with it), had not yet ended and had a server of its
-    route in theirs (a server takes its sessions' steps one at a time, so these are what it waited
-    behind; a record without a route counts every request then in flight). A record generates from
-    the end of its wait until its last token (first token, then the rest at its decode speed);
-    records without a first token count for none but themselves."""
+def loads(records: Sequence[RequestRecord]) -> list[float]:
+    """For each record, the load it generated at: the requests on the busiest server of its route
+    while it generated, itself included, averaged over its time (a server takes its sessions' steps
+    one at a time, so these are what its steps waited behind — those that were there when it started
+    and those that came while it ran). A record generates from the end of its wait until its last
+    token (first token, then the rest at its decode speed); one without a first token generated
+    nothing and counts for none but itself, at the moment it started. A record without a route
+    shares a server with every other, and every other with it."""
     spans = []
     for r in records:
         start = r.at + (r.waited or 0.0)
@@ -58,17 +60,31 @@ def loads(records: Sequence[RequestRecord]) -> list[int]:
         end = start + r.time_to_first_token + decode if r.time_to_first_token is not None else start
         spans.append((start, end, r.peers))
     order = sorted(range(len(spans)), key=lambda i: spans[i][0])
-    active: list[int] = []  # records started and not yet ended, as of the current start
-    counts = [1] * len(spans)
-    for i in order:
-        start, _, peers = spans[i]
-        active = [j for j in active if spans[j][1] > start]
-        counts[i] = 1 + sum(1 for j in active if not peers or not spans[j][2] or peers & spans[j][2])
-        active.append(i)
-    return counts
+    starts = [spans[i][0] for i in order]
+    longest = max((end - start for start, end, _ in spans), default=0.0)
+    out = [1.0] * len(spans)
+    for i, (start, end, peers) in enumerate(spans):
+        length = end - start
+        per_server: dict[str, float] = {}
+        # those that may overlap it: started before it ended, and at most the longest span before it
+        for k in range(bisect.bisect_left(starts, start - longest), bisect.bisect_right(starts, end)):
+            j = order[k]
+            other_start, other_end, other_peers = spans[j]
+            if j == i:
+                continue
+            if length > 0:
+                shared = max(0.0, min(end, other_end) - max(start, other_start)) / length
+            else:  # a moment: whether it was generating then
+                shared = 1.0 if other_start <= start < other_end else 0.0
+            if not shared:
+                continue
+            for peer in ((peers & other_peers if other_peers else peers) if peers else ("",)):
+                per_server[peer] = per_server.get(peer, 0.0) + shared
+        out[i] = 1.0 + max(per_server.values(), default=0.0)
+    return out
 
 
-def similar_load(a: int, b: int) -> bool:
+def similar_load(a: float, b: float) -> bool:
     return abs(a - b) <= max(1.0, LOAD_MARGIN * max(a, b))
 
 @dataclass(frozen=True)
