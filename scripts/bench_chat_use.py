@@ -2,11 +2,14 @@
 """Figures: the chat under real use, on the demo (BENCHMARKS.md, section chat-use).
 
     .venv/bin/python scripts/bench_chat_use.py [--tiny] [--users 32] [--duration 600] [--read 20 60]
-                                               [--parts a b c d] [--no-write]
+                                               [--parts a b c d] [--swarm demo|harness] [--no-write]
 
 ``swarm-monitor demo`` (SmolLM2-135M-Instruct on three petals servers, its poller, probes and
-generation checks running; ``--tiny``: the tiny random model) in its own process, behind one trusted
-proxy hop so that each simulated person has an address of their own (``X-Forwarded-For``):
+generation checks running at its fast periods; ``--tiny``: the tiny random model) in its own
+process — or, with ``--swarm harness``, the same layout started by the swarm harness, its servers
+accepting sessions of the model's whole context, and ``swarm-monitor serve`` at the default periods
+watching it — behind one trusted proxy hop so that each simulated person has an address of their
+own (``X-Forwarded-For``):
 
 (a) ``--users`` people on chat.petals.dev's page (its static/chat.js protocol: a WebSocket session
     of 512 tokens per tab, the conversation sent from its last position, answers streamed with
@@ -26,6 +29,8 @@ proxy hop so that each simulated person has an address of their own (``X-Forward
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -38,7 +43,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import bench_common as bc
 
@@ -89,6 +94,22 @@ def start_demo(tiny: bool, data_dir: Path, log_path: Path, checkpoint: Optional[
     raise RuntimeError("the demo did not print its address in time")
 
 
+@contextlib.contextmanager
+def harness_service(model_path: Path, dht_prefix: str, num_blocks: int, context: Optional[int]) -> Iterator[str]:
+    """The demo's layout of three servers started by the swarm harness, each accepting sessions as
+    long as the model's context (``context``; petals' default 2048 without), and ``swarm-monitor
+    serve`` at its default periods watching it, one proxy hop trusted; yields the base URL."""
+    from monitor.harness.demo_swarm import demo_layout
+    from monitor.harness.local_swarm import LocalSwarm
+
+    specs = [dataclasses.replace(spec, inference_max_length=context) for spec in demo_layout(num_blocks, 3)]
+    env = {"SWARM_MONITOR_PROXY_HOPS": "1", "SWARM_MONITOR_CHAT_RATE_LIMIT": "100000 per minute"}
+    with LocalSwarm(model_path, dht_prefix) as swarm:
+        swarm.start(specs)
+        with bc.service(swarm.initial_peers, models=[f"{dht_prefix}:{num_blocks}:{model_path}"], env=env) as svc:
+            yield svc["base"]
+
+
 def _copy(proc, log) -> None:
     for line in proc.stdout:
         log.write(line)
@@ -105,6 +126,12 @@ def stop_demo(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def keep_demo_log(proc: subprocess.Popen, log: Path, kept: Path) -> None:
+    stop_demo(proc)
+    shutil.copy(log, kept)
+    print(f"the demo's log: {kept}")
 
 
 def post(base: str, path: str, body: dict, address: str = "10.9.0.1", timeout: float = 300) -> dict:
@@ -325,6 +352,10 @@ def main(argv=None) -> None:
     parser.add_argument("--context", type=int, default=None,
                         help="with --tiny: declare this context instead of its 512 tokens (a conversation of "
                              "ten minutes outgrows 512; chat.petals.dev's page then shows an error for good)")
+    parser.add_argument("--swarm", choices=("demo", "harness"), default="demo",
+                        help="demo: `swarm-monitor demo` (its fast periods); harness: the demo's layout started by "
+                             "the swarm harness, its servers accepting the model's whole context, watched by "
+                             "`swarm-monitor serve` at the default periods (as people run it)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     globals()["STOP_AFTER_TOKENS"] = args.stop_after
@@ -340,7 +371,7 @@ def main(argv=None) -> None:
     from monitor.harness.demo_swarm import prepare_model
     from monitor.settings import load_settings
 
-    path = prepare_model(data_dir, tiny=args.tiny)[0]
+    path, dht_prefix, num_blocks, _ = prepare_model(data_dir, tiny=args.tiny)
     settings = load_settings()  # (the defaults, and what the environment sets for the demo too)
     checkpoint = None
     if args.tiny and args.context:  # the tiny model's weights with a longer context declared (it has
@@ -349,12 +380,17 @@ def main(argv=None) -> None:
         config = json.loads((checkpoint / "config.json").read_text())
         config["max_position_embeddings"] = args.context
         (checkpoint / "config.json").write_text(json.dumps(config))
-    proc, base = start_demo(args.tiny, data_dir, workdir / "demo.log", checkpoint)
     results: dict = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        if args.swarm == "harness":
+            base = stack.enter_context(harness_service(checkpoint or path, dht_prefix, num_blocks, args.context))
+        else:
+            proc, base = start_demo(args.tiny, data_dir, workdir / "demo.log", checkpoint)
+            stack.callback(keep_demo_log, proc, workdir / "demo.log", args.log)
         model = model_of(base)
         wait_chat(base, model)
-        print(f"demo at {base}, model {model}", flush=True)
+        print(f"{args.swarm} at {base}, model {model}", flush=True)
         for part in args.parts:
             began = time.monotonic()
             if part == "a":
@@ -368,11 +404,6 @@ def main(argv=None) -> None:
             else:
                 results["d"] = part_d(base, model, path)
             print(part, f"({time.monotonic() - began:.0f} s):", results[part], flush=True)
-    finally:
-        stop_demo(proc)
-        shutil.copy(workdir / "demo.log", args.log)
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"the demo's log: {args.log}")
     markdown = report(results, args, settings)
     print("\n" + markdown)
     if not args.no_write:
@@ -417,8 +448,12 @@ def report(results: dict, args, settings) -> str:
                      f"{d['reference']:.4f} computed by transformers from the checkpoint",
                      f"≤ {TARGET_LOGPROB_DIFF:g}", bc.verdict(d["max_diff"] <= TARGET_LOGPROB_DIFF)])
     markdown = bc.table(["figure", "measured", "target", ""], rows)
-    notes = [f"\n\nOn {model}: `swarm-monitor demo` (three servers, its poller, probes and generation checks "
-             f"running) with its chat capacity — {settings.chat_slots} generation slots, a queue of "
+    where = ("`swarm-monitor demo` (three servers, its poller, probes and generation checks running at its fast "
+             "periods)" if args.swarm == "demo" else
+             "the demo's layout of three servers started by the swarm harness, each accepting sessions of "
+             f"{args.context or 2048} tokens (petals' `--inference_max_length`), watched by `swarm-monitor serve` at "
+             "the default periods (its poller, probes and generation checks running)")
+    notes = [f"\n\nOn {model}: {where} with its chat capacity — {settings.chat_slots} generation slots, a queue of "
              f"{settings.chat_queue_size} ({settings.chat_queue_timeout:g} s at most), a client's share "
              f"{settings.max_slots_share:g}, {settings.max_open_sessions} open sessions, "
              f"{settings.max_sessions_per_client} per client — behind one trusted proxy hop, so that every "
