@@ -92,15 +92,19 @@ def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
     first = before.get_json()
     assert first["object"] == "estimate" and first["max_tokens"] == 6 and first["prompt_tokens"] > 0
     assert first["petals"]["served"] and first["petals"]["forecast"]["wait"] == 0.0
+    hops = first["petals"]["planned_route"]  # the route it would take now, over every block
+    assert hops and hops[0]["start"] == 0 and all(a["end"] == b["start"] for a, b in zip(hops, hops[1:]))
     for _ in range(6):  # real requests, then the forecast rests on them
         assert client.post("/v1/chat/completions", json=body).status_code == 200
     rows.flush()
     engine.forecast_source.refresh()
-    forecast = client.post("/v1/estimate", json=body).get_json()["petals"]["forecast"]
+    estimate = client.post("/v1/estimate", json=body).get_json()["petals"]
+    forecast = estimate["forecast"]
     done = [r for r in store.requests_since(time.time() - 1800, model=TINY_DHT_PREFIX) if r.outcome == OK]
     # one after another, each alone on the servers: the evidence is those of them on the route the
     # router would take now, if five or more took it, else all of them
     planned = [peer for peer, _, _ in engine.planned_route(TINY_DHT_PREFIX, 64)]
+    assert [hop["peer_id"] for hop in estimate["planned_route"]] == planned
     same_route = [r for r in done if [peer for peer, _, _ in r.route] == planned]
     evidence = same_route if len(same_route) >= 5 else done
     assert forecast["source"] == "requests" and forecast["based_on"] == len(evidence) and len(done) >= 6
