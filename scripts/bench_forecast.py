@@ -79,6 +79,26 @@ def within(forecast, actual, tolerance: float) -> bool:
     return forecast is not None and actual is not None and actual > 0 and abs(forecast - actual) <= tolerance * actual
 
 
+def hindsight(measured: list, every: list, alike: int = 3) -> tuple:
+    """A ceiling no forecast made before a request can pass: each measured request "forecast" after
+    the fact by the medians of the requests that ran beside it (overlapping at least half its time;
+    those of its route when ``alike`` or more did) — what the load it met while it ran gave others.
+    (share of first tokens within ±30 %, share of tokens/s within ±20 %)."""
+    ttft = speed = counted = 0
+    for r in measured:
+        length = r["end"] - r["at"]
+        beside = [o for o in every if o is not r and min(o["end"], r["end"]) - max(o["at"], r["at"]) >= length / 2]
+        same = [o for o in beside if o["route"] == r["route"]]
+        group = same if len(same) >= alike else beside
+        if not group:
+            continue
+        counted += 1
+        middle = lambda key: bc.median([o[key] for o in group if o[key] is not None] or [None])  # noqa: E731
+        ttft += within(middle("ttft"), r["ttft"], TTFT_TOLERANCE)
+        speed += within(middle("tokens_per_s"), r["tokens_per_s"], SPEED_TOLERANCE)
+    return (ttft / counted, speed / counted) if counted else (None, None)
+
+
 def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path, users: int, slots: int,
                   requests: int) -> dict:
     env = {"SWARM_MONITOR_CHAT_SLOTS": str(slots), "SWARM_MONITOR_MAX_SLOTS_SHARE": "1",
@@ -89,19 +109,25 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
         per_user = max(1, requests // users)
         warm = max(2, 8 // users)  # each person's first requests: the forecast's evidence, past the servers' first
         asking = threading.Semaphore(0)  # released once per person whose requests are in
-        results: list = []
+        results: list = []  # the measured requests
+        everyone: list = []  # every request, the warm-up's and the last ones too (``hindsight``)
+
+        def ask(prompt: str) -> dict:
+            result = one(base, prefix, prompt)
+            everyone.append(result)
+            return result
 
         def person(index: int) -> None:
             try:
                 for i in range(warm):
-                    one(base, prefix, PROMPTS[(index + i) % len(PROMPTS)])
+                    ask(PROMPTS[(index + i) % len(PROMPTS)])
                 for i in range(per_user):
-                    results.append(one(base, prefix, PROMPTS[(index + warm + i) % len(PROMPTS)]))
+                    results.append(ask(PROMPTS[(index + warm + i) % len(PROMPTS)]))
             finally:
                 asking.release()
             asked = 0
             while not everyone_done.is_set():  # the house stays as full until everyone's requests are in
-                one(base, prefix, PROMPTS[(index + asked) % len(PROMPTS)])
+                ask(PROMPTS[(index + asked) % len(PROMPTS)])
                 asked += 1
 
         everyone_done = threading.Event()
@@ -120,13 +146,14 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
     got_key = {"time_to_first_token": "ttft", "tokens_per_second": "tokens_per_s", "wait": "waited"}
     share = lambda rows, key, tol: (sum(within(r["forecast"][key], r[got_key[key]], tol)  # noqa: E731
                                         for r in rows) / len(rows)) if rows else None
+    ceiling = hindsight(good, [r for r in everyone if r["ok"]])
     print("requests", name, json.dumps([{k: r[k] for k in ("ok", "ttft", "tokens_per_s", "waited", "at", "end",
                                                            "planned", "route")}
                                         | {"forecast": r["forecast"]} for r in results]), flush=True)
     return {"name": name, "requests": len(results), "failed": len(results) - len(good),
             "ttft_share": share(good, "time_to_first_token", TTFT_TOLERANCE) if good else None,
             "speed_share": share(good, "tokens_per_second", SPEED_TOLERANCE) if good else None,
-            "wait_share": share(queued, "wait", WAIT_TOLERANCE), "queued": len(queued),
+            "wait_share": share(queued, "wait", WAIT_TOLERANCE), "queued": len(queued), "hindsight": ceiling,
             "sources": dict(Counter(r["forecast"]["source"] for r in good)),
             "forecast_speed": bc.median([r["forecast"]["tokens_per_second"] for r in good
                                          if r["forecast"]["tokens_per_second"]] or [0]),
@@ -258,6 +285,7 @@ def main(argv=None) -> None:
                  f"{r['forecast_ttft'] * 1000:.0f} / {r['got_ttft'] * 1000:.0f} ms",
                  f"{r['forecast_speed']:.1f} / {r['got_speed']:.1f}",
                  pct(r["ttft_share"]), pct(r["speed_share"]),
+                 f"{pct(r['hindsight'][0])} / {pct(r['hindsight'][1])}",
                  f"{pct(r['wait_share'])} of {r['queued']}" if r["queued"] else "–",
                  bc.verdict(all(s is not None and s >= TARGET_SHARE for s in (r["ttft_share"], r["speed_share"]))
                             and (r["wait_share"] is None or r["wait_share"] >= TARGET_SHARE))]
@@ -265,6 +293,7 @@ def main(argv=None) -> None:
         sections.append("**Forecast accuracy** (`--model " + args.model + "`):\n\n" + bc.table(
             ["condition", "requests", "failed", "forecast from", "first token, forecast / got (medians)",
              "tokens/s, forecast / got (medians)", "first token within ±30 %", "tokens/s within ±20 %",
+             "in hindsight: first token / tokens/s",
              "wait within ±25 % (queued)", "≥ 80 % each"], rows))
     if "spread" in args.parts:
         r = spread(args.model, args.data_dir)
