@@ -95,14 +95,17 @@ def start_demo(tiny: bool, data_dir: Path, log_path: Path, checkpoint: Optional[
 
 
 @contextlib.contextmanager
-def harness_service(model_path: Path, dht_prefix: str, num_blocks: int, context: Optional[int]) -> Iterator[str]:
+def harness_service(model_path: Path, dht_prefix: str, num_blocks: int, context: Optional[int],
+                    cache: Optional[int]) -> Iterator[str]:
     """The demo's layout of three servers started by the swarm harness, each accepting sessions as
-    long as the model's context (``context``; petals' default 2048 without), and ``swarm-monitor
-    serve`` at its default periods watching it, one proxy hop trusted; yields the base URL."""
+    long as the model's context (``context``; petals' default 2048 without) with an attention cache
+    of ``cache`` tokens (petals' default without), and ``swarm-monitor serve`` at its default
+    periods watching it, one proxy hop trusted; yields the base URL."""
     from monitor.harness.demo_swarm import demo_layout
     from monitor.harness.local_swarm import LocalSwarm
 
-    specs = [dataclasses.replace(spec, inference_max_length=context) for spec in demo_layout(num_blocks, 3)]
+    specs = [dataclasses.replace(spec, inference_max_length=context, attn_cache_tokens=cache)
+             for spec in demo_layout(num_blocks, 3)]
     env = {"SWARM_MONITOR_PROXY_HOPS": "1", "SWARM_MONITOR_CHAT_RATE_LIMIT": "100000 per minute"}
     with LocalSwarm(model_path, dht_prefix) as swarm:
         swarm.start(specs)
@@ -356,6 +359,9 @@ def main(argv=None) -> None:
                         help="demo: `swarm-monitor demo` (its fast periods); harness: the demo's layout started by "
                              "the swarm harness, its servers accepting the model's whole context, watched by "
                              "`swarm-monitor serve` at the default periods (as people run it)")
+    parser.add_argument("--server-cache", type=int, default=None,
+                        help="with --swarm harness: each server's attention cache in tokens per block (petals' "
+                             "--attn_cache_tokens; default petals' own, 4096 for the tiny model)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     globals()["STOP_AFTER_TOKENS"] = args.stop_after
@@ -384,7 +390,8 @@ def main(argv=None) -> None:
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         if args.swarm == "harness":
-            base = stack.enter_context(harness_service(checkpoint or path, dht_prefix, num_blocks, args.context))
+            base = stack.enter_context(harness_service(checkpoint or path, dht_prefix, num_blocks, args.context,
+                                                       args.server_cache))
         else:
             proc, base = start_demo(args.tiny, data_dir, workdir / "demo.log", checkpoint)
             stack.callback(keep_demo_log, proc, workdir / "demo.log", args.log)
@@ -451,7 +458,9 @@ def report(results: dict, args, settings) -> str:
     where = ("`swarm-monitor demo` (three servers, its poller, probes and generation checks running at its fast "
              "periods)" if args.swarm == "demo" else
              "the demo's layout of three servers started by the swarm harness, each accepting sessions of "
-             f"{args.context or 2048} tokens (petals' `--inference_max_length`), watched by `swarm-monitor serve` at "
+             f"{args.context or 2048} tokens (petals' `--inference_max_length`)"
+             + (f" with attention caches of {args.server_cache} tokens (`--attn_cache_tokens`)" if args.server_cache
+                else "") + ", watched by `swarm-monitor serve` at "
              "the default periods (its poller, probes and generation checks running)")
     notes = [f"\n\nOn {model}: {where} with its chat capacity — {settings.chat_slots} generation slots, a queue of "
              f"{settings.chat_queue_size} ({settings.chat_queue_timeout:g} s at most), a client's share "
@@ -463,6 +472,7 @@ def report(results: dict, args, settings) -> str:
         evicted = m.get('swarm_monitor_chat_sessions_expired_total{reason="evicted"}', 0)
         idle = m.get('swarm_monitor_chat_sessions_expired_total{reason="idle"}', 0)
         refused = sum(v for k, v in m.items() if k.startswith("swarm_monitor_chat_refused_total"))
+        released = m.get("swarm_monitor_chat_sessions_released_total", 0)
         errors, shown = "; ".join(a["server_errors"]), "; ".join(a["shown"])
         notes.append(f"(a) Each person runs chat.petals.dev's page protocol (static/chat.js) on a WebSocket of "
                      f"their own: asks one of ten short questions, reads for {args.read[0]:g}–{args.read[1]:g} s, asks "
@@ -471,8 +481,8 @@ def report(results: dict, args, settings) -> str:
                      f"end ({a['stopped']} answers that ran past {STOP_AFTER_TOKENS} tokens were stopped with the page's "
                      f"'stop generation', which ends its session; the page reopened {a['reopened']} sessions). "
                      f"Starved: a person with a turn never answered (an error shown). {a['tokens']} tokens streamed; "
-                     f"sessions the chat expired: {evicted:.0f} to make room, {idle:.0f} idle; requests refused: "
-                     f"{refused:.0f}." + (f" Errors the page got (and recovered from, unless shown): {errors}."
+                     f"sessions the chat expired: {evicted:.0f} to make room, {idle:.0f} idle; idle sessions that "
+                     f"let go of a full server's cache: {released:.0f}; requests refused: {refused:.0f}." + (f" Errors the page got (and recovered from, unless shown): {errors}."
                                           if errors else "") + (f" Shown: {shown}." if shown else ""))
     return markdown + "\n\n".join(notes)
 
