@@ -18,7 +18,9 @@ Swarm: the demo's layout (three servers: all blocks, first half, second half) of
     forecast is compared with what the request then got: time to first token and decode tokens/s
     as the chat measured them (its ``petals`` extension), and the wait for a slot (the client's time
     to the first token less the chat's). Share of requests within ±30 % (first token), ±20 %
-    (tokens/s) and ±25 % (wait, queued requests: those forecast to wait or that waited ≥ 1 s).
+    (tokens/s) and ±25 % (wait, queued requests: those forecast to wait or that waited ≥ 1 s);
+    beside them, the share within the forecast's ranges (what eight in ten requests alike got), and
+    the ceiling in hindsight (``hindsight``: each request judged by the requests that ran beside it).
 (spread) 16 concurrent streamed answers through the chat's engine, every server throttled to half
     its speed (so the two cores are not the bottleneck), once with routes spread by the requests in
     flight (the chat as it runs) and once with the load count off (always the best route for the
@@ -77,6 +79,11 @@ def one(base: str, prefix: str, prompt: str) -> dict:
 
 def within(forecast, actual, tolerance: float) -> bool:
     return forecast is not None and actual is not None and actual > 0 and abs(forecast - actual) <= tolerance * actual
+
+
+def in_spread(bounds, actual) -> bool:
+    """Whether ``actual`` lies within a forecast's range (what eight in ten requests alike got)."""
+    return bool(bounds) and actual is not None and bounds[0] <= actual <= bounds[1]
 
 
 def hindsight(measured: list, every: list, alike: int = 3) -> tuple:
@@ -147,6 +154,8 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
     share = lambda rows, key, tol: (sum(within(r["forecast"][key], r[got_key[key]], tol)  # noqa: E731
                                         for r in rows) / len(rows)) if rows else None
     ceiling = hindsight(good, [r for r in everyone if r["ok"]])
+    in_range = lambda key, got: (sum(in_spread(r["forecast"].get(key), r[got]) for r in good)  # noqa: E731
+                                 / len(good)) if good else None
     print("requests", name, json.dumps([{k: r[k] for k in ("ok", "ttft", "tokens_per_s", "waited", "at", "end",
                                                            "planned", "route")}
                                         | {"forecast": r["forecast"]} for r in results]), flush=True)
@@ -154,6 +163,7 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
             "ttft_share": share(good, "time_to_first_token", TTFT_TOLERANCE) if good else None,
             "speed_share": share(good, "tokens_per_second", SPEED_TOLERANCE) if good else None,
             "wait_share": share(queued, "wait", WAIT_TOLERANCE), "queued": len(queued), "hindsight": ceiling,
+            "in_range": (in_range("time_to_first_token_range", "ttft"), in_range("tokens_per_second_range", "tokens_per_s")),
             "sources": dict(Counter(r["forecast"]["source"] for r in good)),
             "forecast_speed": bc.median([r["forecast"]["tokens_per_second"] for r in good
                                          if r["forecast"]["tokens_per_second"]] or [0]),
@@ -286,6 +296,7 @@ def main(argv=None) -> None:
                  f"{r['forecast_speed']:.1f} / {r['got_speed']:.1f}",
                  pct(r["ttft_share"]), pct(r["speed_share"]),
                  f"{pct(r['hindsight'][0])} / {pct(r['hindsight'][1])}",
+                 f"{pct(r['in_range'][0])} / {pct(r['in_range'][1])}",
                  f"{pct(r['wait_share'])} of {r['queued']}" if r["queued"] else "–",
                  bc.verdict(all(s is not None and s >= TARGET_SHARE for s in (r["ttft_share"], r["speed_share"]))
                             and (r["wait_share"] is None or r["wait_share"] >= TARGET_SHARE))]
@@ -293,7 +304,7 @@ def main(argv=None) -> None:
         sections.append("**Forecast accuracy** (`--model " + args.model + "`):\n\n" + bc.table(
             ["condition", "requests", "failed", "forecast from", "first token, forecast / got (medians)",
              "tokens/s, forecast / got (medians)", "first token within ±30 %", "tokens/s within ±20 %",
-             "in hindsight: first token / tokens/s",
+             "in hindsight: first token / tokens/s", "within the forecast's range: first token / tokens/s",
              "wait within ±25 % (queued)", "≥ 80 % each"], rows))
     if "spread" in args.parts:
         r = spread(args.model, args.data_dir)

@@ -112,6 +112,10 @@ def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
                                                           rel=1e-3)
     assert forecast["time_to_first_token"] == pytest.approx(percentile([r.time_to_first_token for r in evidence], 50),
                                                             rel=1e-3)
+    low, high = forecast["tokens_per_second_range"]  # what eight in ten of the evidence got
+    assert low <= forecast["tokens_per_second"] <= high
+    assert [low, high] == pytest.approx([percentile([r.tokens_per_second for r in evidence], q) for q in (10, 90)],
+                                        rel=1e-3)
     assert forecast["total"] == pytest.approx(forecast["wait"] + forecast["time_to_first_token"]
                                               + 5 / forecast["tokens_per_second"], rel=1e-2)
     stored = len(store.requests_since(0, model=TINY_DHT_PREFIX))
@@ -122,6 +126,7 @@ def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
     shown = client.get(f"/chat/forecast?model={TINY_DHT_PREFIX}&max_new_tokens=6").get_data(as_text=True)
     assert 'data-forecast-source="requests"' in shown and f"from the last {len(done)} answers" in shown
     assert " tokens/s</strong>" in shown and "6 tokens in" in shown
+    assert shown.count("what 8 in 10 answers like this one got") == 2  # beside the speed and the first token
     assert "/chat/forecast" in client.get("/chat").get_data(as_text=True)  # the page asks for it before Send
     rows.flush()
     assert len(store.requests_since(0, model=TINY_DHT_PREFIX)) == stored  # estimates generate nothing, leave no row

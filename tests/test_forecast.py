@@ -61,6 +61,19 @@ def test_the_evidence_is_the_same_route_at_a_similar_load_then_wider():
     assert got.total == pytest.approx(0.9 + 32 / 0.8)
 
 
+def test_a_forecast_says_what_eight_in_ten_requests_alike_got():
+    alike = [Observed(route=(A,), load=4, time_to_first_token=0.1 * i, tokens_per_second=float(i)) for i in range(1, 11)]
+    got = forecast(ForecastInputs("m", observed=tuple(alike)), wait=0.0, prompt_tokens=5, max_tokens=10, load=4,
+                   route=(A,))
+    assert (got.tokens_per_second, got.time_to_first_token) == (5.0, pytest.approx(0.5))  # the medians
+    assert got.tokens_per_second_range == (1.0, 9.0)  # the 10th and 90th percentiles (nearest rank) of ten
+    assert got.time_to_first_token_range == pytest.approx((0.1, 0.9))
+    assert got.to_dict()["tokens_per_second_range"] == [1.0, 9.0]
+    # from the probes, or nothing: no requests to spread over
+    probes = forecast(ForecastInputs("m", est_tokens_per_s=5.0), wait=0, prompt_tokens=1, max_tokens=2, load=1)
+    assert probes.tokens_per_second_range is None and probes.to_dict()["time_to_first_token_range"] is None
+
+
 def test_inputs_keep_each_answered_request_with_its_route_and_load():
     records = [record(0.0, route=((A, 0, 4), (B, 4, 8))), record(0.2), record(0.4, outcome=FAILED, ttft=None,
                                                                              tokens=0, tps=None)]

@@ -111,9 +111,23 @@ class Forecast:
     cache_room: Optional[bool]  # None: the servers announce no cache figures
     source: str  # REQUESTS | PROBES | NONE: what the speed figures come from
     based_on: int  # answered requests behind them (REQUESTS)
+    # what eight in ten of those requests got (their 10th to 90th percentile; None without them):
+    # under load one figure cannot say it all — requests alike scatter
+    time_to_first_token_range: Optional[tuple[float, float]] = None
+    tokens_per_second_range: Optional[tuple[float, float]] = None
 
     def to_dict(self) -> dict:
-        return {key: (float(f"{value:.4g}") if isinstance(value, float) else value) for key, value in asdict(self).items()}
+        short = lambda value: float(f"{value:.4g}") if isinstance(value, float) else value  # noqa: E731
+        return {key: [short(v) for v in value] if isinstance(value, tuple) else short(value)
+                for key, value in asdict(self).items()}
+
+
+SPREAD = (10, 90)  # the percentiles a forecast's ranges run between
+
+
+def spread(values: Sequence[Optional[float]]) -> Optional[tuple[float, float]]:
+    low, high = (percentile(values, q) for q in SPREAD)
+    return (low, high) if low is not None and high is not None else None
 
 
 def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[Assessment], *,
@@ -156,10 +170,13 @@ def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_toke
     from a slot, that would generate alongside ``load - 1`` others on ``route`` (its peer ids; None:
     not known)."""
     group = like(known.observed, route=route, load=load) if known.observed else []
+    ranges: dict = {}
     if len(group) >= MIN_REQUESTS and percentile([o.tokens_per_second for o in group], 50):
         source, based_on = REQUESTS, len(group)
         ttft = percentile([o.time_to_first_token for o in group], 50)
         speed = percentile([o.tokens_per_second for o in group], 50)
+        ranges = dict(time_to_first_token_range=spread([o.time_to_first_token for o in group]),
+                      tokens_per_second_range=spread([o.tokens_per_second for o in group]))
     elif known.requests >= MIN_REQUESTS and known.tokens_per_second:
         source, ttft, speed, based_on = REQUESTS, known.time_to_first_token, known.tokens_per_second, known.requests
     elif known.est_tokens_per_s:
@@ -171,4 +188,4 @@ def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_toke
     total = wait + ttft + max(0, max_tokens - 1) / speed if speed else None
     room = None if known.cache_tokens_left is None else known.cache_tokens_left >= prompt_tokens + max_tokens
     return Forecast(wait=float(wait), time_to_first_token=ttft, tokens_per_second=speed, total=total,
-                    cache_room=room, source=source, based_on=based_on)
+                    cache_room=room, source=source, based_on=based_on, **ranges)
