@@ -14,7 +14,8 @@ intervals and routes (:func:`loads`; every chat process's rows, as the servers s
 for a request that would take ``route`` beside the requests on its busiest server now rests on the
 answered requests most like it, the first group with at least ``MIN_REQUESTS``: the same route at a
 similar load (within ``LOAD_MARGIN``), a similar load on any route, the same route at any load, all
-of them; the medians of that group are its figures.
+of them; the medians of that group are its figures, and what eight in ten of it got (``SPREAD``)
+their ranges.
 """
 
 from __future__ import annotations
