@@ -111,6 +111,18 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         choice = _active_choice()
         return choice.sort if choice is not None else None
 
+    def make_sequence(self, *args: Any, **kwargs: Any):
+        """A session's route, chosen and counted in the chat's load at once, one chooser at a time
+        (``TimedInferenceSession.reserve``): requests that arrive together each see the routes the
+        others took, rather than all choosing before any is counted — and all choosing alike."""
+        session = getattr(_ACTIVE, "session", None)
+        if self.server_load is None or session is None:
+            return super().make_sequence(*args, **kwargs)
+        with self._choosing:
+            spans = super().make_sequence(*args, **kwargs)
+            session.reserve(spans)
+        return spans
+
     def route_load(self, spans, cache_tokens_needed: Optional[int]) -> Mapping[str, float]:
         if self.server_load is None:
             return {}
@@ -124,6 +136,7 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         # ``missing_blocks(refresh=True)`` waits for one that started after it was called
         self._refreshes = threading.Condition()
         self._refreshes_started = self._refreshes_finished = 0
+        self._choosing = threading.Lock()  # one session's route chosen and counted at a time (``make_sequence``)
         super().__init__(*args, **kwargs)
         if self.routing.pinned:
             pinned = self._peer_ids_to_set(list(self.routing.pinned))
@@ -376,6 +389,7 @@ class TimedInferenceSession(InferenceSession):
         self.choice = choice
         self._load: Optional[ServerLoad] = getattr(sequence_manager, "server_load", None)
         self._counted: list[str] = []  # the peers this session counts on in ``_load`` now
+        self._reserved: list[str] = []  # the peers of a route just chosen, counted while its sessions open
         self.recorder = SpanRecorder(
             self, sequence_manager.config.dht_prefix,
             outcome_sink if outcome_sink is not None else getattr(sequence_manager, "outcome_sink", None)
@@ -441,9 +455,26 @@ class TimedInferenceSession(InferenceSession):
             self._load.enter(now, directed=directed)
             self._load.leave(self._counted, directed=directed)
             self._counted = now
+        if self._reserved:
+            self._load.leave(self._reserved, directed=directed)
+            self._reserved = []
+
+    def reserve(self, chosen_spans) -> None:
+        """Count the route just chosen for this session (``HealthAwareSequenceManager.make_sequence``)
+        until its sessions are open and ``_count_load`` counts them instead."""
+        if self._load is not None:
+            peers = [span.peer_id.to_base58() for span in chosen_spans]
+            self._load.enter(peers, directed=self.choice is not None and self.choice.directed)
+            self._reserved.extend(peers)
 
     def _enter_server_sessions(self, chosen_spans):
-        sessions = super()._enter_server_sessions(chosen_spans)
+        try:
+            sessions = super()._enter_server_sessions(chosen_spans)
+        except BaseException:
+            if self._reserved:  # the route was not taken
+                self._load.leave(self._reserved, directed=self.choice is not None and self.choice.directed)
+                self._reserved = []
+            raise
         for server_session in sessions:
             server_session.step = functools.partial(self._step_span, server_session, server_session.step)
         return sessions

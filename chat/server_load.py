@@ -1,9 +1,10 @@
 """The load this chat process puts on each server (pure: a lock, no petals): which requests are in
 flight through it now, and what that makes it cost a new route.
 
-Every petals inference session the chat opens counts once on each server of its route while it is
-open (``chat.sequence.TimedInferenceSession``: entered with its route, moved with a fail-over, left
-when it closes). Routing multiplies a server's compute edges by ``factor``: ``1 + LOAD_WEIGHT`` per
+Every petals inference session the chat opens counts once on each server of its route from the
+moment the route is chosen until it closes (``chat.sequence``: chosen and counted at once, one
+chooser at a time, so requests that arrive together see each other's routes; moved with a
+fail-over, left when it closes). Routing multiplies a server's compute edges by ``factor``: ``1 + LOAD_WEIGHT`` per
 request in flight through it — a server computing for n requests gives each about 1/(n+1) of its
 time — and up to ``2×`` more as its announced ``cache_tokens_left`` nears what the new session needs.
 So concurrent requests spread over routes of like speed, and a server far faster than the others

@@ -201,3 +201,23 @@ def test_sessions_longer_than_a_server_accepts_go_to_others_then_are_refused_nam
         assert "at most 48 tokens" in str(refused.value) and "at most 18 new tokens" in str(refused.value)
     finally:
         engine.close()
+
+
+def test_a_route_counts_in_the_load_from_the_moment_it_is_chosen(chat, monkeypatch):
+    """Requests that arrive together each see the routes the others chose: a route counts while its
+    sessions are still opening (servers' handshakes take a while under load), not only once open."""
+    from chat.sequence import TimedInferenceSession
+
+    engine = chat[0]
+    seen = []
+    opening = TimedInferenceSession._enter_server_sessions
+
+    def observed(self, chosen_spans):
+        seen.append(engine.server_load.in_flight())  # as another request choosing now would see it
+        return opening(self, chosen_spans)
+
+    monkeypatch.setattr(TimedInferenceSession, "_enter_server_sessions", observed)
+    with engine.answer(TINY_DHT_PREFIX, [1, 2, 3], GenerationParams(max_new_tokens=3)) as answer:
+        route = list(answer)[-1].route
+    assert seen and seen[0] == {hop.peer_id: 1 for hop in route}, (seen, route)
+    assert engine.server_load.in_flight() == {}  # and out again when it closes
