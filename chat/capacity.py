@@ -161,8 +161,7 @@ class Slots:
         self.capacity = capacity
         self._clock = clock
         self._lock = threading.Lock()
-        self._busy: Counter = Counter()  # client -> slots held
-        self._held: set = set()  # the slots held now (when each was granted: when it likely frees)
+        self._held: set = set()  # the slots held now: by whom, and since when (when each likely frees)
         self._queues: "OrderedDict[str, deque[_Waiter]]" = OrderedDict()  # in turn order
         self._holds: deque = deque(maxlen=RECENT_HOLDS)
         self._waits = WaitHistogram()
@@ -265,16 +264,16 @@ class Slots:
     def _release(self, slot: Slot) -> None:
         with self._lock:
             now = self._clock()
-            self._busy[slot.client] -= 1
-            if self._busy[slot.client] <= 0:
-                del self._busy[slot.client]
             self._held.discard(slot)
             self._holds.append(now - slot.granted)
             self._dispatch(now)
 
     # -- the rules (called with the lock held) --------------------------------------------------------
     def _total_busy(self) -> int:
-        return sum(self._busy.values())
+        return len(self._held)
+
+    def _held_by(self, client: Optional[str]) -> int:
+        return sum(1 for slot in self._held if slot.client == client)
 
     def _waiting(self, *, queued_only: bool = False) -> int:
         return sum(sum(1 for w in q if w.queued or not queued_only) for q in self._queues.values())
@@ -283,10 +282,9 @@ class Slots:
         return self.capacity.slots if client is None else self.capacity.slots_per_client
 
     def _free_for(self, client: Optional[str]) -> bool:
-        return self._total_busy() < self.capacity.slots and self._busy[client] < self._cap(client)
+        return self._total_busy() < self.capacity.slots and self._held_by(client) < self._cap(client)
 
     def _grant(self, client: str, asked: float, now: float) -> Slot:
-        self._busy[client] += 1
         self._waits.observe(now - asked)
         slot = Slot(self, client, now, now - asked)
         self._held.add(slot)
@@ -296,7 +294,7 @@ class Slots:
         """Free slots to waiting clients in turn: the first client in turn order that may take one
         gets it for its oldest request, then goes to the back of the turn order."""
         while self._total_busy() < self.capacity.slots:
-            turn = [c for c in self._queues if self._busy[c] < self._cap(c)]
+            turn = [c for c in self._queues if self._held_by(c) < self._cap(c)]
             if not turn:
                 return
             client = turn[0]
@@ -360,7 +358,7 @@ class Slots:
 
     def held_by(self, client: Optional[str]) -> int:
         with self._lock:
-            return self._busy[client]
+            return self._held_by(client)
 
 
 # ---- open sessions ---------------------------------------------------------------------------------
