@@ -442,17 +442,16 @@ class ChatEngine:
             return None
         return (known.recommendation, known.recommendation_reason or "") if known and known.recommendation else None
 
-    def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int, route_known: bool = False) -> Forecast:
+    def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int) -> Forecast:
         """What a request of ``prompt_tokens`` asking for ``max_tokens`` would get if it came now
         (``monitor.core.forecast``): the queue's wait now, and what real requests (or the probes) say
-        of requests at the load it would meet — on the route it would take now, with ``route_known``
-        (the router's choice, for a request about to be made; a model list's forecast needs none)."""
-        if route_known:
-            return self.forecast_route(name, prompt_tokens=prompt_tokens, max_tokens=max_tokens)[0]
+        of requests at the load it would meet, on no route in particular (a model list's forecast;
+        for a request about to be made, ``forecast_route``)."""
         return self._forecast(name, prompt_tokens, max_tokens, [])
 
     def forecast_route(self, name: str, *, prompt_tokens: int, max_tokens: int) -> tuple[Forecast, list[RouteHop]]:
-        """``forecast`` on the route the request would take now, and that route's hops ([]: unknown)."""
+        """``forecast`` on the route the request would take now (the router's choice), and that
+        route's hops ([]: unknown)."""
         hops = self.planned_route(name, prompt_tokens + max_tokens)
         return self._forecast(name, prompt_tokens, max_tokens, [peer for peer, _, _ in hops]), hops
 
