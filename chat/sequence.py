@@ -450,30 +450,34 @@ class TimedInferenceSession(InferenceSession):
         if self._load is None:
             return
         now = [s.span.peer_id.to_base58() for s in self._server_sessions if not getattr(s, "closed", False)]
-        directed = self.choice is not None and self.choice.directed
         if now != self._counted:
-            self._load.enter(now, directed=directed)
-            self._load.leave(self._counted, directed=directed)
+            self._load.enter(now, directed=self._directed)
+            self._load.leave(self._counted, directed=self._directed)
             self._counted = now
-        if self._reserved:
-            self._load.leave(self._reserved, directed=directed)
-            self._reserved = []
+        self._release_reserved()
+
+    @property
+    def _directed(self) -> bool:
+        return self.choice is not None and self.choice.directed
 
     def reserve(self, chosen_spans) -> None:
         """Count the route just chosen for this session (``HealthAwareSequenceManager.make_sequence``)
         until its sessions are open and ``_count_load`` counts them instead."""
         if self._load is not None:
             peers = [span.peer_id.to_base58() for span in chosen_spans]
-            self._load.enter(peers, directed=self.choice is not None and self.choice.directed)
+            self._load.enter(peers, directed=self._directed)
             self._reserved.extend(peers)
+
+    def _release_reserved(self) -> None:
+        if self._reserved:
+            self._load.leave(self._reserved, directed=self._directed)
+            self._reserved = []
 
     def _enter_server_sessions(self, chosen_spans):
         try:
             sessions = super()._enter_server_sessions(chosen_spans)
         except BaseException:
-            if self._reserved:  # the route was not taken
-                self._load.leave(self._reserved, directed=self.choice is not None and self.choice.directed)
-                self._reserved = []
+            self._release_reserved()  # the route was not taken
             raise
         for server_session in sessions:
             server_session.step = functools.partial(self._step_span, server_session, server_session.step)
