@@ -387,6 +387,33 @@ def sqlite_store(data_dir) -> Store:
     return open_migrated_store(f"sqlite:///{data_dir / 'monitor.db'}")
 
 
+@contextlib.contextmanager
+def chat_app(swarm, models: list, data_dir, *, forecasts: bool = False, **engine_options) -> Iterator[tuple]:
+    """A chat engine of ``models`` on ``swarm`` whose request rows go to a fresh store in
+    ``data_dir``, and the web app serving it; yields (engine, store, rows, app). ``forecasts``: the
+    engine's forecasts read that store (refreshed by the spec: ``engine.forecast_source.refresh()``);
+    ``engine_options``: the engine's parameters."""
+    from chat.engine import ChatEngine
+    from chat.feedback import StoreForecasts, StoreRequests
+    from chat.http import create_blueprint
+    from monitor.web import create_app
+
+    store = sqlite_store(data_dir)
+    rows = StoreRequests(store, period=0.2).start()
+    source = StoreForecasts(store, [m.dht_prefix for m in models], period=3600).start() if forecasts else None
+    engine = ChatEngine(swarm.dht, models, request_sink=rows, forecast_source=source, **engine_options)
+    app = create_app(Settings(data_dir=data_dir, chat_rate_limit="1000 per minute"), store,
+                     chat_blueprints=[create_blueprint(engine)])
+    try:
+        yield engine, store, rows, app
+    finally:
+        engine.close()
+        if source is not None:
+            source.close()
+        rows.close()
+        store.close()
+
+
 # ---- a monitor of a real swarm (the probe and check specs) ---------------------------------------
 
 

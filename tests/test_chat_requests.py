@@ -12,33 +12,20 @@ import time
 
 import pytest
 
-from chat.engine import ChatEngine, GenerationParams
-from chat.feedback import StoreForecasts, StoreRequests
-from chat.http import create_blueprint
+from chat.engine import GenerationParams
 from monitor.core.assessment import RouteHop
 from monitor.core.requests import CANCELLED, OK, percentile
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
-from monitor.settings import ModelConfig, Settings
-from monitor.web import create_app
-from support import sqlite_store, wait_until
+from monitor.settings import ModelConfig
+from support import chat_app, wait_until
 
 
 @pytest.fixture(scope="module")
 def chat(swarm, tiny_model, tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("request-rows")
-    store = sqlite_store(data_dir)
-    rows = StoreRequests(store, period=0.2).start()
-    forecasts = StoreForecasts(store, [TINY_DHT_PREFIX], period=3600).start()  # refreshed by the specs
-    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
-                        max_sessions=1, queue_size=1, queue_timeout=5, retry_after=1, request_sink=rows,
-                        forecast_source=forecasts)
-    app = create_app(Settings(data_dir=data_dir, chat_rate_limit="1000 per minute"), store,
-                     chat_blueprints=[create_blueprint(engine)])
-    yield engine, store, rows, app
-    engine.close()
-    forecasts.close()
-    rows.close()
-    store.close()
+    with chat_app(swarm, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                  tmp_path_factory.mktemp("request-rows"), forecasts=True,  # refreshed by the specs
+                  max_sessions=1, queue_size=1, queue_timeout=5, retry_after=1) as chat:
+        yield chat
 
 
 def test_every_request_the_chat_serves_leaves_one_row(chat, swarm):

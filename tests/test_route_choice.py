@@ -16,36 +16,25 @@ import time
 import pytest
 
 from chat.engine import ChatEngine, GenerationParams
-from chat.feedback import StoreRequests
-from chat.http import create_blueprint
 from chat.policy import RoutingSettings
 from monitor.core.requests import OK
 from monitor.core.route_choice import (
     RouteChoice,
 )
 from monitor.harness.tiny_model import TINY_DHT_PREFIX
-from monitor.settings import ModelConfig, Settings
-from monitor.web import create_app
-from support import sqlite_store, wait_until
+from monitor.settings import ModelConfig
+from support import chat_app, wait_until
 
 # ---- on the session swarm --------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def chat(swarm, tiny_model, tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("route-choice")
-    store = sqlite_store(data_dir)
-    rows = StoreRequests(store, period=0.2).start()
     models = [ModelConfig(dht_prefix="absent-model", path=tiny_model),  # announced by no server
               ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)]
-    engine = ChatEngine(swarm.dht, models, max_sessions=4, queue_size=4, queue_timeout=10, retry_after=1,
-                        request_sink=rows)
-    app = create_app(Settings(data_dir=data_dir, chat_rate_limit="1000 per minute"), store,
-                     chat_blueprints=[create_blueprint(engine)])
-    yield engine, store, rows, app
-    engine.close()
-    rows.close()
-    store.close()
+    with chat_app(swarm, models, tmp_path_factory.mktemp("route-choice"),
+                  max_sessions=4, queue_size=4, queue_timeout=10, retry_after=1) as chat:
+        yield chat
 
 
 def completion(app, petals=None, **extra):
