@@ -20,7 +20,6 @@ their ranges.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -61,18 +60,20 @@ def loads(records: Sequence[RequestRecord]) -> list[float]:
         end = start + r.time_to_first_token + decode if r.time_to_first_token is not None else start
         spans.append((start, end, r.peers))
     order = sorted(range(len(spans)), key=lambda i: spans[i][0])
-    starts = [spans[i][0] for i in order]
-    longest = max((end - start for start, end, _ in spans), default=0.0)
     out = [1.0] * len(spans)
-    for i, (start, end, peers) in enumerate(spans):
+    active: list[int] = []  # started before the current one and not ended when it starts
+    for position, i in enumerate(order):
+        start, end, peers = spans[i]
+        active = [j for j in active if spans[j][1] > start]
+        beside = list(active)  # and those that start while it runs (or with it)
+        for k in range(position + 1, len(order)):
+            if spans[order[k]][0] > end:
+                break
+            beside.append(order[k])
         length = end - start
         per_server: dict[str, float] = {}
-        # those that may overlap it: started before it ended, and at most the longest span before it
-        for k in range(bisect.bisect_left(starts, start - longest), bisect.bisect_right(starts, end)):
-            j = order[k]
+        for j in beside:
             other_start, other_end, other_peers = spans[j]
-            if j == i:
-                continue
             if length > 0:
                 shared = max(0.0, min(end, other_end) - max(start, other_start)) / length
             else:  # a moment: whether it was generating then
@@ -82,6 +83,7 @@ def loads(records: Sequence[RequestRecord]) -> list[float]:
             for peer in ((peers & other_peers if other_peers else peers) if peers else ("",)):
                 per_server[peer] = per_server.get(peer, 0.0) + shared
         out[i] = 1.0 + max(per_server.values(), default=0.0)
+        active.append(i)
     return out
 
 
