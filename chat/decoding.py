@@ -1,13 +1,14 @@
-"""Decoding: what an answer is made of, the loop that generates it and the sampler beside it, and
-how a stream of token ids becomes text that is safe to show.
+"""Decoding: what an answer is made of, the loop that generates it, and how a stream of token ids
+becomes text that is safe to show.
 
 Tokens arrive one at a time; their text is not final while it ends in an incomplete UTF-8
 character or could still grow into a stop sequence, so ``StreamDecoder`` holds such text back
 instead of showing (and later taking back) a wrong character. ``decode_steps`` is the loop: the new
-input, then one token per step for every row, each drawn by the ``Sampler`` from the head's logits
-(transformers' own logits processors), until each row ended, the budget is spent or the answer is
-stopped. It steps whatever inference session the model is used in (``chat.session`` opens it:
-petals is not imported here); torch is imported by the functions that need it.
+input, then one token per step for every row, each chosen from the head's logits, until each row
+ended, the budget is spent or the answer is stopped. It steps whatever inference session the model is used in (``chat.session`` opens it:
+petals is not imported here); the head and the choice of each token are the model's shared head
+steps' (``chat.head_step``, with ``chat.sampling``: transformers' processors' order and meaning,
+batched over every answer that is ready). torch is imported by the functions that need it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from chat.policy import RouteHop
+from chat.sampling import RowParams
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ class StreamDecoder:
 
 # ---- the loop and the sampler ------------------------------------------------------------------
 
-SCORE_CHUNK = 64  # prompt positions whose logits are computed at once when scoring a prompt
+SCORE_CHUNK = 64  # prompt positions of one row whose logits are computed at once when scoring a prompt
 
 
 class Row:
@@ -234,40 +236,6 @@ class AnswerRun:
         return "stop"
 
 
-class Sampler:
-    """The next token of every row from the head's logits: transformers' repetition penalty, then
-    argmax (greedy) or temperature, top-k and top-p and a draw (``generate``'s order)."""
-
-    def __init__(self, params: GenerationParams):
-        from transformers import (
-            RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-        )
-
-        self.greedy = params.greedy
-        self.processors = [RepetitionPenaltyLogitsProcessor(params.repetition_penalty)] \
-            if params.repetition_penalty != 1.0 else []
-        self.warpers = []
-        if not self.greedy:
-            if params.temperature != 1.0:
-                self.warpers.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k:
-                self.warpers.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1.0:
-                self.warpers.append(TopPLogitsWarper(params.top_p))
-
-    def __call__(self, history, logits):
-        import torch
-
-        scores = logits
-        for processor in self.processors:
-            scores = processor(history, scores)
-        if self.greedy:
-            return torch.argmax(scores, dim=-1)
-        for warper in self.warpers:
-            scores = warper(history, scores)
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-
-
 def logprob_of(logprobs_row, token_id: int, top: int) -> TokenLogprob:
     """A token's log-probability in one row of log-softmaxed logits, with the ``top`` alternatives."""
     import torch
@@ -280,14 +248,17 @@ def logprob_of(logprobs_row, token_id: int, top: int) -> TokenLogprob:
 
 
 def decode_steps(run: AnswerRun, remote: Any, session: Any, rows: Optional[list[list[int]]], budget: int,
-                 params: GenerationParams, *, n_rows: int, eos: frozenset, pad: int) -> None:
+                 params: GenerationParams, *, n_rows: int, eos: frozenset, pad: int, heads: Any) -> None:
     """Step ``session`` (the inference session ``remote`` is used in; its ``output_ids`` are the
     tokens so far): the new input (after the last token, which was generated but not yet sent, as
     petals' ``generate`` does), then one token per step for every row until each row ended, the
-    budget is spent or the answer is stopped."""
+    budget is spent or the answer is stopped. The swarm step is this answer's own; the head and
+    the choice of the next tokens are ``heads``' (``chat.head_step.HeadSteps``: one batched step
+    for every answer of the model that is ready), for the rows that have not ended."""
     import torch
 
-    base, head = remote.base_model, remote.lm_head
+    base = remote.base_model
+    device = remote.device
     new = torch.tensor(rows, dtype=torch.long) if rows else torch.zeros((n_rows, 0), dtype=torch.long)
     if session.output_ids is None:
         history = feed = new
@@ -295,42 +266,38 @@ def decode_steps(run: AnswerRun, remote: Any, session: Any, rows: Optional[list[
         history = torch.cat([session.output_ids, new], dim=1)
         feed = history[:, session.output_ids.shape[1] - 1:]
     score_prompt = params.prompt_logprobs and session.output_ids is None
-    sampler = Sampler(params) if budget else None
-    ended = torch.zeros(n_rows, dtype=torch.bool)
+    row_params = RowParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty)
     for step in range(max(budget, 1)):
-        hidden = base(input_ids=feed).last_hidden_state
+        hidden = base(input_ids=feed.to(device)).last_hidden_state
         if step == 0 and score_prompt:
-            _score_prompt(run, head, hidden, history, params.top_logprobs)
+            _score_prompt(run, heads, hidden, history, params.top_logprobs)
         if not budget:
             session.output_ids = history
             return
-        logits = head(hidden[:, -1:, :])[:, -1, :].float()
-        logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs else None
-        next_ids = sampler(history, logits)
-        next_ids = torch.where(ended, torch.full_like(next_ids, pad), next_ids)
+        active = [index for index, row in enumerate(run.rows) if not row.ended]
+        picked = heads.next_tokens(hidden[active, -1, :], [row_params] * len(active),
+                                   [history[index:index + 1] for index in active] if params.repetition_penalty != 1.0
+                                   else (), logprobs=params.logprobs, top=params.top_logprobs)
+        next_ids = torch.full((n_rows,), pad, dtype=torch.long)
+        next_ids[active] = torch.tensor(picked.token_ids, dtype=torch.long)
         history = torch.cat([history, next_ids[:, None]], dim=1)
         session.output_ids = history
-        for index, token_id in enumerate(next_ids.tolist()):
-            if not run.rows[index].ended:
-                logprob = logprob_of(logprobs[index], token_id, params.top_logprobs) if logprobs is not None else None
-                run.on_token(index, token_id, logprob, eos)
-        ended = torch.tensor([row.ended for row in run.rows])
+        for position, index in enumerate(active):
+            logprob = picked.logprobs[position] if picked.logprobs is not None else None
+            run.on_token(index, picked.token_ids[position], logprob, eos)
         if run.should_stop():
             return
         feed = next_ids[:, None]
 
 
-def _score_prompt(run: AnswerRun, head: Any, hidden, history, top: int) -> None:
+def _score_prompt(run: AnswerRun, heads: Any, hidden, history, top: int) -> None:
     """Each prompt token's log-probability given the ones before it (the first has none), a few
-    positions at a time so that a long prompt never holds all its logits at once."""
-    import torch
-
+    positions of a row at a time, each its own job among the head steps: a long prompt never holds
+    all its logits at once, nor stalls the answers beside it."""
     length = history.shape[1]
-    for row in run.rows:
+    for index, row in enumerate(run.rows):
         row.prompt_logprobs.append(None)
-    for start in range(0, length - 1, SCORE_CHUNK):
-        end = min(length - 1, start + SCORE_CHUNK)
-        logprobs = torch.log_softmax(head(hidden[:, start:end, :]).float(), dim=-1)
-        for index, row in enumerate(run.rows):
-            targets = history[index, start + 1:end + 1].tolist()
-            row.prompt_logprobs.extend(logprob_of(logprobs[index, i], t, top) for i, t in enumerate(targets))
+        for start in range(0, length - 1, SCORE_CHUNK):
+            end = min(length - 1, start + SCORE_CHUNK)
+            row.prompt_logprobs.extend(heads.score(hidden[index, start:end, :], history[index, start + 1:end + 1].tolist(),
+                                                   top))

@@ -33,7 +33,9 @@ from chat.errors import (
     Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, RouteUnmet, SessionExpired,
     SessionTooLong, UnknownModel,
 )
-from chat.metrics import RequestHistograms
+from chat.client_side import ClientSide, ClientSideSettings, ClientSideTooLarge
+from chat import client_side
+from chat.metrics import HeadStepHistograms, RequestHistograms
 from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, OutcomeSink, RouteHop, RoutingSettings, ScoreSource
 from chat.server_load import ServerLimits, ServerLoad
 from chat.remote_model import load_remote_model, sequence_manager_of
@@ -88,7 +90,12 @@ class _Model:
     tokenizer: Any = None
     context_length: int = DEFAULT_CONTEXT
     defaults: dict = field(default_factory=dict)
-    remote: Any = None  # the petals model
+    client: Optional[ClientSide] = None  # the loaded client side: the petals model and its head steps
+
+    @property
+    def remote(self) -> Any:
+        """The petals model, once loaded."""
+        return self.client.remote if self.client is not None else None
 
 
 def _system_folded(messages: list[dict]) -> Optional[list[dict]]:
@@ -164,8 +171,11 @@ class ChatEngine:
         client_config: Optional[dict] = None,
         request_sink: Optional[Callable[[RequestRecord], None]] = None,
         forecast_source: Optional[Callable[[], Mapping[str, ForecastInputs]]] = None,
+        client_side: Optional[ClientSideSettings] = None,
     ):
         self.dht = dht
+        # the client sides' precision and device (refused here, in one line, when this machine has no such device)
+        self.client_side_settings = (client_side or ClientSideSettings()).checked()
         self._request_rows = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
         self.forecast_source = forecast_source  # what forecasts rest on, per model (e.g. StoreForecasts)
         self.coverage_check = coverage_check
@@ -198,6 +208,7 @@ class ChatEngine:
                                         path=Path(path) if path else None, aliases=aliases)
 
         self.request_histograms = RequestHistograms(self.model_names)  # /metrics (chat.metrics)
+        self.head_step_histograms = HeadStepHistograms(self.model_names)
 
     def make_room(self, peer: str, needed: int) -> None:
         """``peer`` refused a session of ``needed`` tokens for want of cache room: this process's
@@ -270,16 +281,29 @@ class ChatEngine:
         return found.removeprefix("https://huggingface.co/").strip("/") if found else model.name
 
     def remote(self, model: _Model) -> Any:
+        """The model's petals model (its client side loads on first use)."""
+        return self.client_side(model).remote
+
+    def client_side(self, model: _Model) -> ClientSide:
+        """The model's client side, loaded on first use in the configured precision and on the
+        configured device (``chat.client_side``); ``ClientSideTooLarge`` when it does not fit the
+        memory free now (the other models load as usual)."""
         self._client_files(model)
-        if model.remote is None:
+        if model.client is None:
             with model.lock:
-                if model.remote is None:
-                    logger.info("loading the client side of %s from %s", model.name, model.path)
-                    model.remote = load_remote_model(
-                        model.path, self.dht, sequence_manager_cls=self.sequence_manager_cls,
-                        dht_prefix=model.name, **self._client_config,
-                    )
-        return model.remote
+                if model.client is None:
+                    model.client = client_side.load(
+                        model.name, model.path, self.client_side_settings,
+                        lambda dtype: load_remote_model(model.path, self.dht, sequence_manager_cls=self.sequence_manager_cls,
+                                                        dht_prefix=model.name, torch_dtype=dtype, **self._client_config),
+                        observe=self.head_step_histograms.observer(model.name))
+        return model.client
+
+    def client_side_info(self, name: str) -> Optional[dict]:
+        """The model's client side as ``GET /v1/models`` shows it (precision, device, memory, the
+        chat's own milliseconds per token), or None before it is loaded."""
+        model = self._model(name)
+        return model.client.info() if model.client is not None else None
 
     def sequence_manager(self, name: str) -> HealthAwareSequenceManager:
         """The model's sequence manager (loads the model): its view of the swarm and its routes."""
@@ -294,6 +318,8 @@ class ChatEngine:
             self.check_served(model, load=self.coverage_check is None or model.remote is not None)
         except ModelNotServed as e:
             return ModelReadiness(model.name, model.title, False, e.reason, tuple(e.missing_blocks))
+        except ClientSideTooLarge as e:
+            return ModelReadiness(model.name, model.title, False, str(e))
         except Exception:  # noqa: BLE001 - a status page must still render; the cause is for the log
             logger.warning("status of %s failed", model.name, exc_info=True)
             return ModelReadiness(model.name, model.title, False, "could not check its servers right now; "
@@ -485,7 +511,8 @@ class ChatEngine:
     def close(self) -> None:
         """Stop the loaded models' background routing threads (the DHT belongs to the caller)."""
         for model in self._models.values():
-            if model.remote is not None:
+            if model.client is not None:
+                model.client.heads.close()
                 try:
                     sequence_manager_of(model.remote).shutdown()
                 except Exception as e:  # noqa: BLE001 - shutting down anyway

@@ -1,6 +1,7 @@
-"""The chat's load on /metrics: generation slots, the queue and its waits, open sessions; and
+"""The chat's load on /metrics: generation slots, the queue and its waits, open sessions;
 histograms of what its real requests got (``RequestHistograms``: time to first token and decode
-tokens/s per model, requests by model, API and outcome), counted as each request's row is made.
+tokens/s per model, requests by model, API and outcome), counted as each request's row is made; and
+its own compute (``HeadStepHistograms``: seconds and rows per head step, per model).
 
 These live in the chat's process (the engine's ``Slots`` and ``OpenSessions``), not in the store,
 so they are read from the engine at scrape time by a Prometheus collector that the chat's blueprint
@@ -10,12 +11,11 @@ in its own registry, without importing the chat. A web worker without the chat s
 
 from __future__ import annotations
 
-import bisect
-import threading
 from typing import Any, Iterator, Sequence
 
 from monitor.core.requests import APIS, FIRST_TOKEN_BUCKETS, OK, OUTCOMES, SPEED_BUCKETS, RequestRecord
 
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 PREFIX = "swarm_monitor_chat"
@@ -26,22 +26,8 @@ EXPIRIES = ("evicted", "idle", "lifetime")
 OTHER_MODEL = "other"  # the label of a model the engine does not serve (none: the label stays bounded)
 
 
-class _Histogram:
-    """Cumulative bucket counts and the sum of the values observed (Prometheus' histogram)."""
-
-    def __init__(self, bounds: Sequence[float]):
-        self.bounds, self.counts, self.total = tuple(bounds), [0] * (len(bounds) + 1), 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def buckets(self) -> list[tuple[str, int]]:
-        running, found = 0, []
-        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
-            running += count
-            found.append((bound, running))
-        return found
+HEAD_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)  # seconds
+HEAD_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class RequestHistograms:
@@ -49,43 +35,68 @@ class RequestHistograms:
     (``observe``: the engine's request sink passes every row through): requests by model, API and
     outcome; time to first token and decode tokens/s of the answered ones, per model. Label values
     are bounded: the engine's models, ``APIS``, ``OUTCOMES``. Like the slots, the counts are this
-    process's: several chat workers each show their own (sum them in Prometheus)."""
+    process's: several chat workers each show their own (sum them in Prometheus). prometheus_client's
+    own types, in no registry: ``ChatCollector`` yields them into the app's."""
 
     def __init__(self, models: Sequence[str]):
         self.models = tuple(models)
-        self._lock = threading.Lock()
-        self.requests = {(m, a, o): 0 for m in (*self.models, OTHER_MODEL) for a in APIS for o in OUTCOMES}
-        self.first_token = {m: _Histogram(FIRST_TOKEN_BUCKETS) for m in (*self.models, OTHER_MODEL)}
-        self.speed = {m: _Histogram(SPEED_BUCKETS) for m in (*self.models, OTHER_MODEL)}
+        self.requests = Counter(f"{PREFIX}_requests", "Requests the chat served, by model, API and outcome (ok, "
+                                "error, cancelled: left by its client)", ["model", "api", "outcome"], registry=None)
+        self.first_token = Histogram(f"{PREFIX}_request_first_token_seconds", "Time to the first token of the chat's "
+                                     "answered requests (after their slot wait)", ["model"], registry=None,
+                                     buckets=FIRST_TOKEN_BUCKETS)
+        self.speed = Histogram(f"{PREFIX}_request_tokens_per_second", "Decode tokens per second of the chat's "
+                               "answered requests", ["model"], registry=None, buckets=SPEED_BUCKETS)
+        for model in self.models:
+            self.first_token.labels(model)
+            self.speed.labels(model)
+            for api in APIS:
+                for outcome in OUTCOMES:
+                    self.requests.labels(model, api, outcome)
 
     def observe(self, record: RequestRecord) -> None:
         model = record.model if record.model in self.models else OTHER_MODEL
         if record.api not in APIS or record.outcome not in OUTCOMES:
             return
-        with self._lock:
-            self.requests[(model, record.api, record.outcome)] += 1
-            if record.outcome == OK and record.time_to_first_token is not None and record.time_to_first_token >= 0:
-                self.first_token[model].observe(record.time_to_first_token)
-            if record.outcome == OK and record.tokens_per_second is not None and record.tokens_per_second >= 0:
-                self.speed[model].observe(record.tokens_per_second)
+        self.requests.labels(model, record.api, record.outcome).inc()
+        if record.outcome == OK and record.time_to_first_token is not None and record.time_to_first_token >= 0:
+            self.first_token.labels(model).observe(record.time_to_first_token)
+        if record.outcome == OK and record.tokens_per_second is not None and record.tokens_per_second >= 0:
+            self.speed.labels(model).observe(record.tokens_per_second)
 
     def families(self) -> Iterator:
-        with self._lock:
-            requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests the chat served, by model, API and "
-                                           "outcome (ok, error, cancelled: left by its client)",
-                                           labels=["model", "api", "outcome"])
-            for (model, api, outcome), count in self.requests.items():
-                if model != OTHER_MODEL or count:
-                    requests.add_metric([model, api, outcome], count)
-            first = HistogramMetricFamily(f"{PREFIX}_request_first_token_seconds", "Time to the first token of "
-                                          "the chat's answered requests (after their slot wait)", labels=["model"])
-            speed = HistogramMetricFamily(f"{PREFIX}_request_tokens_per_second", "Decode tokens per second of the "
-                                          "chat's answered requests", labels=["model"])
-            for family, histograms in ((first, self.first_token), (speed, self.speed)):
-                for model, histogram in histograms.items():
-                    if model != OTHER_MODEL or sum(histogram.counts):
-                        family.add_metric([model], histogram.buckets(), sum_value=histogram.total)
-        yield from (requests, first, speed)
+        for metric in (self.requests, self.first_token, self.speed):
+            yield from metric.collect()
+
+
+class HeadStepHistograms:
+    """The chat's own compute per model (``chat.head_step``): seconds per head step and rows per
+    step (each row one answer's next token, or a prompt position scored). The milliseconds per
+    token an operator compares with the swarm's speed are their sums' ratio."""
+
+    def __init__(self, models: Sequence[str]):
+        self.seconds = Histogram(f"{PREFIX}_head_step_seconds", "Seconds of one head step of the chat's own "
+                                 "compute (the head and the choice of every ready answer's next token)", ["model"],
+                                 registry=None, buckets=HEAD_STEP_BUCKETS)
+        self.rows = Histogram(f"{PREFIX}_head_step_rows", "Rows of one head step (answers' next tokens and prompt "
+                              "positions scored together)", ["model"], registry=None, buckets=HEAD_ROWS_BUCKETS)
+        for model in models:
+            self.seconds.labels(model)
+            self.rows.labels(model)
+
+    def observer(self, model: str):
+        """What the model's head steps call after each step: ``(seconds, rows)``."""
+        seconds, rows = self.seconds.labels(model), self.rows.labels(model)
+
+        def observe(step_seconds: float, step_rows: int) -> None:
+            seconds.observe(step_seconds)
+            rows.observe(step_rows)
+
+        return observe
+
+    def families(self) -> Iterator:
+        for metric in (self.seconds, self.rows):
+            yield from metric.collect()
 
 
 class ChatCollector:
@@ -139,3 +150,4 @@ class ChatCollector:
                                   "Idle kept-open sessions that let go of their servers' caches for another session "
                                   "(each replays its text at its next answer)", value=sessions.released)
         yield from self.engine.request_histograms.families()
+        yield from self.engine.head_step_histograms.families()

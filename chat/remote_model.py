@@ -40,12 +40,14 @@ def load_remote_model(
     *,
     sequence_manager_cls=None,
     dht_prefix: Optional[str] = None,
+    torch_dtype=None,
     **client_config,
 ):
     """Load the client side of a model (embeddings, head, tokenizer files stay local) on ``dht``.
 
     ``sequence_manager_cls`` defaults to petals' ``RemoteSequenceManager``; the health-aware
     router passes its subclass. ``client_config`` goes to petals' ClientConfig (e.g. ban_timeout).
+    ``torch_dtype``: the client side's precision (float32 unless given: ``chat.client_side`` chooses).
     """
     import torch
     from petals import AutoDistributedModelForCausalLM
@@ -69,7 +71,7 @@ def load_remote_model(
         model = AutoDistributedModelForCausalLM.from_pretrained(
             str(path),
             initial_peers=[str(a) for a in dht.get_visible_maddrs()] or ["/ip4/127.0.0.1/tcp/1"],
-            torch_dtype=torch.float32,
+            torch_dtype=torch_dtype or torch.float32,
             dht_prefix=dht_prefix,
             **client_config,
         )

@@ -106,7 +106,7 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
         raise
 
     def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
-        return ChatSession(engine.remote(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
+        return ChatSession(engine.client_side(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
                            tokenizer=model.tokenizer, stall_timeout=engine.stall_timeout, rows=len(prompts),
                            choice=choice, length_param="max_tokens")
 
@@ -135,7 +135,7 @@ def open_session(engine: Engine, name: str, max_length: int, *, client: Optional
     engine.check_served(model)
     engine.check_session_length(model.name, max_length, param="max_length")
     engine.check_route_choice(model.name, choice, prompt_tokens=0, max_tokens=max_length, field="")
-    session = ChatSession(engine.remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
+    session = ChatSession(engine.client_side(model), max_length, model=model.name, tokenizer=model.tokenizer,
                           stall_timeout=engine.stall_timeout, registry=engine.sessions, choice=choice,
                           take_slot=lambda timeout: engine.slots.take(client, timeout=timeout, queued=False)[0])
     try:
@@ -169,7 +169,7 @@ def check_answer(engine: Engine, name: str, input_ids: Sequence[int], params: Ge
     check_fits_context("prompt", len(input_ids), model.context_length, what="the check's prompt")
     engine.check_served(model, coverage=False)
     max_length = len(input_ids) + min(params.max_new_tokens, model.context_length - len(input_ids))
-    session = ChatSession(engine.remote(model), max_length, model=model.name, tokenizer=model.tokenizer,
+    session = ChatSession(engine.client_side(model), max_length, model=model.name, tokenizer=model.tokenizer,
                           stall_timeout=engine.stall_timeout,  # never the chat's own sink
                           outcome_sink=outcome_sink if outcome_sink is not None else (lambda outcome: None))
     return Answer(session.generate(input_ids, params), session.close, session)

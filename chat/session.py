@@ -29,6 +29,7 @@ from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import cache_full, short_error
 from monitor.core.route_choice import RouteChoice
 
+from chat.client_side import ClientSide
 from chat.capacity import GENERATING, IDLE, WAITING, InSlot, OpenSessions, Slot
 from chat.decoding import AnswerRun, Delta, Finished, GenerationParams, decode_steps
 from chat.errors import (ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed,
@@ -52,12 +53,14 @@ class ChatSession:
     expired". A one-answer session (HTTP) gets its slot from its caller and is not listed.
     ``stall_timeout`` is how long an answer waits for its next token before it gives up."""
 
-    def __init__(self, remote: Any, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
+    def __init__(self, client: ClientSide, max_length: int, *, model: str, tokenizer: Any, stall_timeout: float,
                  rows: int = 1, registry: Optional[OpenSessions] = None,
                  take_slot: Optional[Callable[[Optional[float]], Slot]] = None,
                  outcome_sink: Optional[Callable] = None, choice: Optional[RouteChoice] = None,
                  length_param: str = "max_length"):
-        self.model, self.tokenizer, self.remote, self.max_length, self.rows = model, tokenizer, remote, max_length, rows
+        self.model, self.tokenizer, self.max_length, self.rows = model, tokenizer, max_length, rows
+        self.remote, self._heads = client.remote, client.heads  # the petals model; the model's shared head steps
+        remote = self.remote
         self.label = secrets.token_hex(4)  # names the session in the messages its owner gets
         self._manager = sequence_manager_of(remote)
         self._outcome_sink = outcome_sink
@@ -265,7 +268,7 @@ class ChatSession:
 
             with torch.no_grad(), self.remote.use_session(self._petals):
                 decode_steps(run, self.remote, self._petals, rows, budget, params, n_rows=self.rows, eos=self._eos,
-                             pad=self._pad)
+                             pad=self._pad, heads=self._heads)
             self._route = self.route()
         finally:
             self._petals.recorder.flush()

@@ -254,6 +254,15 @@ class Settings(BaseModel):
                                            description="sessions kept open by one client")
     max_batch_rows: int = setting(16, section="chat", ge=1, le=256,
                                   description="answers of one request (prompts × `n`)")
+    chat_dtype: Literal["auto", "float32", "bfloat16"] = setting(
+        "auto", section="chat", description="precision of the models' client side (embeddings, final norm, head): "
+                                            "`auto` is bfloat16 where its float32 weights pass 1 GiB and the device "
+                                            "computes bfloat16 fast (a GPU; a CPU with AVX-512 BF16 or AMX), else "
+                                            "float32")
+    chat_device: str = setting("auto", section="chat", pattern=r"^(auto|cpu|cuda(:\d{1,3})?)$",
+                               description="where the client side computes: `cpu`, `cuda`, `cuda:N`, `auto` (a GPU "
+                                           "when torch sees one); a CUDA device torch does not see is refused at "
+                                           "start")
     max_logprobs: int = setting(20, section="chat", ge=0, le=100, description="alternatives per token (`top_logprobs`)")
     max_prompt_chars: int = setting(100_000, section="chat", ge=100, le=10_000_000,
                                     description="characters of one prompt (all messages together), counted before "

@@ -374,7 +374,14 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
     _sigterm_as_interrupt()
     service = Service(settings, run_poller=run_poller, demo_controls=demo_controls)
     try:
-        service.start()
+        try:
+            service.start()
+        except ValueError as e:  # a setting this machine cannot honour (e.g. chat_device cuda without CUDA)
+            from chat.client_side import ClientSideError
+
+            if not isinstance(e, ClientSideError):
+                raise
+            raise click.ClickException(str(e)) from None
         click.echo(_migration_line(service.store.db.display_url, service.migration))
         if service.dht is None:
             click.echo(f"Swarm:     {service.dht_client.problem}; the dashboard says so, and polling starts "

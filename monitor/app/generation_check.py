@@ -179,6 +179,7 @@ class _OwnEngine:
     def __call__(self):
         with self._lock:
             if self.engine is None:
+                from chat.client_side import ClientSideSettings
                 from chat.engine import ChatEngine
                 from chat.feedback import StoreWeights
                 from chat.policy import RoutingSettings
@@ -186,7 +187,8 @@ class _OwnEngine:
                 self.weights = StoreWeights(self.store).start()
                 self.engine = ChatEngine(self.dht, [m for m in self.settings.models if m.path],
                                          score_source=self.weights,
-                                         routing=RoutingSettings.from_settings(self.settings), max_sessions=1)
+                                         routing=RoutingSettings.from_settings(self.settings), max_sessions=1,
+                                         client_side=ClientSideSettings.from_settings(self.settings))
             return self.engine
 
     def close(self) -> None:

@@ -70,6 +70,7 @@ class Service:
         return self
 
     def _make_chat_engine(self):
+        from chat.client_side import ClientSideSettings
         from chat.engine import Capacity, ChatEngine
         from chat.feedback import StoreForecasts, StoreRequests, StoreWeights, store_coverage_check, store_outcome_sink
         from chat.policy import RoutingSettings
@@ -90,6 +91,7 @@ class Service:
             cache_wait=self.settings.chat_cache_wait,
             request_sink=self.requests,
             forecast_source=self.forecasts,
+            client_side=ClientSideSettings.from_settings(self.settings),
         )
 
     def _refresh_forecasts_soon(self) -> None:

@@ -154,7 +154,7 @@ def _parameters(path: Path) -> tuple[int, int, set[int]]:
     blocks = other = 0
     seen: set[int] = set()
     for file in files:
-        header, data_bytes = _header(file)
+        header, data_bytes = read_header(file)
         for key, info in header.items():
             if key == "__metadata__":
                 continue
@@ -180,7 +180,7 @@ def _parameters(path: Path) -> tuple[int, int, set[int]]:
     return blocks, other, seen
 
 
-def _header(file: Path) -> tuple[dict, int]:
+def read_header(file: Path) -> tuple[dict, int]:
     """The header of a safetensors file and how many bytes of tensor data follow it."""
     try:
         with file.open("rb") as f:

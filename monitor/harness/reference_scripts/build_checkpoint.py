@@ -1,7 +1,11 @@
 """Save a tiny random checkpoint of a newer family with the reference transformers, laid out as the
 published ones are saved today (safetensors, causal-LM keys, a tokenizer.json with pair-format merges).
 
-stdin: {"family": "llama3" | "mixtral", "out": DIR, "dht_prefix": STR, "num_blocks": 8, "seed": 0}
+stdin: {"family": "llama3" | "mixtral", "out": DIR, "dht_prefix": STR, "num_blocks": 8, "seed": 0,
+        "shape": {...}}   (optional, llama3 only: a client side of a real model's size — ``hidden_size``,
+        ``intermediate_size``, ``num_attention_heads``, ``num_key_value_heads``, ``vocab_size``, ``dtype``:
+        the tokenizer grows to the vocabulary with words "<rN>" that only decoding meets, as Llama 3's
+        reserved tokens fill its own)
 stdout: {"transformers": VERSION, "tokenizers": VERSION, "vocab_size": N}
 Runs only with the reference first on PYTHONPATH (monitor.harness.reference.run).
 """
@@ -15,6 +19,7 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from build_tokenizer import add_words
 from corpus import CORPUS
 
 # Llama 3's pre-tokenizer pattern, as published in its tokenizer.json
@@ -83,14 +88,37 @@ def mixtral_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def causal_lm(family: str, tokenizer, num_blocks: int):
-    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, torch_dtype="float32")
+def widened(tokenizer: PreTrainedTokenizerFast, vocab_size: int) -> PreTrainedTokenizerFast:
+    """The tokenizer with words "<r0>", "<r1>" … after its vocabulary (its special tokens moved up behind
+    them, as Llama 3's sit at the end) until it holds ``vocab_size`` ids: every id a head of that size
+    can pick decodes to text. No pre-token ever spells "<rN>" (punctuation splits from letters), so
+    encoding is unchanged."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    config = {}
+    words = [f"<r{i}>" for i in range(vocab_size - len(tokenizer))]
+    add_words(spec, config, words)
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                   bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
+                                   clean_up_tokenization_spaces=True,
+                                   model_input_names=["input_ids", "attention_mask"])
+    fast.chat_template = tokenizer.chat_template
+    assert len(fast) == vocab_size, (len(fast), vocab_size)
+    return fast
+
+
+def causal_lm(family: str, tokenizer, num_blocks: int, shape: dict = None):
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   torch_dtype=(shape or {}).get("dtype", "float32"))
     if family == "llama3":  # as Llama-3.1: GQA, llama3 rotary scaling, untied head, head_dim given
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        size = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        if shape:
+            size = {key: shape[key] for key in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                "num_key_value_heads")}
+            size["head_dim"] = size["hidden_size"] // size["num_attention_heads"]
         return LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=num_blocks,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+            vocab_size=len(tokenizer), num_hidden_layers=num_blocks, **size, max_position_embeddings=4096,
             rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 256},
@@ -106,14 +134,20 @@ def causal_lm(family: str, tokenizer, num_blocks: int):
 def main() -> None:
     args = json.loads(sys.stdin.read())
     family = args["family"]
+    shape = args.get("shape")
     tokenizer = llama3_tokenizer() if family == "llama3" else mixtral_tokenizer()
+    if shape:
+        tokenizer = widened(tokenizer, shape["vocab_size"])
+        torch.set_default_dtype(getattr(torch, shape.get("dtype", "float32")))  # built in its own precision
     torch.manual_seed(args.get("seed", 0))
-    model = causal_lm(family, tokenizer, args.get("num_blocks", 8))
-    # Default init gives near-uniform logits; a larger scale makes greedy decoding decisive.
+    model = causal_lm(family, tokenizer, args.get("num_blocks", 8), shape)
+    # Default init gives near-uniform logits; a larger scale makes greedy decoding decisive (at a
+    # real hidden size, the scale that keeps a row's logits as spread as the tiny models' are).
+    scale = 0.2 * (64 / shape["hidden_size"]) ** 0.5 if shape else 0.2
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
-                param.normal_(0.0, 0.2)
+                param.normal_(0.0, scale)
     model.config.dht_prefix = args["dht_prefix"]
     model.save_pretrained(args["out"], safe_serialization=True)
     tokenizer.save_pretrained(args["out"])
