@@ -89,7 +89,8 @@ def _model_card(engine: ChatEngine, status: ModelReadiness) -> dict:
     forecast = engine.forecast(status.name, prompt_tokens=0, max_tokens=CARD_FORECAST_TOKENS)
     return {"id": status.name, "object": "model", "created": 0, "owned_by": "petals",
             "petals": {"title": status.title, "served": status.served, "reason": status.reason or None,
-                       "forecast": {"max_tokens": CARD_FORECAST_TOKENS, **forecast.to_dict()}}}
+                       "forecast": {"max_tokens": CARD_FORECAST_TOKENS, **forecast.to_dict()},
+                       "client_side": engine.client_side_info(status.name)}}
 
 
 def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
