@@ -165,15 +165,16 @@ def stop_on_sigterm() -> None:
 
 
 @contextlib.contextmanager
-def process(args: Sequence[str], log_path: Path, *, env: dict | None = None) -> Iterator:
-    """A command in its own session, output to ``log_path``; on exit SIGTERM (60 s grace), then
-    SIGKILL to its whole process group, so nothing it started outlives the benchmark."""
+def process(args: Sequence[str], log_path: Path, *, env: dict | None = None, cwd: Path | None = None) -> Iterator:
+    """A command in its own session (in ``cwd``, the checkout by default), output to ``log_path``; on
+    exit SIGTERM (60 s grace), then SIGKILL to its whole process group, so nothing it started
+    outlives the benchmark."""
     import signal
     import subprocess
 
     stop_on_sigterm()
     log = open(log_path, "wb")
-    proc = subprocess.Popen(list(args), env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(list(args), env=env, cwd=cwd or ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
         yield proc
@@ -254,40 +255,62 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def service(initial_peers: Sequence[str], *, models: Sequence[str] = (), env: dict | None = None,
-            timeout: float = 180.0) -> Iterator[dict]:
+            timeout: float = 180.0, code: Path | None = None) -> Iterator[dict]:
     """``swarm-monitor serve`` in its own process with a fresh data dir on 127.0.0.1; yields
-    {"base": URL, "pid": pid, "workdir": Path}. ``models``: PREFIX[:NUM_BLOCKS[:PATH]] options."""
+    {"base": URL, "pid": pid, "workdir": Path}. ``models``: PREFIX[:NUM_BLOCKS[:PATH]] options.
+    ``code``: another checkout of the product to run (``checkout``: the code before a change, for a
+    benchmark's side by side), on this checkout's environment."""
     import shutil
     import tempfile
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-service-"))
     port = free_port()
-    args = [str(Path(sys.executable).parent / "swarm-monitor"), "serve", "--port", str(port),
-            *peer_options(initial_peers)]
+    command = [str(Path(sys.executable).parent / "swarm-monitor")] if code is None else \
+        [sys.executable, "-c", "from monitor.app.cli import main; main()"]
+    args = [*command, "serve", "--port", str(port), *peer_options(initial_peers)]
     for model in models:
         args += ["--model", model]
     full_env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(workdir), **(env or {}))
+    if code is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join([str(code), str(code / "client")])
     base = f"http://127.0.0.1:{port}"
     try:
-        with process(args, workdir / "service.log", env=full_env) as proc:
+        with process(args, workdir / "service.log", env=full_env, cwd=code) as proc:
             wait_http(base, proc, workdir / "service.log", timeout)
             yield {"base": base, "pid": proc.pid, "workdir": workdir}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def checkout(revision: str) -> Iterator[Path]:
+    """The product at ``revision`` in a temporary git worktree (removed after): the code before a
+    change, run beside the new one in one benchmark run."""
+    import subprocess
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="bench-before-")) / "code"
+    subprocess.run(["git", "worktree", "add", "--detach", str(where), revision], cwd=ROOT, check=True,
+                   capture_output=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, capture_output=True)
+
+
 def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeout: float = 300.0, *,
-                      chat: bool = False) -> dict:
+                      chat: bool = False, sampling: dict | None = None) -> dict:
     """POST /v1/completions (``chat``: /v1/chat/completions, the prompt as the user's message, in the
     model's chat format) with stream=true; client-side time to first token and decode speed.
 
+    ``sampling``: parameters beside greedy's ``temperature`` 0 (e.g. temperature and top_p).
     Returns {ok, error, ttft, tokens, tokens_per_s, elapsed, text, route (petals extension)}."""
     import json
     import urllib.error
     import urllib.request
 
     ask = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
-    body = json.dumps({"model": model, **ask, "max_tokens": max_tokens, "temperature": 0,
+    body = json.dumps({"model": model, **ask, "max_tokens": max_tokens, "temperature": 0, **(sampling or {}),
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
     request = urllib.request.Request(base + ("/v1/chat/completions" if chat else "/v1/completions"), data=body,
                                      headers={"Content-Type": "application/json"})
