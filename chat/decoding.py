@@ -169,7 +169,7 @@ class StreamDecoder:
         return delta
 
 
-# ---- the loop and the sampler ------------------------------------------------------------------
+# ---- the loop ---------------------------------------------------------------------------------
 
 SCORE_CHUNK = 64  # prompt positions of one row whose logits are computed at once when scoring a prompt
 

@@ -13,9 +13,11 @@ calls ``answer`` or ``answer_batch``; a WebSocket turn calls ``turn`` on the ses
 3. **compute in it** — ``BatchAnswer`` runs the groups in the slots it holds, side by side (one
    producer thread each, ``chat.streams.ThreadStream``) or one after the other in the caller's
    thread. Each group is a ``chat.session.ChatSession``, whose decoding loop
-   (``chat.decoding.decode_steps``, beside its sampler) runs on a worker thread through petals'
-   inference session (``chat.sequence.TimedInferenceSession``: the route and every server's outcome,
-   fed to the monitor's scores through the outcome sink).
+   (``chat.decoding.decode_steps``) runs on a worker thread through petals' inference session
+   (``chat.sequence.TimedInferenceSession``: its routing context — the request's choice and the
+   load it reserved — the route and every server's outcome, fed to the monitor's scores through the
+   outcome sink), and hands each step's rows to the model's shared head steps
+   (``chat.head_step``: one batched head and choice of next tokens for every answer that is ready).
 4. **give the slot back** — ``chat.capacity.InSlot``, the one place a slot goes back: when what was
    computed in it ends, fails or is closed, started or not.
 5. **leave its row** — ``RequestLog``: one request row (``monitor.core.requests.RequestRecord``, no

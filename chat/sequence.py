@@ -13,6 +13,7 @@ configured ``outcome_sink``, which the monitor turns into scores.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import sys
@@ -59,6 +60,8 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
     # chat releases its own idle sessions on that server (``ChatEngine.make_room``)
     make_room: Optional[Callable[[str, int], object]] = None
     cache_wait: float = CACHE_WAIT
+    # the routing context of the one session a view serves (``for_session``); None on the shared manager
+    context: Optional["RouteContext"] = None
 
     @classmethod
     def configured(
@@ -81,13 +84,24 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
              "make_room": staticmethod(make_room) if make_room else None, "cache_wait": float(cache_wait)},
         )
 
-    # -- the request routed now (the session stepping in this thread) and the load -------------
+    # -- one session's view: its routing context, and the load -------------------------------
+    def for_session(self, context: "RouteContext") -> "HealthAwareSequenceManager":
+        """A view of this manager for one inference session: the same swarm view, bans, refresh
+        thread and load ledger (a shallow copy shares them all), with the session's ``context`` —
+        its routing choice, the load it reserved and counts, its span recorder — which petals'
+        ``InferenceSession`` then hands to every call it makes on its manager (route choice,
+        fail-over, outcomes, request metadata). petals builds its sub-managers with ``type(self)``
+        and never hands them a session, so a view, not the class, carries it."""
+        view = copy.copy(self)
+        view.context = context
+        return view
+
     def route_excluded(self, spans, weights: Mapping[str, PeerWeight], cache_tokens_needed: Optional[int]) -> set[str]:
         names = {span.peer_id.to_base58() for span in spans}
         excluded = set()
         if self.server_limits is not None and cache_tokens_needed:
             excluded |= self.server_limits.too_short(names, cache_tokens_needed)
-        choice = _active_choice()
+        choice = self.context.choice if self.context is not None else None
         if choice is not None and not choice.empty:
             verified = {peer for peer, weight in weights.items() if weight.verified}
             excluded |= names - allowed(choice, names, verified=verified)
@@ -108,19 +122,19 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         return self.server_limits.longest(spans, len(self))
 
     def route_sort(self) -> Optional[str]:
-        choice = _active_choice()
+        choice = self.context.choice if self.context is not None else None
         return choice.sort if choice is not None else None
 
     def make_sequence(self, *args: Any, **kwargs: Any):
-        """A session's route, chosen and counted in the chat's load at once, one chooser at a time
-        (``TimedInferenceSession.reserve``): requests that arrive together each see the routes the
-        others took, rather than all choosing before any is counted — and all choosing alike."""
-        session = getattr(_ACTIVE, "session", None)
-        if self.server_load is None or session is None:
+        """A session's route (its first, or a fail-over's), chosen and counted in the chat's load at
+        once, one chooser at a time (``RouteContext.reserve``): requests that arrive together each
+        see the routes the others took, rather than all choosing before any is counted — and all
+        choosing alike. The shared manager (a preview of a route) counts nothing."""
+        if self.server_load is None or self.context is None:
             return super().make_sequence(*args, **kwargs)
         with self._choosing:
             spans = super().make_sequence(*args, **kwargs)
-            session.reserve(spans)
+            self.context.reserve(spans)
         return spans
 
     def route_load(self, spans, cache_tokens_needed: Optional[int]) -> Mapping[str, float]:
@@ -188,17 +202,16 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
 
     def on_request_success(self, peer_id) -> None:
         super().on_request_success(peer_id)
-        recorder = _active_recorder()
-        if recorder is not None:
-            recorder.span_done(peer_id)
+        if self.context is not None and self.context.recorder is not None:
+            self.context.recorder.span_done(peer_id)
 
     def get_request_metadata(self, protocol: str, *args: Any, **kwargs: Any) -> Optional[dict]:
         """petals' metadata, plus ``alloc_timeout`` for a session a server refused for want of cache
         room: its next servers wait up to ``cache_wait`` seconds for room (petals servers queue the
         allocation, up to their own ``max_alloc_timeout``) instead of refusing at once."""
         metadata = super().get_request_metadata(protocol, *args, **kwargs)
-        session = getattr(_ACTIVE, "session", None)
-        if protocol == "rpc_inference" and metadata is not None and getattr(session, "waits_for_cache", False):
+        if protocol == "rpc_inference" and metadata is not None and self.context is not None \
+                and self.context.waits_for_cache:
             metadata = {**metadata, "alloc_timeout": self.cache_wait}
         return metadata
 
@@ -216,19 +229,17 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
             # span; it costs more for a while (routes go around it where they can), this process's
             # idle sessions on it let go of their caches, and the retry asks servers to wait for room
             peer = peer_id.to_base58()
-            session = getattr(_ACTIVE, "session", None)
             if self.server_load is not None:
                 self.server_load.full(peer)
-            if session is not None:
-                session.waits_for_cache = True
+            if self.context is not None:
+                self.context.waits_for_cache = True
             if self.make_room is not None:
-                self.make_room(peer, session.max_length if session is not None else 0)
+                self.make_room(peer, self.context.max_length if self.context is not None else 0)
             logger.info("%s has no cache room for a session now; waiting for room or another server", peer)
             return
         super().on_request_failure(peer_id)
-        recorder = _active_recorder()
-        if recorder is not None and peer_id is not None:
-            recorder.span_failed(peer_id, short_error(sys.exc_info()[1]))
+        if self.context is not None and self.context.recorder is not None and peer_id is not None:
+            self.context.recorder.span_failed(peer_id, short_error(sys.exc_info()[1]))
 
     # -- views for the engine -------------------------------------------------------------------
     def missing_blocks(self, *, refresh: bool = False) -> list[int]:
@@ -254,20 +265,50 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
             return [index for index, found in enumerate(spans) if not found]
 
 
+# ---- one session's routing context -------------------------------------------------------------------
+
+class RouteContext:
+    """What routing knows of one inference session, owned by it and handed to its view of the
+    sequence manager (``HealthAwareSequenceManager.for_session``): the request's routing ``choice``,
+    its length (what a server short of cache room is asked for), whether a server refused it for
+    want of cache room (the next ones are asked to wait), the ``recorder`` timing its spans, and its
+    place in the chat's load ledger (``ServerLoad``) — entered when its route is chosen
+    (``reserve``), followed as its server sessions open and fail over (``follow``), left when they
+    close. One object, in one place: nothing of it lives in a thread or a module."""
+
+    def __init__(self, load: Optional[ServerLoad], choice: Optional[RouteChoice], max_length: int):
+        self.load, self.choice, self.max_length = load, choice, max_length
+        self.directed = choice is not None and choice.directed
+        self.waits_for_cache = False
+        self.recorder: Optional["SpanRecorder"] = None
+        self._counted: list[str] = []  # the peers whose open server sessions it counts on now
+        self._reserved: list[str] = []  # the peers of a route just chosen, counted while its sessions open
+
+    def reserve(self, chosen_spans) -> None:
+        """Count the route just chosen until its server sessions are open and ``follow`` counts them."""
+        if self.load is not None:
+            peers = [span.peer_id.to_base58() for span in chosen_spans]
+            self.load.enter(peers, directed=self.directed)
+            self._reserved.extend(peers)
+
+    def follow(self, peers: list[str]) -> None:
+        """The load follows the session's open server sessions (``peers``); a reserved route is
+        handed over to them, or released when it was not taken."""
+        if self.load is None:
+            return
+        if peers != self._counted:
+            self.load.enter(peers, directed=self.directed)
+            self.load.leave(self._counted, directed=self.directed)
+            self._counted = peers
+        self.release_reserved()
+
+    def release_reserved(self) -> None:
+        if self._reserved:
+            self.load.leave(self._reserved, directed=self.directed)
+            self._reserved = []
+
+
 # ---- timing each span of an inference session ------------------------------------------------------
-
-_ACTIVE = threading.local()  # .session: the TimedInferenceSession stepping in this thread
-
-
-def _active_recorder() -> Optional["SpanRecorder"]:
-    session = getattr(_ACTIVE, "session", None)
-    return session.recorder if session is not None else None
-
-
-def _active_choice() -> Optional[RouteChoice]:
-    session = getattr(_ACTIVE, "session", None)
-    return session.choice if session is not None else None
-
 
 class NoFallback(RuntimeError):
     """A server of a route failed and the request said ``allow_fallbacks: false``."""
@@ -385,17 +426,17 @@ class TimedInferenceSession(InferenceSession):
         monitor's generation checks: none of theirs counts as a user's chat). ``choice``: the
         request's own routing choices (``monitor.core.route_choice``), which every route of this
         session (the first, and each fail-over's) honours."""
-        super().__init__(sequence_manager, max_length)
+        self.routing = RouteContext(getattr(sequence_manager, "server_load", None), choice, max_length)
+        view = sequence_manager.for_session(self.routing) if hasattr(sequence_manager, "for_session") \
+            else sequence_manager
+        super().__init__(view, max_length)
         self.choice = choice
-        self._load: Optional[ServerLoad] = getattr(sequence_manager, "server_load", None)
-        self._counted: list[str] = []  # the peers this session counts on in ``_load`` now
-        self._reserved: list[str] = []  # the peers of a route just chosen, counted while its sessions open
         self.recorder = SpanRecorder(
             self, sequence_manager.config.dht_prefix,
             outcome_sink if outcome_sink is not None else getattr(sequence_manager, "outcome_sink", None)
         )
+        self.routing.recorder = self.recorder
         self._step_tokens = 0
-        self.waits_for_cache = False  # a server refused it for want of cache room: the next ones wait
 
     @property
     def max_length(self) -> int:
@@ -408,12 +449,7 @@ class TimedInferenceSession(InferenceSession):
     def step(self, inputs, *args, **kwargs):
         self._step_tokens = inputs.shape[1]
         self.recorder.begin_step(inputs.shape[1])
-        previous = getattr(_ACTIVE, "session", None)
-        _ACTIVE.session = self
-        try:
-            return super().step(inputs, *args, **kwargs)
-        finally:
-            _ACTIVE.session = previous
+        return super().step(inputs, *args, **kwargs)
 
     def _update_sequence(self, server_idx: int, block_idx: int, attempt_no: int):
         failed = self._server_sessions[server_idx] if server_idx < len(self._server_sessions) else None
@@ -447,37 +483,13 @@ class TimedInferenceSession(InferenceSession):
 
     def _count_load(self) -> None:
         """The chat's load per server follows this session's route (open server sessions)."""
-        if self._load is None:
-            return
-        now = [s.span.peer_id.to_base58() for s in self._server_sessions if not getattr(s, "closed", False)]
-        if now != self._counted:
-            self._load.enter(now, directed=self._directed)
-            self._load.leave(self._counted, directed=self._directed)
-            self._counted = now
-        self._release_reserved()
-
-    @property
-    def _directed(self) -> bool:
-        return self.choice is not None and self.choice.directed
-
-    def reserve(self, chosen_spans) -> None:
-        """Count the route just chosen for this session (``HealthAwareSequenceManager.make_sequence``)
-        until its sessions are open and ``_count_load`` counts them instead."""
-        if self._load is not None:
-            peers = [span.peer_id.to_base58() for span in chosen_spans]
-            self._load.enter(peers, directed=self._directed)
-            self._reserved.extend(peers)
-
-    def _release_reserved(self) -> None:
-        if self._reserved:
-            self._load.leave(self._reserved, directed=self._directed)
-            self._reserved = []
+        self.routing.follow(list(self.peers()))
 
     def _enter_server_sessions(self, chosen_spans):
         try:
             sessions = super()._enter_server_sessions(chosen_spans)
         except BaseException:
-            self._release_reserved()  # the route was not taken
+            self.routing.release_reserved()  # the route was not taken
             raise
         for server_session in sessions:
             server_session.step = functools.partial(self._step_span, server_session, server_session.step)

@@ -5,8 +5,8 @@ dimension of every step (``input_ids`` of shape [rows, tokens]), so ``n`` sample
 prompts of equal length, cost about one row's time. The decoding loop is ours, not transformers'
 ``generate``, because a batch needs what ``generate`` cannot give per row: each row's own stop
 sequences and end, its tokens streamed as they come, and the log-probabilities of its tokens (and of
-its prompt's, for scoring) from the model's head, which runs here. The loop and its sampler live in
-``chat.decoding``; it runs on a worker thread (petals' client is blocking) whose text reaches the
+its prompt's, for scoring) from the model's head, which runs here, in the model's shared head steps
+(``chat.head_step``). The loop lives in ``chat.decoding``; it runs on a worker thread (petals' client is blocking) whose text reaches the
 caller through the chat's one stream (``chat.streams.ThreadStream``), so the caller can stream it,
 stop it, and give up on a swarm that stalls. Sampling uses transformers' own logits processors
 (repetition penalty, then temperature, top-k, top-p, as ``generate`` orders them), so a greedy row

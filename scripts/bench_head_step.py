@@ -3,9 +3,10 @@
 compute) — today's code and the new side by side, in one run.
 
 A checkpoint with Llama-3.1-70B's client side (hidden 8192, vocabulary 128,256, untied head,
-``rope_type: llama3``; its two blocks served as they are, with a small MLP) is served by one petals
-server of the swarm harness, and ``swarm-monitor serve`` at its default periods (16 slots, a
-client's share 1, the rate limit lifted) answers through the OpenAI API:
+``rope_type: llama3``; one block as it is, with a small MLP) is served by two petals servers of the
+swarm harness (bfloat16; they share the machine's cores with the chat), and ``swarm-monitor serve``
+at its default periods (16 slots, a client's share 1, the rate limit lifted) answers through the
+OpenAI API:
 
 - one answer alone (greedy), three times;
 - 16 separate concurrent streamed answers (not ``n=16``), greedy, then sampled (temperature 0.8,
@@ -34,6 +35,7 @@ from typing import Optional
 import bench_common as bc
 
 BEFORE = "cd6f2a3"  # the last commit before one head step for every answer
+SERVERS = 2
 SAMPLED = {"temperature": 0.8, "top_p": 0.9}
 PROMPT = "Petals runs large language models collaboratively. Tell me about"
 
@@ -51,11 +53,17 @@ def proc_tree_cpu(pid: int) -> tuple[float, float]:
     return own, total
 
 
+def _cpu(pids: list[int]) -> tuple[float, float]:
+    own = [proc_tree_cpu(pid) for pid in pids]
+    return sum(o for o, _ in own), sum(t for _, t in own)
+
+
 def memory(pid: int) -> tuple[float, float]:
     """(resident GiB now, peak resident GiB) of the process."""
     status = Path(f"/proc/{pid}/status").read_text()
-    fields = {line.split(":")[0]: line.split()[1] for line in status.splitlines() if ":" in line}
-    return int(fields["VmRSS"]) / 2**20, int(fields["VmHWM"]) / 2**20
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    kib = {name: int(fields[name].split()[0]) for name in ("VmRSS", "VmHWM")}
+    return kib["VmRSS"] / 2**20, kib["VmHWM"] / 2**20
 
 
 def models(base: str) -> list[dict]:
@@ -74,15 +82,15 @@ def wait_ready(base: str, model: str, timeout: float = 900) -> None:
     raise RuntimeError(f"{model} did not answer within {timeout:.0f} s: {done['error']}")
 
 
-def concurrent(base: str, model: str, answers: int, tokens: int, sampling: Optional[dict], pids: dict) -> dict:
+def at_once(base: str, model: str, answers: int, tokens: int, sampling: Optional[dict], pids: dict) -> dict:
     """``answers`` separate streamed completions at once; what they got and what they cost."""
-    cpu_before = {name: proc_tree_cpu(pid) for name, pid in pids.items()}
+    cpu_before = {name: _cpu(group) for name, group in pids.items()}
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(answers) as pool:
         done = list(pool.map(lambda i: bc.stream_completion(base, model, f"{PROMPT} {i}", tokens, timeout=1800,
                                                             sampling=sampling), range(answers)))
     wall = time.perf_counter() - started
-    cpu_after = {name: proc_tree_cpu(pid) for name, pid in pids.items()}
+    cpu_after = {name: _cpu(group) for name, group in pids.items()}
     ok = [d for d in done if d["ok"]]
     generated = sum(d["tokens"] for d in ok)
     first = [d["ttft"] for d in ok if d["ttft"] is not None]
@@ -108,16 +116,17 @@ def alone(base: str, model: str, tokens: int, runs: int = 3) -> dict:
 
 
 @contextlib.contextmanager
-def served(path: Path, prefix: str, blocks: int, code: Optional[Path], env: dict):
-    """One petals server of the harness for every block, and ``serve`` (at ``code``) watching it."""
+def served(path: Path, prefix: str, blocks: int, code: Optional[Path], env: dict, servers: int = SERVERS):
+    """``servers`` petals servers of the harness, each serving every block in bfloat16, and ``serve``
+    (at ``code``) watching them; yields the service and the servers' PIDs."""
     from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 
+    names = [chr(ord("a") + i) for i in range(servers)]
     with LocalSwarm(path, prefix) as swarm:
-        swarm.start([ServerSpec("a", 0, blocks)])
-        server_pid = swarm.servers["a"].pid
+        swarm.start([ServerSpec(name, 0, blocks, torch_dtype="bfloat16") for name in names])
         with bc.service(swarm.initial_peers, models=[f"{prefix}:{blocks}:{path}"], env=env, code=code,
                         timeout=600) as svc:
-            yield svc, server_pid
+            yield svc, [swarm.servers[name].pid for name in names]
 
 
 def side(label: str, path: Path, prefix: str, blocks: int, code: Optional[Path], args) -> dict:
@@ -125,17 +134,17 @@ def side(label: str, path: Path, prefix: str, blocks: int, code: Optional[Path],
            "SWARM_MONITOR_CHAT_QUEUE_SIZE": "64", "SWARM_MONITOR_CHAT_RATE_LIMIT": "100000 per minute",
            "SWARM_MONITOR_PROXY_HOPS": "1"}
     print(f"[{label}] starting the server and the chat ...", flush=True)
-    with served(path, prefix, blocks, code, env) as (svc, server_pid):
+    with served(path, prefix, blocks, code, env) as (svc, server_pids):
         base = svc["base"]
         wait_ready(base, prefix)
-        pids = {"chat": svc["pid"], "server": server_pid}
+        pids = {"chat": [svc["pid"]], "server": server_pids}
         result = {"memory_loaded": memory(svc["pid"])}
         print(f"[{label}] one answer alone ...", flush=True)
         result["alone"] = alone(base, prefix, args.tokens * 2)
         print(f"[{label}] {args.answers} answers at once, greedy ...", flush=True)
-        result["greedy"] = concurrent(base, prefix, args.answers, args.tokens, None, pids)
+        result["greedy"] = at_once(base, prefix, args.answers, args.tokens, None, pids)
         print(f"[{label}] {args.answers} answers at once, sampled ...", flush=True)
-        result["sampled"] = concurrent(base, prefix, args.answers, args.tokens, SAMPLED, pids)
+        result["sampled"] = at_once(base, prefix, args.answers, args.tokens, SAMPLED, pids)
         result["memory"] = memory(svc["pid"])
         card = next((m for m in models(base) if m["id"] == prefix), {})
         result["client_side"] = (card.get("petals") or {}).get("client_side")
@@ -146,12 +155,14 @@ def side(label: str, path: Path, prefix: str, blocks: int, code: Optional[Path],
 def big(path: Path, prefix: str, blocks: int, args) -> dict:
     """The 405B-shaped client side: loads in bfloat16 and answers."""
     env = {"SWARM_MONITOR_CHAT_DTYPE": "bfloat16", "SWARM_MONITOR_CHAT_RATE_LIMIT": "100000 per minute"}
-    with served(path, prefix, blocks, None, env) as (svc, _):
+    with served(path, prefix, blocks, None, env, servers=1) as (svc, _):
         wait_ready(base := svc["base"], prefix, timeout=1800)
         loaded = memory(svc["pid"])
         one = alone(base, prefix, args.tokens, runs=2)
         card = next((m for m in models(base) if m["id"] == prefix), {})
-        return {"memory_loaded": loaded, "alone": one, "client_side": (card.get("petals") or {}).get("client_side")}
+        result = {"memory_loaded": loaded, "alone": one, "client_side": (card.get("petals") or {}).get("client_side")}
+        print(f"[405b] {json.dumps(result, default=str)}", flush=True)
+        return result
 
 
 def _f(value, digits=2, unit="") -> str:
@@ -167,12 +178,13 @@ def report(before: dict, after: dict, huge: Optional[dict], args) -> str:
         rows.append(["", "per answer tokens/s (median)", _f(b["per_answer"]), _f(a["per_answer"]), ""])
         rows.append(["", "first token p50 / p95 (s)", f"{_f(b['ttft_p50'])} / {_f(b['ttft_p95'])}",
                      f"{_f(a['ttft_p50'])} / {_f(a['ttft_p95'])}", ""])
-        ratio = a["chat_cpu_per_token"] / b["chat_cpu_per_token"] if b["chat_cpu_per_token"] else None
+        ratio = a["chat_cpu_per_token"] / b["chat_cpu_per_token"] \
+            if a["chat_cpu_per_token"] and b["chat_cpu_per_token"] else None
         rows.append(["", "chat CPU s per token (its process)", _f(b["chat_cpu_per_token"], 3),
                      _f(a["chat_cpu_per_token"], 3), _f(ratio, 3, "×")])
         rows.append(["", "chat CPU s per token (with its DHT, p2pd)", _f(b["chat_tree_cpu_per_token"], 3),
                      _f(a["chat_tree_cpu_per_token"], 3), ""])
-        rows.append(["", "server CPU s per token", _f(b["server_cpu_per_token"], 3), _f(a["server_cpu_per_token"], 3),
+        rows.append(["", "servers' CPU s per token", _f(b["server_cpu_per_token"], 3), _f(a["server_cpu_per_token"], 3),
                      ""])
         rows.append(["", "answered", f"{b['ok']}/{b['answers']}", f"{a['ok']}/{a['answers']}", ""])
     b, a = before["alone"], after["alone"]
@@ -195,8 +207,8 @@ def report(before: dict, after: dict, huge: Optional[dict], args) -> str:
                                                       and a["tokens_per_s"] >= 0.95 * b["tokens_per_s"])),
         ("the chat process ≤ 5 GiB with that client side (resident after the runs)", after["memory"][0] <= 5.0),
     ]
-    text = [f"Llama-3.1-70B's client side (hidden 8192, vocabulary 128,256; two blocks on one harness server, "
-            f"float32), `swarm-monitor serve` at its default periods with {args.answers} slots, a client's share 1. "
+    text = [f"Llama-3.1-70B's client side (hidden 8192, vocabulary 128,256; one block, on {SERVERS} harness "
+            f"servers in bfloat16 sharing the 2 cores), `swarm-monitor serve` at its default periods with {args.answers} slots, a client's share 1. "
             f"Before: the product at `{args.before}` (float32 client side, the head once per answer per token); "
             f"after: this checkout (`chat_dtype` auto: {side.get('dtype')} on {side.get('device')}, "
             f"{_f(side.get('head_ms_per_token'))} ms per token in its head steps, "

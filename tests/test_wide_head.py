@@ -144,10 +144,12 @@ def test_the_chat_shows_its_own_cost_per_model(engine, wide):
     with serve(app) as url:
         card = next(m for m in requests.get(f"{url}/v1/models", timeout=60).json()["data"]
                     if m["id"] == wide.dht_prefix)
+        shown = requests.get(f"{url}/chat/client-side", params={"model": wide.dht_prefix}, timeout=60).text
     side = card["petals"]["client_side"]
     assert side["dtype"] == "float32" and side["device"] == "cpu"
     assert side["memory_bytes"] == 2 * 128256 * 512 * 4 + 512 * 4  # embeddings, head, final norm
     assert side["head_ms_per_token"] > 0
+    assert "<strong>float32</strong> on cpu, 0.5 GiB" in shown and "ms per token</strong>" in shown  # the pages'
 
 
 def _rows(text: str, model: str) -> float:

@@ -503,6 +503,19 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits, kept: Option
         except ChatError as e:
             return _error(e)
 
+    @bp.get("/chat/client-side")
+    def client_side_partial():
+        """The model's client side in the chat's process (``ChatEngine.client_side_info``): the model
+        page and the chat page show whether the chat host or the swarm sets the speed."""
+        try:
+            model = engine.resolve(request.args.get("model", ""))
+        except ChatError:
+            return Response(status=204)  # a model this chat does not serve: nothing to show
+        side = engine.client_side_info(model)
+        status = engine.status(model) if side is None else None
+        return render_template("chat/_client_side.html", side=side, served=status is None or status.served,
+                               reason=status.reason if status is not None else "")
+
     @bp.post("/chat/turns")
     def post_turn():
         try:

@@ -185,7 +185,7 @@ def run_server(args) -> None:
         throughput=args.throughput,
         block_indices=args.block_indices,
         num_handlers=args.num_handlers,
-        torch_dtype="float32",
+        torch_dtype=args.torch_dtype,
         device="cpu",
         update_period=args.update_period,
         inference_max_length=args.inference_max_length,
@@ -230,6 +230,7 @@ def main(argv=None) -> None:
     srv.add_argument("--num-handlers", type=int, default=2)
     srv.add_argument("--inference-max-length", type=int, default=2048)
     srv.add_argument("--attn-cache-tokens", type=int, default=None)
+    srv.add_argument("--torch-dtype", choices=("float32", "bfloat16"), default="float32")
     srv.add_argument("--corrupt-flag", default=None, help="chaos: outputs are perturbed while this file exists")
     srv.add_argument("--fail-flag", default=None, help="chaos: every inference and forward step raises while "
                                                          "this file exists")

@@ -146,10 +146,12 @@ def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> N
 
 
 def _page_context(app: Flask, settings: Settings, *, demo_enabled: bool) -> None:
-    """What every template may read: the refresh period, the chat's link (found once), the demo."""
+    """What every template may read: the refresh period, the chat's links (found once: the page, and
+    the partial that shows a model's client side in the chat's process), the demo."""
     chat_url = next((rule.rule for rule in app.url_map.iter_rules() if rule.rule in ("/chat", "/chat/")), None)
+    client_side_url = next((rule.rule for rule in app.url_map.iter_rules() if rule.rule == "/chat/client-side"), None)
     common = {"refresh_seconds": settings.refresh_seconds, "nav_chat_url": chat_url, "demo_enabled": demo_enabled,
-              "generation_period": settings.generation_check_period}
+              "generation_period": settings.generation_check_period, "chat_client_side_url": client_side_url}
 
     @app.context_processor
     def _common():
