@@ -182,16 +182,17 @@ class ClientSide:
 
 @dataclass(frozen=True)
 class ClientSideSettings:
-    """``[chat] chat_dtype`` and ``chat_device`` as set, and where free memory is read
+    """``[chat] chat_dtype``, ``chat_device`` and ``chat_head_threads`` as set, and where free memory is read
     (``available``: a spec's stand-in for the machine's free memory)."""
 
     dtype: str = "auto"
     device: str = "auto"
+    head_threads: int = 0  # threads of a head step (0: torch's own, every core)
     available: Callable[[], int] = field(default=available_memory)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "ClientSideSettings":
-        return cls(dtype=settings.chat_dtype, device=settings.chat_device)
+        return cls(dtype=settings.chat_dtype, device=settings.chat_device, head_threads=settings.chat_head_threads)
 
     def checked(self) -> "ClientSideSettings":
         """Itself, once the device and the precision are known to be possible here
@@ -229,6 +230,6 @@ def load(name: str, path: Path, settings: ClientSideSettings, build: Callable[[A
         remote = remote.to(device)
     weight = remote.get_output_embeddings().weight
     chunked = weight.dtype == torch.bfloat16 and device == "cpu" and not fast_bfloat16()
-    heads = HeadSteps(name, weight.detach(), chunked=chunked, stats=StepStats(observe))
+    heads = HeadSteps(name, weight.detach(), chunked=chunked, stats=StepStats(observe), threads=settings.head_threads)
     return ClientSide(remote=remote, heads=heads, dtype=dtype, device=device, memory=need.at_rest(dtype))
 

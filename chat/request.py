@@ -7,7 +7,7 @@ calls ``answer`` or ``answer_batch``; a WebSocket turn calls ``turn`` on the ses
 1. **refuse early** — ``plan_groups``: the prompt fits the model's context (``chat.errors.
    check_fits_context``, the one check), the rows and alternatives are within bounds; the rows of
    one length become one group (one petals session: its batch dimension). Then the model must be
-   served (``ChatEngine.check_served``: the monitor's coverage, then petals' own view).
+   served (``chat.admission.Admission.check_served``: the monitor's coverage, then petals' own view).
 2. **take a slot** — ``chat.capacity.Slots.take``: the first slot waits its turn (or raises Busy
    before any token), more only when they are free now.
 3. **compute in it** — ``BatchAnswer`` runs the groups in the slots it holds, side by side (one
@@ -28,17 +28,20 @@ calls ``answer`` or ``answer_batch``; a WebSocket turn calls ``turn`` on the ses
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import logging
 import statistics
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord
 from monitor.core.route_choice import RouteChoice
 
-from chat.capacity import InSlot, Slot
+from chat.admission import Admission
+from chat.capacity import InSlot, OpenSessions, Slot, Slots
+from chat.models import Models
 from chat.decoding import Delta, Finished, GenerationParams
 from chat.errors import (Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, RouteUnmet, SessionExpired,
                          UnknownModel, check_fits_context)
@@ -48,9 +51,23 @@ from chat.streams import ThreadStream
 
 log = logging.getLogger(__name__)
 
-Engine = Any  # a chat.engine.ChatEngine (which imports this module): models, slots, open sessions
 Event = Union[Delta, Finished]
 Group = tuple[list[int], list[list[int]], GenerationParams]  # (row indices, their prompts, their parameters)
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What a request's life runs on (the engine makes one: ``chat.engine.ChatEngine.requests``):
+    the models, admission, the slots and the kept sessions, where its row goes, and its bounds."""
+
+    models: Models
+    admission: Admission
+    slots: Slots
+    sessions: OpenSessions
+    request_sink: Callable[[RequestRecord], None]
+    max_batch_rows: int
+    max_logprobs: int
+    stall_timeout: float  # no token for this long: the answer gives up on the swarm
 
 
 # -- 1. refuse early --------------------------------------------------------------------------------
@@ -80,7 +97,7 @@ def plan_groups(rows: Sequence[Sequence[int]], params: GenerationParams, context
 
 
 # -- the entry points -------------------------------------------------------------------------------
-def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
+def answer_batch(chat: RequestContext, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                  client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
                  prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
                  on_wait: Optional[Callable[[int, float], object]] = None) -> "BatchAnswer":
@@ -89,59 +106,59 @@ def answer_batch(engine: Engine, name: str, rows: Sequence[Sequence[int]], param
     nobody meets, busy) raises here, before any token. ``api``: which API it came through (its
     request row's); ``choice``: the request's own routing choices; ``on_wait``: told its place in
     the queue and the expected wait while it waits for a slot (``Slots.acquire``)."""
-    record = RequestLog(engine.request_sink, name, api)
+    record = RequestLog(chat.request_sink, name, api)
     try:
-        model = engine.loaded(name)
-        groups = plan_groups(rows, params, model.context_length, max_rows=engine.max_batch_rows,
-                             max_logprobs=engine.max_logprobs, prompt_param=prompt_param)
-        engine.check_served(model)
+        model = chat.models.loaded(name)
+        groups = plan_groups(rows, params, model.context_length, max_rows=chat.max_batch_rows,
+                             max_logprobs=chat.max_logprobs, prompt_param=prompt_param)
+        chat.admission.check_served(model)
         for _, prompts, group_params in groups:
-            engine.check_session_length(model.name, len(prompts[0]) + group_params.max_new_tokens,
-                                        param="max_tokens", prompt_tokens=len(prompts[0]))
-        engine.check_route_choice(model.name, choice, prompt_tokens=max(len(r) for r in rows),
-                                  max_tokens=params.max_new_tokens)
+            chat.admission.check_session_length(model.name, len(prompts[0]) + group_params.max_new_tokens,
+                                                param="max_tokens", prompt_tokens=len(prompts[0]))
+        chat.admission.check_route_choice(model.name, choice, prompt_tokens=max(len(r) for r in rows),
+                                          max_tokens=params.max_new_tokens)
         waiting = time.perf_counter()
-        slots = engine.slots.take(client, wanted=len(groups), on_wait=on_wait)
+        slots = chat.slots.take(client, wanted=len(groups), on_wait=on_wait)
         record.waited = time.perf_counter() - waiting
     except ChatError as e:
         record.refused(e)
         raise
 
     def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
-        return ChatSession(engine.client_side(model), len(prompts[0]) + group_params.max_new_tokens, model=model.name,
-                           tokenizer=model.tokenizer, stall_timeout=engine.stall_timeout, rows=len(prompts),
+        return ChatSession(chat.models.client_side(model), len(prompts[0]) + group_params.max_new_tokens,
+                           model=model.name, tokenizer=model.tokenizer, stall_timeout=chat.stall_timeout, rows=len(prompts),
                            choice=choice, length_param="max_tokens")
 
     return BatchAnswer(open_group, groups, slots, stop_event, record=record, rows=len(rows))
 
 
-def answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
+def answer(chat: RequestContext, name: str, input_ids: Sequence[int], params: GenerationParams, *,
            client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
            prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
            on_wait: Optional[Callable[[int, float], object]] = None) -> "Answer":
     """One answer in its own session: a batch of one row."""
-    batch = answer_batch(engine, name, [input_ids], params, client=client, stop_event=stop_event,
+    batch = answer_batch(chat, name, [input_ids], params, client=client, stop_event=stop_event,
                          prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
     return Answer((event for _, event in batch), batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
 
 
-def open_session(engine: Engine, name: str, max_length: int, *, client: Optional[str] = None,
+def open_session(chat: RequestContext, name: str, max_length: int, *, client: Optional[str] = None,
                  choice: Optional[RouteChoice] = None) -> ChatSession:
     """A session kept open between turns (chat.petals.dev's WebSocket), admitted among the open
     sessions (``chat.capacity.OpenSessions``, which may expire an idle one to make room). It holds
     no slot while idle: each ``turn`` takes one. ``choice``: its routing choices, for every turn."""
-    model = engine.loaded(name)
+    model = chat.models.loaded(name)
     if not 0 < max_length <= model.context_length:
         raise InvalidRequest("max_length", f"max_length must be between 1 and the model's context "
                                            f"length {model.context_length}, got {max_length}")
-    engine.check_served(model)
-    engine.check_session_length(model.name, max_length, param="max_length")
-    engine.check_route_choice(model.name, choice, prompt_tokens=0, max_tokens=max_length, field="")
-    session = ChatSession(engine.client_side(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                          stall_timeout=engine.stall_timeout, registry=engine.sessions, choice=choice,
-                          take_slot=lambda timeout: engine.slots.take(client, timeout=timeout, queued=False)[0])
+    chat.admission.check_served(model)
+    chat.admission.check_session_length(model.name, max_length, param="max_length")
+    chat.admission.check_route_choice(model.name, choice, prompt_tokens=0, max_tokens=max_length, field="")
+    session = ChatSession(chat.models.client_side(model), max_length, model=model.name, tokenizer=model.tokenizer,
+                          stall_timeout=chat.stall_timeout, registry=chat.sessions, choice=choice,
+                          take_slot=lambda timeout: chat.slots.take(client, timeout=timeout, queued=False)[0])
     try:
-        engine.sessions.admit(session, client)
+        chat.sessions.admit(session, client)
     except BaseException:
         session.expire("it was never opened")  # (nothing reached a server yet)
         raise
@@ -159,20 +176,20 @@ def turn(session: ChatSession, input_ids: Optional[Sequence[int]], params: Gener
                           lambda: [session], rows=1)
 
 
-def check_answer(engine: Engine, name: str, input_ids: Sequence[int], params: GenerationParams, *,
+def check_answer(chat: RequestContext, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                  outcome_sink: Optional[OutcomeSink] = None) -> "Answer":
     """An answer through the same model, routing and session code, for the monitor's generation
     check: no user's slot, no coverage check (the check is how a model called broken is seen to
     work again; petals' own view of the blocks still applies), and each server's outcome goes to
     ``outcome_sink`` instead of the chat's, so none counts as a user's chat."""
-    model = engine.loaded(name)
+    model = chat.models.loaded(name)
     if not input_ids:
         raise InvalidRequest("prompt", "the check's prompt is empty")
     check_fits_context("prompt", len(input_ids), model.context_length, what="the check's prompt")
-    engine.check_served(model, coverage=False)
+    chat.admission.check_served(model, coverage=False)
     max_length = len(input_ids) + min(params.max_new_tokens, model.context_length - len(input_ids))
-    session = ChatSession(engine.client_side(model), max_length, model=model.name, tokenizer=model.tokenizer,
-                          stall_timeout=engine.stall_timeout,  # never the chat's own sink
+    session = ChatSession(chat.models.client_side(model), max_length, model=model.name, tokenizer=model.tokenizer,
+                          stall_timeout=chat.stall_timeout,  # never the chat's own sink
                           outcome_sink=outcome_sink if outcome_sink is not None else (lambda outcome: None))
     return Answer(session.generate(input_ids, params), session.close, session)
 

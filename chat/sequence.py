@@ -91,7 +91,9 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         its routing choice, the load it reserved and counts, its span recorder — which petals'
         ``InferenceSession`` then hands to every call it makes on its manager (route choice,
         fail-over, outcomes, request metadata). petals builds its sub-managers with ``type(self)``
-        and never hands them a session, so a view, not the class, carries it."""
+        and never hands them a session, so a view, not the class, carries it. (What petals and the
+        routing change while routing lives in objects the view shares — the swarm view, bans,
+        rpc_info, pings, the explorer — never in an attribute a view would assign to itself.)"""
         view = copy.copy(self)
         view.context = context
         return view

@@ -263,6 +263,10 @@ class Settings(BaseModel):
                                description="where the client side computes: `cpu`, `cuda`, `cuda:N`, `auto` (a GPU "
                                            "when torch sees one); a CUDA device torch does not see is refused at "
                                            "start")
+    chat_head_threads: int = setting(0, section="chat", ge=0, le=1024, shown="every core",
+                                     description="threads of a model's head step (0: every core); its CPU seconds "
+                                                 "are set by memory bandwidth, more threads shorten it: fewer leave "
+                                                 "cores to servers sharing the host")
     max_logprobs: int = setting(20, section="chat", ge=0, le=100, description="alternatives per token (`top_logprobs`)")
     max_prompt_chars: int = setting(100_000, section="chat", ge=100, le=10_000_000,
                                     description="characters of one prompt (all messages together), counted before "

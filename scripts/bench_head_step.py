@@ -129,10 +129,11 @@ def served(path: Path, prefix: str, blocks: int, code: Optional[Path], env: dict
             yield svc, [swarm.servers[name].pid for name in names]
 
 
-def side(label: str, path: Path, prefix: str, blocks: int, code: Optional[Path], args) -> dict:
+def side(label: str, path: Path, prefix: str, blocks: int, code: Optional[Path], args,
+         extra: Optional[dict] = None) -> dict:
     env = {"SWARM_MONITOR_CHAT_SLOTS": str(args.answers), "SWARM_MONITOR_MAX_SLOTS_SHARE": "1",
            "SWARM_MONITOR_CHAT_QUEUE_SIZE": "64", "SWARM_MONITOR_CHAT_RATE_LIMIT": "100000 per minute",
-           "SWARM_MONITOR_PROXY_HOPS": "1"}
+           "SWARM_MONITOR_PROXY_HOPS": "1", **(extra or {})}
     print(f"[{label}] starting the server and the chat ...", flush=True)
     with served(path, prefix, blocks, code, env) as (svc, server_pids):
         base = svc["base"]
@@ -238,12 +239,18 @@ def main(argv=None) -> None:
     parser.add_argument("--answers", type=int, default=16)
     parser.add_argument("--skip-405b", action="store_true")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--after-only", action="store_true", help="only this checkout (a try; writes nothing)")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for this checkout's serve (a try)")
     args = parser.parse_args(argv)
     from monitor.harness.tiny_model import wide_model
 
     data_dir = Path.home() / ".cache" / "petals-swarm-monitor"
     print("building the checkpoints (first run only) ...", flush=True)
     seventy = wide_model(data_dir, "70b")
+    if args.after_only:
+        side("after", seventy.path, seventy.dht_prefix, seventy.num_blocks, None, args,
+             dict(pair.split("=", 1) for pair in args.env))
+        return
     with bc.checkout(args.before) as code:
         before = side("before", seventy.path, seventy.dht_prefix, seventy.num_blocks, code, args)
     after = side("after", seventy.path, seventy.dht_prefix, seventy.num_blocks, None, args)

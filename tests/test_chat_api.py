@@ -150,7 +150,7 @@ def test_ws_v2_streams_token_by_token_past_the_opened_max_length_and_equals_loca
     (its context here), where petals' "Maximum length exceeded" ends it — or to EOS."""
     tokenizer, greedy = local
     prompt_ids = tokenizer(PROMPT)["input_ids"]
-    limit = engine.session_limit(TINY_DHT_PREFIX)
+    limit = engine.admission.session_limit(TINY_DHT_PREFIX)
     ws = ws_connect(base_url)
     try:
         assert ws_ask(ws, {"type": "open_inference_session", "model": TINY_DHT_PREFIX, "max_length": 48}) == {"ok": True}

@@ -90,7 +90,7 @@ def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
     done = [r for r in store.requests_since(time.time() - 1800, model=TINY_DHT_PREFIX) if r.outcome == OK]
     # one after another, each alone on the servers: the evidence is those of them on the route the
     # router would take now, if five or more took it, else all of them
-    planned = [peer for peer, _, _ in engine.planned_route(TINY_DHT_PREFIX, 64)]
+    planned = [peer for peer, _, _ in engine.admission.planned_route(TINY_DHT_PREFIX, 64)]
     assert [hop["peer_id"] for hop in estimate["planned_route"]] == planned
     same_route = [r for r in done if [peer for peer, _, _ in r.route] == planned]
     evidence = same_route if len(same_route) >= 5 else done

@@ -127,7 +127,7 @@ def test_a_low_peer_is_still_used_where_it_alone_serves_a_block(swarm, tiny_mode
         swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], score_source=lambda: weights,
         routing=RoutingSettings(min_score=30, blocked=(swarm.peer_id("full"),)),
     )
-    assert only_halves.status(TINY_DHT_PREFIX).served
+    assert only_halves.admission.status(TINY_DHT_PREFIX).served
     assert named(swarm, route_of(only_halves)) == [("first-half", 0, 4), ("second-half", 4, 8)]
 
 

@@ -103,7 +103,7 @@ def test_pins_and_blocks_set_on_a_peers_page_reach_the_chats_routes_through_the_
         assert weights()[full].policy == "blocked"
         assert routed_over(swarm, manager) == {"first-half", "second-half"}
         assert routes(swarm, manager) == {halves}  # never through full, in either kind of route
-        assert engine.status(TINY_DHT_PREFIX).served  # the halves still serve every block
+        assert engine.admission.status(TINY_DHT_PREFIX).served  # the halves still serve every block
 
         set_policy(full, "pinned")  # replaces the block: only full now
         chat_sees_the_store()

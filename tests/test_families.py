@@ -231,7 +231,7 @@ def engine(family):
 
 def chat_messages(family, messages):
     """What the chat hands the model's template: Mixtral's has no system role, so the chat puts the
-    system text before the first user turn (``chat.engine._system_folded``)."""
+    system text before the first user turn (``chat.models._system_folded``)."""
     if family.model.family != "mixtral":
         return messages
     system = [m["content"] for m in messages if m["role"] == "system"]

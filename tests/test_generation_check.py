@@ -78,7 +78,7 @@ def test_a_check_generates_through_the_swarm_and_is_stored_with_its_figures_and_
     assert store.recent_chat_outcomes(0) == []  # its per-server outcomes are not users' chats
 
     # the same prompt through the users' chat gives the same greedy answer, and is recorded as a chat
-    ids, stops = engine.encode_chat(TINY_DHT_PREFIX, [{"role": "user", "content": "What is the capital of France?"}])
+    ids, stops = engine.models.encode_chat(TINY_DHT_PREFIX, [{"role": "user", "content": "What is the capital of France?"}])
     with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=TOKENS, stop_sequences=stops)) as answer:
         users = [event for event in answer][-1]
     assert users.text[:len(check.answer)] == check.answer

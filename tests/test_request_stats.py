@@ -174,6 +174,6 @@ def test_the_forecast_carries_what_the_assessment_recommends_for_a_new_server():
     assert known.recommendation == "--block_indices 4:8" and known.recommendation_reason == "blocks 4:8 have one server"
     engine = ChatEngine(None, [ModelConfig(dht_prefix="llama", repository="https://huggingface.co/org/llama-x")],
                         forecast_source=lambda: {"llama": known})
-    assert engine.recommendation("llama") == ("--block_indices 4:8", "blocks 4:8 have one server")
-    assert engine.repository("llama") == "org/llama-x"
-    assert ChatEngine(None, [ModelConfig(dht_prefix="other")]).recommendation("other") is None
+    assert engine.admission.recommendation("llama") == ("--block_indices 4:8", "blocks 4:8 have one server")
+    assert engine.models.repository("llama") == "org/llama-x"
+    assert ChatEngine(None, [ModelConfig(dht_prefix="other")]).admission.recommendation("other") is None

@@ -86,7 +86,7 @@ def test_answers_sharing_head_steps_get_what_each_gets_alone(engine, wide, wide_
     rows = [engine.encode(name, prompt) for prompt in PROMPTS]
     greedy = [GenerationParams(max_new_tokens=n, logprobs=True, top_logprobs=2) for n in (6, 24, 12, 30)]
     alone = [answer(engine, name, ids, params) for ids, params in zip(rows, greedy)]
-    assert engine.client_side_info(name)["rows_per_head_step"] == 1.0  # (one at a time)
+    assert engine.models.client_side_info(name)["rows_per_head_step"] == 1.0  # (one at a time)
     expected = reference.run("reference", {"path": str(wide.path), "generate": rows[:2], "max_new_tokens": 24})
     assert list(alone[1].token_ids) == expected["generated"][1]  # the reference's own greedy continuation
     assert list(alone[0].token_ids) == expected["generated"][0][:6]
@@ -123,7 +123,7 @@ def test_answers_sharing_head_steps_get_what_each_gets_alone(engine, wide, wide_
             same_answer(alone[index], shared[index], f"answer {index}")
         for index in range(4, 7):
             assert shared[index].completion_tokens == 10 + 6 * (index - 4)
-        info = engine.client_side_info(name)
+        info = engine.models.client_side_info(name)
         assert info["rows_per_head_step"] > 1.0, "the answers never shared a head step"
         assert info["dtype"] == "float32" and info["device"] == "cpu" and info["head_ms_per_token"] > 0
     finally:

@@ -86,11 +86,11 @@ CARD_FORECAST_TOKENS = 256  # the model list's forecast: a request of this many 
 
 
 def _model_card(engine: ChatEngine, status: ModelReadiness) -> dict:
-    forecast = engine.forecast(status.name, prompt_tokens=0, max_tokens=CARD_FORECAST_TOKENS)
+    forecast = engine.admission.forecast(status.name, prompt_tokens=0, max_tokens=CARD_FORECAST_TOKENS)
     return {"id": status.name, "object": "model", "created": 0, "owned_by": "petals",
             "petals": {"title": status.title, "served": status.served, "reason": status.reason or None,
                        "forecast": {"max_tokens": CARD_FORECAST_TOKENS, **forecast.to_dict()},
-                       "client_side": engine.client_side_info(status.name)}}
+                       "client_side": engine.models.client_side_info(status.name)}}
 
 
 def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
@@ -99,15 +99,15 @@ def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
     name, model = requested_model(engine, params)
     chat = params.raw("messages") is not None
     request = (chat_request if chat else text_request)(engine, model, params, limits)
-    status = engine.status(model)
+    status = engine.admission.status(model)
     prompt_tokens = max(len(row) for row in request.rows)
-    forecast, planned = engine.forecast_route(model, prompt_tokens=prompt_tokens,
+    forecast, planned = engine.admission.forecast_route(model, prompt_tokens=prompt_tokens,
                                               max_tokens=request.generation.max_new_tokens)
     route = {"meets": True}
     choice = route_choice(params)
     if status.served and not choice.empty:
         try:
-            engine.check_route_choice(model, choice, prompt_tokens=prompt_tokens,
+            engine.admission.check_route_choice(model, choice, prompt_tokens=prompt_tokens,
                                       max_tokens=request.generation.max_new_tokens)
         except (RouteUnmet, Busy) as e:
             route = {"meets": False, "param": getattr(e, "param", None), "status": e.status, "reason": str(e)}
@@ -300,7 +300,7 @@ def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
     client = client_address()
     if not stream:
         started = _start(engine, limits, params, chat=chat, client=client)
-        reply = _Reply.new(chat, started.name, started.request, engine.tokenizer(started.model),
+        reply = _Reply.new(chat, started.name, started.request, engine.models.tokenizer(started.model),
                            fallbacks=started.fallbacks)
         return jsonify(reply.whole(_collect(started.batch, len(started.request.rows))))
     waiting = started_waiting(lambda on_wait: _start(engine, limits, params, chat=chat, client=client, on_wait=on_wait),
@@ -325,7 +325,7 @@ def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
             if item[0] != "ready":
                 waiting.close()
         started = item[1]
-        reply = _Reply.new(chat, started.name, started.request, engine.tokenizer(started.model),
+        reply = _Reply.new(chat, started.name, started.request, engine.models.tokenizer(started.model),
                            fallbacks=started.fallbacks)
         yield from _stream_events(started.batch, reply, include_usage)
 
@@ -350,11 +350,11 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
 
     @bp.get("/v1/models")
     def openai_models():
-        return answer(lambda: jsonify(object="list", data=[_model_card(engine, s) for s in engine.statuses()]))
+        return answer(lambda: jsonify(object="list", data=[_model_card(engine, s) for s in engine.admission.statuses()]))
 
     @bp.get("/v1/models/<path:name>")
     def openai_model(name):
-        return answer(lambda: jsonify(_model_card(engine, engine.status(engine.resolve(name)))))
+        return answer(lambda: jsonify(_model_card(engine, engine.admission.status(engine.models.resolve(name)))))
 
     @bp.post("/v1/estimate")
     def openai_estimate():

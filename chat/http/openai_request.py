@@ -49,7 +49,7 @@ def asked_logprobs(engine: ChatEngine, params: Params, *, chat: bool, echo: bool
 def generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: int, *, chat: bool,
                        default_max: int, extra_stops: Sequence[str] = (),
                        logprobs: Optional[Logprobs] = None) -> GenerationParams:
-    context = engine.context_length(model)
+    context = engine.models.context_length(model)
     for name in ("presence_penalty", "frequency_penalty"):
         value = params.number(name, default=0.0, lo=-2, hi=2)
         if value != 0:
@@ -121,10 +121,10 @@ def parse_messages(params: Params, limits: ChatLimits) -> list[dict]:
 
 
 def parse_token_ids(engine: ChatEngine, model: str, ids: list, param: str) -> list[int]:
-    check_token_ids(param, ids, engine.context_length(model))
+    check_token_ids(param, ids, engine.models.context_length(model))
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise InvalidRequest(param, f"{param} must be a string, a list of token ids, or a list of those")
-    vocab = len(engine.tokenizer(model))
+    vocab = len(engine.models.tokenizer(model))
     if any(not 0 <= t < vocab for t in ids):
         raise InvalidRequest(param, f"{param} token ids must be between 0 and {vocab - 1}")
     return list(ids)
@@ -153,7 +153,7 @@ def completion_prompts(engine: ChatEngine, model: str, params: Params,
             result.append((engine.encode(model, p), p))
         elif p:
             ids = parse_token_ids(engine, model, p, "prompt")
-            result.append((ids, engine.tokenizer(model).decode(ids)))
+            result.append((ids, engine.models.tokenizer(model).decode(ids)))
         else:
             raise InvalidRequest("prompt", "prompt has an empty list of token ids")
     return result
@@ -183,7 +183,7 @@ def samples(params: Params, engine: ChatEngine, n_prompts: int) -> int:
 def chat_request(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> CompletionRequest:
     messages = parse_messages(params, limits)
     n = samples(params, engine, 1)
-    input_ids, extra_stops = engine.encode_chat(model, messages)
+    input_ids, extra_stops = engine.models.encode_chat(model, messages)
     logprobs = asked_logprobs(engine, params, chat=True, echo=False)
     generation = generation_params(engine, model, params, len(input_ids), chat=True, default_max=0,
                                     extra_stops=extra_stops, logprobs=logprobs)
@@ -210,7 +210,7 @@ def requested_model(engine: ChatEngine, params: Params) -> tuple[str, str]:
     if params.form:
         raise InvalidRequest(None, "send the request as JSON (Content-Type: application/json)")
     name = params.string("model", required=True, max_chars=500)
-    model = engine.resolve(name)
+    model = engine.models.resolve(name)
     if params.integer("best_of", default=1, lo=1) != 1:
         raise InvalidRequest("best_of", "only best_of = 1 is supported here (use n for several answers)")
     return name, model
@@ -243,7 +243,7 @@ def fallback_models(engine: ChatEngine, params: Params, first: tuple[str, str]) 
     found = {first[1]: first}
     for index, name in enumerate(listed):
         try:
-            found.setdefault(engine.resolve(name), (name, engine.resolve(name)))
+            found.setdefault(engine.models.resolve(name), (name, engine.models.resolve(name)))
         except ChatError as e:
             raise InvalidRequest(f"models[{index}]", str(e)) from None
     return list(found.values())

@@ -247,8 +247,8 @@ def _visitor_id(kept: Optional[ConversationStore], *, create: bool) -> Optional[
 
 
 def _generation_params(engine: ChatEngine, model: str, params: Params) -> GenerationParams:
-    context = engine.context_length(model)
-    defaults = engine.defaults(model)
+    context = engine.models.context_length(model)
+    defaults = engine.models.defaults(model)
     return GenerationParams(
         max_new_tokens=params.integer("max_new_tokens", default=defaults["max_new_tokens"], lo=1, hi=context),
         temperature=params.number("temperature", default=defaults["temperature"], lo=0, hi=2),
@@ -274,7 +274,7 @@ def error_fragment(message: str, status: int, headers: Optional[dict] = None) ->
 def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatLimits) -> str:
     """Check the page's form and keep the turn; the fragment that shows the question."""
     params = Params(request.form.to_dict(), form=True)
-    model = engine.resolve(params.string("model", required=True, max_chars=500))
+    model = engine.models.resolve(params.string("model", required=True, max_chars=500))
     regenerate = params.boolean("regenerate")
     edit = params.integer("edit", lo=0, hi=100_000) if (request.form.get("edit") or "").strip() else None
     message = "" if regenerate else params.string("message", required=True, max_chars=None)
@@ -284,7 +284,7 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
     if not message.strip() and not regenerate:
         raise InvalidRequest("message", "message is empty; write something to send")
     generation = _generation_params(engine, model, params)
-    status = engine.status(model)
+    status = engine.admission.status(model)
     if not status.served:
         raise ModelNotServed(model, status.reason, status.missing_blocks)
     conversation = conversations.get_or_create(_visitor_id(conversations.kept, create=True),
@@ -295,7 +295,7 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
         conversations.kept.check_room(conversation.visitor, conversation.id,
                                       sum(len(m["content"]) for m in history) + len(message), new=not conversation.stored)
     conversation.model, conversation.system = model, system
-    limit = engine.session_limit(model)
+    limit = engine.admission.session_limit(model)
     fitted = fit_context(engine, model, system, history, message, limits=limits, limit=limit,
                          answer_tokens=generation.max_new_tokens)
     generation = dataclasses.replace(generation, stop_sequences=fitted.stops,
@@ -306,7 +306,7 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
         "top_k": generation.top_k, "repetition_penalty": generation.repetition_penalty}}
     conversations.start_turn(conversation, asked, turn, keep=keep)
     return render_template("chat/_turn.html", turn=turn, message=message, conversation_id=conversation.id,
-                           title=engine.title(model), max_prompt_chars=limits.max_prompt_chars,
+                           title=engine.models.title(model), max_prompt_chars=limits.max_prompt_chars,
                            left_out=fitted.left_out, limit=limit,
                            user_index=sum(1 for m in history if m["role"] == "user"))
 
@@ -343,7 +343,7 @@ def fit_context(engine: ChatEngine, model: str, system: str, messages: list[dict
                 limits: ChatLimits, limit: int, answer_tokens: int) -> Fitted:
     """The system prompt (always), the newest messages that fit and the new message, leaving room
     for the answer (its ``max_new_tokens``, at most half of ``limit``: the longest session the
-    model's route accepts, ``ChatEngine.session_limit``); the oldest messages are left out first, a
+    model's route accepts, ``Admission.session_limit``); the oldest messages are left out first, a
     question with its answer together. Only a message that does not fit alone is refused."""
     head = [{"role": "system", "content": system}] if system.strip() else []
     new = {"role": "user", "content": message}
@@ -354,7 +354,7 @@ def fit_context(engine: ChatEngine, model: str, system: str, messages: list[dict
         kept = kept[2:] if len(kept) > 1 and kept[0]["role"] == "user" else kept[1:]
     limits.check_prompt_chars("message", len(system) + len(message), what="the system prompt with this message")
     while True:
-        input_ids, stops = engine.encode_chat(model, head + [{"role": m["role"], "content": m["content"]}
+        input_ids, stops = engine.models.encode_chat(model, head + [{"role": m["role"], "content": m["content"]}
                                                              for m in kept] + [new])
         if len(input_ids) + reserve <= limit or not kept:
             break
@@ -406,8 +406,8 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                     slow = stats["tokens_per_second"] is not None and stats["tokens_per_second"] < SLOW_TOKENS_PER_S
                     yield sse(render_template("chat/_done.html", finished=event, stats=stats,
                                               used=event.prompt_tokens + event.completion_tokens, limit=turn.limit,
-                                              model=turn.model, repository=engine.repository(turn.model),
-                                              help=engine.recommendation(turn.model) if slow else None),
+                                              model=turn.model, repository=engine.models.repository(turn.model),
+                                              help=engine.admission.recommendation(turn.model) if slow else None),
                               "done")
     except ChatError as e:
         yield sse(str(e), "failed")
@@ -428,7 +428,7 @@ def _ordinal(n: int) -> str:
 def _finding_servers(engine: ChatEngine, turn: _Turn) -> str:
     """The step after the slot: the servers the route will take (as the router would choose now),
     said with what real requests of late got (the forecast), if anything."""
-    forecast, route = engine.forecast_route(turn.model, prompt_tokens=len(turn.input_ids),
+    forecast, route = engine.admission.forecast_route(turn.model, prompt_tokens=len(turn.input_ids),
                                             max_tokens=turn.params.max_new_tokens)
     said = "Finding servers for the model's blocks and computing the first token"
     if route:
@@ -466,38 +466,38 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits, kept: Option
 
     @bp.get("/chat")
     def page():
-        statuses = engine.statuses()
+        statuses = engine.admission.statuses()
         served = [s for s in statuses if s.served]
         # a stored conversation reopened (``?c=``), if it is this visitor's
         visitor = _visitor_id(kept, create=False) if kept is not None else None
         stored = kept.get(visitor, request.args.get("c")) if kept is not None else None
         wanted = request.args.get("model") or (stored["model"] if stored else None)
         selected = next((s.name for s in served if s.name == wanted), served[0].name if served else None)
-        defaults = engine.defaults(selected) if selected else {}
+        defaults = engine.models.defaults(selected) if selected else {}
         # no conversation yet: the first turn makes one (a page view keeps nothing in memory)
         return render_template("chat/page.html", statuses=statuses, selected=selected, defaults=defaults,
-                               context=engine.context_length(selected) if selected else None,
+                               context=engine.models.context_length(selected) if selected else None,
                                conversation_id=stored["id"] if stored else "", max_prompt_chars=limits.max_prompt_chars,
                                stored=stored, messages=shown_messages(stored["messages"] or []) if stored else [],
-                               kept=kept.limits if kept is not None else None, title=engine.title(selected) if selected else "")
+                               kept=kept.limits if kept is not None else None, title=engine.models.title(selected) if selected else "")
 
     @bp.get("/chat/params")
     def params_partial():
         try:
-            model = engine.resolve(request.args.get("model", ""))
-            return render_template("chat/_params.html", defaults=engine.defaults(model),
-                                   context=engine.context_length(model))
+            model = engine.models.resolve(request.args.get("model", ""))
+            return render_template("chat/_params.html", defaults=engine.models.defaults(model),
+                                   context=engine.models.context_length(model))
         except ChatError as e:
             return _error(e)
 
     @bp.get("/chat/forecast")
     def forecast_partial():
-        """What a turn would get if sent now (``ChatEngine.forecast``), refreshed by the page."""
+        """What a turn would get if sent now (``Admission.forecast``), refreshed by the page."""
         try:
-            model = engine.resolve(request.args.get("model", ""))
+            model = engine.models.resolve(request.args.get("model", ""))
             tokens = request.args.get("max_new_tokens", "")
             max_tokens = int(tokens) if tokens.isdigit() and 0 < int(tokens) <= 1 << 16 else FORECAST_TOKENS
-            return render_template("chat/_forecast.html", forecast=engine.forecast(model, prompt_tokens=0,
+            return render_template("chat/_forecast.html", forecast=engine.admission.forecast(model, prompt_tokens=0,
                                                                                   max_tokens=max_tokens),
                                    max_tokens=max_tokens)
         except ChatError as e:
@@ -505,14 +505,14 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits, kept: Option
 
     @bp.get("/chat/client-side")
     def client_side_partial():
-        """The model's client side in the chat's process (``ChatEngine.client_side_info``): the model
+        """The model's client side in the chat's process (``Models.client_side_info``): the model
         page and the chat page show whether the chat host or the swarm sets the speed."""
         try:
-            model = engine.resolve(request.args.get("model", ""))
+            model = engine.models.resolve(request.args.get("model", ""))
         except ChatError:
             return Response(status=204)  # a model this chat does not serve: nothing to show
-        side = engine.client_side_info(model)
-        status = engine.status(model) if side is None else None
+        side = engine.models.client_side_info(model)
+        status = engine.admission.status(model) if side is None else None
         return render_template("chat/_client_side.html", side=side, served=status is None or status.served,
                                reason=status.reason if status is not None else "")
 

@@ -128,10 +128,10 @@ class Params:
         """The dht_prefix of the ``model`` parameter; optional while the engine has one model."""
         name = self.string("model", max_chars=500)
         if name is None:
-            if len(engine.model_names) == 1:
-                return engine.model_names[0]
-            raise InvalidRequest("model", f"model is required; one of {', '.join(engine.model_names)}")
-        return engine.resolve(name)
+            if len(engine.models.names) == 1:
+                return engine.models.names[0]
+            raise InvalidRequest("model", f"model is required; one of {', '.join(engine.models.names)}")
+        return engine.models.resolve(name)
 
 
 def _kind(value: Any) -> str:

@@ -8,7 +8,7 @@ chat.petals.dev's page acts on keep petals' words: "Maximum length exceeded: …
 ``max_length`` is used up and cannot grow — a turn that does not fit, and a streamed answer that
 reaches the session's end before its stop sequence, are answered on by a longer session the text so
 far is replayed into (``ChatSession.grow``, up to the longest session the model's servers accept:
-``ChatEngine.session_limit``), so the page sees it only at that limit — and "Session <id>
+``Admission.session_limit``), so the page sees it only at that limit — and "Session <id>
 expired: …" when the chat ends a session — after ``ws_idle_timeout`` seconds without a request,
 after ``ws_max_lifetime`` seconds in all (``chat.http.limits.WsClock``), or when an idle session is
 closed to make room for another (``chat.capacity.OpenSessions``) — on which the page opens a new
@@ -52,8 +52,8 @@ EXPIRY_POLL = 1.0  # seconds between looks, while waiting for a request, at whet
 def generation_params(engine: ChatEngine, model: str, params: Params, *, n_input: int, used: int, room: int,
                       stop_sequences: Sequence[str] = (), stop_mode: str = "include") -> GenerationParams:
     """Parameters as chat.petals.dev reads them; max_length counts the whole text (HF's meaning)."""
-    context = engine.context_length(model)
-    defaults = engine.defaults(model)
+    context = engine.models.context_length(model)
+    defaults = engine.models.defaults(model)
     do_sample = params.boolean("do_sample")
     temperature = params.number("temperature", lo=0, hi=100, lo_open=True)
     sampling = params.sampling(top_p=defaults["top_p"], top_k=defaults["top_k"], repetition_penalty=1.0)
@@ -85,7 +85,7 @@ def http_generate(engine: ChatEngine, limits: ChatLimits) -> Response:
     inputs = params.string("inputs", required=True, max_chars=None)
     limits.check_prompt_chars("inputs", len(inputs))
     input_ids = engine.encode(model, inputs)
-    context = engine.context_length(model)
+    context = engine.models.context_length(model)
     if len(input_ids) >= context:
         raise InvalidRequest("inputs", f"inputs has {len(input_ids)} tokens; the model's context is {context}")
     generation = generation_params(engine, model, params, n_input=len(input_ids), used=0,
@@ -109,7 +109,7 @@ def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:
                                          f"got {message.get('type')!r}")
         params = Params(message)
         model = params.model(engine)
-        context = engine.context_length(model)
+        context = engine.models.context_length(model)
         max_length = params.integer("max_length", lo=1, hi=context)
         if max_length is None:
             raise InvalidRequest("max_length", f"max_length is required (1 to {context})")
@@ -204,10 +204,10 @@ def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, para
     streaming = stop_sequence is not None
     stops = ((stop_sequence,) if stop_sequence else ()) + extra
     asked = generation_params(engine, model, params, n_input=len(input_ids), used=session.used,
-                              room=engine.context_length(model), stop_sequences=stops)
+                              room=engine.models.context_length(model), stop_sequences=stops)
     # a turn that outgrows the session: a longer one the text so far is replayed into (no error);
     # a streamed answer grows it again when it reaches its end (below)
-    limit = engine.session_limit(model)
+    limit = engine.admission.session_limit(model)
     session.grow(len(input_ids), 1 if streaming else asked.max_new_tokens, limit)
     room = session.room(len(input_ids))
     if room <= 0:

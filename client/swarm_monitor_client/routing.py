@@ -59,6 +59,7 @@ class MonitorRouting:
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self._explorer = Explorer()  # (made here, so that a view of this manager shares it)
         self.ping_first_servers()
 
     def ping_first_servers(self) -> None:
@@ -111,7 +112,7 @@ class MonitorRouting:
         if not self.routing.explore:
             return set()
         explorer = self.__dict__.get("_explorer")
-        if explorer is None:
+        if explorer is None:  # (a manager whose class ``route_with`` swapped: made on first use)
             explorer = self.__dict__["_explorer"] = Explorer()
         speeds = {span.peer_id.to_base58(): measured_speed(weights.get(span.peer_id.to_base58()),
                                                            announced_seconds_per_block(span))

@@ -37,7 +37,7 @@ def make_service() -> Service:
                          "or the config file's [[models]] (path = ...)")
     service = Service(settings, run_poller=False, enable_chat=True).start()
     atexit.register(service.close)  # gunicorn's worker exits through sys.exit: the DHT daemon goes with it
-    log.info("chat serving %s", ", ".join(service.engine.model_names))
+    log.info("chat serving %s", ", ".join(service.engine.models.names))
     return service
 
 

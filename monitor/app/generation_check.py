@@ -100,7 +100,7 @@ class GenerationChecker:
         outcomes: list[ChatOutcome] = []
         finished: Optional[Finished] = None
         try:
-            input_ids, stops = engine.encode_chat(model.dht_prefix, [
+            input_ids, stops = engine.models.encode_chat(model.dht_prefix, [
                 {"role": "user", "content": self.settings.generation_check_prompt}])
             params = GenerationParams(max_new_tokens=self.settings.generation_check_tokens, temperature=0.0,
                                       stop_sequences=stops)
