@@ -37,7 +37,6 @@ from typing import Any, Callable, Iterator, Optional
 from chat.errors import Busy, SessionExpired
 
 # seconds a request waited for its slot: the histogram's upper bounds (and +Inf)
-WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 RECENT_HOLDS = 64  # slot hold times the Retry-After estimate is taken from
 WAIT_TICK = 1.0  # seconds between two looks at a waiting request's place (``acquire``'s ``on_wait``)
 MAX_RETRY_AFTER = 600
@@ -71,26 +70,6 @@ class Capacity:
         return max(1, math.ceil(self.queue_size * self.slots_share - 1e-9)) if self.queue_size else 0
 
 
-class WaitHistogram:
-    """Prometheus-style cumulative buckets of waits, with their count and sum."""
-
-    def __init__(self, bounds: tuple[float, ...] = WAIT_BUCKETS):
-        self.bounds = bounds
-        self.counts = [0] * len(bounds)
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.count += 1
-        self.sum += seconds
-        for i, bound in enumerate(self.bounds):
-            if seconds <= bound:
-                self.counts[i] += 1
-
-    def buckets(self) -> list[tuple[str, int]]:
-        return [(f"{bound:g}", n) for bound, n in zip(self.bounds, self.counts)] + [("+Inf", self.count)]
-
-
 @dataclass(frozen=True)
 class SlotsLoad:
     limit: int
@@ -98,9 +77,6 @@ class SlotsLoad:
     waiting: int
     waiting_clients: int
     retry_after: int  # what a refused request would be told now
-    waits: list  # WaitHistogram.buckets()
-    waits_count: int
-    waits_sum: float
     refused: dict  # reason -> count
 
 
@@ -157,14 +133,16 @@ class InSlot:
 class Slots:
     """``capacity.slots`` generation slots, shared per client in turn (see the module's docstring)."""
 
-    def __init__(self, capacity: Capacity, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, capacity: Capacity, clock: Callable[[], float] = time.monotonic,
+                 observe_wait: Optional[Callable[[float], object]] = None):
+        """``observe_wait``: told every granted slot's wait in seconds (/metrics' histogram)."""
         self.capacity = capacity
         self._clock = clock
+        self._observe_wait = observe_wait
         self._lock = threading.Lock()
         self._held: set = set()  # the slots held now: by whom, and since when (when each likely frees)
         self._queues: "OrderedDict[str, deque[_Waiter]]" = OrderedDict()  # in turn order
         self._holds: deque = deque(maxlen=RECENT_HOLDS)
-        self._waits = WaitHistogram()
         self._refused: Counter = Counter()
 
     # -- taking and giving back -------------------------------------------------------------------
@@ -285,7 +263,8 @@ class Slots:
         return self._total_busy() < self.capacity.slots and self._held_by(client) < self._cap(client)
 
     def _grant(self, client: str, asked: float, now: float) -> Slot:
-        self._waits.observe(now - asked)
+        if self._observe_wait is not None:
+            self._observe_wait(now - asked)
         slot = Slot(self, client, now, now - asked)
         self._held.add(slot)
         return slot
@@ -339,7 +318,6 @@ class Slots:
             waiting = self._waiting()
             return SlotsLoad(limit=self.capacity.slots, busy=self._total_busy(), waiting=waiting,
                              waiting_clients=len(self._queues), retry_after=self._estimate(waiting),
-                             waits=self._waits.buckets(), waits_count=self._waits.count, waits_sum=self._waits.sum,
                              refused=dict(self._refused))
 
     def estimate(self) -> int:
@@ -391,9 +369,12 @@ class OpenSessions:
     A member is anything with a ``label`` and an ``expire(detail)`` method (``chat.session.ChatSession``);
     ``expire`` is called outside the lock, after the member left the registry."""
 
-    def __init__(self, capacity: Capacity, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, capacity: Capacity, clock: Callable[[], float] = time.monotonic,
+                 observe_wait: Optional[Callable[[float], object]] = None):
+        """``observe_wait``: told every granted slot's wait in seconds (/metrics' histogram)."""
         self.capacity = capacity
         self._clock = clock
+        self._observe_wait = observe_wait
         self._lock = threading.Lock()
         self._open: "OrderedDict[int, _Open]" = OrderedDict()  # id(member) -> entry, least recently used first
         self._expired: Counter = Counter()

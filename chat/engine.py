@@ -38,7 +38,7 @@ from chat.errors import (
     Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, RouteUnmet, SessionExpired,
     SessionTooLong, UnknownModel,
 )
-from chat.metrics import HeadStepHistograms, RequestHistograms
+from chat.metrics import HeadStepHistograms, RequestHistograms, queue_waits
 from chat.models import Models
 from chat.policy import OutcomeSink, RoutingSettings, ScoreSource
 from chat.server_load import ServerLimits, ServerLoad
@@ -112,7 +112,8 @@ class ChatEngine:
         # -- capacity: slots, kept sessions, the load per server
         self.capacity = capacity or Capacity(slots=max_sessions, queue_size=queue_size, queue_timeout=queue_timeout,
                                              retry_after=retry_after)
-        self.slots = Slots(self.capacity)
+        self.queue_waits = queue_waits()  # /metrics (chat.metrics)
+        self.slots = Slots(self.capacity, observe_wait=self.queue_waits.observe)
         self.sessions = OpenSessions(self.capacity)
         self.sessions.estimate_with(self.slots.estimate)
         # requests in flight per server (routes spread by it); directed ones bounded per server

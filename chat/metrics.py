@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 from monitor.core.requests import APIS, FIRST_TOKEN_BUCKETS, OK, OUTCOMES, SPEED_BUCKETS, RequestRecord
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "swarm_monitor_chat"
 REFUSALS = ("queue_full", "client_share", "timeout", "sessions_full")
@@ -26,6 +26,7 @@ EXPIRIES = ("evicted", "idle", "lifetime")
 OTHER_MODEL = "other"  # the label of a model the engine does not serve (none: the label stays bounded)
 
 
+WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)  # seconds
 HEAD_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)  # seconds
 HEAD_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -67,6 +68,12 @@ class RequestHistograms:
     def families(self) -> Iterator:
         for metric in (self.requests, self.first_token, self.speed):
             yield from metric.collect()
+
+
+def queue_waits() -> Histogram:
+    """Seconds from a request to its generation slot (``chat.capacity.Slots``' ``observe_wait``)."""
+    return Histogram(f"{PREFIX}_queue_wait_seconds", "Seconds from a request to its generation slot (0 when one "
+                     "was free)", registry=None, buckets=WAIT_BUCKETS)
 
 
 class HeadStepHistograms:
@@ -123,10 +130,7 @@ class ChatCollector:
         yield GaugeMetricFamily(f"{PREFIX}_retry_after_seconds",
                                 "What a request refused now would be told to wait (Retry-After)",
                                 value=slots.retry_after)
-        waits = HistogramMetricFamily(f"{PREFIX}_queue_wait_seconds",
-                                      "Seconds from a request to its generation slot (0 when one was free)")
-        waits.add_metric([], slots.waits, sum_value=slots.waits_sum)
-        yield waits
+        yield from self.engine.queue_waits.collect()
         refused = CounterMetricFamily(f"{PREFIX}_refused", "Requests refused with 429 by the chat's capacity, by "
                                                            "cause", labels=["reason"])
         for reason in REFUSALS[:-1]:
