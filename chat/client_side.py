@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from monitor.families.checkpoint import BLOCK_KEY, DTYPE_BYTES, CheckpointError, read_header
+from monitor.families.checkpoint import CheckpointError, inspect
 
 from chat.errors import ChatError
 from chat.head_step import HeadSteps, StepStats
@@ -125,23 +125,11 @@ class Needs:
 
 
 def needs(path: Path) -> Needs:
-    """The client side's parameters (every tensor outside the blocks) from the safetensors headers."""
-    params, largest = 0, 0
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{Path(path).name}: no *.safetensors weights")
-    for file in files:
-        header, data_bytes = read_header(file)
-        largest = max(largest, data_bytes)
-        for key, info in header.items():
-            if key == "__metadata__" or BLOCK_KEY.match(key) or not isinstance(info, dict):
-                continue
-            count = 1
-            for n in info.get("shape") or []:
-                count *= int(n)
-            if info.get("dtype") in DTYPE_BYTES:
-                params += count
-    return Needs(params=params, largest_file=largest)
+    """What the checkpoint's client side takes (every tensor outside the blocks), from its
+    safetensors headers (``monitor.families.checkpoint.inspect``: nothing loads, a damaged
+    checkpoint is refused in one line)."""
+    found = inspect(path)
+    return Needs(params=found.other_params, largest_file=found.largest_file)
 
 
 def available_memory() -> int:

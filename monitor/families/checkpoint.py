@@ -47,6 +47,7 @@ class Checkpoint:
     num_blocks: int
     block_params: int  # parameters of all blocks together
     other_params: int  # embeddings, final norm, head: what a client loads
+    largest_file: int = 0  # bytes of tensor data in its largest safetensors file (read whole while loading)
 
     @property
     def label(self) -> str:
@@ -105,13 +106,13 @@ def inspect(path) -> Checkpoint:
     if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", prefix):
         raise CheckpointError(f"{path}/config.json: dht_prefix {prefix!r} is not a valid model name "
                               f"(letters, digits, '.', '_', '-'; at most 128)")
-    blocks, other, seen = _parameters(path)
+    blocks, other, seen, largest = _parameters(path)
     missing = sorted(set(range(num_blocks)) - seen)
     if missing:
         raise CheckpointError(f"{path}: the weights hold no tensors for block {missing[0]}"
                               f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} of {num_blocks}")
     return Checkpoint(path=path, family=family, dht_prefix=prefix, num_blocks=num_blocks, block_params=blocks,
-                      other_params=other)
+                      other_params=other, largest_file=largest)
 
 
 def check_memory(checkpoint: Checkpoint, spans: list[tuple[int, int]], available: Optional[int] = None) -> None:
@@ -143,18 +144,20 @@ def _config(path: Path) -> dict:
     return config
 
 
-def _parameters(path: Path) -> tuple[int, int, set[int]]:
-    """(block parameters, other parameters, block indices seen) from the safetensors headers."""
+def _parameters(path: Path) -> tuple[int, int, set[int], int]:
+    """(block parameters, other parameters, block indices seen, the largest file's tensor bytes) from
+    the safetensors headers."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         pickled = sorted(p.name for p in path.glob("*.bin"))
         hint = f" (it has {', '.join(pickled[:2])}: convert it to safetensors; pickled weights are not loaded)" \
             if pickled else ""
         raise CheckpointError(f"{path}: no *.safetensors weights{hint}")
-    blocks = other = 0
+    blocks = other = largest = 0
     seen: set[int] = set()
     for file in files:
-        header, data_bytes = read_header(file)
+        header, data_bytes = _header(file)
+        largest = max(largest, data_bytes)
         for key, info in header.items():
             if key == "__metadata__":
                 continue
@@ -177,10 +180,10 @@ def _parameters(path: Path) -> tuple[int, int, set[int]]:
                 seen.add(int(match.group(1)))
             else:
                 other += count
-    return blocks, other, seen
+    return blocks, other, seen, largest
 
 
-def read_header(file: Path) -> tuple[dict, int]:
+def _header(file: Path) -> tuple[dict, int]:
     """The header of a safetensors file and how many bytes of tensor data follow it."""
     try:
         with file.open("rb") as f:
