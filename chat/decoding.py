@@ -5,10 +5,11 @@ Tokens arrive one at a time; their text is not final while it ends in an incompl
 character or could still grow into a stop sequence, so ``StreamDecoder`` holds such text back
 instead of showing (and later taking back) a wrong character. ``decode_steps`` is the loop: the new
 input, then one token per step for every row, each chosen from the head's logits, until each row
-ended, the budget is spent or the answer is stopped. It steps whatever inference session the model is used in (``chat.session`` opens it:
-petals is not imported here); the head and the choice of each token are the model's shared head
-steps' (``chat.head_step``, with ``chat.sampling``: transformers' processors' order and meaning,
-batched over every answer that is ready). torch is imported by the functions that need it.
+ended, the budget is spent or the answer is stopped. It steps whatever inference session the model
+is used in (``chat.session`` opens it: petals is not imported here); the head and the choice of
+each token are the model's shared head steps' (``chat.head_step``, with ``chat.sampling``:
+transformers' processors' order and meaning, batched over every answer that is ready). torch is
+imported by the functions that need it.
 """
 
 from __future__ import annotations
