@@ -5,6 +5,7 @@ PostgreSQL is away, the overview keeps showing the last state it read."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -82,9 +83,13 @@ def test_gunicorn_serves_the_dashboard_from_postgres_and_runs_no_poller(gunicorn
     state = json.loads(body)
     assert [m["dht_prefix"] for m in state["model_reports"]] == ["tiny-llama", "other-model"]
     assert state["bootstrap_states"] == ["online"]  # the initial peers came from the environment
-    for _ in range(4):  # both workers answer the same numbers
+    answered_by = set()
+    for _ in range(4):  # both workers answer the same numbers, each its own process series
         status, text, _ = _get(base + "/metrics")
         assert 'swarm_monitor_model_state{model="tiny-llama",state="healthy"} 1.0' in text
+        found = re.search(r'^process_resident_memory_bytes\{pid="(\d+)"\} [0-9.e+]+$', text, re.M)
+        assert found and f'python_gc_objects_collected_total{{generation="0",pid="{found[1]}"}}' in text
+        answered_by.add(int(found[1]))
     assert _get(base + "/static/plotly.min.js")[0] == 200
 
     # no scheduler in the web workers: no new poll, no DHT daemon among gunicorn's processes
@@ -92,6 +97,7 @@ def test_gunicorn_serves_the_dashboard_from_postgres_and_runs_no_poller(gunicorn
     assert store.last_poll().id == polls_before
     family = psutil.Process(process.pid).children(recursive=True)
     assert len(family) == 2 and not any("p2pd" in p.name() for p in family)
+    assert answered_by <= {p.pid for p in family}  # the series name the worker that answered
 
 
 # ---- PostgreSQL away ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@ metric names where they fit, ours besides, and numbers read from the store at sc
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -20,8 +21,10 @@ def scrape(client, url="/metrics") -> dict:
     assert response.headers["Content-Type"].startswith("text/plain; version=")
     text = response.get_data(as_text=True)
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for family in families.values():  # every family has HELP and TYPE lines
-        assert f"# HELP {family.name} " in text and f"# TYPE {family.name} " in text, family.name
+    for family in families.values():  # every family has HELP and TYPE lines (a counter's named with _total)
+        name = f"{family.name}_total" if family.type == "counter" and f"# HELP {family.name} " not in text \
+            else family.name
+        assert f"# HELP {name} " in text and f"# TYPE {name} " in text, family.name
     return families
 
 
@@ -84,6 +87,16 @@ def test_metrics_are_read_from_the_store_at_scrape_time_so_workers_agree(populat
         assert value(f, "update_duration") == 0.5
         assert value(f, "swarm_monitor_model_state", model="tiny-llama", state="broken") == 1
         assert value(f, "blocks_online_min", model="tiny-llama") == 0
+
+
+def test_metrics_carry_the_process_series_operators_graph_first(client):
+    """prometheus_client's process, platform and GC collectors, labelled with the answering process."""
+    families = scrape(client)
+    pid = str(os.getpid())
+    assert value(families, "process_resident_memory_bytes", pid=pid) > 0
+    assert value(families, "process_open_fds", pid=pid) > 0
+    assert {"generation": "0", "pid": pid} in [sample.labels for sample in families["python_gc_objects_collected"].samples]
+    assert families["python_info"].samples[0].labels["pid"] == pid
 
 
 def test_metrics_before_the_first_poll_still_parse(tmp_path):

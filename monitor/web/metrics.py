@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import statistics
 import time
 from collections import Counter
@@ -411,10 +412,36 @@ class StoreCollector:
         yield from request_families(self.d, cur)
 
 
+class ProcessSeries:
+    """What operators graph first, of the process answering the scrape: prometheus_client's own
+    process (memory, CPU, open files), platform (``python_info``) and garbage-collector series, each
+    labelled ``pid`` — the process's id when it is scraped, so gunicorn's workers (forked after the
+    app is made) are told apart."""
+
+    def __init__(self):
+        from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+        own = CollectorRegistry(auto_describe=False)  # (where they register themselves; read from here only)
+        self._collectors = (ProcessCollector(registry=own), PlatformCollector(registry=own), GCCollector(registry=own))
+
+    def collect(self):
+        from prometheus_client import Metric
+
+        pid = str(os.getpid())
+        for collector in self._collectors:
+            for family in collector.collect():
+                labelled = Metric(family.name, family.documentation, family.type, family.unit)
+                for sample in family.samples:
+                    labelled.add_sample(sample.name, {**sample.labels, "pid": pid}, sample.value, sample.timestamp,
+                                        sample.exemplar)
+                yield labelled
+
+
 def registry_for(d) -> CollectorRegistry:
     """An app's own registry (made by ``create_app``): nothing in prometheus_client's global one."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(d))
+    registry.register(ProcessSeries())
     return registry
 
 
