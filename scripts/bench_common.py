@@ -47,6 +47,9 @@ def machine() -> str:
     return f"{cores} cores ({cpu}), load average {load:.1f} at start{busy}"
 
 
+AT_START = machine()  # the machine and its load when the benchmark started (its section says so)
+
+
 def wait(predicate, timeout: float, step: float = 0.2):
     """``predicate()``'s first true answer within ``timeout`` seconds, else None."""
     deadline = time.monotonic() + timeout
@@ -91,9 +94,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 
 def write_section(name: str, markdown: str) -> None:
-    """Replace this benchmark's section of BENCHMARKS.md (appended if it has none yet)."""
+    """Replace this benchmark's section of BENCHMARKS.md (appended if it has none yet). The machine
+    line is the one read when the script started (``AT_START``): at the end, the load average would
+    be the benchmark's own."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    block = f"{start}\n_Last run {stamp()}, {machine()}._\n\n{markdown.strip()}\n{end}"
+    block = f"{start}\n_Last run {stamp()}, {AT_START}._\n\n{markdown.strip()}\n{end}"
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
