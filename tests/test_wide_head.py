@@ -145,6 +145,9 @@ def test_the_chat_shows_its_own_cost_per_model(engine, wide):
         card = next(m for m in requests.get(f"{url}/v1/models", timeout=60).json()["data"]
                     if m["id"] == wide.dht_prefix)
         shown = requests.get(f"{url}/chat/client-side", params={"model": wide.dht_prefix}, timeout=60).text
+        for hostile in ("x" * 4000, "../../etc/passwd", "\x00<script>"):  # no such model: nothing to show
+            assert requests.get(f"{url}/chat/client-side", params={"model": hostile}, timeout=60).status_code == 204
+        assert requests.get(f"{url}/chat/client-side", timeout=60).status_code == 204
     side = card["petals"]["client_side"]
     assert side["dtype"] == "float32" and side["device"] == "cpu"
     assert side["memory_bytes"] == 2 * 128256 * 512 * 4 + 512 * 4  # embeddings, head, final norm
