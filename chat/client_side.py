@@ -97,12 +97,16 @@ def resolve_device(setting: str) -> str:
     return f"cuda:{wanted}"
 
 
+def _checked_dtype(setting: str) -> str:
+    if setting not in DTYPES:
+        raise ClientSideError(f"chat_dtype {setting!r}: use float32, bfloat16 or auto")
+    return setting
+
+
 def resolve_dtype(setting: str, device: str, float32_bytes: int) -> str:
     """``float32`` or ``bfloat16`` for the ``chat_dtype`` setting, a client side of ``float32_bytes``
     in float32, on ``device``."""
-    if setting not in DTYPES:
-        raise ClientSideError(f"chat_dtype {setting!r}: use float32, bfloat16 or auto")
-    if setting != "auto":
+    if _checked_dtype(setting) != "auto":
         return setting
     fast = device.startswith("cuda") or fast_bfloat16()
     return "bfloat16" if fast and float32_bytes > AUTO_BFLOAT16_BYTES else "float32"
@@ -186,8 +190,7 @@ class ClientSideSettings:
         """Itself, once the device and the precision are known to be possible here
         (``ClientSideError`` otherwise): the chat refuses to start on a setting it cannot honour."""
         resolve_device(self.device)
-        if self.dtype not in DTYPES:
-            raise ClientSideError(f"chat_dtype {self.dtype!r}: use float32, bfloat16 or auto")
+        _checked_dtype(self.dtype)
         return self
 
 

@@ -96,45 +96,58 @@ def _kept(probs, top_k, top_p):
             k = vocab if k > vocab // 8 else k
 
 
+def _law(scores, params: Sequence[RowParams]):
+    """What ``distribution`` and ``sample`` share: the tempered probabilities ([rows, vocab]), which
+    rows are filtered (top-k or top-p), and those rows' ``_kept`` candidates (None: no such row)."""
+    import torch
+
+    temperature, top_k, top_p = _vectors(params, scores.device)
+    probs = torch.softmax(scores / temperature[:, None], dim=-1)
+    filtered = (top_k > 0) | (top_p < 1.0)
+    rows = filtered.nonzero().squeeze(1)
+    kept = _kept(probs[rows], top_k[rows], top_p[rows]) if rows.numel() else None
+    return probs, filtered, kept
+
+
+def _draw(weights, generator: Optional[Any] = None):
+    """One index per row of ``weights`` ([rows, n], not normalised), by the inverse of their
+    cumulative distribution (a draw from 128,256 tokens by ``torch.multinomial`` costs 2 ms a row)."""
+    import torch
+
+    cumulative = torch.cumsum(weights, dim=-1)
+    draw = torch.rand((weights.shape[0], 1), generator=generator, device=weights.device) * cumulative[:, -1:]
+    return torch.searchsorted(cumulative, draw).squeeze(1).clamp(max=weights.shape[-1] - 1)
+
+
 def distribution(scores, params: Sequence[RowParams]):
     """The probability of every token for every sampled row ([rows, vocab]), after temperature,
     top-k and top-p: what ``sample`` draws from (the specs compare it with transformers')."""
     import torch
 
-    temperature, top_k, top_p = _vectors(params, scores.device)
-    probs = torch.softmax(scores / temperature[:, None], dim=-1)
-    filtered = (top_k > 0) | (top_p < 1.0)
-    if bool(filtered.any()):
+    probs, filtered, kept = _law(scores, params)
+    if kept is not None:
+        values, ids, keep = kept
+        weights = values * keep
         rows = filtered.nonzero().squeeze(1)
-        values, ids, keep = _kept(probs[rows], top_k[rows], top_p[rows])
-        kept = values * keep
-        dense = torch.zeros_like(probs[rows]).scatter_(1, ids, kept / kept.sum(-1, keepdim=True))
-        probs[rows] = dense
+        probs[rows] = torch.zeros_like(probs[rows]).scatter_(1, ids, weights / weights.sum(-1, keepdim=True))
     return probs
 
 
 def sample(scores, params: Sequence[RowParams], generator: Optional[Any] = None):
-    """One token id per row ([rows] long), drawn from ``distribution`` by the inverse of the
-    cumulative distribution: over the whole vocabulary for unfiltered rows, over the kept tokens
-    only for the others (a draw from 128,256 tokens by ``torch.multinomial`` costs 2 ms a row)."""
+    """One token id per row ([rows] long), drawn from ``distribution``: over the whole vocabulary for
+    unfiltered rows, over the kept tokens only for the others (the kept are a prefix of the
+    candidates, so their order is the draw's)."""
     import torch
 
-    temperature, top_k, top_p = _vectors(params, scores.device)
-    probs = torch.softmax(scores / temperature[:, None], dim=-1)
+    probs, filtered, kept = _law(scores, params)
     chosen = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
-    filtered = (top_k > 0) | (top_p < 1.0)
     plain = (~filtered).nonzero().squeeze(1)
     if plain.numel():
-        cumulative = torch.cumsum(probs[plain], dim=-1)
-        draw = torch.rand((plain.numel(), 1), generator=generator, device=scores.device) * cumulative[:, -1:]
-        chosen[plain] = torch.searchsorted(cumulative, draw).squeeze(1).clamp(max=scores.shape[-1] - 1)
-    rows = filtered.nonzero().squeeze(1)
-    if rows.numel():
-        values, ids, keep = _kept(probs[rows], top_k[rows], top_p[rows])
-        cumulative = torch.cumsum(values * keep, dim=-1)  # (the kept are a prefix: their order is the draw's)
-        draw = torch.rand((rows.numel(), 1), generator=generator, device=scores.device) * cumulative[:, -1:]
-        picked = torch.searchsorted(cumulative, draw).clamp(max=ids.shape[-1] - 1)
-        chosen[rows] = ids.gather(1, picked).squeeze(1)
+        chosen[plain] = _draw(probs[plain], generator)
+    if kept is not None:
+        values, ids, keep = kept
+        picked = _draw(values * keep, generator)
+        chosen[filtered.nonzero().squeeze(1)] = ids.gather(1, picked[:, None]).squeeze(1)
     return chosen
 
 
