@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from monitor.core.assessment import format_ranges, ranges
 from monitor.core.forecast import Forecast, ForecastInputs, forecast
@@ -21,7 +21,7 @@ from chat.capacity import Slots
 from chat.client_side import ClientSideTooLarge
 from chat.errors import Busy, ModelNotServed, RouteUnmet, SessionTooLong
 from chat.models import Model, Models
-from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, RouteHop, RoutingSettings
+from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, RouteHop, RoutingSettings, penalty
 from chat.server_load import ServerLoad
 
 logger = logging.getLogger(__name__)
@@ -149,6 +149,25 @@ class Admission:
             logger.debug("no route preview for %s: %r", name, e)
             return []
         return [RouteHop(span.peer_id.to_base58(), span.start, span.end) for span in spans]
+
+    def route_seconds(self, name: str, hops: Sequence[RouteHop]) -> Optional[float]:
+        """Seconds per token of a route, as routing prices it: each hop's blocks at its server's
+        seconds per block (measured where known, else announced) times its health penalty
+        (``penalty``). None when it has no hops or a hop's server is not in the swarm view now."""
+        if not hops:
+            return None
+        manager = self.models.sequence_manager(name)
+        with manager.lock_changes:
+            infos = {span.peer_id.to_base58(): span.server_info for span in manager.state.sequence_info.spans_by_priority}
+        weights = manager.peer_weights()
+        total = 0.0
+        for hop in hops:
+            if hop.peer_id not in infos:
+                return None
+            rps = getattr(infos[hop.peer_id], "inference_rps", None)
+            announced = 1.0 / rps if rps else PETALS_DEFAULT_SECONDS_PER_BLOCK
+            total += (hop.end - hop.start) * penalty(weights.get(hop.peer_id), announced) * announced
+        return total
 
     def recommendation(self, name: str) -> Optional[tuple[str, str]]:
         """(argument, reason): what a new server of this model should serve, as the stored assessment

@@ -351,6 +351,7 @@ class _Open:
     client: Optional[str]
     state: str = IDLE
     last_used: float = 0.0
+    kept: bool = False  # kept after an answer (``chat.kept``): let go first
 
 
 @dataclass(frozen=True)
@@ -361,6 +362,7 @@ class SessionsLoad:
     expired: dict  # reason -> sessions the chat ended (evicted, idle, lifetime)
     refused: int  # opens refused: no idle session to make room with
     released: int = 0  # idle sessions that let go of their servers' caches for another session
+    kept: int = 0  # of the open sessions, those kept after an answer (``chat.kept``; idle)
 
 
 class OpenSessions:
@@ -385,28 +387,45 @@ class OpenSessions:
         """Where Retry-After comes from when no session can be made room for (the slots' estimate)."""
         self._retry_after = retry_after
 
-    def admit(self, member: Any, client: Optional[str]) -> None:
-        """Register ``member`` for ``client`` (None: this process itself, no per-client bound), expiring the least recently used idle session of the
-        client (at its own bound) or of anyone (at the total bound). Raises Busy if none is idle."""
+    def admit(self, member: Any, client: Optional[str], *, kept: bool = False) -> bool:
+        """Register ``member`` for ``client`` (None: this process itself, no per-client bound), expiring the
+        least recently used idle session of the client (at its own bound) or of anyone (at the total
+        bound) — kept sessions (``chat.kept``) first. Raises Busy if none is idle. A ``kept`` member
+        makes room only with other kept sessions: without one it is not admitted (False), and never
+        refused with an error (its answer is done)."""
         victims = []
         with self._lock:
             now = self._clock()
             mine = [e for e in self._open.values() if e.client == client]
             if client is not None and len(mine) >= self.capacity.sessions_per_client:
-                victim = next((e for e in mine if e.state == IDLE), None)
+                victim = self._victim(mine, kept_only=kept)
                 if victim is None:
+                    if kept:
+                        return False
                     raise self._refuse(f"you have {len(mine)} sessions open and none is idle (at most "
                                        f"{self.capacity.sessions_per_client} per client); close one or retry")
                 victims.append(self._evict(victim, now, f"{self.capacity.sessions_per_client} sessions per client"))
             if len(self._open) >= self.capacity.open_sessions:  # (never after the client's own made room)
-                victim = next((e for e in self._open.values() if e.state == IDLE), None)
+                victim = self._victim(list(self._open.values()), kept_only=kept)
                 if victim is None:
+                    if kept:
+                        for entry, detail in victims:
+                            entry.member.expire(detail)
+                        return False
                     raise self._refuse(f"all {self.capacity.open_sessions} chat sessions are answering or waiting "
                                        f"for an answer, none is idle")
                 victims.append(self._evict(victim, now, f"{self.capacity.open_sessions} open sessions"))
-            self._open[id(member)] = _Open(member, client, IDLE, now)
+            self._open[id(member)] = _Open(member, client, IDLE, now, kept)
         for entry, detail in victims:
             entry.member.expire(detail)
+        return True
+
+    @staticmethod
+    def _victim(entries: list, *, kept_only: bool) -> Optional[_Open]:
+        """The idle session to let go first: the least recently used kept one, else (unless
+        ``kept_only``) the least recently used idle one."""
+        idle = [e for e in entries if e.state == IDLE]
+        return next((e for e in idle if e.kept), None if kept_only else next(iter(idle), None))
 
     def _evict(self, entry: _Open, now: float, bound: str) -> tuple[_Open, str]:
         del self._open[id(entry.member)]
@@ -432,16 +451,17 @@ class OpenSessions:
                 self._open.move_to_end(id(member))
 
     def idle_holding(self, peer: str, needed: int) -> list:
-        """Idle sessions holding cache room on ``peer`` (``member.holds(peer)``), least recently used
-        first, as many as free twice ``needed`` tokens of it (each holds its ``max_length``): what
-        lets go of its cache (``member.release_cache()``) when ``peer`` refused a session of
-        ``needed`` tokens for want of room. Counted as released."""
+        """Idle sessions holding cache room on ``peer`` (``member.holds(peer)``), kept ones first, then
+        the least recently used, as many as free twice ``needed`` tokens of it (each holds its
+        ``max_length``): what lets go of its cache (``member.release_cache()``) when ``peer`` refused
+        a session of ``needed`` tokens for want of room. Counted as released."""
         found, freed = [], 0
         with self._lock:
-            for entry in self._open.values():
+            idle = [e for e in self._open.values() if e.state == IDLE]
+            for entry in sorted(idle, key=lambda e: not e.kept):
                 if freed >= 2 * max(1, needed):
                     break
-                if entry.state == IDLE and entry.member.holds(peer):
+                if entry.member.holds(peer):
                     found.append(entry.member)
                     freed += entry.member.max_length
             self._released += len(found)
@@ -458,5 +478,6 @@ class OpenSessions:
             states = Counter(e.state for e in self._open.values())
             return SessionsLoad(limit=self.capacity.open_sessions, per_client=self.capacity.sessions_per_client,
                                 states={s: states.get(s, 0) for s in (IDLE, WAITING, GENERATING)},
+                                kept=sum(1 for e in self._open.values() if e.kept),
                                 expired={k: v for k, v in self._expired.items() if v}, refused=self._refused,
                                 released=self._released)

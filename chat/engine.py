@@ -8,8 +8,9 @@ with one job:
   served, a session longer than its servers accept, routing choices no route meets) and what a
   request would get (its forecast and route);
 - **capacity** (``chat.capacity``): generation slots, shared per client in turn, and the sessions
-  kept open between turns (chat.petals.dev's WebSocket), bounded apart; and the load ledger of
-  requests in flight per server (``chat.server_load``).
+  kept open between turns (chat.petals.dev's WebSocket, and answered sessions kept for a follow-up
+  of the same client: ``chat.kept``), bounded apart; and the load ledger of requests in flight per
+  server (``chat.server_load``).
 
 A request's life reads top to bottom in ``chat.request``, over those parts (``RequestContext``);
 the engine's entry points (``answer``, ``answer_batch``, ``open_session``, ``check_answer``) hand
@@ -38,6 +39,7 @@ from chat.errors import (
     Busy, ChatError, GenerationFailed, InvalidRequest, MaxLengthExceeded, ModelNotServed, RouteUnmet, SessionExpired,
     SessionTooLong, UnknownModel,
 )
+from chat.kept import DEFAULT_HEADROOM, DEFAULT_KEEP_SECONDS, FollowUp, KeptLoad, KeptSessions, Rendered
 from chat.metrics import HeadStepHistograms, RequestHistograms, queue_waits
 from chat.models import Models
 from chat.policy import OutcomeSink, RoutingSettings, ScoreSource
@@ -55,7 +57,7 @@ DEFAULT_MAX_LOGPROBS = 20
 
 __all__ = [  # what the HTTP side and the service use, in one import
     "Answer", "BatchAnswer", "Busy", "Capacity", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta",
-    "EngineLoad", "Finished", "GenerationFailed", "GenerationParams", "InvalidRequest", "MaxLengthExceeded",
+    "EngineLoad", "Finished", "FollowUp", "GenerationFailed", "Rendered", "GenerationParams", "InvalidRequest", "MaxLengthExceeded",
     "ModelNotServed", "ModelReadiness", "RouteChoice", "RouteUnmet", "SessionExpired", "SessionTooLong", "TokenLogprob", "UnknownModel",
 ]
 
@@ -66,6 +68,7 @@ class EngineLoad:
 
     slots: SlotsLoad
     sessions: SessionsLoad
+    kept: KeptLoad
 
 
 class ChatEngine:
@@ -105,6 +108,8 @@ class ChatEngine:
         request_sink: Optional[Callable[[RequestRecord], None]] = None,
         forecast_source: Optional[Callable[[], Mapping[str, ForecastInputs]]] = None,
         client_side: Optional[ClientSideSettings] = None,
+        keep_seconds: float = DEFAULT_KEEP_SECONDS,
+        keep_headroom: int = DEFAULT_HEADROOM,
     ):
         self.dht = dht
         self._request_rows = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
@@ -116,6 +121,7 @@ class ChatEngine:
         self.slots = Slots(self.capacity, observe_wait=self.queue_waits.observe)
         self.sessions = OpenSessions(self.capacity)
         self.sessions.estimate_with(self.slots.estimate)
+        self.kept = KeptSessions(self.sessions, keep_seconds=keep_seconds)  # answered sessions, for follow-ups
         # requests in flight per server (routes spread by it); directed ones bounded per server
         self.server_load = ServerLoad(directed_limit=self.capacity.slots_per_client)
         self.server_limits = ServerLimits()  # the longest session each server accepts, learned from refusals
@@ -142,9 +148,9 @@ class ChatEngine:
         self.stall_timeout = self._client_config["request_timeout"] * (max_retries + 1) + 60
         self.max_batch_rows, self.max_logprobs = max_batch_rows, max_logprobs
         self.requests = RequestContext(models=self.models, admission=self.admission, slots=self.slots,
-                                       sessions=self.sessions, request_sink=self.request_sink,
+                                       sessions=self.sessions, kept=self.kept, request_sink=self.request_sink,
                                        max_batch_rows=max_batch_rows, max_logprobs=max_logprobs,
-                                       stall_timeout=self.stall_timeout)
+                                       stall_timeout=self.stall_timeout, headroom=keep_headroom)
 
     def _build_remote(self, model, torch_dtype) -> Any:
         return load_remote_model(model.path, self.dht, sequence_manager_cls=self.sequence_manager_cls,
@@ -187,23 +193,29 @@ class ChatEngine:
     def answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
                prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
-               on_wait: Optional[Callable[[int, float], object]] = None) -> Answer:
-        """One answer in its own session (``chat.request.answer``): Delta events, then one Finished."""
+               on_wait: Optional[Callable[[int, float], object]] = None, rendered: Optional[Rendered] = None,
+               follow: Optional[FollowUp] = None, owner: Optional[str] = None) -> Answer:
+        """One answer in its own session, or a kept one it continues (``chat.request.answer``): Delta
+        events, then one Finished."""
         return request.answer(self.requests, name, input_ids, params, client=client, stop_event=stop_event,
-                              prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
+                              prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait, rendered=rendered,
+                              follow=follow, owner=owner)
 
     def answer_batch(self, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                      client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
                      prompt_param: str = "prompt", api: str = "openai",
                      choice: Optional[RouteChoice] = None,
-                     on_wait: Optional[Callable[[int, float], object]] = None) -> BatchAnswer:
-        """Every row of one request (``chat.request.answer_batch``); refusals raise before any token."""
+                     on_wait: Optional[Callable[[int, float], object]] = None, rendered: Optional[Rendered] = None,
+                     follow: Optional[FollowUp] = None) -> BatchAnswer:
+        """Every row of one request (``chat.request.answer_batch``: ``rendered`` and ``follow`` for
+        sessions kept after an answer, ``chat.kept``); refusals raise before any token."""
         return request.answer_batch(self.requests, name, rows, params, client=client, stop_event=stop_event,
-                                    prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
+                                    prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait,
+                                    rendered=rendered, follow=follow)
 
     def load(self) -> EngineLoad:
         """Slots, queue and open sessions now."""
-        return EngineLoad(self.slots.load(), self.sessions.load())
+        return EngineLoad(self.slots.load(), self.sessions.load(), self.kept.load())
 
     def check_answer(self, name: str, input_ids: Sequence[int], params: GenerationParams, *,
                      outcome_sink: Optional[OutcomeSink] = None) -> Answer:
@@ -211,5 +223,7 @@ class ChatEngine:
         return request.check_answer(self.requests, name, input_ids, params, outcome_sink=outcome_sink)
 
     def close(self) -> None:
-        """Stop the loaded models' head steps and background routing threads (the DHT belongs to the caller)."""
+        """Close the kept sessions, stop the loaded models' head steps and background routing threads
+        (the DHT belongs to the caller)."""
+        self.kept.close()
         self.models.close()

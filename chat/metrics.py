@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "swarm_monitor_chat"
 REFUSALS = ("queue_full", "client_share", "timeout", "sessions_full")
-EXPIRIES = ("evicted", "idle", "lifetime")
+EXPIRIES = ("evicted", "idle", "lifetime", "kept")  # (kept: a session kept after an answer, past its time)
 
 
 OTHER_MODEL = "other"  # the label of a model the engine does not serve (none: the label stays bounded)
@@ -153,5 +153,13 @@ class ChatCollector:
         yield CounterMetricFamily(f"{PREFIX}_sessions_released",
                                   "Idle kept-open sessions that let go of their servers' caches for another session "
                                   "(each replays its text at its next answer)", value=sessions.released)
+        yield GaugeMetricFamily(f"{PREFIX}_sessions_kept", "Sessions kept after an answer for a follow-up of the same "
+                                "client (idle: they hold cache on their servers, compute nothing)", value=load.kept.kept)
+        follow_ups = CounterMetricFamily(f"{PREFIX}_follow_ups", "Requests that came with the handle of the answer "
+                                         "they follow, by model and outcome: continued (only new tokens sent) or why a "
+                                         "fresh session started", labels=["model", "outcome"])
+        for (model, reason), count in sorted(load.kept.outcomes.items()):
+            follow_ups.add_metric([model, reason], count)
+        yield follow_ups
         yield from self.engine.request_histograms.families()
         yield from self.engine.head_step_histograms.families()

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from chat import client_side
 from chat.client_side import ClientSide, ClientSideSettings
 from chat.errors import InvalidRequest, ModelNotServed, UnknownModel
+from chat.kept import FollowUp
 from chat.remote_model import sequence_manager_of
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ class Model:
     def remote(self) -> Any:
         """The petals model, once loaded."""
         return self.client.remote if self.client is not None else None
+
+
+_ANSWER_MARK = "\ue000answer\ue001"  # private-use characters: what a template renders where the answer goes
 
 
 def _system_folded(messages: list[dict]) -> Optional[list[dict]]:
@@ -190,28 +194,55 @@ class Models:
 
     def encode_chat(self, name: str, messages: Sequence[Mapping[str, str]]) -> tuple[list[int], tuple[str, ...]]:
         """Token ids of a conversation, ready for the assistant's turn, and the stop sequences it
-        needs: the tokenizer's chat template when it has one, else a plain "Role: text" transcript
-        that stops where the model starts to write the user's next turn."""
+        needs (``render_chat``)."""
+        text, stops, special = self.render_chat(name, messages)
+        return self.encode(name, text, add_special_tokens=special), stops
+
+    def render_chat(self, name: str, messages: Sequence[Mapping[str, str]]) -> tuple[str, tuple[str, ...], bool]:
+        """A conversation as text, ready for the assistant's turn: (its text, the stop sequences it
+        needs, whether its tokens begin with the tokenizer's special ones). The tokenizer's chat
+        template when it has one (tokenised as transformers' ``apply_chat_template`` does), else a
+        plain "Role: text" transcript that stops where the model starts to write the user's next turn."""
         tokenizer = self.tokenizer(name)
         messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         if getattr(tokenizer, "chat_template", None):
             from jinja2 import TemplateError
 
             try:
-                return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)), ()
+                return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), (), False
             except TemplateError as e:  # the model's own template refuses (e.g. "roles must alternate")
                 folded = _system_folded(messages)
                 if folded is not None:  # (Mixtral's template knows no system role: as Mistral's newer ones do,
                     try:                # its text goes before the first user turn's)
-                        return list(tokenizer.apply_chat_template(folded, add_generation_prompt=True,
-                                                                  tokenize=True)), ()
+                        return tokenizer.apply_chat_template(folded, add_generation_prompt=True, tokenize=False), (), False
                     except TemplateError:
                         pass
                 raise InvalidRequest("messages", f"the model's chat template rejected the messages: "
                                                  f"{str(e)[:300]}") from None
         text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
-        return self.encode(name, text), ("\nUser:", "\nSystem:")
+        return text, ("\nUser:", "\nSystem:"), True
 
+    def chat_follow_up(self, name: str, messages: Sequence[Mapping[str, str]], handle: str) -> Optional[FollowUp]:
+        """A conversation as a follow-up of the answer ``handle`` names (``chat.kept``): its rendering
+        cut around its last assistant message — the text before it, the message, the text after it —
+        or None when it has no assistant message or the rendering does not hold it once, verbatim."""
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if last is None:
+            return None
+        marked = [dict(m) for m in messages]
+        marked[last]["content"] = _ANSWER_MARK
+        try:
+            text = self.render_chat(name, marked)[0]
+        except InvalidRequest:
+            return None
+        if text.count(_ANSWER_MARK) != 1:
+            return None
+        before, after = text.split(_ANSWER_MARK)
+        return FollowUp(handle, before=before, answer=messages[last]["content"], after=after)
+
+    def decode_all(self, name: str, ids: Sequence[int]) -> str:
+        """Token ids as text, special tokens and spaces as they are (what a session holds, as text)."""
+        return self.tokenizer(name).decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def close(self) -> None:
         """Stop the loaded models' head steps and background routing threads."""

@@ -39,8 +39,10 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord
 from monitor.core.route_choice import RouteChoice
 
+from chat import kept as keeping
 from chat.admission import Admission
 from chat.capacity import InSlot, OpenSessions, Slot, Slots
+from chat.kept import FollowUp, KeptSessions, Rendered, Resumed
 from chat.models import Models
 from chat.decoding import Delta, Finished, GenerationParams
 from chat.errors import (Busy, ChatError, GenerationFailed, InvalidRequest, ModelNotServed, RouteUnmet, SessionExpired,
@@ -64,10 +66,12 @@ class RequestContext:
     admission: Admission
     slots: Slots
     sessions: OpenSessions
+    kept: KeptSessions  # sessions kept after an answer, for a follow-up of the same client
     request_sink: Callable[[RequestRecord], None]
     max_batch_rows: int
     max_logprobs: int
     stall_timeout: float  # no token for this long: the answer gives up on the swarm
+    headroom: int = keeping.DEFAULT_HEADROOM  # tokens more a session that may be kept is opened with
 
 
 # -- 1. refuse early --------------------------------------------------------------------------------
@@ -100,13 +104,23 @@ def plan_groups(rows: Sequence[Sequence[int]], params: GenerationParams, context
 def answer_batch(chat: RequestContext, name: str, rows: Sequence[Sequence[int]], params: GenerationParams, *,
                  client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
                  prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
-                 on_wait: Optional[Callable[[int, float], object]] = None) -> "BatchAnswer":
+                 on_wait: Optional[Callable[[int, float], object]] = None, rendered: Optional[Rendered] = None,
+                 follow: Optional[FollowUp] = None, owner: Optional[str] = None) -> "BatchAnswer":
     """Start answering every row (a prompt's token ids) of one request; everything that can be
     refused (unknown model, prompt too long, too many rows, model not served, routing choices
     nobody meets, busy) raises here, before any token. ``api``: which API it came through (its
     request row's); ``choice``: the request's own routing choices; ``on_wait``: told its place in
-    the queue and the expected wait while it waits for a slot (``Slots.acquire``)."""
+    the queue and the expected wait while it waits for a slot (``Slots.acquire``).
+
+    ``rendered``: how its prompt was written (``chat.kept.Rendered``), given when its session may be
+    kept after the answer for a follow-up of ``client`` — one row, no prompt scoring; the answer's
+    handle is ``BatchAnswer.handle``. ``follow``: the handle of the answer it follows and its prompt
+    as matching needs it: that answer's kept session is continued when it is ``client``'s and the
+    prompt begins with what it holds (``chat.kept``), else a fresh session starts. ``owner``: whose
+    the kept session is, when not ``client`` (the chat page: the visitor's conversation)."""
+    owner = client if owner is None else owner
     record = RequestLog(chat.request_sink, name, api)
+    record.follow_up = follow is not None
     try:
         model = chat.models.loaded(name)
         groups = plan_groups(rows, params, model.context_length, max_rows=chat.max_batch_rows,
@@ -123,23 +137,80 @@ def answer_batch(chat: RequestContext, name: str, rows: Sequence[Sequence[int]],
     except ChatError as e:
         record.refused(e)
         raise
+    keepable = rendered is not None and len(rows) == 1 and not params.prompt_logprobs and chat.kept.enabled
+    resumed = None
+    if keepable and follow is not None:
+        resumed = resume(chat, model, follow, client=owner, choice=choice, prompt_tokens=len(rows[0]),
+                         max_tokens=groups[0][2].max_new_tokens)
+    elif follow is not None:
+        chat.kept.count(model.name, keeping.NOT_KEPT)
+    if resumed is not None:
+        record.continued, record.not_resent = True, resumed.not_resent
 
-    def open_group(prompts: list[list[int]], group_params: GenerationParams) -> ChatSession:
-        return ChatSession(chat.models.client_side(model), len(prompts[0]) + group_params.max_new_tokens,
-                           model=model.name, tokenizer=model.tokenizer, stall_timeout=chat.stall_timeout, rows=len(prompts),
-                           choice=choice, length_param="max_tokens")
+    def open_group(prompts: list[list[int]], group_params: GenerationParams) -> tuple[ChatSession, Optional[list]]:
+        if resumed is not None:  # only what is new goes through the swarm
+            rest = resumed.kept.session.resume(resumed.new_ids)
+            return resumed.kept.session, [rest] if rest else None
+        length = len(prompts[0]) + group_params.max_new_tokens
+        if keepable:  # room for a follow-up, within what the servers accept
+            length = max(length, min(chat.admission.session_limit(model.name), length + chat.headroom))
+        return ChatSession(chat.models.client_side(model), length, model=model.name, tokenizer=model.tokenizer,
+                           stall_timeout=chat.stall_timeout, rows=len(prompts), choice=choice,
+                           length_param="max_tokens"), prompts
 
-    return BatchAnswer(open_group, groups, slots, stop_event, record=record, rows=len(rows))
+    handle = keeping.new_handle() if keepable else None
+    text = resumed.rendered if resumed is not None else rendered.text if rendered is not None else None
+
+    def keep(session: ChatSession, finished: Finished) -> bool:
+        return chat.kept.keep(handle, owner=owner, model=model.name, choice=choice, session=session,
+                              rendered=Rendered(text), answer_ids=finished.token_ids, answer_text=finished.text)
+
+    return BatchAnswer(open_group, groups, slots, stop_event, record=record, rows=len(rows),
+                       keep=keep if keepable else None, handle=handle)
+
+
+def resume(chat: RequestContext, model, follow: FollowUp, *, client: Optional[str], choice: Optional[RouteChoice],
+           prompt_tokens: int, max_tokens: int) -> Optional[Resumed]:
+    """The kept session ``follow`` names, taken for this request when it is ``client``'s, for this
+    model and routing choice, its text is where the prompt begins, it has room for the answer, and
+    its route costs no more than a fresh one (``chat.kept``); else None (a session taken but not
+    continued is closed). Counted either way, by why."""
+    entry, reason = chat.kept.take(follow.handle, owner=client, model=model.name, choice=choice)
+    resumed = None
+    if reason == keeping.HIT:
+        session = entry.session
+        committed = session.committed_ids()
+        new_ids = keeping.continuation(entry, follow, committed=committed,
+                                       decode=lambda ids: chat.models.decode_all(model.name, ids),
+                                       encode=lambda text: chat.models.encode(model.name, text, add_special_tokens=False))
+        if new_ids is None:
+            reason = keeping.PREFIX
+        elif session.room(len(new_ids) - 1) < max_tokens:
+            reason = keeping.NO_ROOM
+        elif not keeping.worth_continuing(chat.admission.route_seconds(model.name, session.route()),
+                                          chat.admission.route_seconds(model.name, chat.admission.planned_route(
+                                              model.name, prompt_tokens + max_tokens)),
+                                          new_tokens=len(new_ids), all_tokens=prompt_tokens, max_tokens=max_tokens):
+            reason = keeping.SLOWER
+        else:
+            resumed = Resumed(entry, tuple(new_ids), len(committed), keeping.rendered_after(entry, follow))
+    if resumed is None and entry is not None:
+        entry.session.close()
+    chat.kept.count(model.name, reason)
+    return resumed
 
 
 def answer(chat: RequestContext, name: str, input_ids: Sequence[int], params: GenerationParams, *,
            client: Optional[str] = None, stop_event: Optional[threading.Event] = None,
            prompt_param: str = "prompt", api: str = "openai", choice: Optional[RouteChoice] = None,
-           on_wait: Optional[Callable[[int, float], object]] = None) -> "Answer":
-    """One answer in its own session: a batch of one row."""
+           on_wait: Optional[Callable[[int, float], object]] = None, rendered: Optional[Rendered] = None,
+           follow: Optional[FollowUp] = None, owner: Optional[str] = None) -> "Answer":
+    """One answer in its own session (or a kept one it continues): a batch of one row."""
     batch = answer_batch(chat, name, [input_ids], params, client=client, stop_event=stop_event,
-                         prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait)
-    return Answer((event for _, event in batch), batch.close, lambda: batch.sessions[-1] if batch.sessions else None)
+                         prompt_param=prompt_param, api=api, choice=choice, on_wait=on_wait, rendered=rendered,
+                         follow=follow, owner=owner)
+    return Answer((event for _, event in batch), batch.close, lambda: batch.sessions[-1] if batch.sessions else None,
+                  batch=batch)
 
 
 def open_session(chat: RequestContext, name: str, max_length: int, *, client: Optional[str] = None,
@@ -202,11 +273,17 @@ class BatchAnswer:
     slot is an ``InSlot`` over the groups it takes, so it goes back when they are done; closing the
     batch (or leaving the ``with``) stops every row and gives back every slot."""
 
-    def __init__(self, open_group: Callable[[list[list[int]], GenerationParams], ChatSession],
+    def __init__(self, open_group: Callable[[list[list[int]], GenerationParams], tuple[ChatSession, Optional[list]]],
                  groups: Sequence[Group], slots: Sequence[Slot], stop_event: Optional[threading.Event] = None, *,
-                 record: Optional["RequestLog"] = None, rows: int = 1):
+                 record: Optional["RequestLog"] = None, rows: int = 1,
+                 keep: Optional[Callable[[ChatSession, Finished], bool]] = None, handle: Optional[str] = None):
+        """``open_group``: a group's session and the input it continues with; ``keep``: offered a
+        one-row session whose answer ended (not stopped, not failed) instead of closing it
+        (``chat.kept``: True when kept); ``handle``: what names it then."""
         self._open_group = open_group
         self._record = record
+        self._keep = keep
+        self.handle = handle
         self._groups = deque(groups)
         self._lock = threading.Lock()
         self._stop = stop_event  # the caller's: a row stopped by it ends "cancelled"
@@ -222,6 +299,16 @@ class BatchAnswer:
         if record is not None:
             self._iterator = record.observe(self._iterator, lambda: self.sessions, rows=rows, batch=True)
 
+    @property
+    def continued(self) -> bool:
+        """It continued a kept session (``chat.kept``)."""
+        return self._record is not None and self._record.continued
+
+    @property
+    def not_resent(self) -> int:
+        """Tokens of its prompt the kept session it continued already held."""
+        return self._record.not_resent if self._record is not None else 0
+
     def _next_group(self) -> Optional[Group]:
         with self._lock:
             return self._groups.popleft() if self._groups and not self._cancel.is_set() else None
@@ -230,15 +317,29 @@ class BatchAnswer:
         """The groups one slot takes, one after the other."""
         while (group := self._next_group()) is not None:
             indices, rows, params = group
-            session = self._open_group(rows, params)
+            session, inputs = self._open_group(rows, params)
             self.sessions.append(session)
-            events = session.generate_rows(rows, params, stop_event=self._stop)
+            events = session.generate_rows(inputs, params, stop_event=self._stop)
+            finished: Optional[Finished] = None
             try:
                 for row, event in events:
+                    if isinstance(event, Finished):
+                        finished = event
                     yield indices[row], event
             finally:
                 events.close()
-                session.close()
+                if not self._kept(session, finished):
+                    session.close()
+
+    def _kept(self, session: ChatSession, finished: Optional[Finished]) -> bool:
+        if self._keep is None or finished is None or finished.finish_reason not in ("stop", "length") \
+                or self._cancel.is_set() or (self._stop is not None and self._stop.is_set()):
+            return False
+        try:
+            return self._keep(session, finished)
+        except Exception as e:  # noqa: BLE001 - the answer is done; the session is closed as before
+            log.warning("keeping a session failed: %r", e)
+            return False
 
     def __iter__(self) -> Iterator[tuple[int, Event]]:
         return self._iterator
@@ -283,14 +384,22 @@ class Answer:
     route), once there is one."""
 
     def __init__(self, events: Iterator[Event], close: Callable[[], None],
-                 session: Union[ChatSession, Callable[[], Optional[ChatSession]], None] = None):
+                 session: Union[ChatSession, Callable[[], Optional[ChatSession]], None] = None, *,
+                 batch: Optional[BatchAnswer] = None):
+        """``batch``: the one-row batch it is (its kept session's ``handle``, whether it ``continued``)."""
         self._session = session
+        self.handle = batch.handle if batch is not None else None
+        self._batch = batch
         self._events = events
         self._close = close
 
     @property
     def session(self) -> Optional[ChatSession]:
         return self._session() if callable(self._session) else self._session
+
+    @property
+    def continued(self) -> bool:
+        return self._batch is not None and self._batch.continued
 
     def __iter__(self) -> Iterator[Event]:
         return self._events
@@ -326,6 +435,9 @@ class RequestLog:
         self.sink, self.model, self.api = sink, model, api
         self.at = time.time()
         self.waited: Optional[float] = None
+        self.follow_up = False  # it came with the handle of an answer it follows (``chat.kept``)
+        self.continued = False  # and continued that answer's kept session
+        self.not_resent = 0  # tokens of its prompt the swarm did not get again (the kept session had them)
         self._finished: list[Finished] = []
         self._rows = 1
         self._written = False
@@ -366,12 +478,15 @@ class RequestLog:
         speeds = [f.tokens_per_second for f in finished if f.tokens_per_second is not None]
         firsts = [f.time_to_first_token for f in finished if f.time_to_first_token is not None]
         route = tuple(dict.fromkeys(RouteHop(hop.peer_id, hop.start, hop.end) for f in finished for hop in f.route))
+        # a kept session a server had dropped while idle sent its text again: it did not continue
+        continued = self.continued and not any(getattr(s, "idle_drops", 0) for s in sessions or ())
         record = RequestRecord(
             at=self.at, model=self.model, api=self.api, outcome=outcome, error_kind=kind, route=route,
             waited=self.waited, time_to_first_token=min(firsts) if firsts else None,
             tokens=sum(f.completion_tokens for f in finished),
             tokens_per_second=statistics.median(speeds) if speeds else None,
-            failovers=sum(getattr(s, "failovers", 0) for s in sessions or ()))
+            failovers=sum(getattr(s, "failovers", 0) for s in sessions or ()), follow_up=self.follow_up,
+            continued=continued, tokens_not_resent=self.not_resent if continued else 0)
         try:
             self.sink(record)
         except Exception as e:  # noqa: BLE001 - the row is lost, the request is not

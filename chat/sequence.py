@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 5.0  # seconds to wait for a server to acknowledge the end of a session
 REFRESH_TIMEOUT = 30.0  # seconds to wait for a fresh view of the swarm (then the view at hand is used)
 CACHE_WAIT = 30.0  # seconds a server is asked to wait for cache room, once it refused a session for want of it
+# a step this long after the session's previous one ended follows an idle session (between two answers):
+# a server whose session fails then had most likely dropped it for idleness (petals' step_timeout)
+IDLE_GAP = 1.0
 
 
 class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
@@ -226,6 +229,11 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
             self.server_limits.learn(peer_id.to_base58(), limit)
             logger.info("%s accepts sessions of at most %d tokens", peer_id.to_base58(), limit)
             return
+        if peer_id is not None and self.context is not None and self.context.dropped_while_idle(peer_id.to_base58()):
+            # the server ended the session while it was idle between two answers (its step_timeout):
+            # not failing, and not banned; the retry opens a session there again and replays the text
+            logger.info("%s had ended an idle session; it is reopened", peer_id.to_base58())
+            return
         if peer_id is not None and cache_full(error):
             # nor is a server whose cache holds other sessions now: it is busy. Not banned, no failed
             # span; it costs more for a while (routes go around it where they can), this process's
@@ -283,6 +291,8 @@ class RouteContext:
         self.directed = choice is not None and choice.directed
         self.waits_for_cache = False
         self.recorder: Optional["SpanRecorder"] = None
+        self.idle_peers: set[str] = set()  # the servers it held a session on while idle, until the step after
+        self.idle_drops = 0  # server sessions found dropped after an idle spell (their text was sent again)
         self._counted: list[str] = []  # the peers whose open server sessions it counts on now
         self._reserved: list[str] = []  # the peers of a route just chosen, counted while its sessions open
 
@@ -303,6 +313,15 @@ class RouteContext:
             self.load.leave(self._counted, directed=self.directed)
             self._counted = peers
         self.release_reserved()
+
+    def dropped_while_idle(self, peer: str) -> bool:
+        """``peer`` failed the first step after the session was idle, on the server session it held
+        while idle: it dropped it (once per idle spell: its next failure counts)."""
+        if peer in self.idle_peers:
+            self.idle_peers.discard(peer)
+            self.idle_drops += 1
+            return True
+        return False
 
     def release_reserved(self) -> None:
         if self._reserved:
@@ -439,6 +458,7 @@ class TimedInferenceSession(InferenceSession):
         )
         self.routing.recorder = self.recorder
         self._step_tokens = 0
+        self._last_step: Optional[float] = None  # when its previous step ended
 
     @property
     def max_length(self) -> int:
@@ -450,8 +470,14 @@ class TimedInferenceSession(InferenceSession):
 
     def step(self, inputs, *args, **kwargs):
         self._step_tokens = inputs.shape[1]
+        if self._last_step is not None and time.monotonic() - self._last_step >= IDLE_GAP:
+            self.routing.idle_peers = set(self.peers())
         self.recorder.begin_step(inputs.shape[1])
-        return super().step(inputs, *args, **kwargs)
+        try:
+            return super().step(inputs, *args, **kwargs)
+        finally:
+            self.routing.idle_peers = set()
+            self._last_step = time.monotonic()
 
     def _update_sequence(self, server_idx: int, block_idx: int, attempt_no: int):
         failed = self._server_sessions[server_idx] if server_idx < len(self._server_sessions) else None

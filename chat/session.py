@@ -72,6 +72,8 @@ class ChatSession:
         self._registry, self._take_slot = registry, take_slot
         self._closed = False
         self.expired_detail: Optional[str] = None
+        self.on_expire: Optional[Callable[[], object]] = None  # told when ``expire`` ends it (``chat.kept``)
+        self.opened_at = time.monotonic()  # when its petals session opened (servers end one after 30 min)
         self._lock = threading.Lock()
         self._route: tuple[RouteHop, ...] = ()
         eos = getattr(getattr(remote, "generation_config", None), "eos_token_id", None)
@@ -138,6 +140,7 @@ class ChatSession:
         old, self._petals = self._petals, TimedInferenceSession(self._manager, length, outcome_sink=self._outcome_sink,
                                                                  choice=self.choice)
         self.max_length, self._replay = length, history
+        self.opened_at = time.monotonic()
         return old
 
     def room(self, new_input_tokens: int) -> int:
@@ -153,6 +156,32 @@ class ChatSession:
         """The route now (live while generating), else the last answer's route."""
         hops = self._petals.recorder.route(self._manager.peer_weights())
         return tuple(hops) or self._route
+
+    @property
+    def idle_drops(self) -> int:
+        """Servers that had dropped this session while it was idle (its text went to them again)."""
+        return self._petals.routing.idle_drops
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def holds_cache(self) -> bool:
+        """Its servers hold its text so far (nothing of it is waiting to be replayed)."""
+        return not self._replay and self._petals.output_ids is not None and bool(self._petals.peers())
+
+    def committed_ids(self) -> list[int]:
+        """The tokens its servers have processed: all of its text but the last token, which was
+        generated and is sent with the next input (one row)."""
+        output_ids = self._petals.output_ids
+        return output_ids[0, :-1].tolist() if output_ids is not None else []
+
+    def resume(self, new_ids: Sequence[int]) -> Optional[list[int]]:
+        """Continue with ``new_ids`` after the committed tokens: the first takes the place of the last
+        generated token (not sent yet); returns the input for ``generate`` (None: none more)."""
+        self.replace_last_token(new_ids[0])
+        return list(new_ids[1:]) or None
 
     def replace_last_token(self, token_id: int) -> None:
         """Make the session continue as if ``token_id`` had been generated last."""
@@ -292,6 +321,9 @@ class ChatSession:
         freed now, its owner is told "Session … expired: <detail>" at its next request."""
         self.expired_detail = detail
         self._close_petals()
+        told, self.on_expire = self.on_expire, None
+        if told is not None:
+            told()
 
     def close(self, reason: Optional[str] = None) -> None:
         """End the inference session on its servers and leave the registry (idempotent);

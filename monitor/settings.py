@@ -248,10 +248,17 @@ class Settings(BaseModel):
     max_slots_share: float = setting(0.5, section="chat", gt=0, le=1,
                                      description="the share of the slots and of the queue one client may hold")
     max_open_sessions: int = setting(32, section="chat", ge=1, le=100_000,
-                                     description="WebSocket sessions kept open between turns (the least recently "
-                                                 "used idle one makes room)")
+                                     description="sessions kept open between turns: WebSocket sessions and sessions "
+                                                 "kept after an answer (an idle one makes room, kept ones first)")
     max_sessions_per_client: int = setting(4, section="chat", ge=1, le=10_000,
                                            description="sessions kept open by one client")
+    chat_keep_sessions: float = setting(240, section="chat", ge=0, le=280,
+                                        description="seconds an answered request's session stays open for a follow-up "
+                                                    "of the same client (0: none is kept; petals servers end a "
+                                                    "session idle for 300 s)")
+    chat_keep_headroom: int = setting(1024, section="chat", ge=0, le=1_000_000,
+                                      description="tokens a session that may be kept is opened with beyond its answer, "
+                                                  "for follow-ups (held in its servers' attention caches)")
     max_batch_rows: int = setting(16, section="chat", ge=1, le=256,
                                   description="answers of one request (prompts × `n`)")
     chat_dtype: Literal["auto", "float32", "bfloat16"] = setting(

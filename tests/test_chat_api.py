@@ -412,9 +412,17 @@ def test_chat_page_streams_a_multi_turn_conversation_with_its_route(page_url, lo
 
     second = post_turn(page_url, web, message="And again?", conversation_id=conversation_id, **params)
     events = list(read_sse(web.get(page_url + stream_url(second.text), stream=True, timeout=120)))
+    # the conversation's session was kept (chat.kept): the second turn continues it, so the model reads
+    # the first answer as the tokens it generated, then the new turn's text
+    ids_1 = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    new_1, _ = greedy(ids_1, 12)
+    before = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     messages += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And again?"}]
-    _, expected_2 = greedy(tokenizer.apply_chat_template(messages, add_generation_prompt=True), 12)
+    since = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)[len(before):]
+    rest = since[len(tokenizer.decode(new_1[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False)):]
+    _, expected_2 = greedy(ids_1 + new_1[:-1] + tokenizer.encode(rest, add_special_tokens=False), 12)
     assert "".join(d for e, d in events if e == "token").replace("\r\n", "\n") == expected_2.replace("\r", "\n")
+    assert "continued" in next(d for e, d in events if e == "done")
 
 
 def test_chat_page_leaves_out_the_oldest_turns_that_no_longer_fit_and_says_so(page_url, engine, local):
@@ -427,7 +435,7 @@ def test_chat_page_leaves_out_the_oldest_turns_that_no_longer_fit_and_says_so(pa
                   repetition_penalty="1", max_new_tokens="8")
     long = "the blocks of the swarm " * 8
     assert 60 <= len(engine.encode(TINY_DHT_PREFIX, long)) <= 200, len(engine.encode(TINY_DHT_PREFIX, long))
-    conversation_id, history, notes = "", [], []
+    conversation_id, history, notes, continued = "", [], [], []
     for i in range(6):
         message = f"{i}: {long}"
         turn = post_turn(page_url, web, message=message, conversation_id=conversation_id, **params)
@@ -439,18 +447,25 @@ def test_chat_page_leaves_out_the_oldest_turns_that_no_longer_fit_and_says_so(pa
         answer = "".join(d for e, d in events if e == "token").replace("\r\n", "\n")
         done = next(d for e, d in events if e == "done")
         assert "Context used" in done and "of 512 tokens" in done, done
+        continued.append("continued" in done)
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": answer}]
     assert notes[0] == notes[1] == 0  # they fit whole
-    left_out = notes[-1]
-    assert left_out >= 2 and left_out % 2 == 0, notes  # a question with its answer, the oldest first
+    assert notes[-1] >= 2 and notes[-1] % 2 == 0, notes  # a question with its answer, the oldest first
     assert notes == sorted(notes)
-    # what the model read: the system prompt and the newest messages, and it answered as local greedy does
-    kept = [{"role": "system", "content": "Be brief."}] + history[left_out:-1]
+    # a turn that leaves out more than the one before cannot continue its kept session (its text no
+    # longer begins with the session's): a fresh session of what the page sent
+    fresh = [i for i in range(1, 6) if notes[i] > notes[i - 1]]
+    assert fresh and not any(continued[i] for i in fresh), (notes, continued)
+    assert continued[1]  # (and one that fits whole does)
+    # what the model read then: the system prompt and the newest messages, and it answered as local greedy does
+    last = fresh[-1]
+    left_out, upto = notes[last], 2 * last + 1
+    kept = [{"role": "system", "content": "Be brief."}] + history[left_out:upto]
     ids = tokenizer.apply_chat_template(kept, add_generation_prompt=True)
     assert len(ids) + 8 <= 512 < len(tokenizer.apply_chat_template(
-        [{"role": "system", "content": "Be brief."}] + history[left_out - 2:-1], add_generation_prompt=True)) + 8
+        [{"role": "system", "content": "Be brief."}] + history[left_out - 2:upto], add_generation_prompt=True)) + 8
     _, expected = greedy(ids, 8)
-    assert history[-1]["content"] == expected.replace("\r", "\n")
+    assert history[upto]["content"] == expected.replace("\r", "\n")
     too_long = post_turn(page_url, web, message="word " * 600, conversation_id=conversation_id, **params)
     assert too_long.status_code == 400 and "this message" in too_long.text and "512" in too_long.text
 

@@ -71,11 +71,13 @@ def _petals_extension(finished: Finished) -> dict:
             "tokens_per_second": stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
 
 
-def _usage(finished: Sequence[Finished]) -> dict:
-    """Every row the swarm computed: each sample's prompt and answer."""
+def _usage(finished: Sequence[Finished], cached: int = 0) -> dict:
+    """Every row the swarm computed: each sample's prompt and answer; ``cached``: prompt tokens a
+    kept session already held (OpenAI's ``prompt_tokens_details.cached_tokens``)."""
     prompt = sum(f.prompt_tokens for f in finished)
     completion = sum(f.completion_tokens for f in finished)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _finish_reason(finished: Finished) -> str:
@@ -129,14 +131,26 @@ class _Reply:
     texts: lp.TokenTexts
     sent: dict = field(default_factory=dict)  # choice -> (token ids whose logprobs were streamed, characters sent)
     fallbacks: list = field(default_factory=list)  # the models of ``models`` that gave way, and why
+    batch: Optional[BatchAnswer] = None  # what answers it: its session's handle, whether it continued one
 
     @classmethod
-    def new(cls, chat: bool, model: str, request: CompletionRequest, tokenizer, *, fallbacks: Sequence[dict] = ()) -> "_Reply":
+    def new(cls, chat: bool, model: str, request: CompletionRequest, tokenizer, *, fallbacks: Sequence[dict] = (),
+            batch: Optional[BatchAnswer] = None) -> "_Reply":
         return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), int(time.time()),
-                   request, lp.TokenTexts(tokenizer), fallbacks=list(fallbacks))
+                   request, lp.TokenTexts(tokenizer), fallbacks=list(fallbacks), batch=batch)
+
+    def session(self) -> dict:
+        """``petals.session``: the handle a follow-up sends back to continue this answer's session
+        (``chat.kept``; absent when it cannot be kept), and whether this answer continued one."""
+        if self.batch is None or self.batch.handle is None:
+            return {}
+        return {"session": self.batch.handle, "continued": self.batch.continued}
+
+    def cached(self) -> int:
+        return self.batch.not_resent if self.batch is not None else 0
 
     def extension(self, finished: Finished) -> dict:
-        found = _petals_extension(finished)
+        found = {**_petals_extension(finished), **self.session()}
         return {**found, "fallbacks": self.fallbacks} if self.fallbacks else found
 
     # -- log-probabilities ----------------------------------------------------------------------
@@ -171,8 +185,8 @@ class _Reply:
                 choices.append({"index": index, "text": echo + done.text,
                                 "logprobs": self._text_logprobs(index, done, echo), "finish_reason": reason})
         return {"id": self.ident, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": _usage(finished),
-                "petals": self.extension(finished[0])}
+                "created": self.created, "model": self.model, "choices": choices,
+                "usage": _usage(finished, self.cached()), "petals": self.extension(finished[0])}
 
     # -- streamed -------------------------------------------------------------------------------
     def role_chunk(self, index: int) -> str:
@@ -204,9 +218,11 @@ class _Reply:
         return self.chunk(index, None, rest, _finish_reason(finished), petals=self.extension(finished))
 
     def usage_chunk(self, finished: Sequence[Finished]) -> str:
-        return self._event(choices=[], usage=_usage(finished))
+        return self._event(choices=[], usage=_usage(finished, self.cached()))
 
     def _event(self, **fields) -> str:
+        if "petals" not in fields and self.session():  # (every chunk carries the handle)
+            fields["petals"] = self.session()
         return sse(json.dumps({"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
                                "created": self.created, "model": self.model, **fields}))
 
@@ -272,7 +288,8 @@ def _start(engine: ChatEngine, limits: ChatLimits, params: Params, *, chat: bool
         request = (chat_request if chat else text_request)(engine, model, params, limits)
         try:
             batch = engine.answer_batch(model, request.rows, request.generation, client=client,
-                                        prompt_param=request.param, choice=choice, on_wait=on_wait)
+                                        prompt_param=request.param, choice=choice, on_wait=on_wait,
+                                        rendered=request.rendered, follow=request.follow)
         except FALLBACK_ON as e:
             if index + 1 == len(candidates):
                 raise
@@ -301,7 +318,7 @@ def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
     if not stream:
         started = _start(engine, limits, params, chat=chat, client=client)
         reply = _Reply.new(chat, started.name, started.request, engine.models.tokenizer(started.model),
-                           fallbacks=started.fallbacks)
+                           fallbacks=started.fallbacks, batch=started.batch)
         return jsonify(reply.whole(_collect(started.batch, len(started.request.rows))))
     waiting = started_waiting(lambda on_wait: _start(engine, limits, params, chat=chat, client=client, on_wait=on_wait),
                               lambda started: started.batch.close(), name="openai-start")
@@ -326,7 +343,7 @@ def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
                 waiting.close()
         started = item[1]
         reply = _Reply.new(chat, started.name, started.request, engine.models.tokenizer(started.model),
-                           fallbacks=started.fallbacks)
+                           fallbacks=started.fallbacks, batch=started.batch)
         yield from _stream_events(started.batch, reply, include_usage)
 
     return Response(stream_with_context(events(first)), mimetype="text/event-stream",

@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 from monitor.core.route_choice import ChoiceError, parse_choice
 
-from chat.engine import ChatEngine, ChatError, GenerationParams, InvalidRequest, ModelNotServed, RouteChoice, RouteUnmet
+from chat.engine import (ChatEngine, ChatError, FollowUp, GenerationParams, InvalidRequest, ModelNotServed, Rendered,
+                         RouteChoice, RouteUnmet)
 from chat.errors import check_fits_context
 from chat.http.limits import ChatLimits, check_token_ids
 from chat.http.params import Params
@@ -170,6 +171,8 @@ class CompletionRequest:
     param: str
     echoes: list[str]
     logprobs: Optional[Logprobs] = None
+    rendered: Optional[Rendered] = None  # how its one prompt was written (its session may be kept: ``chat.kept``)
+    follow: Optional[FollowUp] = None  # the answer it follows (``petals.session``), as matching needs it
 
 
 def samples(params: Params, engine: ChatEngine, n_prompts: int) -> int:
@@ -183,11 +186,17 @@ def samples(params: Params, engine: ChatEngine, n_prompts: int) -> int:
 def chat_request(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> CompletionRequest:
     messages = parse_messages(params, limits)
     n = samples(params, engine, 1)
-    input_ids, extra_stops = engine.models.encode_chat(model, messages)
+    text, extra_stops, special = engine.models.render_chat(model, messages)
+    input_ids = engine.encode(model, text, add_special_tokens=special)
     logprobs = asked_logprobs(engine, params, chat=True, echo=False)
     generation = generation_params(engine, model, params, len(input_ids), chat=True, default_max=0,
                                     extra_stops=extra_stops, logprobs=logprobs)
-    return CompletionRequest([input_ids] * n, generation, "messages", [""] * n, logprobs)
+    handle = session_handle(params)
+    follow = None
+    if handle is not None:
+        follow = engine.models.chat_follow_up(model, messages, handle) or FollowUp(handle)
+    return CompletionRequest([input_ids] * n, generation, "messages", [""] * n, logprobs, rendered=Rendered(text),
+                             follow=follow)
 
 
 def text_request(engine: ChatEngine, model: str, params: Params, limits: ChatLimits) -> CompletionRequest:
@@ -201,7 +210,16 @@ def text_request(engine: ChatEngine, model: str, params: Params, limits: ChatLim
                                     default_max=16, logprobs=logprobs)
     rows = [ids for ids, _ in prompts for _ in range(n)]
     echoes = [text if echo else "" for _, text in prompts for _ in range(n)]
-    return CompletionRequest(rows, generation, "prompt", echoes, logprobs)
+    rendered = follow = None
+    if len(prompts) == 1:  # (its text when it was sent as text; ids were sent as ids)
+        sent = params.raw("prompt")
+        as_text = sent if isinstance(sent, str) else sent[0] if isinstance(sent, list) and isinstance(sent[0], str) \
+            else None
+        rendered = Rendered(as_text)
+        handle = session_handle(params)
+        if handle is not None:
+            follow = FollowUp(handle, text=as_text) if as_text is not None else FollowUp(handle, ids=tuple(rows[0]))
+    return CompletionRequest(rows, generation, "prompt", echoes, logprobs, rendered=rendered, follow=follow)
 
 
 def requested_model(engine: ChatEngine, params: Params) -> tuple[str, str]:
@@ -223,11 +241,26 @@ FALLBACK_ON = (ModelNotServed, RouteUnmet)  # a model refused for these: the nex
 
 
 def route_choice(params: Params) -> RouteChoice:
-    """The request's ``petals`` routing choices (``monitor.core.route_choice``)."""
+    """The request's ``petals`` routing choices (``monitor.core.route_choice``; its ``session`` is
+    not one: ``session_handle``)."""
+    petals = params.raw("petals")
+    if isinstance(petals, dict) and "session" in petals:
+        petals = {key: value for key, value in petals.items() if key != "session"}
     try:
-        return parse_choice(params.raw("petals"))
+        return parse_choice(petals)
     except ChoiceError as e:
         raise InvalidRequest(e.field, str(e)) from None
+
+
+def session_handle(params: Params) -> Optional[str]:
+    """``petals.session``: the handle of the answer this request follows (``chat.kept``), as that
+    answer gave it; None without one. Any string is taken (one that names no session of this
+    client's is ignored: a fresh session starts); another type is refused."""
+    petals = params.raw("petals")
+    handle = petals.get("session") if isinstance(petals, dict) else None
+    if handle is not None and not isinstance(handle, str):
+        raise InvalidRequest("petals.session", "petals.session must be the string an answer's petals.session gave")
+    return handle or None
 
 
 def fallback_models(engine: ChatEngine, params: Params, first: tuple[str, str]) -> list[tuple[str, str]]:

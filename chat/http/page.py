@@ -37,9 +37,11 @@ from chat.engine import (
     ChatError,
     Delta,
     Finished,
+    FollowUp,
     GenerationParams,
     InvalidRequest,
     ModelNotServed,
+    Rendered,
 )
 from chat import markdown
 from chat.conversations import VISITOR_COOKIE, ConversationStore
@@ -66,6 +68,8 @@ class _Turn:
     params: GenerationParams
     stop_event: threading.Event = field(default_factory=threading.Event)
     limit: int = 0  # the longest session the route accepts (the context the conversation may use)
+    rendered: Optional[Rendered] = None  # its prompt as text (its session may be kept: ``chat.kept``)
+    follow: Optional[FollowUp] = None  # the conversation's kept session it may continue
     state: str = "pending"  # pending -> running -> done
     created: float = field(default_factory=time.monotonic)
 
@@ -83,6 +87,7 @@ class _Conversation:
     model: str = ""
     system: str = ""
     stored: bool = False  # the store has it
+    session: Optional[str] = None  # the handle of its last answer's kept session (``chat.kept``): never sent out
 
     def active(self, now: float) -> bool:
         return self.turn is not None and self.turn.active(now)
@@ -300,7 +305,11 @@ def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatL
                          answer_tokens=generation.max_new_tokens)
     generation = dataclasses.replace(generation, stop_sequences=fitted.stops,
                                      max_new_tokens=min(generation.max_new_tokens, limit - len(fitted.input_ids)))
-    turn = _Turn(secrets.token_urlsafe(12), conversation, model, fitted.input_ids, generation, limit=limit)
+    follow = None
+    if conversation.session is not None and keep == len(conversation.messages):  # (regenerate, edit: never)
+        follow = engine.models.chat_follow_up(model, fitted.messages, conversation.session) or FollowUp(conversation.session)
+    turn = _Turn(secrets.token_urlsafe(12), conversation, model, fitted.input_ids, generation, limit=limit,
+                 rendered=Rendered(fitted.text), follow=follow)
     asked = {"role": "user", "content": message, "params": {
         "max_new_tokens": generation.max_new_tokens, "temperature": generation.temperature, "top_p": generation.top_p,
         "top_k": generation.top_k, "repetition_penalty": generation.repetition_penalty}}
@@ -337,6 +346,8 @@ class Fitted:
     input_ids: list[int]
     stops: tuple
     left_out: int
+    text: str = ""  # the same, as text (``chat.models.Models.render_chat``)
+    messages: tuple = ()  # the messages sent
 
 
 def fit_context(engine: ChatEngine, model: str, system: str, messages: list[dict], message: str, *,
@@ -354,14 +365,15 @@ def fit_context(engine: ChatEngine, model: str, system: str, messages: list[dict
         kept = kept[2:] if len(kept) > 1 and kept[0]["role"] == "user" else kept[1:]
     limits.check_prompt_chars("message", len(system) + len(message), what="the system prompt with this message")
     while True:
-        input_ids, stops = engine.models.encode_chat(model, head + [{"role": m["role"], "content": m["content"]}
-                                                             for m in kept] + [new])
+        sent = head + [{"role": m["role"], "content": m["content"]} for m in kept] + [new]
+        text, stops, special = engine.models.render_chat(model, sent)
+        input_ids = engine.encode(model, text, add_special_tokens=special)
         if len(input_ids) + reserve <= limit or not kept:
             break
         kept = kept[2:] if len(kept) > 1 and kept[0]["role"] == "user" else kept[1:]
     check_fits_context("message", len(input_ids), limit, what="this message" + (" with the system prompt" if head else ""),
                        hint="shorten it")
-    return Fitted(input_ids, tuple(stops), len(messages) - len(kept))
+    return Fitted(input_ids, tuple(stops), len(messages) - len(kept), text, tuple(sent))
 
 
 def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Turn, client: str) -> Iterator[str]:
@@ -375,7 +387,8 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
         waiting = started_waiting(
             lambda on_wait: engine.answer(turn.model, turn.input_ids, turn.params, client=client,
                                           stop_event=turn.stop_event, prompt_param="message", api="page",
-                                          on_wait=on_wait),
+                                          on_wait=on_wait, rendered=turn.rendered, follow=turn.follow,
+                                          owner=f"page:{turn.conversation.visitor}:{turn.conversation.id}"),
             lambda answer: answer.close(), name="page-start")
         answer = None
         for item in waiting:
@@ -398,13 +411,15 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                     answer_text = event.text
                     stats = event.stats()
                     meta = {"route": [hop.to_dict() for hop in event.route], "tokens_per_second":
-                            stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"]}
+                            stats["tokens_per_second"], "time_to_first_token": stats["time_to_first_token"],
+                            "continued": answer.continued}
+                    turn.conversation.session = answer.handle  # (server-side only: the visitor's conversation)
                     # kept before the page hears it is done: a reload right after shows it
                     conversations.finish(turn, answer_text, meta)
                     # the answer as Markdown, sanitised here (chat.markdown): it replaces the streamed text
                     yield sse(markdown.render(event.text), "rendered")
                     slow = stats["tokens_per_second"] is not None and stats["tokens_per_second"] < SLOW_TOKENS_PER_S
-                    yield sse(render_template("chat/_done.html", finished=event, stats=stats,
+                    yield sse(render_template("chat/_done.html", finished=event, stats=stats, continued=answer.continued,
                                               used=event.prompt_tokens + event.completion_tokens, limit=turn.limit,
                                               model=turn.model, repository=engine.models.repository(turn.model),
                                               help=engine.admission.recommendation(turn.model) if slow else None),

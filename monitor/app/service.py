@@ -92,6 +92,8 @@ class Service:
             request_sink=self.requests,
             forecast_source=self.forecasts,
             client_side=ClientSideSettings.from_settings(self.settings),
+            keep_seconds=self.settings.chat_keep_sessions,
+            keep_headroom=self.settings.chat_keep_headroom,
         )
 
     def _refresh_forecasts_soon(self) -> None:

@@ -55,6 +55,9 @@ class RequestRecord:
     tokens_per_second: Optional[float] = None  # decode, after the first token
     failovers: int = 0  # servers replaced mid-answer
     error_kind: Optional[str] = None  # the ChatError's kind, e.g. "busy", "not_served", "failed"
+    follow_up: bool = False  # it came with the handle of the answer it follows (a kept session's)
+    continued: bool = False  # it continued that kept session: only its new tokens went through the swarm
+    tokens_not_resent: int = 0  # tokens of its prompt the kept session already held
 
     @property
     def peers(self) -> frozenset[str]:

@@ -48,6 +48,7 @@ class ServerSpec:
     inference_max_length: Optional[int] = None  # the longest session it accepts (petals' default: 2048)
     attn_cache_tokens: Optional[int] = None  # its attention cache, in tokens per block (petals' default: 4096)
     torch_dtype: str = "float32"  # what its blocks compute in (bfloat16: half the memory, fast with AMX)
+    step_timeout: Optional[float] = None  # seconds it keeps an idle session open (petals' default: 300)
 
     @property
     def block_indices(self) -> str:
@@ -190,6 +191,8 @@ class LocalSwarm:
             args += ["--inference-max-length", str(spec.inference_max_length)]
         if spec.attn_cache_tokens:
             args += ["--attn-cache-tokens", str(spec.attn_cache_tokens)]
+        if spec.step_timeout:
+            args += ["--step-timeout", str(spec.step_timeout)]
         if spec.torch_dtype != "float32":
             args += ["--torch-dtype", spec.torch_dtype]
         self.specs[spec.name] = spec

@@ -190,6 +190,7 @@ def run_server(args) -> None:
         update_period=args.update_period,
         inference_max_length=args.inference_max_length,
         attn_cache_tokens=args.attn_cache_tokens,
+        step_timeout=args.step_timeout,
         host_maddrs=loopback_maddrs(args.port),
         identity_path=args.identity_path,
         skip_reachability_check=True,
@@ -230,6 +231,7 @@ def main(argv=None) -> None:
     srv.add_argument("--num-handlers", type=int, default=2)
     srv.add_argument("--inference-max-length", type=int, default=2048)
     srv.add_argument("--attn-cache-tokens", type=int, default=None)
+    srv.add_argument("--step-timeout", type=float, default=5 * 60)
     srv.add_argument("--torch-dtype", choices=("float32", "bfloat16"), default="float32")
     srv.add_argument("--corrupt-flag", default=None, help="chaos: outputs are perturbed while this file exists")
     srv.add_argument("--fail-flag", default=None, help="chaos: every inference and forward step raises while "

@@ -35,7 +35,8 @@ def clean(record: RequestRecord) -> Optional[dict]:
     return {"at": float(record.at), "model": str(record.model)[:256], "api": record.api, "outcome": record.outcome,
             "error_kind": None if record.error_kind is None else str(record.error_kind)[:32],
             "tokens": max(0, min(int(record.tokens), 1 << 30)), "failovers": max(0, min(int(record.failovers), 1 << 20)),
-            "route": route, **numbers}
+            "route": route, "follow_up": bool(record.follow_up), "continued": bool(record.continued),
+            "tokens_not_resent": max(0, min(int(record.tokens_not_resent), 1 << 30)), **numbers}
 
 
 def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
@@ -75,7 +76,8 @@ def _record(r) -> RequestRecord:
         at=r["at"], model=r["model"], api=r["api"], outcome=r["outcome"], error_kind=r["error_kind"],
         route=tuple(RouteHop(str(p), int(s), int(e)) for p, s, e in (r.get("route") or ())), waited=r["waited"],
         time_to_first_token=r["time_to_first_token"], tokens=r["tokens"], tokens_per_second=r["tokens_per_second"],
-        failovers=r["failovers"])
+        failovers=r["failovers"], follow_up=bool(r["follow_up"]), continued=bool(r["continued"]),
+        tokens_not_resent=r["tokens_not_resent"] or 0)
 
 
 def through(conn: Connection, peer_id: str, since_at: float, *, limit: int = MAX_ROWS) -> list[RequestRecord]:

@@ -474,6 +474,11 @@ class RequestRow(SQLModel, table=True):
     tokens_per_second: Optional[float] = None
     failovers: int = 0
     route: Any = _json_field()  # [[peer_id, start, end], ...]
+    # a follow-up (it came with its previous answer's handle), whether it continued that answer's kept
+    # session, and the prompt tokens the swarm did not get again (revision 0023)
+    follow_up: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
+    continued: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
+    tokens_not_resent: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class HourlyRequestsRow(SQLModel, table=True):
