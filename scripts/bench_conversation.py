@@ -69,14 +69,18 @@ def chat_turn(base: str, model: str, messages: list, tokens: int, handle: Option
             petals = event.get("petals") or petals
             usage = event.get("usage") or usage
     return {"ttft": first - started if first else None, "elapsed": time.perf_counter() - started, "text": text,
+            "tokens": (usage or {}).get("completion_tokens"),
             "handle": petals.get("session"), "continued": petals.get("continued", False), "route": petals.get("route"),
             "cached": ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0),
             "prompt_tokens": (usage or {}).get("prompt_tokens"), "error": error}
 
 
+SYSTEM = "You are a helpful guide. Answer every question at length, in detail."
+
+
 def api_conversation(base: str, model: str, turns: int, tokens: int, *, pass_handle: bool,
                      on_turn=None) -> list[dict]:
-    messages, results, handle = [], [], None
+    messages, results, handle = [{"role": "system", "content": SYSTEM}], [], None
     for turn in range(turns):
         if on_turn is not None:
             on_turn(turn, results)
@@ -114,7 +118,8 @@ def page_conversation(base: str, model: str, turns: int, tokens: int) -> list[di
     conversation, results = "", []
     for turn in range(turns):
         form = {"model": model, "message": QUESTIONS[turn % len(QUESTIONS)], "temperature": "0", "top_p": "1",
-                "top_k": "0", "repetition_penalty": "1", "max_new_tokens": str(tokens), "conversation_id": conversation}
+                "top_k": "0", "repetition_penalty": "1", "max_new_tokens": str(tokens), "conversation_id": conversation,
+                "system": SYSTEM}
         data = urllib.parse.urlencode(form).encode()
         started = time.perf_counter()
         page = opener.open(urllib.request.Request(base + "/chat/turns", data=data, headers={"X-CSRFToken": csrf}),
