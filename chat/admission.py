@@ -178,20 +178,23 @@ class Admission:
             return None
         return (known.recommendation, known.recommendation_reason or "") if known and known.recommendation else None
 
-    def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int) -> Forecast:
+    def forecast(self, name: str, *, prompt_tokens: int, max_tokens: int, continued: Optional[bool] = None) -> Forecast:
         """What a request of ``prompt_tokens`` asking for ``max_tokens`` would get if it came now
         (``monitor.core.forecast``): the queue's wait now, and what real requests (or the probes) say
         of requests at the load it would meet, on no route in particular (a model list's forecast;
-        for a request about to be made, ``forecast_route``)."""
-        return self._forecast(name, prompt_tokens, max_tokens, [])
+        for a request about to be made, ``forecast_route``). ``continued``: a follow-up that continues
+        a kept session (``chat.kept``), whose first token comes sooner."""
+        return self._forecast(name, prompt_tokens, max_tokens, [], continued)
 
-    def forecast_route(self, name: str, *, prompt_tokens: int, max_tokens: int) -> tuple[Forecast, list[RouteHop]]:
+    def forecast_route(self, name: str, *, prompt_tokens: int, max_tokens: int,
+                       continued: Optional[bool] = None) -> tuple[Forecast, list[RouteHop]]:
         """``forecast`` on the route the request would take now (the router's choice), and that
         route's hops ([]: unknown)."""
         hops = self.planned_route(name, prompt_tokens + max_tokens)
-        return self._forecast(name, prompt_tokens, max_tokens, [peer for peer, _, _ in hops]), hops
+        return self._forecast(name, prompt_tokens, max_tokens, [peer for peer, _, _ in hops], continued), hops
 
-    def _forecast(self, name: str, prompt_tokens: int, max_tokens: int, route: list[str]) -> Forecast:
+    def _forecast(self, name: str, prompt_tokens: int, max_tokens: int, route: list[str],
+                  continued: Optional[bool] = None) -> Forecast:
         known = {}
         if self.forecast_source is not None:
             try:
@@ -207,5 +210,5 @@ class Admission:
             slots = self.slots.load()
             load = slots.limit if wait > 0 else min(slots.limit, slots.busy + 1)
         return forecast(known.get(name) or ForecastInputs(name), wait=wait, prompt_tokens=prompt_tokens,
-                        max_tokens=max_tokens, load=load, route=route or None)
+                        max_tokens=max_tokens, load=load, route=route or None, continued=continued)
 

@@ -217,6 +217,9 @@ class KeptSessions:
         entry = Kept(handle, owner, model, choice, session, rendered, tuple(answer_ids), answer_text,
                      self._clock() + self.keep_seconds)
         session.on_expire = lambda: self._forget(handle, session)
+        leave_load = getattr(session, "leave_load", None)
+        if leave_load is not None:  # (idle: cache use on its servers, not load)
+            leave_load()
         with self._lock:
             self._kept[handle] = entry
         self._start_sweeping()

@@ -314,6 +314,13 @@ class RouteContext:
             self._counted = peers
         self.release_reserved()
 
+    def leave(self) -> None:
+        """The session is idle, kept for a follow-up (``chat.kept``): it holds cache on its servers
+        but computes nothing, so it leaves the load ledger until it steps again (``follow``)."""
+        if self.load is not None and self._counted:
+            self.load.leave(self._counted, directed=self.directed)
+            self._counted = []
+
     def dropped_while_idle(self, peer: str) -> bool:
         """``peer`` failed the first step after the session was idle, on the server session it held
         while idle: it dropped it (once per idle spell: its next failure counts)."""

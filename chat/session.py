@@ -180,8 +180,13 @@ class ChatSession:
     def resume(self, new_ids: Sequence[int]) -> Optional[list[int]]:
         """Continue with ``new_ids`` after the committed tokens: the first takes the place of the last
         generated token (not sent yet); returns the input for ``generate`` (None: none more)."""
+        self._petals.routing.follow(list(self._petals.peers()))  # (it computes again: back in the load)
         self.replace_last_token(new_ids[0])
         return list(new_ids[1:]) or None
+
+    def leave_load(self) -> None:
+        """Kept idle for a follow-up: out of the load ledger (cache use, not load) until ``resume``."""
+        self._petals.routing.leave()
 
     def replace_last_token(self, token_id: int) -> None:
         """Make the session continue as if ``token_id`` had been generated last."""

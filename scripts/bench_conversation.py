@@ -66,7 +66,7 @@ def chat_turn(base: str, model: str, messages: list, tokens: int, handle: Option
                 if piece:
                     first = first or time.perf_counter()
                     text += piece
-            petals = event.get("petals") or petals
+            petals = {**petals, **(event.get("petals") or {})}  # (the route comes with the answer's last chunk)
             usage = event.get("usage") or usage
     return {"ttft": first - started if first else None, "elapsed": time.perf_counter() - started, "text": text,
             "tokens": (usage or {}).get("completion_tokens"),

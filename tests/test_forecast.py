@@ -119,3 +119,26 @@ def test_forecasts_are_read_again_soon_after_this_process_stored_rows_of_its_own
     finally:
         forecasts.close()
         rows.close()
+
+
+def test_a_follow_up_s_forecast_rests_on_what_continued_requests_got():
+    """A follow-up that continues its kept session sends only its new tokens: its first token is
+    forecast from the requests that continued, a fresh request's from the fresh ones (each when there
+    are enough of them), and the stored rows say which was which."""
+    fresh = [Observed(route=(A,), load=1, time_to_first_token=4.0, tokens_per_second=10.0)] * MIN_REQUESTS
+    continued = [Observed(route=(A,), load=1, time_to_first_token=0.2, tokens_per_second=10.0, continued=True)] \
+        * MIN_REQUESTS
+    known = ForecastInputs("m", requests=2 * MIN_REQUESTS, observed=tuple(fresh + continued))
+    assert forecast(known, wait=0, prompt_tokens=900, max_tokens=80, route=(A,), load=1,
+                    continued=True).time_to_first_token == 0.2
+    assert forecast(known, wait=0, prompt_tokens=900, max_tokens=80, route=(A,), load=1,
+                    continued=False).time_to_first_token == 4.0
+    few = ForecastInputs("m", requests=MIN_REQUESTS + 1, observed=tuple(fresh + continued[:1]))
+    assert forecast(few, wait=0, prompt_tokens=900, max_tokens=80, route=(A,), load=1,
+                    continued=True).time_to_first_token == 4.0  # (too few continued: all of them)
+    now = time.time()
+    rows = [RequestRecord(at=now - 10, model="m", api="openai", outcome=OK, time_to_first_token=0.2, tokens=8,
+                          tokens_per_second=9.0, follow_up=True, continued=True, tokens_not_resent=500),
+            RequestRecord(at=now - 5, model="m", api="openai", outcome=OK, time_to_first_token=3.0, tokens=8,
+                          tokens_per_second=9.0)]
+    assert [o.continued for o in inputs("m", rows, None, now=now).observed] == [True, False]

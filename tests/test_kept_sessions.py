@@ -72,6 +72,8 @@ def test_a_follow_up_continues_its_session_and_sends_only_what_is_new(chat):
     cached = [reply["usage"]["prompt_tokens_details"]["cached_tokens"] for reply in continued]
     assert cached[0] == 0 and cached == sorted(cached)
     assert all(0 < c < reply["usage"]["prompt_tokens"] for c, reply in zip(cached[1:], continued[1:]))
+    # kept idle, they hold cache on their servers but are no load on them (they compute nothing)
+    assert engine.load().kept.kept >= 2 and not any(engine.server_load.in_flight().values())
     # the request rows say so, as the store keeps them
     rows.flush()
     stored = [r for r in store.requests_since(time.time() - 600, model=TINY_DHT_PREFIX)][-6:]
@@ -156,6 +158,27 @@ def test_streamed_chunks_carry_the_handle_and_a_follow_up_of_a_stream_continues(
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     follow = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
     assert ask(me, follow, handles.pop())["petals"]["continued"] is True
+
+
+def test_chat_petals_dev_s_http_api_and_text_completions_continue_too(chat):
+    engine, _, _, client = chat
+    me = client()
+    first = me.post("/api/v1/generate", data={"model": TINY_DHT_PREFIX, "inputs": "Once upon a time",
+                                              "max_new_tokens": 6}).get_json()
+    assert first["ok"] and first["session"] and first["continued"] is False
+    follow = "Once upon a time" + first["outputs"] + " and then"
+    second = me.post("/api/v1/generate", data={"model": TINY_DHT_PREFIX, "inputs": follow, "max_new_tokens": 6,
+                                               "session": first["session"]}).get_json()
+    assert second["ok"] and second["continued"] is True
+    text = {"model": TINY_DHT_PREFIX, "prompt": "A tale:", "max_tokens": 6, "temperature": 0}
+    one = me.post("/v1/completions", json=text).get_json()
+    two = me.post("/v1/completions", json={**text, "prompt": "A tale:" + one["choices"][0]["text"] + " more",
+                                           "petals": {"session": one["petals"]["session"]}}).get_json()
+    assert two["petals"]["continued"] is True and two["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    # several answers in one request never continue nor leave a session
+    many = me.post("/v1/completions", json={**text, "n": 2, "petals": {"session": two["petals"]["session"]}}).get_json()
+    assert "session" not in many["petals"]
+    assert ("tiny-llama", "never") in engine.kept.load().outcomes
 
 
 # ---- a server that ends idle sessions fast ---------------------------------------------------------

@@ -103,8 +103,10 @@ def estimate(engine: ChatEngine, limits: ChatLimits) -> Response:
     request = (chat_request if chat else text_request)(engine, model, params, limits)
     status = engine.admission.status(model)
     prompt_tokens = max(len(row) for row in request.rows)
+    # (a follow-up with its handle: what requests that continued their kept session got)
     forecast, planned = engine.admission.forecast_route(model, prompt_tokens=prompt_tokens,
-                                              max_tokens=request.generation.max_new_tokens)
+                                              max_tokens=request.generation.max_new_tokens,
+                                              continued=True if request.follow is not None else None)
     route = {"meets": True}
     choice = route_choice(params)
     if status.served and not choice.empty:

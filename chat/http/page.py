@@ -396,7 +396,7 @@ def _answer_events(engine: ChatEngine, conversations: _Conversations, turn: _Tur
                 yield sse(f"Waiting for a generation slot: {_ordinal(item[1])} in line, about {item[2]:.0f} s", "status")
             else:
                 answer = item[1]
-        yield sse(_finding_servers(engine, turn), "status")
+        yield sse(_finding_servers(engine, turn, answer.continued), "status")
         failovers = 0
         with answer:
             for event in answer:
@@ -440,11 +440,17 @@ def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def _finding_servers(engine: ChatEngine, turn: _Turn) -> str:
+def _finding_servers(engine: ChatEngine, turn: _Turn, continued: bool = False) -> str:
     """The step after the slot: the servers the route will take (as the router would choose now),
-    said with what real requests of late got (the forecast), if anything."""
+    said with what real requests of late got (the forecast), if anything; ``continued``: the turn
+    continues the conversation's kept session (``chat.kept``), on the servers that hold it."""
     forecast, route = engine.admission.forecast_route(turn.model, prompt_tokens=len(turn.input_ids),
-                                            max_tokens=turn.params.max_new_tokens)
+                                            max_tokens=turn.params.max_new_tokens, continued=continued)
+    if continued:
+        said = "Continuing this conversation's session on its servers: only the new message goes through the swarm"
+        if forecast.time_to_first_token is not None and forecast.source == "requests":
+            said += f" (lately the first token came after about {forecast.time_to_first_token:.1f} s)"
+        return said + "…"
     said = "Finding servers for the model's blocks and computing the first token"
     if route:
         said = ("Computing the first token through " + " → ".join(

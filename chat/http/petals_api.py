@@ -35,7 +35,8 @@ from monitor.core.route_choice import ChoiceError, parse_choice
 from chat import request as chat_request
 
 from chat.engine import (
-    ChatEngine, ChatError, ChatSession, Delta, Finished, GenerationParams, InvalidRequest, MaxLengthExceeded,
+    ChatEngine, ChatError, ChatSession, Delta, Finished, FollowUp, GenerationParams, InvalidRequest, MaxLengthExceeded,
+    Rendered,
     SessionExpired,
 )
 from chat.http.limits import ChatLimits, WsClock, WsClosing
@@ -90,11 +91,14 @@ def http_generate(engine: ChatEngine, limits: ChatLimits) -> Response:
         raise InvalidRequest("inputs", f"inputs has {len(input_ids)} tokens; the model's context is {context}")
     generation = generation_params(engine, model, params, n_input=len(input_ids), used=0,
                                    room=context - len(input_ids), stop_mode="exclude")
+    # ``session``: the handle of the answer these inputs follow (chat.kept: only what is new is sent)
+    handle = params.string("session", max_chars=None) or None
     with engine.answer(model, input_ids, generation, client=client_address(), prompt_param="inputs",
-                       api="petals") as answer:
+                       api="petals", rendered=Rendered(inputs),
+                       follow=FollowUp(handle, text=inputs) if handle else None) as answer:
         finished = last_finished(answer)
     return jsonify(ok=True, outputs=finished.text, token_count=finished.completion_tokens,
-                   route=[hop.to_dict() for hop in finished.route])
+                   route=[hop.to_dict() for hop in finished.route], session=answer.handle, continued=answer.continued)
 
 
 def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:

@@ -43,6 +43,7 @@ class Observed:
     load: float  # requests on the busiest server of its route while it generated, itself included (``loads``)
     time_to_first_token: Optional[float]
     tokens_per_second: Optional[float]
+    continued: bool = False  # it continued a kept session: only its new tokens went through the swarm
 
 
 def loads(records: Sequence[RequestRecord]) -> list[float]:
@@ -139,7 +140,8 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
     load_of = loads(recent)
     done = [r for r in recent if r.outcome == OK]
     observed = tuple(Observed(route=tuple(peer for peer, _, _ in r.route), load=load,
-                              time_to_first_token=r.time_to_first_token, tokens_per_second=r.tokens_per_second)
+                              time_to_first_token=r.time_to_first_token, tokens_per_second=r.tokens_per_second,
+                              continued=r.continued)
                      for r, load in zip(recent, load_of) if r.outcome == OK)[-MAX_OBSERVED:]
     cache = [b.cache_tokens_left for b in (assessment.blocks if assessment else ()) if b.cache_tokens_left is not None]
     return ForecastInputs(
@@ -152,10 +154,16 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
         recommendation_reason=assessment.recommendation.reason if assessment and assessment.recommendation else None)
 
 
-def like(observed: Sequence[Observed], *, route: Optional[Sequence[str]], load: Optional[int]) -> list[Observed]:
+def like(observed: Sequence[Observed], *, route: Optional[Sequence[str]], load: Optional[int],
+         continued: Optional[bool] = None) -> list[Observed]:
     """The answered requests a request on ``route`` at ``load`` is most like: of the first group of
     at least MIN_REQUESTS of same route and similar load, similar load, same route, all — the
-    newest ``RECENT`` (``observed`` is oldest first)."""
+    newest ``RECENT`` (``observed`` is oldest first). ``continued``: whether the request continues a
+    kept session (its first token comes without its earlier turns' prefill); the requests that did
+    alike, when there are at least MIN_REQUESTS of them (None: any)."""
+    if continued is not None:
+        alike = [o for o in observed if o.continued == continued]
+        observed = alike if len(alike) >= MIN_REQUESTS else observed
     route = tuple(route) if route else None
     groups = []
     if route is not None and load is not None:
@@ -168,11 +176,12 @@ def like(observed: Sequence[Observed], *, route: Optional[Sequence[str]], load: 
 
 
 def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_tokens: int,
-             load: Optional[int] = None, route: Optional[Sequence[str]] = None) -> Forecast:
+             load: Optional[int] = None, route: Optional[Sequence[str]] = None,
+             continued: Optional[bool] = None) -> Forecast:
     """The forecast of a request of ``prompt_tokens`` asking for ``max_tokens``, ``wait`` seconds
     from a slot, that would generate alongside ``load - 1`` others on ``route`` (its peer ids; None:
-    not known)."""
-    group = like(known.observed, route=route, load=load) if known.observed else []
+    not known); ``continued``: whether it continues a kept session (``like``)."""
+    group = like(known.observed, route=route, load=load, continued=continued) if known.observed else []
     ranges: dict = {}
     if len(group) >= MIN_REQUESTS and percentile([o.tokens_per_second for o in group], 50):
         source, based_on = REQUESTS, len(group)
