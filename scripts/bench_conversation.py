@@ -32,6 +32,8 @@ from typing import Optional
 
 import bench_common as bc
 
+from monitor.harness.event_stream import events
+
 BEFORE = "7055118"  # the last commit before sessions were kept after an answer
 TARGET_RATIO = 1.5  # first token at turns 8-10 against turns 1-3
 QUESTIONS = [
@@ -92,22 +94,6 @@ def api_conversation(base: str, model: str, turns: int, tokens: int, *, pass_han
     return results
 
 
-def sse_events(response):
-    event, data, pending = "message", [], ""
-    for chunk in response:
-        pending += chunk.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
-        *lines, pending = pending.split("\n")
-        for line in lines:
-            if line == "":
-                if data:
-                    yield event, "\n".join(data)
-                event, data = "message", []
-            elif line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[6:] if line[5:].startswith(" ") else line[5:])
-
-
 def page_conversation(base: str, model: str, turns: int, tokens: int) -> list[dict]:
     """The conversation on the chat page, as its htmx does: a turn's POST, then its event stream."""
     import http.cookiejar
@@ -128,7 +114,7 @@ def page_conversation(base: str, model: str, turns: int, tokens: int) -> list[di
         stream = re.search(r'data-chat-stream="([^"]+)"', page).group(1)
         first, text, done = None, "", ""
         with opener.open(base + stream, timeout=600) as response:
-            for event, payload in sse_events(response):
+            for event, payload in events(response):
                 if event == "token":
                     first = first or time.perf_counter()
                     text += payload

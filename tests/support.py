@@ -204,28 +204,9 @@ def close_ws(ws) -> None:
 
 def read_sse(response):
     """(event, data) pairs of a text/event-stream response, as a browser's EventSource sees them."""
-    event, data = "message", []
-    for line in _sse_lines(response):
-        if line == "":
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:][1:] if line[5:].startswith(" ") else line[5:])
+    from monitor.harness.event_stream import events
 
-
-def _sse_lines(response):
-    """The lines of an event stream as EventSource splits them: at CR LF, LF or CR only (requests'
-    ``iter_lines`` also splits at form feeds and the like, which an answer may hold)."""
-    pending = ""
-    for chunk in response.iter_content(chunk_size=None, decode_unicode=True):
-        pending += chunk.replace("\r\n", "\n").replace("\r", "\n")
-        *lines, pending = pending.split("\n")
-        yield from lines
-    if pending:
-        yield pending
+    return events(response.iter_content(chunk_size=None, decode_unicode=True))
 
 
 # the conversation the chat's specs send (through the APIs, and to gunicorn's chat worker)

@@ -118,8 +118,8 @@ class _Lines:
     def __init__(self, response):
         self.text = response.get_data(as_text=True)
 
-    def iter_lines(self, decode_unicode=True):
-        return iter(self.text.split("\n"))
+    def iter_content(self, chunk_size=None, decode_unicode=True):
+        return iter([self.text])
 
 
 # ---- prompts and arrays ---------------------------------------------------------------------------

@@ -95,9 +95,9 @@ def _batch(slots, groups, fail=False, release=None):
 
     opened = []
 
-    def open_group(prompts, params):
+    def open_group(prompts, params):  # (a group's session, and the input it goes on with)
         opened.append(_Group(prompts, fail, release))
-        return opened[-1]
+        return opened[-1], prompts
 
     planned: list[Group] = [(indices, [[1]] * len(indices), GenerationParams(max_new_tokens=1)) for indices in groups]
     return BatchAnswer(open_group, planned, slots.take(None, wanted=len(planned))), opened

@@ -45,7 +45,13 @@ def test_every_sampled_row_follows_the_law_transformers_warpers_give_it():
     ours = distribution(scores.clone(), [RowParams(t, k, p) for t, k, p in CASES])
     for row, (t, k, p) in enumerate(CASES):
         expected = reference_distribution(scores[row:row + 1], t, k, p)[0]
-        assert torch.equal(ours[row] > 0, expected > 0), f"row {row} keeps other tokens than transformers'"
+        # the same tokens kept, but at a top-p cut through the flat tail of 128,256 probabilities,
+        # where float32 sums in another order may cross it a few tokens of 2e-7 apart
+        differ = (ours[row] > 0) != (expected > 0)
+        if differ.any():
+            boundary = expected[expected > 0].min() if p < 1.0 else 0.0
+            assert p < 1.0 and float((ours[row] + expected)[differ].sum()) < 1e-5, f"row {row} keeps other tokens"
+            assert float((ours[row] + expected)[differ].max()) <= 1.01 * float(boundary) + 1e-9, f"row {row}: not at the cut"
         assert torch.allclose(ours[row], expected, atol=1e-6), f"row {row} ({t}, {k}, {p})"
 
 
