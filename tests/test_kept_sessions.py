@@ -16,6 +16,7 @@ import pytest
 from chat.decoding import Finished, GenerationParams
 from chat.engine import ChatEngine, FollowUp, Rendered
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
+from monitor.core.requests import stats
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from monitor.settings import ModelConfig
 
@@ -80,6 +81,9 @@ def test_a_follow_up_continues_its_session_and_sends_only_what_is_new(chat):
     assert [(r.follow_up, r.continued) for r in stored] == [(False, False), (True, True), (True, True), (True, True),
                                                              (False, False), (False, False)]
     assert [r.tokens_not_resent for r in stored[:4]] == cached
+    # and the model's request statistics count them: the hit rate
+    figures = stats(stored, now=time.time())["latency"]["30m"]
+    assert (figures["follow_ups"], figures["continued"], figures["tokens_not_resent"]) == (3, 3, sum(cached))
 
 
 def test_greedy_answers_of_a_continued_session_equal_a_fresh_session_of_the_same_tokens(chat):

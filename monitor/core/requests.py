@@ -94,6 +94,11 @@ def stats(records: Iterable[RequestRecord], *, now: float, peer: Optional[str] =
             "tokens_per_second": _quantiles([r.tokens_per_second for r in done]),
             "waited": _quantiles([r.waited for r in done]),
             "failovers": sum(r.failovers for r in done),
+            # follow-ups (they came with their previous answer's handle) and those that continued its
+            # kept session (chat.kept): the hit rate, and the prompt tokens the swarm was spared
+            "follow_ups": sum(r.follow_up for r in done),
+            "continued": sum(r.continued for r in done),
+            "tokens_not_resent": sum(r.tokens_not_resent for r in done),
         }
     return {"success": success, "latency": latency}
 
