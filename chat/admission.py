@@ -101,6 +101,16 @@ class Admission:
         longest = self.models.sequence_manager(name).longest_session()
         return context if longest is None else min(context, longest)
 
+    def cache_room(self, name: str) -> Optional[int]:
+        """The least attention-cache room, in tokens, that the model's servers announce now (None:
+        none announces it): what bounds the headroom a session that may be kept is opened with."""
+        manager = self.models.sequence_manager(name)
+        with manager.lock_changes:
+            lefts = [getattr(span.server_info, "cache_tokens_left", None)
+                     for span in manager.state.sequence_info.spans_by_priority]
+        lefts = [left for left in lefts if isinstance(left, int) and left >= 0]
+        return min(lefts) if lefts else None
+
     def check_session_length(self, name: str, length: int, *, param: str, prompt_tokens: int = 0) -> None:
         """``SessionTooLong`` when a session of ``length`` tokens is longer than any route accepts."""
         longest = self.models.sequence_manager(name).longest_session()

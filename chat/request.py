@@ -54,7 +54,8 @@ from chat.streams import ThreadStream
 log = logging.getLogger(__name__)
 
 Event = Union[Delta, Finished]
-Group = tuple[list[int], list[list[int]], GenerationParams]  # (row indices, their prompts, their parameters)
+Group = tuple[list[int], list[list[int]], GenerationParams]
+HEADROOM_SHARE = 4  # a kept-eligible session's headroom takes at most 1/4 of the cache room its servers announce  # (row indices, their prompts, their parameters)
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,10 @@ def answer_batch(chat: RequestContext, name: str, rows: Sequence[Sequence[int]],
             rest = resumed.kept.session.resume(resumed.new_ids)
             return resumed.kept.session, [rest] if rest else None
         length = len(prompts[0]) + group_params.max_new_tokens
-        if keepable:  # room for a follow-up, within what the servers accept
-            length = max(length, min(chat.admission.session_limit(model.name), length + chat.headroom))
+        if keepable:  # room for a follow-up, within what the servers accept and a quarter of their free cache
+            room = chat.admission.cache_room(model.name)
+            headroom = chat.headroom if room is None else min(chat.headroom, room // HEADROOM_SHARE)
+            length = max(length, min(chat.admission.session_limit(model.name), length + headroom))
         return ChatSession(chat.models.client_side(model), length, model=model.name, tokenizer=model.tokenizer,
                            stall_timeout=chat.stall_timeout, rows=len(prompts), choice=choice,
                            length_param="max_tokens"), prompts
