@@ -77,13 +77,33 @@ def test_weights_from_outcomes_take_the_median_speed_of_recent_successes():
         return ChatOutcome(at=at, peer_id=peer, model="m", start=span[0], end=span[1], ok=ok, seconds_per_token=sec)
 
     weights = weights_from_outcomes(
-        [outcome("a", 0.04), outcome("a", 0.08), outcome("a", 0.4), outcome("a", 9.0, ok=False),
+        [outcome("a", 0.4, at=now - 3), outcome("a", 0.04, at=now - 2), outcome("a", 0.08), outcome("a", 9.0, ok=False),
          outcome("a", 100.0, at=now - 7200), outcome("b", 0.08, span=(0, 8))],
         scores={"a": 80.0, "c": 20.0}, now=now,
     )
     assert weights["a"] == PeerWeight(score=80.0, seconds_per_token_per_block=0.02)  # median 0.08 / 4 blocks
     assert weights["b"] == PeerWeight(score=50.0, seconds_per_token_per_block=0.01)
     assert weights["c"] == PeerWeight(score=20.0, seconds_per_token_per_block=None)
+
+
+def test_a_peer_that_slowed_down_is_priced_by_its_spans_since():
+    """The median of the newest spans would keep a server throttled a minute ago fast for as many
+    requests as it had served before; its spans since it slowed down price it (a trap of the
+    conversation benchmark: a kept session's server throttled mid-conversation)."""
+    now = 1000.0
+
+    def spans(*seconds):
+        return [ChatOutcome(at=now - 100 + i, peer_id="a", model="m", start=0, end=1, ok=True, seconds_per_token=sec)
+                for i, sec in enumerate(seconds)]
+
+    def speed(*seconds):
+        return weights_from_outcomes(spans(*seconds), now=now)["a"].seconds_per_token_per_block
+
+    assert speed(*[0.1] * 10, 1.0) == 1.0  # one span ten times slower than ten before: slowed down
+    assert speed(*[0.1] * 10, 1.0, 1.2) == pytest.approx(1.1)
+    assert speed(*[0.1] * 10, 0.25) == 0.1  # 2.5 times: within the noise, the median
+    assert speed(*[0.1] * 10, 1.0, 0.1) == 0.1  # a lone slow span is outvoted by the next
+    assert speed(*[0.1] * 10, 0.01) == 0.1  # a fast outlier (a prefill-only span) never speaks alone
 
 
 def test_routing_settings_refuse_unknown_modes():

@@ -24,6 +24,7 @@ from monitor.core.snapshot import ONLINE, ChatOutcome, ServerRow
 
 CHAT_OUTCOME_WINDOW = HOUR  # seconds of chat outcomes routing learns from
 OUTCOME_SAMPLES = 20  # a peer's speed: the median of its newest this many timed chat spans
+SPEED_SHIFT = 3.0  # a peer whose newer timed spans are this many times slower than an older one has slowed down since
 UNUSABLE_SCORE = 0.0  # the routing score of a server whose outputs are wrong, or that fails or does not answer
 VIEW_VERSION = 1  # the routing view's "version": a client refuses a view of a version it does not know
 
@@ -45,13 +46,31 @@ class PeerRouting:
 def outcome_speeds(outcomes: Iterable[ChatOutcome], *, now: float, window: float = CHAT_OUTCOME_WINDOW,
                    last: int = OUTCOME_SAMPLES) -> dict[str, float]:
     """peer -> the median seconds per token per block over its newest ``last`` successful timed
-    chat spans within ``window`` seconds."""
+    chat spans within ``window`` seconds, since it last slowed down (``current_regime``): a server
+    throttled a minute ago is priced by the requests it has served since, not outvoted by the fast
+    ones before."""
     speeds: dict[str, list[float]] = {}
     for outcome in sorted(outcomes, key=lambda o: o.at):
         value = outcome.seconds_per_token_per_block
         if outcome.ok and value is not None and outcome.at >= now - window:
             speeds.setdefault(outcome.peer_id, []).append(value)
-    return {peer: statistics.median(values[-last:]) for peer, values in speeds.items()}
+    return {peer: statistics.median(current_regime(values[-last:])) for peer, values in speeds.items()}
+
+
+def current_regime(values: list[float], shift: float = SPEED_SHIFT) -> list[float]:
+    """The newest of ``values`` (seconds, oldest first) since the peer slowed down: back from the
+    newest, up to the first one more than ``shift`` times faster than most of those after it (their
+    lower median).
+    The newest evidence wins, as probes newer than any chat span do (``probe_speeds``): a peer
+    slowed by a lone outlier is outvoted by its next span, or by the next probe once no longer
+    chosen. Only slowing down ends a regime: a fast outlier (a prefill-only span, whose tokens
+    cost less each) never speaks for a peer alone."""
+    regime = [values[-1]]
+    for value in reversed(values[:-1]):
+        if value * shift < statistics.median_low(regime):
+            break
+        regime.append(value)
+    return regime
 
 
 def probe_speeds(assessments: Mapping[str, Assessment], outcomes: Iterable[ChatOutcome]) -> dict[str, float]:
