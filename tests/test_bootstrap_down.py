@@ -135,3 +135,24 @@ def test_a_report_with_its_bootstrap_peer_down_fails_at_once_with_one_clear_line
     assert errors == [f"Error: cannot reach any bootstrap peer (127.0.0.1:{port}): is the swarm up, and are these its "
                       "initial peers? (`swarm-monitor poll` starts anyway and keeps trying)"], result.stderr
     assert re.fullmatch(r"Created the schema of sqlite:///\S+: revision \d+\.", result.stdout.strip()), result.stdout
+
+
+def test_a_daemon_that_exits_without_a_reason_is_named_by_whether_any_bootstrap_peer_accepts():
+    """p2pd sometimes exits with a routine log line last instead of its bootstrap error: the one
+    line is still "cannot reach" when no peer accepts a connection, and the daemon's words when
+    one does (then the trouble is elsewhere)."""
+    import socket
+
+    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+
+    from monitor.swarm.client import start_problem
+
+    silent = P2PDaemonError('Daemon failed to start: {"level":"info","logger":"dht/RtRefreshManager",'
+                            '"msg":"starting refreshing cpl 0 with key CIQAAAE"}')
+    closed = free_port()
+    assert start_problem([f"/ip4/127.0.0.1/tcp/{closed}/p2p/QmPeer"], silent) == \
+        f"cannot reach any bootstrap peer (127.0.0.1:{closed})"
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        said = start_problem([f"/ip4/127.0.0.1/tcp/{port}/p2p/QmPeer"], silent)
+    assert said.startswith("the DHT client did not start (P2PDaemonError: Daemon failed to start:"), said

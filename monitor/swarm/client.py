@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -120,11 +121,36 @@ def peer_places(initial_peers: Sequence[str], shown: int = SHOWN_PEERS) -> str:
     return ", ".join(places[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
+def tcp_places(initial_peers: Sequence[str]) -> list[tuple[str, int]]:
+    """The (host, port) of every TCP address among the bootstrap peers."""
+    places = []
+    for address in initial_peers:
+        parts = address.split("/")
+        host = next((parts[i + 1] for i, p in enumerate(parts[:-1]) if p in ("ip4", "ip6", "dns", "dns4", "dns6")), None)
+        port = next((parts[i + 1] for i, p in enumerate(parts[:-1]) if p == "tcp"), None)
+        if host and port and port.isdigit():
+            places.append((host, int(port)))
+    return places
+
+
+def none_accepts(places: Sequence[tuple[str, int]], timeout: float = 1.0) -> bool:
+    """True when there are TCP places and not one accepts a connection within ``timeout`` s."""
+    for host, port in places[:SHOWN_PEERS]:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return False
+        except OSError:
+            continue
+    return bool(places)
+
+
 def start_problem(initial_peers: Sequence[str], error: BaseException) -> str:
     """Why the DHT client did not start, in one line: no bootstrap peer answered (the usual case),
-    or what the daemon said."""
+    or what the daemon said. The daemon does not always say it (it may exit with a routine log
+    line last), so a daemon that failed is asked about once more: does any peer accept at all?"""
     text = " ".join(str(error).split())
-    if "bootstrap" in text.lower() or "initial_peers" in text:
+    if "bootstrap" in text.lower() or "initial_peers" in text or (
+            "Daemon failed to start" in text and none_accepts(tcp_places(initial_peers))):
         return f"cannot reach any bootstrap peer ({peer_places(initial_peers)})"
     return f"the DHT client did not start ({type(error).__name__}: {text[:200]})"
 
