@@ -50,14 +50,16 @@ Kind = Literal["model_degraded", "model_broken", "bootstrap_down", "peer_offline
 
 class AlertRuleConfig(BaseModel):
     """One rule. ``for``: how long the condition must hold before anyone hears of it (default two
-    scrape periods, none for monitor_stale); ``repeat``: remind this often while it fires (default
-    4 h, 0: never)."""
+    scrape periods, none for monitor_stale); ``left_for``: the same for a server that left (OFFLINE
+    or gone from the DHT; default 45 s, or ``for`` if shorter; ``for`` when ``for`` is set);
+    ``repeat``: remind this often while it fires (default 4 h, 0: never)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str = Field(pattern=_NAME)
     kind: Kind
     for_: Optional[Duration] = Field(default=None, alias="for")
+    left_for: Optional[Duration] = None
     repeat: Optional[Duration] = None
     models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default=[], max_length=MAX_TARGETS)
     peers: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default=[], max_length=MAX_TARGETS)
@@ -80,8 +82,9 @@ class AlertRuleConfig(BaseModel):
         return self
 
     def to_rule(self, scrape_period: float) -> core.Rule:
+        left = self.left_for if self.left_for is not None else None if self.for_ is not None else core.LEFT_HOLD
         return core.Rule(
-            name=self.name, kind=self.kind,
+            name=self.name, kind=self.kind, left_seconds=left,
             for_seconds=self.for_ if self.for_ is not None else core.default_for(self.kind, scrape_period),
             repeat_seconds=self.repeat if self.repeat is not None else core.DEFAULT_REPEAT,
             models=tuple(self.models), peers=tuple(self.peers), below=self.below, periods=self.periods,

@@ -174,12 +174,14 @@ def _session_swarm_left_as_found(request):
         return
     s = request.getfixturevalue("swarm")
     yield
-    left = [row for row in s.describe() if not row["running"] or row["throttled"] or row["corrupted"] or row["failing"]]
+    left = [row for row in s.describe()
+            if not row["running"] or row["throttled"] or row["corrupted"] or row["failing"] or row["refusing"]]
     for row in left:
         name = row["name"]
         s.unthrottle(name)
         s.uncorrupt(name)
         s.unfail(name)
+        s.unrefuse(name)
         if not row["running"]:
             s.restart(name)
     if left:

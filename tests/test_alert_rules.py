@@ -18,7 +18,7 @@ from monitor.settings import SettingsError, load_settings
 from monitor.app import webhooks
 from monitor.core import alert_rules as core
 from monitor.core.alert_rules import (
-    CHANGED, FIRED, FIRING, PENDING, REPEATED, RESOLVED, BootstrapView, ModelView, PeerView, Rule, SwarmView,
+    CHANGED, FIRED, FIRING, PENDING, REPEATED, RESOLVED, BootstrapView, Cause, ModelView, PeerView, Rule, SwarmView,
 )
 from support import unix_seconds
 
@@ -87,7 +87,7 @@ def test_a_flap_shorter_than_for_pages_nobody():
 
 def confirmed(state: str) -> ModelView:
     """The model's state rests on confirmed checks only (a server whose two compute checks failed)."""
-    return replace(model(state), troubled=(("QmFailing", "failing-server"),), confirmed=True)
+    return replace(model(state), troubled=(Cause("QmFailing", "failing-server", "failing", True),), confirmed=True)
 
 
 def test_a_state_resting_on_confirmed_checks_is_told_at_once_not_after_for():
@@ -404,3 +404,122 @@ def test_the_webhook_url_is_the_alertmanagers_base_url_or_its_endpoint():
     assert WebhookConfig(name="am", url="http://am:9093/prefix/api/v2/alerts", format="alertmanager").endpoint == \
         "http://am:9093/prefix/api/v2/alerts"
     assert WebhookConfig(name="x", url="http://am:9093/hook").endpoint == "http://am:9093/hook"
+
+
+# ---- every failure is told: a new cause is news, a server that left is told within the bound --------
+
+
+def behind(state: str, *causes: Cause) -> ModelView:
+    """The model in ``state`` with the servers behind it (confirmed as each cause says)."""
+    return replace(model(state), troubled=causes, confirmed=bool(causes) and all(c.confirmed for c in causes))
+
+
+DEFAULT_HEALTH = core.default_rules(PERIOD)[0]  # for 120 s, a server that left 45 s
+FAILING_3 = Cause("QmServer3", "server-3", "failing", True)
+WRONG_2 = Cause("QmServer2", "server-2", "wrong outputs", True)
+LEFT_2 = Cause("QmServer2", "server-2", core.LEFT)
+
+
+def test_a_new_cause_while_the_alert_fires_for_another_is_news_once():
+    run = Run(HEALTH)
+    [fired] = run.at(T0, models=[behind("degraded", FAILING_3)])
+    assert fired.event == FIRED
+    # server-3 healed (the alert waits out its resolve hold) and server-2 answers wrong meanwhile
+    assert run.at(T0 + 20, models=[model("healthy")]) == []
+    [news] = run.at(T0 + 40, models=[behind("degraded", WRONG_2)])
+    assert (news.event, news.state, news.previous_state) == (core.NEWS, "degraded", "degraded")
+    assert news.summary == "Llama 2 (llama) is degraded: now also server-2 returns wrong outputs"
+    assert run.at(T0 + 60, models=[behind("degraded", WRONG_2)]) == []  # told once
+    # the first one back beside it: it was healed and breaks again, which is news again
+    [again] = run.at(T0 + 80, models=[behind("degraded", WRONG_2, FAILING_3)])
+    assert again.event == core.NEWS and "now also server-3 is failing" in again.summary
+    assert run.at(T0 + 100, models=[behind("degraded", WRONG_2, FAILING_3)]) == []
+
+
+def test_a_server_that_left_is_told_after_the_left_hold_not_after_for_and_a_quick_restart_never():
+    run = Run(DEFAULT_HEALTH)  # for 120 s, a server that left 45 s
+    assert run.at(T0, models=[behind("degraded", LEFT_2)]) == []
+    assert run.at(T0 + core.LEFT_HOLD - 5, models=[behind("degraded", LEFT_2)]) == []
+    [fired] = run.at(T0 + core.LEFT_HOLD, models=[behind("degraded", LEFT_2)])
+    assert fired.event == FIRED and fired.since == T0
+    restart = Run(DEFAULT_HEALTH)
+    restart.at(T0, models=[behind("degraded", LEFT_2)])
+    restart.at(T0 + core.LEFT_HOLD - 10, models=[model("healthy")])
+    restart.at(T0 + core.LEFT_HOLD + 10, models=[model("healthy")])
+    assert restart.notices == []
+    configured = Run(HEALTH)  # an operator's own `for` (120 s) holds for servers that left as well
+    for t in (T0, T0 + core.LEFT_HOLD, T0 + 110):
+        assert configured.at(t, models=[behind("degraded", LEFT_2)]) == []
+    assert [n.event for n in configured.at(T0 + 120, models=[behind("degraded", LEFT_2)])] == [FIRED]
+    # a server leaving while the alert fires for a failing one waits the same hold before it is news
+    mixed = Run(DEFAULT_HEALTH)
+    mixed.at(T0, models=[behind("degraded", FAILING_3)])
+    assert mixed.at(T0 + 10, models=[behind("degraded", FAILING_3, LEFT_2)]) == []
+    [news] = mixed.at(T0 + 10 + core.LEFT_HOLD, models=[behind("degraded", FAILING_3, LEFT_2)])
+    assert news.event == core.NEWS and news.summary.endswith("now also server-2 left (OFFLINE, or gone from the DHT)")
+
+
+def test_a_healthy_model_that_lost_a_server_others_cover_is_an_info_notice_until_it_is_back():
+    run = Run(DEFAULT_HEALTH)
+    assert run.at(T0, models=[behind("healthy", LEFT_2)]) == []
+    [fired] = run.at(T0 + core.LEFT_HOLD, models=[behind("healthy", LEFT_2)])
+    assert (fired.event, fired.state, fired.severity) == (FIRED, core.LOST_SERVERS, core.INFO)
+    assert fired.summary == ("Llama 2 (llama) lost servers: server-2 left (OFFLINE, or gone from the DHT) "
+                             "(every block is still served by others)")
+    # a slow server alone makes no alert of a healthy model; the stopped one back resolves it
+    slow = Run(HEALTH)
+    for t in (T0, T0 + 300):
+        assert slow.at(t, models=[behind("healthy", Cause("QmServer1", "server-1", "slow"))]) == []
+    run.at(T0 + 100, models=[model("healthy")])
+    [resolved] = run.at(T0 + 100 + core.RESOLVE_HOLD, models=[model("healthy")])
+    assert (resolved.event, resolved.previous_state) == (RESOLVED, core.LOST_SERVERS)
+
+
+def test_what_an_alert_told_is_stored_so_that_a_new_leader_repeats_no_news(tmp_path):
+    from monitor.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    run = Run(HEALTH)
+    run.at(T0, models=[behind("degraded", FAILING_3)])
+    result = core.evaluate((HEALTH,), view(T0 + 20, models=[behind("degraded", FAILING_3, WRONG_2)]),
+                           run.memory, T0 + 20)
+    assert [n.event for n in result.notices] == [core.NEWS]
+    store.record_alert_evaluation(core.evaluate((HEALTH,), view(T0, models=[behind("degraded", FAILING_3)]), {}, T0),
+                                  lambda notice: [], T0)
+    store.record_alert_evaluation(result, lambda notice: [], T0 + 20)
+    stored = store.alerts()
+    assert {(c.peer, c.why, c.told) for c in stored[("model-health", "llama")].causes} == {
+        ("QmServer3", "failing", True), ("QmServer2", "wrong outputs", True)}
+    # a new leader knows nothing of who is behind it yet (its memory of peers is empty): nothing to repeat
+    later = core.evaluate((HEALTH,), view(T0 + 40, models=[model("degraded")]), stored, T0 + 40)
+    assert later.notices == ()
+    later = core.evaluate((HEALTH,), view(T0 + 60, models=[behind("degraded", FAILING_3, WRONG_2)]), stored, T0 + 60)
+    assert later.notices == ()
+    store.close()
+
+
+def test_a_poller_that_takes_over_recalls_the_servers_that_left_from_the_stored_polls(tmp_path):
+    """The alert job's memory of who served a model lately starts from the stored polls, so a new
+    leader still names a server that left before it took over (and ``lost-servers`` does not
+    resolve falsely)."""
+    import time
+
+    from monitor.app.alerter import PeerMemory
+    from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
+    from monitor.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    now = time.time()
+    llama = ModelInfo("llama", 4)
+    rows = (ServerRow("QmServer1", "llama", 0, 4, ONLINE, public_name="server-1"),
+            ServerRow("QmServer2", "llama", 0, 4, ONLINE, public_name="server-2"))
+    store.record_poll(Snapshot(taken_at=now - 600, duration=1.0, models=(llama,), servers=rows))
+    store.record_poll(Snapshot(taken_at=now - 7200, duration=1.0, models=(llama,), servers=(
+        ServerRow("QmLongGone", "llama", 0, 4, ONLINE),)))
+    store.record_poll(Snapshot(taken_at=now - 60, duration=1.0, models=(llama,), servers=rows[:1]))
+    memory = PeerMemory()
+    memory.recall(store, now)
+    assert memory.lost("llama", {"QmServer1"}) == (("QmServer2", "server-2"),)  # not the one gone for 2 h
+    store.close()

@@ -164,3 +164,60 @@ def test_a_real_alertmanager_takes_the_alert_keeps_it_while_resent_and_resolves_
     finally:
         store.close()
 
+
+
+OTHER = "12D3KooWBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+
+
+def record_servers(store: Store, at: float, causes: dict) -> None:
+    """A poll of two servers of llama, each with the cause its assessment gives it (confirmed)."""
+    from monitor.core.assessment import ServerAssessment
+
+    bad = {peer: cause for peer, cause in causes.items() if cause != "serving"}
+    health = Assessment(
+        model="llama", state="degraded" if bad else "healthy",
+        reasons=tuple(f"{peer[-6:]} is {cause}" for peer, cause in bad.items()) or ("every block is served",),
+        coverage_pct=100.0, servers_online=2, min_redundancy=1, blocks=(), missing_ranges=(),
+        single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0, route=(),
+        recommendation=Recommendation(0, 4, 4, "--block_indices 0:4", "redundancy"),
+        excluded_peers=dict(bad), excluded_causes=dict(bad),
+        servers={peer: ServerAssessment(peer, cause, confirmed=cause != "serving",
+                                        failing="CUDA error" if cause == "failing" else None,
+                                        wrong_outputs="returns wrong outputs" if cause == "wrong outputs" else None)
+                 for peer, cause in causes.items()})
+    store.record_poll(Snapshot(taken_at=at, duration=1.0, models=(MODEL,), servers=tuple(
+        ServerRow(peer_id=peer, model="llama", start=0, end=4, state="ONLINE", public_name=name)
+        for peer, name in ((PEER, "a"), (OTHER, "b")))), [health])
+
+
+@pytest.mark.timeout(300)
+def test_news_of_a_second_server_reaches_alertmanager_as_an_alert_the_models_group_gains(alertmanager, tmp_path):
+    base, am_receiver = alertmanager
+    settings = Settings(data_dir=tmp_path, scrape_period=60, initial_peers=[], alerts={
+        "rules": [{"name": "model-health", "kind": "model_degraded", "for": 0}],
+        "webhooks": [{"name": "am", "url": base, "format": "alertmanager"}]})
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    store.migrate()
+    try:
+        now = time.time()
+        alerter = Alerter(settings, store, watching_since=now - 100)
+        record_servers(store, now - 30, {PEER: "serving", OTHER: "serving"})
+        assert alerter.evaluate(now - 30).notices == ()
+        record_servers(store, now - 20, {PEER: "failing", OTHER: "serving"})
+        assert [n.event for n in alerter.evaluate(now - 20).notices] == [FIRED]
+        alerter.deliver(now - 20)
+        assert [a["labels"].get("peer") for a in wait_until(lambda: listed(base), 10)] == [None]
+        assert am_receiver.wait_for(1, 30)
+
+        record_servers(store, now - 10, {PEER: "failing", OTHER: "wrong outputs"})
+        [news] = alerter.evaluate(now - 10).notices
+        assert (news.event, news.peer, news.summary) == (
+            "news", OTHER, "Llama 2 (llama) is degraded: now also b returns wrong outputs")
+        alerter.deliver(now - 10)
+        assert wait_until(lambda: len(listed(base)) == 2, 10), listed(base)
+        assert sorted(a["labels"].get("peer", "") for a in listed(base)) == ["", OTHER]
+        notified = am_receiver.wait_for(2, 30)
+        assert len(notified) >= 2 and any(a["labels"].get("peer") == OTHER for a in notified[-1]["alerts"]), notified
+        assert alerter.evaluate(now).notices == ()  # told once
+    finally:
+        store.close()

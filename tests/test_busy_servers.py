@@ -95,3 +95,27 @@ def test_a_probe_the_server_had_no_cache_room_for_is_busy_and_names_no_server_fa
     assert failing_servers([probe(10, BUSY), probe(20, BUSY)], now=30, max_age=60) == {}
     assert failing_servers([probe(10, SERVER_ERROR), probe(20, BUSY)], now=30, max_age=60) == {}
     assert failing_servers([probe(10, SERVER_ERROR), probe(20, SERVER_ERROR)], now=30, max_age=60) == {"QmPeer": "…"}
+
+
+def test_a_server_refusing_every_probe_as_full_while_announcing_room_is_failing_and_a_busy_one_never():
+    from monitor.core.probes import (BUSY, PROBE_TOKENS, REFUSING_CONFIRMATIONS, ServerProbe, failing_servers,
+                                     refused_with_room)
+
+    def probe(at: float, room, ok: bool = False) -> ServerProbe:
+        return ServerProbe("QmPeer", "m", 0, 4, at=at, ok=ok, room=room,
+                           error=None if ok else "Could not allocate 24576 bytes immediately: out of memory",
+                           error_kind=None if ok else BUSY)
+
+    refusals = [probe(10 * i, 8192) for i in range(1, REFUSING_CONFIRMATIONS + 1)]
+    assert all(refused_with_room(p) for p in refusals)
+    assert failing_servers(refusals, now=60, max_age=120) == {"QmPeer": (
+        "refuses every session as cache full while announcing room for 8192 tokens "
+        "(Could not allocate 24576 bytes immediately: out of memory)")}
+    # one refusal fewer, one served session among them, or no room announced (or room too small,
+    # or not known): busy, never failing
+    assert failing_servers(refusals[1:], now=60, max_age=120) == {}
+    assert failing_servers([*refusals[:-1], probe(40, 8192, ok=True)], now=60, max_age=120) == {}
+    assert failing_servers([*refusals[:-1], probe(40, 0)], now=60, max_age=120) == {}
+    assert failing_servers([*refusals[:-1], probe(40, PROBE_TOKENS - 1)], now=60, max_age=120) == {}
+    assert failing_servers([*refusals[:-1], probe(40, None)], now=60, max_age=120) == {}
+    assert failing_servers(refusals, now=600, max_age=120) == {}  # older than the window: nothing

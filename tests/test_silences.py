@@ -14,7 +14,7 @@ import pytest
 
 from monitor.core import alert_rules as core
 from monitor.core import muting
-from monitor.core.alert_rules import CHANGED, FIRED, FIRING, RESOLVED, ModelView, PeerView, Rule, SwarmView
+from monitor.core.alert_rules import CHANGED, FIRED, FIRING, RESOLVED, Cause, ModelView, PeerView, Rule, SwarmView
 from monitor.core.muting import Matcher, Mutes, Silence, matcher, parse_matcher
 from monitor.settings import Settings
 from monitor.store import Store
@@ -31,7 +31,7 @@ def view(at: float, *, models=(), peers=()) -> SwarmView:
 
 def model(state: str, prefix: str = "llama", lost=()) -> ModelView:
     return ModelView(prefix, "Llama 2", state, () if state == "healthy" else (f"blocks 0:4 make it {state}",),
-                     troubled=tuple(lost))
+                     troubled=tuple(Cause(peer, name, "unreachable") for peer, name in lost))
 
 
 class Run:

@@ -32,7 +32,7 @@ from monitor.alert_settings import WebhookConfig
 from monitor.core import alert_rules as core
 from monitor.core import muting
 from monitor.core.assess import assessed_reachability, flagged
-from monitor.core.assessment import CAUSE_FAILING, CAUSE_WRONG
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_JOINING, CAUSE_OFFLINE, CAUSE_SLOW, CAUSE_WRONG
 from monitor.core.common import DAY, HOUR, short_error
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ReachabilityResult, Snapshot
 
@@ -66,6 +66,18 @@ class PeerMemory:
         self.known: dict[str, tuple[Optional[str], tuple[str, ...]]] = {}  # peer id -> (name, models)
         self.serving: dict[tuple[str, str], float] = {}  # (model, peer id) -> last poll that saw it ONLINE
         self._looked_up: set[str] = set()
+        self._recalled = False
+
+    def recall(self, store, now: float) -> None:
+        """Once, before the first poll it learns: the servers the stored polls saw serving within
+        ``LOST_WITHIN`` — a poller that takes over (or restarts) still knows who left."""
+        if self._recalled:
+            return
+        for peer, name, model, at in store.serving_since(now - LOST_WITHIN):  # (a failed read: again next time)
+            self.serving[(model, peer)] = max(at, self.serving.get((model, peer), at))
+            known_name, models = self.known.get(peer, (None, ()))
+            self.known[peer] = (known_name or name, tuple(sorted({*models, model})))
+        self._recalled = True
 
     def learn(self, snapshot: Optional[Snapshot]) -> None:
         seen: dict[str, tuple[Optional[str], set]] = {}
@@ -132,6 +144,22 @@ def _peer_views(snapshot: Optional[Snapshot], reachability: dict[str, Reachabili
     )
 
 
+def model_causes(assessment, lost, names: dict[str, str]) -> tuple[core.Cause, ...]:
+    """The servers behind a model's state, each with its cause as the stored assessment judged it:
+    its servers of the last hour that do not serve now (``lost``: (peer id, name); LEFT when it
+    announces OFFLINE or JOINING or no poll shows it) and the ones it measured slow."""
+    causes = []
+    for peer, name in lost:
+        server = assessment.servers.get(peer)
+        if server is None or server.cause in (CAUSE_OFFLINE, CAUSE_JOINING):
+            causes.append(core.Cause(peer, name or names.get(peer), core.LEFT))
+        else:
+            causes.append(core.Cause(peer, name or names.get(peer), server.cause, server.confirmed))
+    causes += [core.Cause(peer, names.get(peer), CAUSE_SLOW, server.confirmed)
+               for peer, server in sorted(assessment.servers.items()) if server.cause == CAUSE_SLOW]
+    return tuple(causes)
+
+
 def read_view(store, settings, watching_since: float, now: float, needs_peers: bool = True,
               memory: Optional[PeerMemory] = None,
               targets: tuple[str, ...] = ()) -> core.SwarmView:
@@ -141,6 +169,7 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
     state = store.latest_state()
     snapshot = state.snapshot
     if memory is not None:
+        memory.recall(store, now)
         memory.learn(snapshot)
         present = {v for row in (snapshot.servers if snapshot else ()) for v in (row.peer_id, row.public_name) if v}
         memory.look_up(store, targets, present)
@@ -153,10 +182,13 @@ def read_view(store, settings, watching_since: float, now: float, needs_peers: b
 
     def model_view(model) -> core.ModelView:
         assessment = diagnoses[model.dht_prefix]
-        troubled = memory.lost(model.dht_prefix, serving(model.dht_prefix)) if memory is not None else ()
+        lost = memory.lost(model.dht_prefix, serving(model.dht_prefix)) if memory is not None else ()
         return core.ModelView(dht_prefix=model.dht_prefix, name=model.name or model.dht_prefix,
-                              state=assessment.state, reasons=tuple(assessment.reasons), troubled=troubled,
-                              confirmed=assessment.confirmed(peer for peer, _ in troubled))
+                              state=assessment.state, reasons=tuple(assessment.reasons),
+                              troubled=model_causes(assessment, lost, names),
+                              confirmed=assessment.confirmed(peer for peer, _ in lost))
+
+    names = {row.peer_id: row.public_name for row in (snapshot.servers if snapshot else ()) if row.public_name}
 
     models = tuple(model_view(model) for model in (snapshot.models if snapshot else ()) if model.dht_prefix in diagnoses)
     configured = set(settings.resolved_initial_peers)

@@ -44,6 +44,7 @@ from monitor.core.probes import (
     measured_speeds,
     next_probe_delay,
     recent_window,
+    refused_with_room,
     tolerance,
     worth_confirming,
 )
@@ -130,7 +131,8 @@ class ServerProber:
     def _worth_confirming(self, probes: list[ServerProbe], rows: list[ServerRow], now: float) -> set:
         """(peer, model) of the probes that would change their server's verdict against what the
         stored probes measured so far (``worth_confirming``; a first error of the server's own,
-        ``first_server_error``): probed again after half a period."""
+        ``first_server_error``; a refusal as "cache full" while it announced room, ``refused_with_room``):
+        probed again after half a period."""
         try:
             before = self.store.recent_server_probes(now - self.max_age)
         except Exception as e:  # noqa: BLE001 - then the period, as without this
@@ -141,7 +143,7 @@ class ServerProber:
         found = set()
         for probe in probes:
             previous = latest_per_peer((p for p in before if p.peer_id == probe.peer_id), probe.model).get(probe.peer_id)
-            if first_server_error(probe, previous):
+            if first_server_error(probe, previous) or refused_with_room(probe):
                 found.add((probe.peer_id, probe.model))
                 continue
             if probe.model not in speeds:
@@ -216,8 +218,9 @@ class ServerProber:
         probes: list[ServerProbe] = []
         segments = set()
         quant = {(row.peer_id, row.model): row.quant_type for row in rows}
+        room = {(row.peer_id, row.model): row.cache_tokens_left for row in rows}
         for result in results:
-            probe = result.probe
+            probe = replace(result.probe, room=room.get((result.probe.peer_id, result.probe.model)))
             if probe.ok and result.outputs is not None:
                 reference = self._references.get(probe.model) if self.settings.correctness_checks else None
                 if reference is not None and reference.ready:

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 from urllib.parse import quote, urlsplit
 
 from monitor.core.alert_rules import (
-    CHANGED, DETAIL_CHARS, FIRED, MAX_DETAILS, REPEATED, RESOLVED, SUMMARY_CHARS, Notice, severity_for,
+    CHANGED, DETAIL_CHARS, FIRED, MAX_DETAILS, MODEL_KINDS, NEWS, REPEATED, RESOLVED, SUMMARY_CHARS, Notice, severity_for,
 )
 from monitor.core.common import short_error
 from monitor.core.timefmt import iso, utc
@@ -56,15 +56,15 @@ class Message:
     lines: tuple[str, ...]
 
 
-_EVENT_WORDS = {FIRED: "FIRING", CHANGED: "CHANGED", REPEATED: "STILL FIRING", RESOLVED: "RESOLVED"}
-_ICONS = {FIRED: "\N{LARGE RED CIRCLE}", CHANGED: "\N{LARGE ORANGE CIRCLE}",
+_EVENT_WORDS = {FIRED: "FIRING", CHANGED: "CHANGED", NEWS: "NEW CAUSE", REPEATED: "STILL FIRING", RESOLVED: "RESOLVED"}
+_ICONS = {FIRED: "\N{LARGE RED CIRCLE}", CHANGED: "\N{LARGE ORANGE CIRCLE}", NEWS: "\N{LARGE ORANGE CIRCLE}",
           REPEATED: "\N{CLOCKWISE RIGHTWARDS AND LEFTWARDS OPEN CIRCLE ARROWS}", RESOLVED: "\N{LARGE GREEN CIRCLE}"}
 
 
 def message(notice: Notice, dashboard_url: Optional[str] = None) -> Message:
     """What a person reads, whatever the service."""
     word = _EVENT_WORDS.get(notice.event, notice.event.upper())
-    if notice.event == FIRED:
+    if notice.event in (FIRED, NEWS):
         word = f"{word} [{notice.severity}]"
     elif notice.event == CHANGED:
         word = f"{word} {notice.previous_state} → {notice.state} [{notice.severity}]"
@@ -169,6 +169,12 @@ def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: f
     if url:
         alert["generatorURL"] = url
     alerts = [alert]
+    if notice.event == NEWS and notice.peer and notice.kind in MODEL_KINDS:
+        # the model's alert with its new text, and the server that is news as an alert of its own: the
+        # model's group gains an alert, so Alertmanager notifies (it does not for changed annotations);
+        # that one ends after ``ttl`` (the model's alert goes on while any server is behind it)
+        model_alert = {**alert, "labels": alertmanager_labels(replace(notice, peer=None))}
+        alerts = [model_alert, alert]
     if notice.event == CHANGED and notice.previous_state:
         before = severity_for(notice.kind, notice.previous_state)
         if before != notice.severity:

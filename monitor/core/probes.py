@@ -27,7 +27,9 @@ refused the session): ``error_kind`` ``SERVER_ERROR``. A server whose attention 
 now (``BUSY``, ``core.common.cache_full``) is serving other sessions: busy, not failing. A server whose
 newest ``FAILING_CONFIRMATIONS`` probes, all within the recent window, failed that way is
 **failing** (``failing_servers``): it is up, announced and reachable, but a client's every step
-through it fails, so it serves nothing. When the monitor itself gave up (``TIMEOUT``: no answer
+through it fails, so it serves nothing. So is one whose newest ``REFUSING_CONFIRMATIONS`` probes were
+all refused as "cache full" while it announced room for them (``refused_with_room``): a busy server
+soon announces less room, or serves some of the sessions it is asked for. When the monitor itself gave up (``TIMEOUT``: no answer
 within the probe's timeout) or could not run the probe (``CLIENT_ERROR``), or the server was busy,
 nothing is learnt of
 the server's health: a slow server is judged by its speed, an absent one by its reachability.
@@ -73,6 +75,11 @@ RECOVERY_SHARE_FACTOR = 2.5  # such a server's probes may take this many times s
 SERVER_ERROR, TIMEOUT, CLIENT_ERROR, BUSY = "server", "timeout", "client", "busy"
 FAILURE_KINDS = (SERVER_ERROR, TIMEOUT, CLIENT_ERROR, BUSY)
 FAILING_CONFIRMATIONS = 2  # newest probes that must all fail with the server's own error: one flaky step changes nothing
+# newest probes that must all be refused as "cache full" while the server announced room for them: a
+# server busy with sessions announces less room soon, so only one that keeps refusing while claiming
+# room is failing (it serves nobody, and petals' clients would keep trying it)
+REFUSING_CONFIRMATIONS = 3
+PROBE_TOKENS = PREFILL_TOKENS + DECODE_STEPS  # a probe session's length: the room it needs
 
 
 def recent_window(speed_probe_period: float) -> float:
@@ -109,6 +116,7 @@ class ServerProbe:
     tolerance: Optional[float] = None  # what error_ratio was judged against
     checked_against: Optional[str] = None  # BY_REFERENCE | BY_PEERS
     detail: Optional[str] = None  # e.g. which peers it disagrees with
+    room: Optional[int] = None  # the attention-cache tokens the server announced when it was probed
 
     @property
     def blocks(self) -> int:
@@ -272,11 +280,25 @@ def failing_servers(probes: Iterable[ServerProbe], *, now: float, max_age: float
         if probe.at < now - max_age or (model is not None and probe.model != model):
             continue
         kept = newest.setdefault(probe.peer_id, [])
-        if len(kept) < FAILING_CONFIRMATIONS:
+        if len(kept) < max(FAILING_CONFIRMATIONS, REFUSING_CONFIRMATIONS):
             kept.append(probe)
-    return {peer: kept[0].error or "the server answered with an error"
-            for peer, kept in newest.items()
-            if len(kept) == FAILING_CONFIRMATIONS and all(not p.ok and p.error_kind == SERVER_ERROR for p in kept)}
+    found = {}
+    for peer, kept in newest.items():
+        errors = kept[:FAILING_CONFIRMATIONS]
+        refusals = kept[:REFUSING_CONFIRMATIONS]
+        if len(errors) == FAILING_CONFIRMATIONS and all(not p.ok and p.error_kind == SERVER_ERROR for p in errors):
+            found[peer] = kept[0].error or "the server answered with an error"
+        elif len(refusals) == REFUSING_CONFIRMATIONS and all(refused_with_room(p) for p in refusals):
+            found[peer] = (f"refuses every session as cache full while announcing room for "
+                           f"{min(p.room for p in refusals)} tokens ({kept[0].error or 'no room'})")
+    return found
+
+
+def refused_with_room(probe: ServerProbe) -> bool:
+    """The server refused the probe's session for want of cache room (``BUSY``) while it announced
+    room enough for it."""
+    return (not probe.ok and probe.error_kind == BUSY and probe.room is not None
+            and probe.room >= PROBE_TOKENS)
 
 
 def first_server_error(probe: ServerProbe, before: Optional[ServerProbe]) -> bool:

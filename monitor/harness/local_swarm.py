@@ -184,6 +184,7 @@ class LocalSwarm:
             "--update-period", str(self.update_period),
             "--corrupt-flag", str(self._corrupt_flag(spec.name)),
             "--fail-flag", str(self._fail_flag(spec.name)),
+            "--refuse-flag", str(self._refuse_flag(spec.name)),
         ]
         if spec.public_name:
             args += ["--public-name", spec.public_name]
@@ -374,6 +375,20 @@ class LocalSwarm:
     def is_failing(self, name: str) -> bool:
         return self._fail_flag(name).exists()
 
+    def _refuse_flag(self, name: str) -> Path:
+        return self.workdir / f"{name}.refuse"
+
+    def refuse(self, name: str) -> None:
+        """Make the server refuse every session as "cache full" while it announces its whole cache
+        free (a leaked or wedged cache): its process answers every allocation with petals' own
+        "Could not allocate … bytes immediately: out of memory" while a flag file exists."""
+        if name not in self.specs:
+            raise KeyError(name)
+        self._refuse_flag(name).touch()
+
+    def unrefuse(self, name: str) -> None:
+        self._refuse_flag(name).unlink(missing_ok=True)
+
     # ---- teardown --------------------------------------------------------------------------
     def _reap(self, proc: Optional[_Proc], *, graceful: bool, grace: float = 15.0) -> None:
         if proc is None or proc.popen is None:
@@ -425,6 +440,7 @@ class LocalSwarm:
                 "throttled": self.is_throttled(name),
                 "corrupted": self.is_corrupted(name),
                 "failing": self.is_failing(name),
+                "refusing": self._refuse_flag(name).exists(),
             }
             for name, proc in self.servers.items()
         ]

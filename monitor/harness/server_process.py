@@ -164,6 +164,22 @@ def _fail_steps_when_flagged(flag: str) -> None:
     TransformerBackend.forward = failing(TransformerBackend.forward)
 
 
+def _refuse_sessions_when_flagged(flag: str) -> None:
+    """Chaos: while the file ``flag`` exists, every session's attention cache is refused with
+    petals' own words for a full cache, while the cache stays empty (so the server announces all of
+    it as free). Patched on petals' MemoryCache in this process, before its handlers are forked."""
+    from petals.server.memory_cache import AllocationFailed, MemoryCache
+
+    schedule = MemoryCache._schedule_alloc
+
+    async def refusing(self, alloc_size, *descriptors, timeout):
+        if os.path.exists(flag):
+            raise AllocationFailed(f"Could not allocate {alloc_size} bytes immediately: out of memory")
+        return await schedule(self, alloc_size, *descriptors, timeout=timeout)
+
+    MemoryCache._schedule_alloc = refusing
+
+
 def run_server(args) -> None:
     from petals.server.server import Server
 
@@ -176,6 +192,8 @@ def run_server(args) -> None:
         _corrupt_outputs_when_flagged(args.corrupt_flag)
     if args.fail_flag:
         _fail_steps_when_flagged(args.fail_flag)
+    if args.refuse_flag:
+        _refuse_sessions_when_flagged(args.refuse_flag)
     options = dict(NO_NAT_TRAVERSAL)
     server = Server(
         initial_peers=args.initial_peers,
@@ -236,6 +254,8 @@ def main(argv=None) -> None:
     srv.add_argument("--corrupt-flag", default=None, help="chaos: outputs are perturbed while this file exists")
     srv.add_argument("--fail-flag", default=None, help="chaos: every inference and forward step raises while "
                                                          "this file exists")
+    srv.add_argument("--refuse-flag", default=None, help="chaos: every session is refused as 'cache full' while "
+                                                           "this file exists")
 
     args = parser.parse_args(argv)
     _die_with_parent()

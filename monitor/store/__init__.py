@@ -312,6 +312,11 @@ class Store:
         with self.db.read("reading a peer") as conn:
             return peers.record(conn, peer_id)
 
+    def serving_since(self, since: float) -> list[tuple[str, Optional[str], str, float]]:
+        """(peer id, public name, model, when a poll last saw it ONLINE) of the servers since ``since``."""
+        with self.db.read("reading the servers seen lately") as conn:
+            return peers.serving_since(conn, since)
+
     def last_announcements(self, peer_id: str) -> list[LastAnnouncement]:
         """What the peer announced per model the last time a poll saw it, newest first."""
         with self.db.read("reading a peer's last announcements") as conn:

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from monitor.core.alert_rules import Alert, Evaluation, Notice
+from monitor.core.alert_rules import Alert, Cause, Evaluation, Notice
 from monitor.core.common import jsonable
 from monitor.store.engine import insert
 from monitor.store.schema import AlertDeliveryRow, AlertEventRow, AlertRow, StoreMetaRow
@@ -68,7 +68,7 @@ def _alert_values(alert: Alert) -> dict:
             "next_state": alert.next_state, "next_since": alert.next_since, "models": jsonable(alert.models),
             "peer": _cut(alert.peer, 128), "peer_name": _cut(alert.peer_name, 200),
             "held": jsonable([_cut(why, 300) for why in alert.held]), "announced_state": alert.announced_state,
-            "causes": jsonable([[peer, name] for peer, name in alert.causes[:MAX_CAUSES]]),
+            "causes": jsonable([[c.peer, c.name, c.why, c.since, c.told] for c in alert.causes[:MAX_CAUSES]]),
             "clear_since": alert.clear_since}
 
 
@@ -78,8 +78,17 @@ def _alert(row) -> Alert:
                  details=tuple(row.details or ()), fired_at=row.fired_at, notified_at=row.notified_at,
                  next_state=row.next_state, next_since=row.next_since, models=tuple(row.models or ()),
                  peer=row.peer, peer_name=row.peer_name, held=tuple(row.held or ()),
-                 announced_state=row.announced_state, causes=tuple((p, n) for p, n in (row.causes or ())),
+                 announced_state=row.announced_state, causes=tuple(_cause(c) for c in (row.causes or ())),
                  clear_since=row.clear_since)
+
+
+def _cause(stored) -> Cause:
+    """[peer, name, why, since, told]; a row of before the causes had reasons ([peer, name]) was
+    told when its alert fired."""
+    if len(stored) < 5:
+        return Cause(stored[0], stored[1], told=True)
+    peer, name, why, since, told = stored[:5]
+    return Cause(peer, name, why or "", since=since, told=bool(told))
 
 
 def _notice(fields, prefix: str = "") -> Notice:

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE
-from monitor.store.schema import HourlyObservationsRow, Peer, ServerObservationRow
+from monitor.store.schema import HourlyObservationsRow, Peer, Poll, ServerObservationRow
 
 SUFFIX_MARKS = ("…", "...")  # how short peer ids are shown ("…abc123"); a query starting so matches the end
 
@@ -108,3 +108,16 @@ def last_announcements(conn: Connection, peer_id: str, *, models: int = 16) -> l
             state = ONLINE if online else JOINING if joining else OFFLINE
             latest[model] = LastAnnouncement(hour, model, state, start, end, hourly=True)
     return list(latest.values())
+
+
+def serving_since(conn: Connection, since: float, *, limit: int = 20_000) -> list[tuple[str, Optional[str], str, float]]:
+    """(peer id, public name, model, the newest poll that saw it ONLINE) of every server a poll saw
+    serving since ``since``: what the alert job's memory of recent servers starts from
+    (``app.alerter.PeerMemory.recall``), so a poller that takes over knows who left."""
+    observations, peers = ServerObservationRow.__table__, Peer.__table__
+    o, p, polls = observations.c, peers.c, Poll.__table__.c
+    recent = sa.select(polls.id).where(polls.at >= since).scalar_subquery()
+    query = (sa.select(p.peer_id, p.public_name, o.model, sa.func.max(o.at))
+             .select_from(observations.join(peers, p.id == o.peer)).where(o.poll_id.in_(recent), o.state == ONLINE)
+             .group_by(p.peer_id, p.public_name, o.model).limit(limit))
+    return [(peer, name, model, at) for peer, name, model, at in conn.execute(query)]

@@ -258,7 +258,7 @@ class AlertRow(SQLModel, table=True):
     peer_name: Optional[str] = Field(default=None, max_length=200)
     held: Any = _json_field()  # list of reasons (``core/muting.py``)
     announced_state: Optional[str] = Field(default=None, max_length=32)
-    causes: Any = _json_field()  # a model alert's lost servers: [[peer id, name], ...]
+    causes: Any = _json_field()  # a model alert's servers behind it: [[peer id, name, why, since, told], ...]
     clear_since: Optional[float] = None  # (revision 0017) fired on confirmation, clear since
 
 
@@ -333,6 +333,7 @@ class ServerProbeRow(SQLModel, table=True):
     tolerance: Optional[float] = None
     checked_against: Optional[str] = Field(default=None, max_length=16)  # reference | peers
     detail: Optional[str] = Field(default=None, max_length=300)
+    room: Optional[int] = Field(default=None, sa_type=sa.BigInteger)  # (revision 0024) announced cache tokens
 
 
 # ---- compute checks (revision 0017): does each server still compute ---------------------------

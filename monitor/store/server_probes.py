@@ -31,6 +31,7 @@ def record(conn: Connection, probes: Sequence[ServerProbe]) -> None:
                "ok": p.ok}
         # non-finite numbers (an infinite error of NaN outputs) are stored as NULL: SQL and JSON hold no inf
         row.update({name: finite(getattr(p, name)) for name in _NUMBERS})
+        row["room"] = p.room
         row.update({name: (None if getattr(p, name) is None else str(getattr(p, name))[:limit])
                     for name, limit in _TEXT_LIMITS.items()})
         rows.append(row)
@@ -68,5 +69,5 @@ def _probe(r) -> ServerProbe:
         peer_id=r["peer_id"], model=r["model"], start=r["start"], end=r["end"], at=r["at"], ok=bool(r["ok"]),
         seconds_per_token=r["seconds_per_token"], rtt=r["rtt"], prefill_seconds=r["prefill_seconds"],
         duration=r["duration"], error=r["error"], error_kind=r["error_kind"], verdict=r["verdict"], error_ratio=error_ratio,
-        tolerance=r["tolerance"], checked_against=r["checked_against"], detail=r["detail"],
+        tolerance=r["tolerance"], checked_against=r["checked_against"], detail=r["detail"], room=r["room"],
     )

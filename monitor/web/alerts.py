@@ -93,7 +93,10 @@ def alert_dict(alert: Alert) -> dict:
             "details": list(alert.details), "since": alert.since, "fired_at": alert.fired_at,
             "notified_at": alert.notified_at, "next_state": alert.next_state,
             "labels": {name: list(values) for name, values in alert.labels.items()},
-            "held": held_dicts(alert.held), "announced_state": alert.announced_state}
+            "held": held_dicts(alert.held), "announced_state": alert.announced_state,
+            # a model's: the servers behind it, each with its cause and whether the receivers were told
+            "causes": [{"peer": c.peer, "name": c.name, "cause": c.why, "since": c.since, "told": c.told}
+                       for c in alert.causes]}
 
 
 def notice_dict(notice_id: int, notice: Notice, deliveries=(), *, operator: bool = False) -> dict:
