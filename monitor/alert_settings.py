@@ -95,25 +95,49 @@ WEBHOOK_FORMATS = ("generic", "slack", "discord", "alertmanager")
 ALERTMANAGER_PATH = "/api/v2/alerts"
 
 
+def quiet_apprise() -> None:
+    """Apprise logs every attempt at INFO and every failure at WARNING, hosts and recipients
+    included: never into the monitor's log (a failed delivery's reason says what went wrong)."""
+    import logging
+
+    logger = logging.getLogger("apprise")
+    logger.setLevel(logging.CRITICAL)
+    logger.propagate = False
+
+
+def apprise_knows(url: str) -> bool:
+    """Whether Apprise knows the URL's scheme and can make a target of it."""
+    import apprise
+
+    quiet_apprise()
+    return apprise.Apprise.instantiate(url) is not None
+
+
 class WebhookConfig(BaseModel):
-    """Where notices go. The URL is operator configuration (it often carries a secret): it is never
-    shown on the dashboard or the API, only the webhook's name."""
+    """Where notices go: an http(s) webhook, or any Apprise URL (``format = "apprise"``, which a
+    URL of another scheme gets by itself: ``mailtos://``, ``tgram://``, ``ntfy://`` ...). The URL is
+    operator configuration (it often carries a secret): it is never shown on the dashboard or the
+    API, only the entry's name."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=_NAME)
     url: str = Field(max_length=2000)
-    format: Literal["auto", "generic", "slack", "discord", "alertmanager"] = "auto"
+    format: Literal["auto", "generic", "slack", "discord", "alertmanager", "apprise"] = "auto"
     timeout: Annotated[float, BeforeValidator(parse_duration)] = Field(default=5.0, gt=0, le=60)
     headers: dict[str, str] = Field(default={}, max_length=MAX_HEADERS)  # e.g. Authorization
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        return url
+    @model_validator(mode="after")
+    def _url_fits_format(self) -> "WebhookConfig":
+        parts = urlsplit(self.url)
+        if self.resolved_format == "apprise":
+            if "\n" in self.url or "\r" in self.url or not apprise_knows(self.url):
+                raise ValueError("url: not a URL Apprise can send to (e.g. mailtos://user:password@host?to=ops@example.org, "
+                                 "tgram://bottoken/chat_id, ntfy://topic; see Apprise's list of services)")
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("url: must be an http:// or https:// URL with a host (or an Apprise URL with "
+                             "format = \"apprise\")")
+        return self
 
     @field_validator("headers")
     @classmethod
@@ -129,6 +153,8 @@ class WebhookConfig(BaseModel):
         if self.format != "auto":
             return self.format
         parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https"):
+            return "apprise"
         host = (parts.hostname or "").lower()
         if host == "hooks.slack.com":
             return "slack"
@@ -186,7 +212,7 @@ class AlertSettings(BaseModel):
                                 "(a rule of the same name replaces one)")
     rules: list[AlertRuleConfig] = Field(default=[], description="`[[alerts.rules]]`: name, kind, for, repeat, "
                                          "models, peers, below, periods, webhooks (see Alerts)")
-    webhooks: list[WebhookConfig] = Field(default=[], description="`[[alerts.webhooks]]`: name, url, format, "
+    webhooks: list[WebhookConfig] = Field(default=[], description="`[[alerts.webhooks]]`: name, url (http(s), or any Apprise URL), format, "
                                           "timeout, headers (see Alerts)")
     check_period: Duration = Field(default=10.0, gt=0, description="evaluate and send due retries at least this often")
     max_attempts: int = Field(default=12, ge=1, le=100, description="per notice and webhook (~3.5 h), then marked failed")

@@ -36,6 +36,10 @@ warnings.filterwarnings("ignore", message=r".*_register_pytree_node.*", category
 
 import hivemind  # noqa: E402
 
+from monitor import logs  # noqa: E402
+
+logs.format_hivemind()  # (JSON logs: hivemind's handler, which petals puts on the root logger, writes JSON too)
+
 _SOURCES = ("hivemind.p2p", "hivemind.compression", "hivemind.dht", "hivemind.moe")
 
 

@@ -82,7 +82,7 @@ class ModelConfig(BaseModel):
         return expect or None
 
 
-SECTIONS = ("swarm", "models", "poller", "probes", "store", "web", "security", "chat", "alerts")
+SECTIONS = ("swarm", "models", "poller", "probes", "store", "web", "logs", "security", "chat", "alerts")
 # The sections that are one setting each, a table (alerts) or an array of tables (models): their
 # TOML form is that of the setting itself ([alerts], [[models]]), the same in the old flat form.
 TABLE_SECTIONS = ("models", "alerts")
@@ -190,6 +190,11 @@ class Settings(BaseModel):
     raw_retention_days: float = setting(2, section="store", gt=0,
                                         description="raw polls (and request rows) kept this long")
     rollup_retention_days: float = setting(90, section="store", gt=0, description="hourly rollups kept this long")
+
+    # [logs]
+    log_format: Literal["text", "json"] = setting(
+        "text", section="logs", description="`text`, or `json`: one object per line (time, level, logger, message, "
+                                            "the request or job it belongs to, error) for Loki, Elastic, journald")
 
     # [web]
     host: str = setting("127.0.0.1", section="web", description="the web server's listen address")
@@ -472,4 +477,7 @@ def load_settings(config_file: Optional[Path] = None, environ=None, **overrides)
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         what = first["msg"].removeprefix("Value error, ")
-        raise SettingsError(f"invalid setting {where!r}: {what} (got {first.get('input')!r})") from None
+        got = first.get("input")
+        if "webhooks" in where:  # a webhook's or Apprise URL often carries a secret: its name only
+            got = {"name": got.get("name")} if isinstance(got, dict) else "…"
+        raise SettingsError(f"invalid setting {where!r}: {what} (got {got!r})") from None

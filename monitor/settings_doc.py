@@ -30,6 +30,7 @@ _TITLES = {
     "probes": "compute checks, speed and correctness probes, generation checks",
     "store": "where history is kept, and how long",
     "web": "the dashboard and the APIs",
+    "logs": "what every process logs, and how",
     "security": "tokens, hosts, origins, proxies, rate limits",
     "chat": "routing, chat capacity (slots, queue, sessions) and limits",
     "alerts": "`alerts` in Python: rules and webhooks (`[[alerts.rules]]`, `[[alerts.webhooks]]`, `[[alerts.inhibit_rules]]`: see Alerts)",

@@ -222,37 +222,52 @@ def run(args) -> dict:
         return {"results": results, "cpu": cpu, "share": share, "honest": args.honest}
 
 
+def one_fault(swarm, kind: str, victim: str, names, ids, watch, hook) -> dict:
+    """Apply one fault, time it named (on the page) and notified (a notice naming the server), heal
+    it, time it healthy again (on the page); which other servers were named meanwhile."""
+    peer = ids[victim]
+    at = time.time()
+    apply(swarm, kind, victim)
+    named = bc.wait(lambda: named_now(watch, peer), GIVE_UP, step=0.2)
+    named_at = time.time() if named else None
+    cause = watch.causes.get(peer, "gone")
+    notified = bc.wait(lambda: firing_after(hook, at, victim), max(1, GIVE_UP - (time.time() - at)), step=0.2)
+    first = firing_after(hook, at, victim)[0] if notified else None
+    false_named = sorted(n for n in names if n != victim and named_now(watch, ids[n]))
+    heal(swarm, kind, victim)
+    healed_at = time.time()
+    back = bc.wait(lambda: watch.causes.get(peer) == "serving", GIVE_UP, step=0.2)
+    return {"kind": kind, "victim": victim, "cause": cause, "event": first.body.get("event") if first else None,
+            "named": named_at - at if named_at else None, "notified": first.at - at if first else None,
+            "healthy": time.time() - healed_at if back else None, "false_named": false_named,
+            "healed_at": healed_at}
+
+
+def said(result: dict, prefix: str = "") -> str:
+    return (f"{prefix}{result['kind']:9s} {result['victim']}: named {bc.fmt(result['named'])} ({result['cause']}), "
+            f"notified {bc.fmt(result['notified'])} ({result['event']}), healthy {bc.fmt(result['healthy'])}"
+            + (f", also named: {result['false_named']}" if result["false_named"] else ""))
+
+
+def resolved_after(hook, since: float, wait: float = 300) -> float | None:
+    """Seconds from ``since`` to the first recovery notice after it (None: none within ``wait``)."""
+    if not bc.wait(lambda: any(r.body and r.body.get("event") == "resolved" and r.at >= since for r in hook.received),
+                   wait, step=0.5):
+        return None
+    return min(r.at for r in hook.received if r.body and r.body.get("event") == "resolved" and r.at >= since) - since
+
+
 def faults(args, swarm, names, ids, watch, hook, progress=None) -> list[dict]:
     results = []
     order = [(kind, run) for run in range(args.runs) for kind in args.kinds]
     for index, (kind, _) in enumerate(order):
         victim = names[index % len(names)]
-        peer = ids[victim]
         time.sleep(random.uniform(0, 20))  # a random moment of the checks' cycle
-        at = time.time()
-        apply(swarm, kind, victim)
-        named = bc.wait(lambda: named_now(watch, peer), GIVE_UP, step=0.2)
-        named_at = time.time() if named else None
-        cause = watch.causes.get(peer, "gone")
-        notified = bc.wait(lambda: firing_after(hook, at, victim), max(1, GIVE_UP - (time.time() - at)), step=0.2)
-        notified_at = firing_after(hook, at, victim)[0].at if notified else None
-        false_named = sorted(n for n in names if n != victim and named_now(watch, ids[n]))
-        heal(swarm, kind, victim)
-        healed_at = time.time()
-        back = bc.wait(lambda: watch.causes.get(peer) == "serving", GIVE_UP, step=0.2)
-        results.append({"kind": kind, "victim": victim, "cause": cause,
-                        "named": named_at - at if named_at else None,
-                        "notified": notified_at - at if notified_at else None,
-                        "healthy": time.time() - healed_at if back else None, "false_named": false_named})
-        print(f"{kind:9s} {victim}: named {bc.fmt(results[-1]['named'])} ({cause}), notified "
-              f"{bc.fmt(results[-1]['notified'])}, healthy {bc.fmt(results[-1]['healthy'])}"
-              + (f", also named: {false_named}" if false_named else ""), flush=True)
-        resolved = bc.wait(lambda: any(r.body and r.body.get("event") == "resolved" and r.at >= healed_at
-                                       for r in hook.received), 300, step=0.5)
-        results[-1]["resolved"] = (min(r.at for r in hook.received if r.body and r.body.get("event") == "resolved"
-                                       and r.at >= healed_at) - healed_at) if resolved else None
-        print(f"  resolved notice {bc.fmt(results[-1]['resolved'])} after the heal" if resolved
-              else "  (no resolved notice within 300 s)", flush=True)
+        results.append(one_fault(swarm, kind, victim, names, ids, watch, hook))
+        print(said(results[-1]), flush=True)
+        results[-1]["resolved"] = resolved_after(hook, results[-1]["healed_at"])
+        print(f"  resolved notice {bc.fmt(results[-1]['resolved'])} after the heal" if results[-1]["resolved"]
+              is not None else "  (no resolved notice within 300 s)", flush=True)
         if progress is not None:
             progress(results)
         time.sleep(SETTLE)
@@ -265,35 +280,12 @@ def in_a_row(args, swarm, names, ids, watch, hook, progress, before: list[dict])
     results = []
     for _ in range(args.in_a_row):
         for kind, which in ROW:
-            victim = names[which % len(names)]
-            peer = ids[victim]
-            at = time.time()
-            apply(swarm, kind, victim)
-            named = bc.wait(lambda: named_now(watch, peer), GIVE_UP, step=0.2)
-            named_at = time.time() if named else None
-            cause = watch.causes.get(peer, "gone")
-            notified = bc.wait(lambda: firing_after(hook, at, victim), max(1, GIVE_UP - (time.time() - at)), step=0.2)
-            notified_at = firing_after(hook, at, victim)[0].at if notified else None
-            event = firing_after(hook, at, victim)[0].body.get("event") if notified else None
-            false_named = sorted(n for n in names if n != victim and named_now(watch, ids[n]))
-            heal(swarm, kind, victim)
-            healed_at = time.time()
-            back = bc.wait(lambda: watch.causes.get(peer) == "serving", GIVE_UP, step=0.2)
-            results.append({"kind": kind, "victim": victim, "cause": cause, "row": True, "event": event,
-                            "named": named_at - at if named_at else None,
-                            "notified": notified_at - at if notified_at else None,
-                            "healthy": time.time() - healed_at if back else None, "false_named": false_named})
-            print(f"in a row: {kind:9s} {victim}: named {bc.fmt(results[-1]['named'])} ({cause}), notified "
-                  f"{bc.fmt(results[-1]['notified'])} ({event}), healthy {bc.fmt(results[-1]['healthy'])}"
-                  + (f", also named: {false_named}" if false_named else ""), flush=True)
+            results.append({**one_fault(swarm, kind, names[which % len(names)], names, ids, watch, hook), "row": True})
+            print(said(results[-1], "in a row: "), flush=True)
             if progress is not None:
                 progress(before + results)
-    last = time.time()
-    resolved = bc.wait(lambda: any(r.body and r.body.get("event") == "resolved" and r.at >= last
-                                   for r in hook.received), 300, step=0.5)
     if results:
-        results[-1]["resolved"] = (min(r.at for r in hook.received if r.body and r.body.get("event") == "resolved"
-                                       and r.at >= last) - last) if resolved else None
+        results[-1]["resolved"] = resolved_after(hook, time.time())
     return results
 
 
@@ -384,7 +376,7 @@ def resolved_cell(values: list) -> str:
     """The resolved notices' times (after the flap hold, ``RESOLVE_HOLD``); no bound of their own."""
     known = [v for v in values if v is not None]
     missing = len(values) - len(known)
-    if not known:
+    if not known:  # (in a row, only the last fault's recovery is waited for: the next fault comes first)
         return "—" if not missing else f"none in 300 s ({missing})"
     text = f"{bc.fmt(statistics.median(known))} / {bc.fmt(max(known))}"
     return text + (f", {missing} none in 300 s" if missing else "")
@@ -428,7 +420,7 @@ def report(out: dict) -> str:
                      f"{bc.fmt(statistics.median(notified)) if notified else '—'} / **{worst(notified, missed_notified)}**",
                      f"{bc.fmt(statistics.median(healthy)) if healthy else '—'} / **{worst(healthy, missed_healthy)}**",
                      f"≤ {bound_named} s / ≤ {bound_notified} s / ≤ {HEALTHY_BOUND} s",
-                     resolved_cell([r.get("resolved") for r in runs]),
+                     resolved_cell([r["resolved"] for r in runs if "resolved" in r]),
                      sum(len(r["false_named"]) for r in runs), bc.verdict(ok)])
     table = bc.table(["fault", "runs", "named as", "named (median / worst)", "notified (median / worst)",
                       "healthy again (median / worst)", "bounds", "resolved notice after the heal (median / worst)",

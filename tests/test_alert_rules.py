@@ -318,15 +318,18 @@ def test_webhooks_from_toml_and_env_and_their_formats(tmp_path):
     assert [h.name for h in alerts.webhooks_for("model-health")] == ["slack", "discord", "mine"]
     env = {"SWARM_MONITOR_ALERTS": json.dumps({"webhooks": [{"name": "e", "url": "https://example.org/hook"}]})}
     assert load_settings(environ=env).alerts.webhooks[0].name == "e"
-    with pytest.raises(SettingsError, match="must be an http:// or https:// URL"):
+    with pytest.raises(SettingsError, match="not a URL Apprise can send to"):  # (not http(s): an Apprise URL, or nothing)
         load_settings(environ={"SWARM_MONITOR_ALERTS": '{"webhooks": [{"name": "f", "url": "file:///etc/passwd"}]}'})
+    with pytest.raises(SettingsError, match="must be an http:// or https:// URL"):
+        load_settings(environ={"SWARM_MONITOR_ALERTS": '{"webhooks": [{"name": "f", "url": "mailto://x@y.org", '
+                                                        '"format": "slack"}]}'})
 
 
-def test_the_demo_refuses_a_webhook_that_is_not_an_http_url():
+def test_the_demo_refuses_a_webhook_that_is_neither_an_http_nor_an_apprise_url():
     result = subprocess.run([sys.executable, "-m", "monitor.app.cli", "demo", "--tiny", "--webhook", "ftp://x/y"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert "Invalid value for --webhook: 'ftp://x/y': must be an http:// or https:// URL" in result.stderr
+    assert "Invalid value for --webhook: 'ftp://x/y': url: not a URL Apprise can send to" in result.stderr
 
 
 # ---- payloads ----------------------------------------------------------------------------------

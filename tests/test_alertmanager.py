@@ -23,7 +23,7 @@ from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.harness.webhook_receiver import WebhookReceiver
 from monitor.settings import Settings
 from monitor.store import Store
-from support import free_port, unix_seconds, wait_until
+from support import free_port, sqlite_store, unix_seconds, wait_until
 
 PEER = "12D3KooWAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 
@@ -171,15 +171,14 @@ OTHER = "12D3KooWBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 
 def record_servers(store: Store, at: float, causes: dict) -> None:
     """A poll of two servers of llama, each with the cause its assessment gives it (confirmed)."""
+    from dataclasses import replace
+
     from monitor.core.assessment import ServerAssessment
 
     bad = {peer: cause for peer, cause in causes.items() if cause != "serving"}
-    health = Assessment(
-        model="llama", state="degraded" if bad else "healthy",
+    health = replace(
+        Assessment.not_diagnosed("llama", 4, "unused"), state="degraded" if bad else "healthy",
         reasons=tuple(f"{peer[-6:]} is {cause}" for peer, cause in bad.items()) or ("every block is served",),
-        coverage_pct=100.0, servers_online=2, min_redundancy=1, blocks=(), missing_ranges=(),
-        single_served_ranges=(), bottleneck_ranges=(), low_cache_ranges=(), est_tokens_per_s=2.0, route=(),
-        recommendation=Recommendation(0, 4, 4, "--block_indices 0:4", "redundancy"),
         excluded_peers=dict(bad), excluded_causes=dict(bad),
         servers={peer: ServerAssessment(peer, cause, confirmed=cause != "serving",
                                         failing="CUDA error" if cause == "failing" else None,
@@ -196,8 +195,7 @@ def test_news_of_a_second_server_reaches_alertmanager_as_an_alert_the_models_gro
     settings = Settings(data_dir=tmp_path, scrape_period=60, initial_peers=[], alerts={
         "rules": [{"name": "model-health", "kind": "model_degraded", "for": 0}],
         "webhooks": [{"name": "am", "url": base, "format": "alertmanager"}]})
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    store.migrate()
+    store = sqlite_store(tmp_path)
     try:
         now = time.time()
         alerter = Alerter(settings, store, watching_since=now - 100)
@@ -206,7 +204,9 @@ def test_news_of_a_second_server_reaches_alertmanager_as_an_alert_the_models_gro
         record_servers(store, now - 20, {PEER: "failing", OTHER: "serving"})
         assert [n.event for n in alerter.evaluate(now - 20).notices] == [FIRED]
         alerter.deliver(now - 20)
-        assert [a["labels"].get("peer") for a in wait_until(lambda: listed(base), 10)] == [None]
+        assert wait_until(lambda: len(listed(base)) == 2, 10), listed(base)  # the model's, and its server's
+        assert sorted((a["labels"].get("peer", ""), a["labels"].get("cause", "")) for a in listed(base)) == [
+            ("", ""), (PEER, "failing")]
         assert am_receiver.wait_for(1, 30)
 
         record_servers(store, now - 10, {PEER: "failing", OTHER: "wrong outputs"})
@@ -214,8 +214,9 @@ def test_news_of_a_second_server_reaches_alertmanager_as_an_alert_the_models_gro
         assert (news.event, news.peer, news.summary) == (
             "news", OTHER, "Llama 2 (llama) is degraded: now also b returns wrong outputs")
         alerter.deliver(now - 10)
-        assert wait_until(lambda: len(listed(base)) == 2, 10), listed(base)
-        assert sorted(a["labels"].get("peer", "") for a in listed(base)) == ["", OTHER]
+        assert wait_until(lambda: len(listed(base)) == 3, 10), listed(base)  # the group gained the news
+        assert sorted((a["labels"].get("peer", ""), a["labels"].get("cause", "")) for a in listed(base)) == [
+            ("", ""), (PEER, "failing"), (OTHER, "wrong outputs")]
         notified = am_receiver.wait_for(2, 30)
         assert len(notified) >= 2 and any(a["labels"].get("peer") == OTHER for a in notified[-1]["alerts"]), notified
         assert alerter.evaluate(now).notices == ()  # told once

@@ -350,6 +350,6 @@ def test_help_a_usage_error_and_migrate_import_neither_petals_nor_torch(tmp_path
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith("Usage: ") for line in lines)
-    assert "usage error: Invalid value for --webhook: 'ftp://x/y': must be an http:// or https:// URL" in done.stdout
+    assert "usage error: Invalid value for --webhook: 'ftp://x/y': url: not a URL Apprise can send to" in done.stdout
     assert f"revision {head_revision()}." in done.stdout
     assert lines[-1] == "[]", done.stdout

@@ -1,13 +1,15 @@
 """Spec: every failure reaches the operator, whatever came before — on the session swarm (every
 block served twice), watched by a poller at scaled periods (a poll, a reachability check and a
-probe every 2 s; the model-health rule at its default ``for`` of two scrape periods, 4 s).
+probe every 2 s; the model-health rule waiting 15 s, ``for`` and ``left_for`` alike), faults in a row:
 
-- a server fails: one "firing" notice naming it;
-- while that alert still fires, another server answers wrong: a "news" notice naming it (one alert
-  per model used to send nothing when its cause changed);
+- a server stops cleanly; the poller that saw it is replaced before the notice is due (a take-over):
+  the next one tells it, as the same alert, naming the server that left;
+- it restarts: one recovery; then it answers wrong: one "firing" notice naming it;
+- while that alert still fires, another server fails: a "news" notice naming it (one alert per
+  model used to send nothing when its cause changed);
 - both healed: one recovery;
 - a server refuses every session as "cache full" while announcing its whole cache free: named
-  failing with that reason, and notified.
+  failing with that reason, routed around, and notified.
 
 The pure rules (a left server's hold, a healthy model that lost a server, what a new leader
 repeats) are in tests/test_alert_rules.py; a busy server is never failing in
@@ -16,6 +18,8 @@ tests/test_busy_servers.py.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from monitor.app.jobs import Poller
@@ -23,22 +27,27 @@ from monitor.harness.tiny_model import TINY_DHT_PREFIX
 from monitor.harness.webhook_receiver import WebhookReceiver
 from support import sqlite_store, tiny_settings, wait_until
 
-FAILS, CORRUPTS, REFUSES = "first-half", "second-half", "full"
+STOPS = CORRUPTS = "second-half"  # stopped cleanly, restarted, then corrupting
+FAILS, REFUSES = "first-half", "full"
+WAIT = 15  # the rule's `for` and `left_for`: the window in which the poller is replaced
 
 
 def events(bodies) -> list[tuple[str, str]]:
     return [(body["event"], body["state"]) for body in bodies]
 
 
-@pytest.mark.timeout(600)
-def test_a_second_failure_while_the_alert_fires_is_news_and_a_server_refusing_every_session_is_named(
-        swarm, tiny_model, tmp_path):
+def text(body) -> str:
+    return " ".join([body["summary"], *body["details"]])
+
+
+@pytest.mark.timeout(900)
+def test_every_failure_in_a_row_is_told_across_a_take_over_and_while_another_fires(swarm, tiny_model, tmp_path):
     with WebhookReceiver() as ops:
         settings = tiny_settings(
             swarm, tmp_path, tiny_model, scrape_period=2, reachability_period=2, reachability_timeout=2,
             speed_probe_period=2, speed_probe_max_share=0.5, speed_probe_timeout=10, score_period=600,
             alerts={"check_period": 1, "default_rules": False, "webhooks": [{"name": "ops", "url": ops.url}],
-                    "rules": [{"name": "model-health", "kind": "model_degraded"}]})
+                    "rules": [{"name": "model-health", "kind": "model_degraded", "for": WAIT, "left_for": WAIT}]})
         store = sqlite_store(tmp_path)
         poller = Poller(settings, store, swarm.dht)
         poller.start()
@@ -46,23 +55,41 @@ def test_a_second_failure_while_the_alert_fires_is_news_and_a_server_refusing_ev
             assert wait_until(lambda: (store.latest_assessments().get(TINY_DHT_PREFIX) is not None and
                                        store.latest_assessments()[TINY_DHT_PREFIX].state == "healthy"), 90)
 
-            swarm.fail(FAILS)
+            # a clean stop, seen by one poller, told by the next one (a take-over before its notice)
+            swarm.stop(STOPS)
+            assert wait_until(lambda: ("model-health", TINY_DHT_PREFIX) in store.alerts(), 60), store.alerts()
+            pending = store.alerts()[("model-health", TINY_DHT_PREFIX)]
+            assert pending.status == "pending" and {(c.name, c.why) for c in pending.causes} == {(STOPS, "left")}
+            poller.shutdown()
+            taken_over = time.time()
+            poller = Poller(settings, store, swarm.dht)
+            poller.start()
             [fired] = ops.wait_for(1, 90)
-            assert events([fired]) == [("firing", "degraded")], fired
-            assert any(FAILS in line and "failing" in line for line in fired["details"]), fired
+            assert events([fired]) == [("firing", "degraded")] and ops.received[0].at > taken_over, fired
+            assert f"{STOPS} left (OFFLINE, or gone from the DHT)" in text(fired), fired
+            assert fired["since"] == pending.since  # the same alert, carried over
 
-            swarm.corrupt(CORRUPTS)  # the alert still fires for the first: the second is news
-            [_, news] = ops.wait_for(2, 120)
+            swarm.restart(STOPS)  # back: the recovery
+            [*_, resolved] = ops.wait_for(2, 120)
+            assert events([resolved]) == [("resolved", "ok")], resolved
+
+            swarm.corrupt(CORRUPTS)  # the restarted server answers wrong
+            [*_, corrupted] = ops.wait_for(3, 120)
+            assert events([corrupted]) == [("firing", "degraded")], corrupted
+            assert f"{CORRUPTS}" in text(corrupted) and "wrong" in text(corrupted), corrupted
+
+            swarm.fail(FAILS)  # while the alert fires for the first, a second server fails: news
+            [*_, news] = ops.wait_for(4, 120)
             assert events([news]) == [("news", "degraded")], news
-            assert news["summary"] == f"{TINY_DHT_PREFIX} is degraded: now also {CORRUPTS} returns wrong outputs", news
+            assert news["summary"] == f"{TINY_DHT_PREFIX} is degraded: now also {FAILS} is failing", news
 
             swarm.unfail(FAILS)
             swarm.uncorrupt(CORRUPTS)
-            [*_, resolved] = ops.wait_for(3, 120)
+            [*_, resolved] = ops.wait_for(5, 120)
             assert events([resolved]) == [("resolved", "ok")], resolved
 
             swarm.refuse(REFUSES)  # every session refused as "cache full", its whole cache announced free
-            [*_, refusing] = ops.wait_for(4, 120)
+            [*_, refusing] = ops.wait_for(6, 120)
             assert events([refusing]) == [("firing", "degraded")], refusing
             assert any(REFUSES in line and "refuses every session as cache full while announcing room" in line
                        for line in refusing["details"]), refusing
@@ -71,9 +98,10 @@ def test_a_second_failure_while_the_alert_fires_is_news_and_a_server_refusing_ev
             assert assessment.excluded_causes[peer] == "failing"  # routed around, as every failing server
 
             swarm.unrefuse(REFUSES)
-            [*_, back] = ops.wait_for(5, 120)
-            assert events(ops.accepted()) == [("firing", "degraded"), ("news", "degraded"), ("resolved", "ok"),
-                                              ("firing", "degraded"), ("resolved", "ok")], ops.accepted()
+            ops.wait_for(7, 120)
+            assert events(ops.accepted()) == [
+                ("firing", "degraded"), ("resolved", "ok"), ("firing", "degraded"), ("news", "degraded"),
+                ("resolved", "ok"), ("firing", "degraded"), ("resolved", "ok")], ops.accepted()
         finally:
             swarm.unfail(FAILS)
             swarm.uncorrupt(CORRUPTS)

@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
-from monitor.app import webhooks
+from monitor.app import apprise_notify, webhooks
 from monitor.alert_settings import WebhookConfig
 from monitor.core import alert_rules as core
 from monitor.core import muting
@@ -341,9 +341,13 @@ class Alerter:
         try:
             if hook is None:
                 raise webhooks.DeliveryError(f"no webhook named {first.webhook!r} is configured any more")
-            body = webhooks.group_payload([(d.event_id, d.notice) for d in group], hook.resolved_format,
-                                          self.config.dashboard_url, now=at, ttl=self._ttl)
-            webhooks.send(hook.endpoint, body, timeout=hook.timeout, headers=hook.headers)
+            if hook.resolved_format == "apprise":
+                title, text = apprise_notify.text([d.notice for d in group], self.config.dashboard_url)
+                apprise_notify.send(hook.url, title, text, timeout=hook.timeout)
+            else:
+                body = webhooks.group_payload([(d.event_id, d.notice) for d in group], hook.resolved_format,
+                                              self.config.dashboard_url, now=at, ttl=self._ttl)
+                webhooks.send(hook.endpoint, body, timeout=hook.timeout, headers=hook.headers)
         except webhooks.DeliveryError as e:
             attempts = first.attempts + 1
             give_up = hook is None or attempts >= self.config.max_attempts
@@ -375,7 +379,8 @@ class Alerter:
             self._resent_at[hook.name] = at
             mine = [core.Notice(rule=a.rule, kind=a.kind, subject=a.subject, label=a.label, event=core.REPEATED,
                                 state=a.state, severity=a.severity, summary=a.summary, at=at, since=a.since,
-                                details=a.details, models=a.models, peer=a.peer, peer_name=a.peer_name)
+                                details=a.details, models=a.models, peer=a.peer, peer_name=a.peer_name,
+                                causes=core.told_causes(a))
                     for a in told if hook.name in self._webhooks_for_rule(a.rule)]
             if not mine:
                 continue

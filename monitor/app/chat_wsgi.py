@@ -23,6 +23,7 @@ import atexit
 import logging
 
 from monitor.app.service import Service
+from monitor import logs
 from monitor.settings import load_settings
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 def make_service() -> Service:
     settings = load_settings()
+    logs.configure(settings.log_format)
     if not settings.resolved_initial_peers:
         raise SystemExit("the chat needs the swarm's initial peers: set SWARM_MONITOR_INITIAL_PEERS (or 'public')")
     if not any(model.path for model in settings.models):

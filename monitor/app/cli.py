@@ -14,6 +14,7 @@ from typing import Optional
 
 import click
 
+from monitor import logs
 from monitor.app.chaos_cli import chaos
 from monitor.app.cli_common import Listed, config_option, group_config_option
 from monitor.app.cli_common import settings as _settings
@@ -76,8 +77,7 @@ def main(verbose: bool) -> None:
     then from SWARM_MONITOR_<SETTING> variables, then from the command's options. Start with
     `swarm-monitor demo`; `swarm-monitor COMMAND --help` says more of each command.
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(logs.TEXT, level=logging.DEBUG if verbose else logging.INFO)  # (the settings' format once read)
     if not verbose:  # Alembic's plugin and per-revision lines: the start-up says in one line what it did
         logging.getLogger("alembic").setLevel(logging.WARNING)
 

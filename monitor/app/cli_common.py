@@ -3,11 +3,13 @@ command) and the settings it names, and a group that lists its commands in a cho
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Optional
 
 import click
 
+from monitor import logs
 from monitor.settings import Settings, SettingsError, load_settings
 
 CONFIG_HELP = "TOML settings file, for every command (also SWARM_MONITOR_CONFIG)."
@@ -44,10 +46,13 @@ def config_file() -> Optional[Path]:
 def settings(**overrides) -> Settings:
     """The settings: the ``--config`` file's, then SWARM_MONITOR_* variables, then ``overrides``
     (a command's options; None: not given)."""
-    try:
-        return load_settings(config_file(), **overrides)
-    except SettingsError as e:
-        raise click.ClickException(str(e)) from None
+    with logs.held():  # (what reading them logs comes out in the format they set)
+        try:
+            loaded = load_settings(config_file(), **overrides)
+        except SettingsError as e:
+            raise click.ClickException(str(e)) from None
+        logs.configure(loaded.log_format, level=logging.getLogger().level or logging.INFO)
+    return loaded
 
 
 class Listed(click.Group):

@@ -35,8 +35,11 @@ class Job:
     at_start: bool = True  # its first run at the poller's start (else a period later)
 
     def run(self, poller):
-        """Run it once now (the poller's method of the job's name)."""
-        return getattr(poller, "job_" + self.name.replace("-", "_"))()
+        """Run it once now (the poller's method of the job's name); its log lines say which job."""
+        from monitor import logs
+
+        with logs.about(job=self.name):
+            return getattr(poller, "job_" + self.name.replace("-", "_"))()
 
 
 JOBS: tuple[Job, ...] = (

@@ -41,6 +41,7 @@ MAX_PAYLOAD_BYTES = 16 * 1024  # what we send; notices are far smaller (summary 
 MAX_ANSWER_BYTES = 1024  # what we read of a webhook's answer (for the error message)
 DISCORD_CONTENT_CHARS = 2000  # Discord's limit on a message
 MAX_GROUP = 20  # notices in one grouped message (more go in the next one)
+MAX_CAUSE_ALERTS = 20  # an Alertmanager gets at most this many servers' alerts per model alert
 USER_AGENT = "petals-swarm-monitor-alerts/1"
 
 
@@ -168,13 +169,20 @@ def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: f
              "annotations": {name: value for name, value in annotations.items() if value}}
     if url:
         alert["generatorURL"] = url
-    alerts = [alert]
-    if notice.event == NEWS and notice.peer and notice.kind in MODEL_KINDS:
-        # the model's alert with its new text, and the server that is news as an alert of its own: the
-        # model's group gains an alert, so Alertmanager notifies (it does not for changed annotations);
-        # that one ends after ``ttl`` (the model's alert goes on while any server is behind it)
-        model_alert = {**alert, "labels": alertmanager_labels(replace(notice, peer=None))}
-        alerts = [model_alert, alert]
+    if notice.kind in MODEL_KINDS:
+        # the model's alert, and one per server behind it that its receivers were told of (labels
+        # ``peer`` and ``cause``): a server that is news makes the model's group gain an alert, so
+        # Alertmanager notifies (it does not when only an alert's text changes); one no longer behind
+        # it is not re-sent and ends after ``ttl``; the model's recovery ends them all
+        alert["labels"] = alertmanager_labels(replace(notice, peer=None), severity)
+        alerts = [alert] + [{**alert, "labels": {**alertmanager_labels(replace(notice, peer=peer), severity),
+                                                 "cause": short_error(why or "?", 64)},
+                             "annotations": {**alert["annotations"], "peer_name": name or ""}}
+                            for peer, name, why in notice.causes[:MAX_CAUSE_ALERTS]]
+        for each in alerts[1:]:
+            each["annotations"] = {k: v for k, v in each["annotations"].items() if v}
+    else:
+        alerts = [alert]
     if notice.event == CHANGED and notice.previous_state:
         before = severity_for(notice.kind, notice.previous_state)
         if before != notice.severity:
@@ -186,13 +194,13 @@ def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: f
 # ---- one body per message -----------------------------------------------------------------------
 
 
-def _bounded(notice: Notice, details: bool = True) -> Notice:
+def bounded_notice(notice: Notice, details: bool = True) -> Notice:
     return replace(notice, label=short_error(notice.label, SUMMARY_CHARS), summary=short_error(notice.summary, SUMMARY_CHARS),
                    details=tuple(short_error(line, DETAIL_CHARS) for line in notice.details[:MAX_DETAILS])
                    if details else ())
 
 
-def _group_message(notices: Sequence[Notice], dashboard_url: Optional[str]) -> Message:
+def group_message(notices: Sequence[Notice], dashboard_url: Optional[str]) -> Message:
     firing = sum(n.event != RESOLVED for n in notices)
     headline = f"{len(notices)} alert notices: {firing} firing, {len(notices) - firing} resolved"
     lines = [message(n).headline for n in notices]
@@ -214,14 +222,14 @@ def _body(items: Sequence[tuple[int, Notice]], fmt: str, dashboard_url: Optional
         return generic_payload(notice, notice_id, dashboard_url)
     notices = [notice for _, notice in items]
     if fmt in ("slack", "discord"):
-        msg = _group_message(notices, dashboard_url)
+        msg = group_message(notices, dashboard_url)
         if fmt == "slack":
             return {"text": f"*{_slack_escape(msg.headline)}*\n" + "\n".join(f"• {_slack_escape(line)}" for line in msg.lines)}
         return _discord_message("", msg)
     firing = any(n.event != RESOLVED for n in notices)
     return {"source": SOURCE, "group": True, "ids": [notice_id for notice_id, _ in items],
             "status": "firing" if firing else "resolved", "count": len(items),
-            "summary": _group_message(notices, None).headline,
+            "summary": group_message(notices, None).headline,
             "notices": [generic_payload(notice, notice_id, dashboard_url) for notice_id, notice in items],
             "url": f"{dashboard_url}/alerts" if dashboard_url else None}
 
@@ -235,7 +243,7 @@ def group_payload(items: Sequence[tuple[int, Notice]], fmt: str, dashboard_url: 
         raise ValueError(f"a message lists 1 to {MAX_GROUP} notices, not {len(items)}")
     now = time.time() if now is None else now
     for details in (True, False):
-        bounded = [(notice_id, _bounded(notice, details)) for notice_id, notice in items]
+        bounded = [(notice_id, bounded_notice(notice, details)) for notice_id, notice in items]
         data = json.dumps(_body(bounded, fmt, dashboard_url, now, ttl), ensure_ascii=False).encode()
         if len(data) <= MAX_PAYLOAD_BYTES:
             return data
@@ -253,7 +261,7 @@ def resend_payload(notices: Sequence[Notice], dashboard_url: Optional[str], *, n
     alerts: list[dict] = []
     size = 2
     for notice in notices:
-        for alert in alertmanager_payload(_bounded(notice), dashboard_url, now=now, ttl=ttl):
+        for alert in alertmanager_payload(bounded_notice(notice), dashboard_url, now=now, ttl=ttl):
             encoded = len(json.dumps(alert, ensure_ascii=False).encode()) + 1
             if size + encoded > MAX_PAYLOAD_BYTES:
                 break

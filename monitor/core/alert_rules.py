@@ -121,6 +121,9 @@ class Notice(_Labelled):
     peer: Optional[str] = None
     peer_name: Optional[str] = None
     held: Optional[str] = None  # why it was not sent (a held notice, kept in the history only)
+    # a model alert's servers its receivers were told of: (peer id, name, cause) — Alertmanager gets one
+    # alert per server besides the model's (not kept in the history: a notice re-read from it has none)
+    causes: tuple[tuple[str, Optional[str], str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ def _notice(alert: Alert, event: str, at: float, *, previous: Optional[str] = No
     return Notice(rule=alert.rule, kind=alert.kind, subject=alert.subject, label=source.label, event=event,
                   state=source.state, severity=source.severity, summary=source.summary, at=at,
                   since=alert.since, details=source.details, previous_state=previous,
-                  models=alert.models, peer=alert.peer, peer_name=alert.peer_name)
+                  models=alert.models, peer=alert.peer, peer_name=alert.peer_name, causes=told_causes(alert))
 
 
 def _gone(alert: Alert) -> Condition:
@@ -204,6 +207,11 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
         alert = replace(alert, notified_at=now)
         return alert, _notice(alert, REPEATED, now)
     return alert, None
+
+
+def told_causes(alert: Alert) -> tuple[tuple[str, Optional[str], str], ...]:
+    """(peer id, name, cause) of the servers behind a model alert that its receivers were told of."""
+    return tuple((c.peer, c.name, c.why) for c in alert.causes if c.told)
 
 
 def _remember(causes: Iterable[Cause], before: Iterable[Cause], now: float) -> tuple[Cause, ...]:

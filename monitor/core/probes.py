@@ -405,12 +405,16 @@ def next_probe_delay(duration: Optional[float], period: float, max_share: float,
     its recovery is what is worth knowing: probed every ``RECOVERY_AFTER`` of a period, a probe that
     would clear it confirmed after ``RECOVERY_CONFIRM_AFTER``, within ``RECOVERY_SHARE_FACTOR``
     times ``max_share`` of its time (a throttled server's probe takes several times a healthy one's:
-    at ``max_share`` alone its recovery would wait for minutes)."""
+    at ``max_share`` alone its recovery would wait for minutes). A probe worth confirming gets the
+    same relaxed share for its one confirming probe: a server that just slowed down is named slow
+    after half a period, not after ``duration / max_share`` (75 s for a 1.5 s probe at 2 %)."""
     if recovering:
         wait = (RECOVERY_CONFIRM_AFTER if confirm else RECOVERY_AFTER) * period
         max_share = min(0.5, max_share * RECOVERY_SHARE_FACTOR)
     else:
         wait = CONFIRM_AFTER * period if confirm else period
+        if confirm:
+            max_share = min(0.5, max_share * RECOVERY_SHARE_FACTOR)
     if not duration or duration <= 0:
         return wait
     return max(wait, duration / max_share)

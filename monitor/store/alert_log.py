@@ -99,7 +99,8 @@ def _notice(fields, prefix: str = "") -> Notice:
     return Notice(rule=get("rule"), kind=get("kind"), subject=get("subject"), label=get("label"), event=get("event"),
                   state=get("state"), severity=get("severity"), summary=get("summary"), at=get("at"),
                   since=get("since"), details=tuple(get("details") or ()), previous_state=get("previous_state"),
-                  models=tuple(get("models") or ()), peer=get("peer"), peer_name=get("peer_name"), held=get("held"))
+                  models=tuple(get("models") or ()), peer=get("peer"), peer_name=get("peer_name"), held=get("held"),
+                  causes=tuple((c[0], c[1], c[2]) for c in (get("causes") or ()) if len(c) >= 3))
 
 
 def load_alerts(conn: Connection) -> dict[tuple[str, str], Alert]:
@@ -137,6 +138,7 @@ def record_evaluation(conn: Connection, evaluation: Evaluation, webhooks_for: Ca
             previous_state=notice.previous_state, severity=notice.severity, summary=_cut(notice.summary, 400),
             details=jsonable(notice.details), since=notice.since, models=jsonable(notice.models),
             peer=_cut(notice.peer, 128), peer_name=_cut(notice.peer_name, 200), held=_cut(notice.held, 300),
+            causes=jsonable([[peer, name, why] for peer, name, why in notice.causes[:MAX_CAUSES]]) or None,
         )).inserted_primary_key[0]
         if notice.held is not None:
             continue

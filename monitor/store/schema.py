@@ -286,6 +286,7 @@ class AlertEventRow(SQLModel, table=True):
     peer: Optional[str] = Field(default=None, max_length=128)
     peer_name: Optional[str] = Field(default=None, max_length=200)
     held: Optional[str] = Field(default=None, max_length=300)  # why it was not sent (NULL: it was)
+    causes: Any = _json_field()  # (revision 0024) a model notice's told servers: [[peer id, name, cause], ...]
 
 
 class AlertDeliveryRow(SQLModel, table=True):

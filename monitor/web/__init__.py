@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import logging
 
-from flask import Flask, Response, current_app, jsonify, render_template, request
+from flask import Flask, Response, current_app, g, jsonify, render_template, request
 from flask_htmx import HTMX
 from werkzeug.exceptions import BadRequest, HTTPException, SecurityError
 from werkzeug.middleware.proxy_fix import ProxyFix
@@ -74,6 +74,7 @@ def create_app(
     app = Flask("monitor.web", template_folder=str(TEMPLATES), static_folder=str(STATIC), static_url_path="/static")
     _configure(app, settings)
     d = app.extensions["swarm_monitor"] = WebDeps(settings, store, demo_controls, reachability_check)
+    _log_context(app)
     _refuse_foreign_hosts(app)
     limiter = _extensions(app, settings)
     _blueprints(app, d, limiter, chat_blueprints)
@@ -97,6 +98,22 @@ def _configure(app: Flask, settings: Settings) -> None:
         hops = settings.proxy_hops
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops, x_prefix=hops)
     app.json.sort_keys = False
+
+
+def _log_context(app: Flask) -> None:
+    """Every log line of a request says which (``monitor.logs``: the method and path, as JSON logs
+    show it). Before every other hook, so that what they log belongs to it too."""
+    from monitor import logs
+
+    @app.before_request
+    def _log_about():
+        g._log_token = logs.context.set({"request": f"{request.method} {request.path}"[:300]})
+
+    @app.teardown_request
+    def _log_done(_error=None):
+        token = g.pop("_log_token", None)
+        if token is not None:
+            logs.context.reset(token)
 
 
 def _refuse_foreign_hosts(app: Flask) -> None:

@@ -10,6 +10,7 @@ so any number of workers can serve it side by side.
 
 from __future__ import annotations
 
+from monitor import logs
 from monitor.settings import load_settings
 from monitor.store import Store
 from monitor.web import create_app
@@ -17,6 +18,7 @@ from monitor.web import create_app
 
 def make_app():
     settings = load_settings()
+    logs.configure(settings.log_format)
     store = Store.from_settings(settings)
     return create_app(settings, store)
 
