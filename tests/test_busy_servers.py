@@ -101,21 +101,27 @@ def test_a_server_refusing_every_probe_as_full_while_announcing_room_is_failing_
     from monitor.core.probes import (BUSY, PROBE_TOKENS, REFUSING_CONFIRMATIONS, ServerProbe, failing_servers,
                                      refused_with_room)
 
+    # petals announces its free cache over one block's keys: a session of T tokens over the probe's 4
+    # blocks takes 2 × 4 × T of them (what the session of another client left: 8 tokens, 64 of them)
+    def room(tokens: int) -> int:
+        return 2 * 4 * tokens
+
     def probe(at: float, room, ok: bool = False) -> ServerProbe:
         return ServerProbe("QmPeer", "m", 0, 4, at=at, ok=ok, room=room,
                            error=None if ok else "Could not allocate 24576 bytes immediately: out of memory",
                            error_kind=None if ok else BUSY)
 
-    refusals = [probe(10 * i, 8192) for i in range(1, REFUSING_CONFIRMATIONS + 1)]
+    refusals = [probe(10 * i, room(1024)) for i in range(1, REFUSING_CONFIRMATIONS + 1)]
     assert all(refused_with_room(p) for p in refusals)
     assert failing_servers(refusals, now=60, max_age=120) == {"QmPeer": (
-        "refuses every session as cache full while announcing room for 8192 tokens "
+        "refuses every session as cache full while announcing room for 1024 tokens "
         "(Could not allocate 24576 bytes immediately: out of memory)")}
     # one refusal fewer, one served session among them, or no room announced (or room too small,
     # or not known): busy, never failing
     assert failing_servers(refusals[1:], now=60, max_age=120) == {}
-    assert failing_servers([*refusals[:-1], probe(40, 8192, ok=True)], now=60, max_age=120) == {}
+    assert failing_servers([*refusals[:-1], probe(40, room(1024), ok=True)], now=60, max_age=120) == {}
     assert failing_servers([*refusals[:-1], probe(40, 0)], now=60, max_age=120) == {}
-    assert failing_servers([*refusals[:-1], probe(40, PROBE_TOKENS - 1)], now=60, max_age=120) == {}
+    assert failing_servers([*refusals[:-1], probe(40, room(PROBE_TOKENS) - 1)], now=60, max_age=120) == {}
+    assert failing_servers([*refusals[:-1], probe(40, PROBE_TOKENS)], now=60, max_age=120) == {}  # (one block's)
     assert failing_servers([*refusals[:-1], probe(40, None)], now=60, max_age=120) == {}
     assert failing_servers(refusals, now=600, max_age=120) == {}  # older than the window: nothing

@@ -123,3 +123,54 @@ def test_a_session_another_client_holds_is_waited_for_then_a_429_when_none_makes
     held.close()
     assert turn(mine, engine.encode(TINY_DHT_PREFIX, "Hello")).completion_tokens == 8
     mine.close()
+
+
+def test_a_server_busy_with_a_real_session_is_never_failing_and_one_refusing_with_room_is(engines, small, tiny_model,
+                                                                                         tmp_path):
+    """The probes of a server whose cache another client's session holds are refused "cache full"
+    while it announces no room: busy, never failing, however many. The same server refusing every
+    session while its cache is empty (announcing all of it): failing, named with that reason."""
+    from monitor.core.probes import BUSY, PROBE_TOKENS, REFUSING_CONFIRMATIONS, room_tokens
+    from support import polled_prober, sqlite_store
+
+    settings = Settings(data_dir=tmp_path, initial_peers=small.initial_peers, speed_probe_period=1.0,
+                        speed_probe_max_share=0.5, speed_probe_timeout=5, correctness_checks=False,
+                        models=[ModelConfig(dht_prefix=TINY_DHT_PREFIX, num_blocks=TINY_NUM_BLOCKS)])
+    store = sqlite_store(tmp_path)
+    outsider, _ = engines()
+    held = outsider.open_session(TINY_DHT_PREFIX, 512, client="outsider")  # all but 8 tokens of the room
+    poller, prober = polled_prober(settings, store, small.dht)
+    peer = small.peer_id("small")
+
+    def rounds(count: int) -> list:
+        probes = []
+        while len(probes) < count:
+            prober.next_due.clear()  # every server due now
+            probes += [p for p in prober.run_once() if p.peer_id == peer]
+        return probes
+
+    def cause() -> str:
+        return store.latest_assessments()[TINY_DHT_PREFIX].servers[peer].cause
+
+    try:
+        turn(held, outsider.encode(TINY_DHT_PREFIX, "I keep my session open"))
+        time.sleep(6)  # its next announcement (every 5 s) says how little room is left
+        assert poller.poll_once() is not None
+        busy = rounds(REFUSING_CONFIRMATIONS + 1)
+        assert all(p.error_kind == BUSY and room_tokens(p) is not None and room_tokens(p) < PROBE_TOKENS
+                   for p in busy), busy  # (8 tokens left: announced as 8 × 2 × its 8 blocks)
+        assert cause() != "failing"
+        held.close()
+
+        small.refuse("small")  # now its cache is empty, announced so, and every session is refused
+        time.sleep(6)
+        assert poller.poll_once() is not None
+        refused = rounds(REFUSING_CONFIRMATIONS)
+        assert all(p.error_kind == BUSY and room_tokens(p) >= 512 for p in refused), refused
+        server = store.latest_assessments()[TINY_DHT_PREFIX].servers[peer]
+        assert server.cause == "failing" and "refuses every session as cache full" in server.failing, server
+    finally:
+        small.unrefuse("small")
+        held.close()
+        prober.close()
+        store.close()

@@ -116,7 +116,7 @@ class ServerProbe:
     tolerance: Optional[float] = None  # what error_ratio was judged against
     checked_against: Optional[str] = None  # BY_REFERENCE | BY_PEERS
     detail: Optional[str] = None  # e.g. which peers it disagrees with
-    room: Optional[int] = None  # the attention-cache tokens the server announced when it was probed
+    room: Optional[int] = None  # the server's announced ``cache_tokens_left`` when it was probed (see ``room_tokens``)
 
     @property
     def blocks(self) -> int:
@@ -290,15 +290,24 @@ def failing_servers(probes: Iterable[ServerProbe], *, now: float, max_age: float
             found[peer] = kept[0].error or "the server answered with an error"
         elif len(refusals) == REFUSING_CONFIRMATIONS and all(refused_with_room(p) for p in refusals):
             found[peer] = (f"refuses every session as cache full while announcing room for "
-                           f"{min(p.room for p in refusals)} tokens ({kept[0].error or 'no room'})")
+                           f"{min(room_tokens(p) for p in refusals)} tokens ({kept[0].error or 'no room'})")
     return found
+
+
+def room_tokens(probe: ServerProbe) -> Optional[int]:
+    """How long a session over the probe's span the server's announced room holds. petals announces
+    ``cache_tokens_left`` as its free cache over one block's keys (``bytes_left`` / (hidden size ×
+    dtype size / key-value groups)): a session of T tokens over B blocks takes 2 × B × T of them."""
+    if probe.room is None:
+        return None
+    return probe.room // (2 * max(1, probe.blocks))
 
 
 def refused_with_room(probe: ServerProbe) -> bool:
     """The server refused the probe's session for want of cache room (``BUSY``) while it announced
     room enough for it."""
-    return (not probe.ok and probe.error_kind == BUSY and probe.room is not None
-            and probe.room >= PROBE_TOKENS)
+    tokens = room_tokens(probe)
+    return not probe.ok and probe.error_kind == BUSY and tokens is not None and tokens >= PROBE_TOKENS
 
 
 def first_server_error(probe: ServerProbe, before: Optional[ServerProbe]) -> bool:
