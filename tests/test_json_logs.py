@@ -100,11 +100,19 @@ def test_a_line_inside_a_request_or_a_job_says_which(tmp_path):
         store = sqlite_store(tmp_path)
         app = create_app(Settings(data_dir=tmp_path, initial_peers=[]), store)
         app.add_url_rule("/spec-logs", "spec_logs", lambda: (said.warning("inside the request"), "ok")[1])
+        app.add_url_rule("/spec-logs/<path:rest>", "spec_logs_rest", lambda rest: (said.warning("hostile path"), "ok")[1])
         assert app.test_client().get("/spec-logs?x=1").status_code == 200
+        # a visitor's path forging a JSON field, and a huge one: still one line each, the path a string
+        # inside it, cut at 300 characters (a line break never reaches a view: no route matches it)
+        assert app.test_client().get('/spec-logs/a%22,%22level%22:%22CRITICAL').status_code == 200
+        assert app.test_client().get("/spec-logs/" + "x" * 5000).status_code == 200
         store.close()
     finally:
         said.removeHandler(handler)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [(line["message"], line.get("job"), line.get("request")) for line in lines] == [
-        ("inside the job", "scrape", None), ("outside", None, None), ("inside the request", None, "GET /spec-logs")]
+        ("inside the job", "scrape", None), ("outside", None, None), ("inside the request", None, "GET /spec-logs"),
+        ("hostile path", None, 'GET /spec-logs/a","level":"CRITICAL'),
+        ("hostile path", None, ("GET /spec-logs/" + "x" * 5000)[:300])]
+    assert all(line["level"] == "WARNING" for line in lines)
     assert lines[0]["level"] == "WARNING" and lines[0]["logger"] == "spec.json-logs" and lines[0]["time"].endswith("Z")

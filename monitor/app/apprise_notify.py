@@ -50,7 +50,7 @@ def text(notices: Sequence[Notice], dashboard_url: Optional[str]) -> tuple[str, 
     bounded = [bounded_notice(n) for n in notices]
     msg = message(bounded[0], dashboard_url) if len(bounded) == 1 else group_message(bounded, dashboard_url)
     title = short_error(_line(msg.headline), TITLE_CHARS)
-    body = "\n".join(_line(line) for line in (msg.headline, *msg.lines) if _line(line))
+    body = "\n".join(line for line in map(_line, (msg.headline, *msg.lines)) if line)
     return title, body
 
 
@@ -92,8 +92,8 @@ _TELLING = re.compile(r"exception|error|refused|denied|timed? ?out|unauthori[sz]
 
 
 def reason(lines: Sequence[str]) -> str:
-    """Why Apprise's target did not take a message, from what it logged: its last warning, and the
-    last detail that says what the other side answered (a socket error, an SMTP or HTTP code)."""
+    """Why Apprise's target did not take a message, from what it logged: the last detail that says
+    what the other side answered (a socket error, an SMTP or HTTP code), else its last warning."""
     warnings = [line.split(" ", 1)[1] for line in lines if line.startswith(("WARNING ", "ERROR ")) and " " in line]
     details = [line.split(" ", 1)[1] for line in lines if line.startswith("DEBUG ") and _TELLING.search(line)]
     said = details[-1] if details else warnings[-1] if warnings else "no reason given"

@@ -157,32 +157,33 @@ def alertmanager_labels(notice: Notice, severity: Optional[str] = None) -> dict[
 
 def alertmanager_payload(notice: Notice, dashboard_url: Optional[str], *, now: float, ttl: float) -> list[dict]:
     """The alerts to push for one notice: firing (``endsAt`` ``ttl`` ahead) or resolved (``endsAt``
-    its time); a change of severity resolves the alert of the old one (its labels differ)."""
+    its time); a change of severity resolves the alert of the old one (its labels differ).
+
+    A model's notice is the model's alert and one per server behind it that its receivers were told
+    of (labels ``peer`` and ``cause``): a server that is news makes the model's group gain an alert,
+    so Alertmanager notifies (it does not when only an alert's text changes); one no longer behind
+    it is not re-sent and ends after ``ttl``; the model's recovery ends them all."""
     url = subject_url(notice, dashboard_url)
-    annotations = {"summary": notice.summary, "description": "\n".join(notice.details),
-                   "dashboard_url": url or "", "label": notice.label, "peer_name": notice.peer_name or ""}
     resolved = notice.event == RESOLVED
     # a recovery carries the severity of what it ends ("ok" would be another alert to Alertmanager)
     severity = severity_for(notice.kind, notice.previous_state) if resolved and notice.previous_state else None
-    alert = {"labels": alertmanager_labels(notice, severity), "startsAt": iso(notice.since, milliseconds=True),
-             "endsAt": iso(notice.at if resolved else now + ttl, milliseconds=True),
-             "annotations": {name: value for name, value in annotations.items() if value}}
-    if url:
-        alert["generatorURL"] = url
-    if notice.kind in MODEL_KINDS:
-        # the model's alert, and one per server behind it that its receivers were told of (labels
-        # ``peer`` and ``cause``): a server that is news makes the model's group gain an alert, so
-        # Alertmanager notifies (it does not when only an alert's text changes); one no longer behind
-        # it is not re-sent and ends after ``ttl``; the model's recovery ends them all
-        alert["labels"] = alertmanager_labels(replace(notice, peer=None), severity)
-        alerts = [alert] + [{**alert, "labels": {**alertmanager_labels(replace(notice, peer=peer), severity),
-                                                 "cause": short_error(why or "?", 64)},
-                             "annotations": {**alert["annotations"], "peer_name": name or ""}}
-                            for peer, name, why in notice.causes[:MAX_CAUSE_ALERTS]]
-        for each in alerts[1:]:
-            each["annotations"] = {k: v for k, v in each["annotations"].items() if v}
-    else:
-        alerts = [alert]
+    model = notice.kind in MODEL_KINDS
+
+    def one(labels: dict[str, str], peer_name: Optional[str]) -> dict:
+        annotations = {"summary": notice.summary, "description": "\n".join(notice.details),
+                       "dashboard_url": url or "", "label": notice.label, "peer_name": peer_name or ""}
+        alert = {"labels": labels, "startsAt": iso(notice.since, milliseconds=True),
+                 "endsAt": iso(notice.at if resolved else now + ttl, milliseconds=True),
+                 "annotations": {name: value for name, value in annotations.items() if value}}
+        if url:
+            alert["generatorURL"] = url
+        return alert
+
+    alert = one(alertmanager_labels(replace(notice, peer=None) if model else notice, severity), notice.peer_name)
+    alerts = [alert]
+    if model:
+        alerts += [one({**alertmanager_labels(replace(notice, peer=peer), severity), "cause": short_error(why or "?", 64)},
+                       name) for peer, name, why in notice.causes[:MAX_CAUSE_ALERTS]]
     if notice.event == CHANGED and notice.previous_state:
         before = severity_for(notice.kind, notice.previous_state)
         if before != notice.severity:

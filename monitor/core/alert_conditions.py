@@ -209,12 +209,12 @@ def _model_condition(rule: Rule, dht_prefix: str, model: Optional[ModelView]) ->
     return Condition(subject=dht_prefix, label=label, active=active, state=state if active else "ok",
                      severity=severity_for(rule.kind, state if active else "ok"),
                      summary=short_error(summary, SUMMARY_CHARS),
-                     details=_details(_with_left(reasons, troubled, state if active else "ok")), models=(dht_prefix,),
+                     details=_details(_naming_causes(reasons, troubled, state if active else "ok")), models=(dht_prefix,),
                      causes=troubled if active else (),
                      confirmed=active and model is not None and model.confirmed)
 
 
-def _with_left(reasons: Iterable[str], causes: Iterable[Cause], state: str) -> list[str]:
+def _naming_causes(reasons: Iterable[str], causes: Iterable[Cause], state: str) -> list[str]:
     """A model's reasons, after the servers behind it that none of them names (its assessment's
     reasons name no server that left, nor one whose blocks others still serve)."""
     reasons = list(reasons)

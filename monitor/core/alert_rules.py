@@ -56,7 +56,7 @@ from monitor.core.alert_conditions import (  # noqa: F401  (the rules' vocabular
     Condition, severity_for, conditions,
 )
 
-# rule kinds
+
 # ---- the memory and the output --------------------------------------------------------------
 
 
