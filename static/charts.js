@@ -1,7 +1,8 @@
 /* Renders the dashboard's plotly figures and keeps htmx refreshes gentle.
  *
- * Figures are built on the server (plotly, Python) and shipped as JSON in a
- * <script type="application/json"> block inside each .chart element: no script is built from data.
+ * Figures are built on the server (plain dicts in plotly.js's schema: monitor/web/charts.py) and
+ * shipped as JSON in each .chart element's data-figure attribute (htmx drops script elements from
+ * what it swaps in): no script is built from data.
  * After every htmx swap, new charts are drawn and <details> that were open stay open.
  */
 (function () {
@@ -34,15 +35,15 @@
     if (!window.Plotly) { return; }
     var figure = el.__figure;
     if (!figure) {
-      var block = el.querySelector('script[type="application/json"]');
-      if (!block) { return; }
+      var text = el.getAttribute("data-figure");
+      if (!text) { return; }
       try {
-        figure = JSON.parse(block.textContent);
+        figure = JSON.parse(text);
       } catch (err) {
         el.textContent = "chart data could not be read";
         return;
       }
-      block.remove();
+      el.removeAttribute("data-figure");
       el.__figure = figure;
     }
     var layout = themed(figure.layout || {});

@@ -794,5 +794,10 @@ def elements(html: str) -> _Elements:
     return parser
 
 
+def figures(html: str) -> list[dict]:
+    """The chart figures a page ships to charts.js (each ``.chart``'s ``data-figure``), in page order."""
+    return [json.loads(attrs["data-figure"]) for _, attrs in elements(html).tags if "data-figure" in attrs]
+
+
 def text_of(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))

@@ -10,8 +10,6 @@ page's heatmap and the overview's sparkline end at the latest poll as well.
 
 from __future__ import annotations
 
-import json
-import re
 
 import pytest
 
@@ -20,7 +18,7 @@ from monitor.core.snapshot import JOINING, ONLINE, ReachabilityBatch, Reachabili
 from monitor.store import Store
 from monitor.web import create_app
 from monitor.web.charts import axis_time
-from support import TINY, peer, web_settings
+from support import TINY, figures, peer, web_settings
 
 STAYS, LEAVES = peer("stays-online"), peer("leaves")
 
@@ -51,10 +49,6 @@ def history(tmp_path):
     app = create_app(settings, store)
     yield app, times
     store.close()
-
-
-def figures(html: str) -> list[dict]:
-    return [json.loads(text) for text in re.findall(r'<script type="application/json">(.*?)</script>', html, re.S)]
 
 
 def test_the_peer_charts_run_to_the_latest_poll_like_the_api(history):

@@ -7,8 +7,10 @@ pages say, without a browser: ``test_badges.py``, ``test_status_page.py``, ``tes
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 from werkzeug.serving import make_server
 
@@ -104,3 +106,46 @@ def test_the_overview_and_the_model_page_stay_a_readable_height(simulated_swarm,
     finally:
         server.shutdown()
         thread.join(10)
+
+
+# ---- the vendored browser assets ---------------------------------------------------------------
+
+LOCK = json.loads((Path(__file__).resolve().parent.parent / "static" / "vendor" / "vendor.json").read_text())
+
+
+def test_every_chart_draws_and_htmx_swaps_with_the_vendored_htmx_and_plotly_cartesian_bundle(populated, browser):
+    """The files ``static/vendor/vendor.json`` locks (scripts/vendor_assets.py) draw every chart of the
+    overview, a model page (its coverage heatmap too) and a peer page, and htmx still swaps a page's
+    live part and the charts in it are drawn again — with no error in the console."""
+    app = populated[0]
+    pages = {"/": 1, f"/models/{TINY.dht_prefix}": 3, f"/peers/{PEERS['full']}": 2}
+    with serve(app) as base:
+        tab = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = []
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        for path, at_least in pages.items():
+            tab.goto(base + path)
+            tab.wait_for_function("() => document.querySelectorAll('.chart').length > 0 && "
+                                  "[...document.querySelectorAll('.chart')].every(c => c.querySelector('.main-svg'))")
+            assert tab.locator(".chart").count() >= at_least, path
+            assert tab.evaluate("window.Plotly.version") == LOCK["plotly.js-cartesian-dist-min"]["version"]
+            assert tab.evaluate("window.htmx.version") == LOCK["htmx.org"]["version"]
+            traces = tab.evaluate("[...document.querySelectorAll('.chart')].flatMap(c => c.data.map(t => t.type))")
+            assert traces and set(traces) <= {"scatter", "bar", "heatmap"}, traces
+            if path.startswith("/models/"):
+                assert "heatmap" in traces
+                assert tab.locator(".chart .heatmaplayer image").count() >= 1  # the heatmap is drawn, not skipped
+        # the overview's live part, refreshed by htmx as its every-N-seconds trigger would, sooner
+        tab.goto(base + "/")
+        tab.wait_for_function("() => document.querySelector('#overview-live .chart .main-svg')")
+        tab.evaluate("""() => { window.__swaps = 0;
+            document.body.addEventListener('htmx:afterSwap', () => { window.__swaps += 1 });
+            document.querySelector('#overview-live .chart').dataset.old = '1';
+            const live = document.getElementById('overview-live');
+            live.setAttribute('hx-trigger', 'every 1s'); htmx.process(live); }""")
+        tab.wait_for_function("() => window.__swaps >= 1", timeout=15_000)
+        tab.wait_for_function("() => document.querySelector('#overview-live .chart .main-svg')")
+        assert tab.evaluate("document.querySelector('#overview-live .chart').dataset.old") is None  # new content
+        assert errors == []
+        tab.close()

@@ -9,9 +9,11 @@ session (conftest's ``populated``). The overview while PostgreSQL is away: ``tes
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,9 @@ from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import Store
 from monitor.web import create_app
-from support import BOOTSTRAP_ADDR, OTHER, PEERS, TINY, elements, peer, poll_rows, text_of, web_settings
+from support import BOOTSTRAP_ADDR, OTHER, PEERS, TINY, elements, figures, peer, poll_rows, text_of, web_settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # ---- pages -----------------------------------------------------------------------------------
 
@@ -118,9 +122,9 @@ def test_model_page_draws_one_span_row_per_server_with_its_state_in_words(client
 
 def test_model_page_has_redundancy_chart_and_24h_and_7d_heatmaps(client):
     html = client.get("/models/tiny-llama").get_data(as_text=True)
-    figures = [text for attrs, text in elements(html).scripts if attrs.get("type") == "application/json"]
-    assert len(figures) == 3  # redundancy + two heatmaps
-    assert all('"data"' in f and '"layout"' in f for f in figures)
+    shipped = figures(html)
+    assert len(shipped) == 3  # redundancy + two heatmaps
+    assert [[t["type"] for t in f["data"]][:1] for f in shipped] == [["bar"], ["heatmap"], ["heatmap"]]
     heat = client.get("/models/tiny-llama", headers={"HX-Request": "true", "HX-Target": "model-heatmaps"})
     assert "Last 7 days" in heat.get_data(as_text=True) and "<html" not in heat.get_data(as_text=True)
 
@@ -134,8 +138,7 @@ def test_peer_page_shows_what_it_announces_its_score_and_history(client):
                      "direct", "How the score is computed", "uptime", "Latest chat requests"):
         assert expected in text, expected
     assert re.search(r"Score: \d+ / 100", text)
-    figures = [t for a, t in elements(html).scripts if a.get("type") == "application/json"]
-    assert len(figures) == 4  # state, throughput, reachability, chats
+    assert len(figures(html)) == 4  # state, throughput, reachability, chats
 
 
 def test_a_peer_gone_from_the_latest_poll_still_has_a_page_and_unknown_ones_404(client):
@@ -171,17 +174,27 @@ def test_every_page_sends_a_csp_without_inline_scripts_and_has_none(client):
         script_src = next(part for part in csp.split(";") if part.strip().startswith("script-src"))
         assert script_src.split() == ["script-src", "'self'"]
         for attrs, text in elements(response.get_data(as_text=True)).scripts:
-            assert attrs.get("src", "").startswith("/static/") or attrs.get("type") == "application/json", attrs
+            assert attrs.get("src", "").startswith("/static/"), attrs  # charts' figures are attributes
             assert not ("src" in attrs and text.strip())
 
 
-def test_htmx_and_plotly_are_served_from_the_installed_packages(client):
-    htmx = client.get("/static/htmx/htmx.min.js")
-    assert htmx.status_code == 200 and b"htmx" in htmx.data[:200]
-    for ext in ("sse.js", "ws.js"):
-        assert client.get(f"/static/htmx/ext/{ext}").status_code == 200
-    plotly = client.get("/static/plotly.min.js")
-    assert plotly.status_code == 200 and b"plotly.js v" in plotly.data[:200]
+def test_htmx_plotly_and_swagger_ui_are_served_from_their_vendored_files_at_the_locked_versions(client):
+    """static/vendor/vendor.json (scripts/vendor_assets.py) locks each package's version; the pages
+    point at those files with the version in the address, and each file is what the lock says."""
+    lock = json.loads((ROOT / "static" / "vendor" / "vendor.json").read_text())
+    page = client.get("/").get_data(as_text=True)
+    htmx = f"/static/vendor/htmx.org/htmx.min.js?v={lock['htmx.org']['version']}"
+    assert htmx in page
+    answer = client.get(htmx)
+    assert answer.status_code == 200 and f'version:"{lock["htmx.org"]["version"]}"' in answer.get_data(as_text=True)
+    plotly = f"/static/vendor/plotly.js-cartesian-dist-min/plotly-cartesian.min.js?v=" \
+             f"{lock['plotly.js-cartesian-dist-min']['version']}"
+    assert plotly in page
+    head = client.get(plotly).data[:300].decode()
+    assert f"plotly.js (cartesian - minified) v{lock['plotly.js-cartesian-dist-min']['version']}" in head
+    for package, entry in lock.items():  # each with its licence
+        assert "LICENSE" in entry["files"].values()
+        assert client.get(f"/static/vendor/{package}/LICENSE").status_code == 200
     assert client.get("/static/app.css").status_code == 200
     assert client.get("/static/charts.js").status_code == 200
 

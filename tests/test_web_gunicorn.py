@@ -90,7 +90,7 @@ def test_gunicorn_serves_the_dashboard_from_postgres_and_runs_no_poller(gunicorn
         found = re.search(r'^process_resident_memory_bytes\{pid="(\d+)"\} [0-9.e+]+$', text, re.M)
         assert found and f'python_gc_objects_collected_total{{generation="0",pid="{found[1]}"}}' in text
         answered_by.add(int(found[1]))
-    assert _get(base + "/static/plotly.min.js")[0] == 200
+    assert _get(base + "/static/vendor/plotly.js-cartesian-dist-min/plotly-cartesian.min.js")[0] == 200
 
     # no scheduler in the web workers: no new poll, no DHT daemon among gunicorn's processes
     time.sleep(2)

@@ -102,7 +102,9 @@ def test_the_installed_wheel_serves_every_page_and_asset_from_outside_the_checko
     store.close()
     pages = ["/", f"/models/{TINY.dht_prefix}", f"/peers/{PEERS['full']}", "/login", "/healthz", "/metrics",
              "/api/v1/state", "/api/v1/models", f"/api/v1/peers/{PEERS['full']}/history", f"/api/v1/routing/{TINY.dht_prefix}",
-             "/static/app.css", "/static/charts.js", "/static/htmx/htmx.min.js", "/static/plotly.min.js"]
+             "/static/app.css", "/static/charts.js", "/static/vendor/htmx.org/htmx.min.js",
+             "/static/vendor/plotly.js-cartesian-dist-min/plotly-cartesian.min.js",
+             "/static/vendor/swagger-ui-dist/swagger-ui-bundle.js"]
     result = json.loads(run(SERVE_EVERYTHING, url, settings.model_dump_json(), *pages))
     assert result["monitor"].startswith(str(fresh_site)) and result["chat"].startswith(str(fresh_site))
     assert set(result["statuses"].values()) == {200}, result["statuses"]

@@ -20,6 +20,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from monitor.http_errors import openai_error_body
 from monitor.settings import Settings
 from monitor.web import security, timerange
+from monitor.web.assets import vendored
 from monitor.web.cache import WebCache
 
 
@@ -143,9 +144,9 @@ def _extensions(app: Flask, settings: Settings):
 
 def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> None:
     """Every page and API; the demo panel with the demo; the chat's, each within the chat's rate limit."""
-    from monitor.web import alerts, api, assets, demo, health, limits, metrics, mutes, my_server, pages, search
+    from monitor.web import alerts, api, demo, health, limits, metrics, mutes, my_server, pages, search
 
-    for module in (assets, pages, api, metrics, health, alerts, mutes, search, my_server):
+    for module in (pages, api, metrics, health, alerts, mutes, search, my_server):
         app.register_blueprint(module.bp)
     from monitor.web import badges, notes, status
 
@@ -173,6 +174,8 @@ def _page_context(app: Flask, settings: Settings, *, demo_enabled: bool) -> None
     @app.context_processor
     def _common():
         return common
+
+    app.add_template_global(vendored)
 
 
 def _response_headers(app: Flask) -> None:
@@ -215,7 +218,7 @@ def _error_handlers(app: Flask) -> None:
         # every page (StoreNotMigrated, below): one small query per request until the schema is
         # there, none after; static files still load (the error page needs its stylesheet)
         endpoint = request.endpoint or "static"
-        if not (endpoint == "static" or endpoint.endswith(".static") or endpoint.startswith("assets.")):
+        if not (endpoint == "static" or endpoint.endswith(".static")):
             deps().store.check_schema()
 
     @app.errorhandler(StoreError)  # down, locked or unmigrated: the pages answer 503 with the reason

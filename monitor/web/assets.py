@@ -1,25 +1,28 @@
-"""htmx (with its sse/ws extensions) and plotly.js, served from their installed Python packages,
-so the dashboard works with no internet access."""
+"""The browser's third-party files: htmx, plotly.js (its cartesian bundle) and Swagger UI, vendored
+from their npm packages into ``static/vendor/<package>/`` at the versions ``static/vendor/vendor.json``
+locks (``scripts/vendor_assets.py`` fetches, checks and upgrades them), so the dashboard works with
+no internet access. Flask's static route serves them; ``vendored`` names one in a template, with the
+package's version in the address so that a browser never keeps an old copy past an upgrade."""
 
 from __future__ import annotations
 
-from importlib.resources import files
+import json
+from functools import cache
 from pathlib import Path
 
-from flask import Blueprint, send_from_directory
-
-bp = Blueprint("assets", __name__)
-
-HTMX_DIR = Path(str(files("js_lib_htmx") / "static" / "htmx"))  # django-js-lib-htmx: htmx 2
-PLOTLY_DIR = Path(str(files("plotly") / "package_data"))
-ASSET_MAX_AGE = 24 * 3600
+from flask import url_for
 
 
-@bp.get("/static/htmx/<path:filename>")
-def htmx(filename: str):
-    return send_from_directory(HTMX_DIR, filename, max_age=ASSET_MAX_AGE)
+@cache
+def _lock(static: str) -> dict:
+    return json.loads((Path(static) / "vendor" / "vendor.json").read_text())
 
 
-@bp.get("/static/plotly.min.js")
-def plotly():
-    return send_from_directory(PLOTLY_DIR, "plotly.min.js", max_age=ASSET_MAX_AGE)
+def vendored(package: str, filename: str) -> str:
+    """The address of one vendored file (a template global)."""
+    from flask import current_app
+
+    entry = _lock(current_app.static_folder)[package]
+    if filename not in entry["files"].values():
+        raise KeyError(f"{package} has no vendored {filename}")
+    return url_for("static", filename=f"vendor/{package}/{filename}", v=entry["version"])

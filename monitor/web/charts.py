@@ -14,7 +14,6 @@ import math
 import statistics
 from typing import Iterable, Optional, Sequence
 
-from markupsafe import Markup
 
 from monitor.core import timefmt
 
@@ -67,12 +66,12 @@ def _figure(data: Sequence[dict], layout: dict) -> dict:
     return {"data": list(data), "layout": layout}
 
 
-def figure_json(figure: dict) -> Markup:
-    """JSON for a ``<script type="application/json">`` block: ``<``, ``>``, ``&`` escaped, so no
-    peer-announced text inside a label can close the block."""
-    text = json.dumps(figure, separators=(",", ":"), allow_nan=False, default=str)
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return Markup(text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+def figure_json(figure: dict) -> str:
+    """JSON for a chart's ``data-figure`` attribute (plain text: the template escapes it as every
+    attribute). An attribute, not a ``<script type="application/json">`` block: htmx drops every
+    script element of what it swaps in (``allowScriptTags`` is off), which left refreshed charts
+    empty."""
+    return json.dumps(figure, separators=(",", ":"), allow_nan=False, default=str)
 
 
 def plain(text: object) -> str:
