@@ -36,6 +36,7 @@ import time
 from collections import deque
 from typing import Callable, Iterator, Optional, Sequence, Union
 
+from monitor.core.calibration import Given
 from monitor.core.requests import CANCELLED, ERROR, OK, RequestRecord
 from monitor.core.route_choice import RouteChoice
 
@@ -132,6 +133,8 @@ def answer_batch(chat: RequestContext, name: str, rows: Sequence[Sequence[int]],
                                                 param="max_tokens", prompt_tokens=len(prompts[0]))
         chat.admission.check_route_choice(model.name, choice, prompt_tokens=max(len(r) for r in rows),
                                           max_tokens=params.max_new_tokens)
+        record.forecast = given_forecast(chat, model.name, prompt_tokens=max(len(r) for r in rows),
+                                         max_tokens=params.max_new_tokens, continued=follow is not None)
         waiting = time.perf_counter()
         slots = chat.slots.take(client, wanted=len(groups), on_wait=on_wait)
         record.waited = time.perf_counter() - waiting
@@ -170,6 +173,19 @@ def answer_batch(chat: RequestContext, name: str, rows: Sequence[Sequence[int]],
 
     return BatchAnswer(open_group, groups, slots, stop_event, record=record, rows=len(rows),
                        keep=keep if keepable else None, handle=handle)
+
+
+def given_forecast(chat: RequestContext, name: str, *, prompt_tokens: int, max_tokens: int,
+                   continued: bool) -> Optional[Given]:
+    """The forecast a request is given at admission, as its row keeps it (what ``POST /v1/estimate``
+    would say now, on the route it would take); None when none can be made (never a failed request)."""
+    try:
+        told, _ = chat.admission.forecast_route(name, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                                                continued=continued)
+        return told.given
+    except Exception as e:  # noqa: BLE001 - a row without its forecast, not a failed request
+        log.warning("no forecast kept for a request of %s: %r", name, e)
+        return None
 
 
 def resume(chat: RequestContext, model, follow: FollowUp, *, client: Optional[str], choice: Optional[RouteChoice],
@@ -441,6 +457,7 @@ class RequestLog:
         self.follow_up = False  # it came with the handle of an answer it follows (``chat.kept``)
         self.continued = False  # and continued that answer's kept session
         self.not_resent = 0  # tokens of its prompt the swarm did not get again (the kept session had them)
+        self.forecast: Optional[Given] = None  # what it was told at admission (``given_forecast``)
         self._finished: list[Finished] = []
         self._rows = 1
         self._written = False
@@ -489,7 +506,7 @@ class RequestLog:
             tokens=sum(f.completion_tokens for f in finished),
             tokens_per_second=statistics.median(speeds) if speeds else None,
             failovers=sum(getattr(s, "failovers", 0) for s in sessions or ()), follow_up=self.follow_up,
-            continued=continued, tokens_not_resent=self.not_resent if continued else 0)
+            continued=continued, tokens_not_resent=self.not_resent if continued else 0, forecast=self.forecast)
         try:
             self.sink(record)
         except Exception as e:  # noqa: BLE001 - the row is lost, the request is not

@@ -15,17 +15,24 @@ for a request that would take ``route`` beside the requests on its busiest serve
 answered requests most like it, the first group with at least ``MIN_REQUESTS``: the same route at a
 similar load (within ``LOAD_MARGIN``), a similar load on any route, the same route at any load, all
 of them; the medians of that group are its figures, and what eight in ten of it got (``SPREAD``)
-their ranges.
+their ranges — as calibrated on how the forecasts' own ranges fared (``core/calibration.py``): each
+request row keeps the forecast it was given (``Forecast.given``), and the model's recent answered
+requests say how far outside (or inside) the requests alike's ranges the real figures fell, per load
+band; the stated range is moved by that, so that eight in ten requests do fall within it. The wait
+has a range too: the queue's figure, calibrated the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
+from monitor.core import calibration
 from monitor.core.assessment import Assessment
+from monitor.core.calibration import Calibration, Given, Scored
 from monitor.core.common import MINUTE
-from monitor.core.requests import OK, RequestRecord, percentile
+from monitor.core.requests import LATENCY_WINDOWS, OK, RequestRecord, percentile
 
 WINDOW = 30 * MINUTE
 MIN_REQUESTS = 5  # answered requests in the window the figures rest on, at least; else the probes'
@@ -104,6 +111,9 @@ class ForecastInputs:
     recommendation: Optional[str] = None  # what a new server should serve, e.g. "--block_indices 4:8"
     recommendation_reason: Optional[str] = None
     observed: tuple[Observed, ...] = ()  # the answered requests, with their routes and loads (newest last)
+    calibration: Calibration = Calibration()  # how the ranges move, from the forecasts' own record
+    record: dict = dataclasses.field(default_factory=dict)  # ``calibration.track_record`` of the window's requests
+    gone_wrong: tuple[str, ...] = ()  # the figures whose ranges held too rarely of late (``calibration.gone_wrong``)
 
 
 @dataclass(frozen=True)
@@ -119,11 +129,16 @@ class Forecast:
     # under load one figure cannot say it all — requests alike scatter
     time_to_first_token_range: Optional[tuple[float, float]] = None
     tokens_per_second_range: Optional[tuple[float, float]] = None
+    wait_range: Optional[tuple[float, float]] = None
+    calibrated_on: int = 0  # answered requests whose forecasts' record moved the ranges (0: not calibrated yet)
+    gone_wrong: tuple[str, ...] = ()  # figures whose ranges held for under 65 % of the newest requests
+    given: Optional[Given] = None  # all of it as a request row keeps it (``core/calibration.py``)
 
     def to_dict(self) -> dict:
         short = lambda value: float(f"{value:.4g}") if isinstance(value, float) else value  # noqa: E731
         return {key: [short(v) for v in value] if isinstance(value, tuple) else short(value)
-                for key, value in asdict(self).items()}
+                for key, value in asdict(self).items() if key not in ("given", "gone_wrong")} \
+            | {"gone_wrong": list(self.gone_wrong)}
 
 
 SPREAD = (10, 90)  # the percentiles a forecast's ranges run between
@@ -144,14 +159,23 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
                               continued=r.continued)
                      for r, load in zip(recent, load_of) if r.outcome == OK)[-MAX_OBSERVED:]
     cache = [b.cache_tokens_left for b in (assessment.blocks if assessment else ()) if b.cache_tokens_left is not None]
+    told = scored(done)
     return ForecastInputs(
-        model=model, requests=len(done), observed=observed,
+        model=model, requests=len(done), observed=observed, calibration=calibration.calibrate(told),
+        record=calibration.track_record(told), gone_wrong=tuple(calibration.gone_wrong(told)),
         time_to_first_token=percentile([r.time_to_first_token for r in done], 50),
         tokens_per_second=percentile([r.tokens_per_second for r in done], 50),
         est_tokens_per_s=assessment.est_tokens_per_s if assessment else None,
         cache_tokens_left=min(cache) if cache else None,
         recommendation=assessment.recommendation.argument if assessment and assessment.recommendation else None,
         recommendation_reason=assessment.recommendation.reason if assessment and assessment.recommendation else None)
+
+
+def scored(records: Iterable[RequestRecord]) -> list[Scored]:
+    """The answered requests that kept their forecast, with what they got (oldest first)."""
+    return [Scored(r.forecast, {"wait": r.waited, "time_to_first_token": r.time_to_first_token,
+                                "tokens_per_second": r.tokens_per_second if r.tokens > 1 else None})
+            for r in records if r.outcome == OK and r.forecast is not None]
 
 
 def like(observed: Sequence[Observed], *, route: Optional[Sequence[str]], load: Optional[int],
@@ -199,5 +223,29 @@ def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_toke
         ttft = 1.0 / speed
     total = wait + ttft + max(0, max_tokens - 1) / speed if speed else None
     room = None if known.cache_tokens_left is None else known.cache_tokens_left >= prompt_tokens + max_tokens
+    load_met = float(load if load is not None else 1)
+    told, rested = {}, 0
+    for name, median, base in (("wait", float(wait), None), ("time_to_first_token", ttft,
+                                                            ranges.get("time_to_first_token_range")),
+                               ("tokens_per_second", speed, ranges.get("tokens_per_second_range"))):
+        shift, on = known.calibration.shift(load_met, name)
+        told[name] = calibration.widen(name, median, base, shift)
+        rested = max(rested, on)
+    given = Given(load=load_met, source=source, based_on=based_on, calibrated_on=rested, **told)
     return Forecast(wait=float(wait), time_to_first_token=ttft, tokens_per_second=speed, total=total,
-                    cache_room=room, source=source, based_on=based_on, **ranges)
+                    cache_room=room, source=source, based_on=based_on,
+                    time_to_first_token_range=told["time_to_first_token"].range,
+                    tokens_per_second_range=told["tokens_per_second"].range, wait_range=told["wait"].range,
+                    calibrated_on=rested, gone_wrong=known.gone_wrong, given=given)
+
+
+def forecast_record(records: Iterable[RequestRecord], *, now: float) -> dict:
+    """How the forecasts fared (``core/calibration.py``): per window (30 minutes, a day) and figure,
+    the answered requests that were told a range, the share of them within it and the median error
+    of the medians; and the figures whose ranges held for under ``WRONG_BELOW`` of the newest
+    ``WATCH`` answered requests (the forecast has gone wrong)."""
+    done = [r for r in records if r.outcome == OK and r.forecast is not None]
+    return {"coverage": calibration.COVERAGE, "wrong_below": calibration.WRONG_BELOW, "watched": calibration.WATCH,
+            "windows": {name: calibration.track_record(scored(r for r in done if r.at >= now - span))
+                        for name, span in LATENCY_WINDOWS},
+            "gone_wrong": calibration.gone_wrong(scored(done))}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 from monitor.core.assessment import RouteHop
+from monitor.core.calibration import Given
 from monitor.core.common import DAY, MINUTE
 
 OK, ERROR, CANCELLED = "ok", "error", "cancelled"
@@ -58,6 +59,7 @@ class RequestRecord:
     follow_up: bool = False  # it came with the handle of the answer it follows (a kept session's)
     continued: bool = False  # it continued that kept session: only its new tokens went through the swarm
     tokens_not_resent: int = 0  # tokens of its prompt the kept session already held
+    forecast: Optional[Given] = None  # the forecast it was given at admission (``core/calibration.py``)
 
     @property
     def peers(self) -> frozenset[str]:

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from monitor.core.common import HOUR, finite
 from monitor.core.assessment import RouteHop
+from monitor.core.calibration import Given
 from monitor.core.requests import APIS, MAX_HOPS, MAX_ROWS, OUTCOMES, RequestRecord, hour_figures
 from monitor.store import hours
 from monitor.store.schema import HourlyRequestsRow, Peer, RequestHopRow, RequestRow
@@ -36,7 +37,8 @@ def clean(record: RequestRecord) -> Optional[dict]:
             "error_kind": None if record.error_kind is None else str(record.error_kind)[:32],
             "tokens": max(0, min(int(record.tokens), 1 << 30)), "failovers": max(0, min(int(record.failovers), 1 << 20)),
             "route": route, "follow_up": bool(record.follow_up), "continued": bool(record.continued),
-            "tokens_not_resent": max(0, min(int(record.tokens_not_resent), 1 << 30)), **numbers}
+            "tokens_not_resent": max(0, min(int(record.tokens_not_resent), 1 << 30)),
+            "forecast": record.forecast.to_json() if isinstance(record.forecast, Given) else None, **numbers}
 
 
 def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
@@ -77,7 +79,7 @@ def _record(r) -> RequestRecord:
         route=tuple(RouteHop(str(p), int(s), int(e)) for p, s, e in (r.get("route") or ())), waited=r["waited"],
         time_to_first_token=r["time_to_first_token"], tokens=r["tokens"], tokens_per_second=r["tokens_per_second"],
         failovers=r["failovers"], follow_up=bool(r["follow_up"]), continued=bool(r["continued"]),
-        tokens_not_resent=r["tokens_not_resent"] or 0)
+        tokens_not_resent=r["tokens_not_resent"] or 0, forecast=Given.from_json(r.get("forecast")))
 
 
 def through(conn: Connection, peer_id: str, since_at: float, *, limit: int = MAX_ROWS) -> list[RequestRecord]:

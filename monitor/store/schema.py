@@ -481,6 +481,7 @@ class RequestRow(SQLModel, table=True):
     follow_up: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     continued: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     tokens_not_resent: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    forecast: Any = _json_field()  # the forecast it was given at admission (core/calibration.py Given; revision 0025)
 
 
 class HourlyRequestsRow(SQLModel, table=True):

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from monitor.core.calibration import FIGURES
 from monitor.core.common import finite
 from monitor.core.snapshot import ModelInfo, ServerRow
 from monitor.web import probe_views, queries, request_stats, state_api
@@ -370,6 +371,13 @@ def request_families(d, cur: queries.Current) -> Iterable:
                               "answered requests: exact quantiles over the window", labels=["model", "window", "quantile"])
     speed = GaugeMetricFamily("swarm_monitor_request_tokens_per_second", "Decode tokens per second of the chat's "
                               "answered requests: exact quantiles over the window", labels=["model", "window", "quantile"])
+    within = GaugeMetricFamily("swarm_monitor_forecast_within_range_ratio", "Share of the chat's answered requests "
+                               "whose figure fell within the range their forecast stated (for 0.8), over the window",
+                               labels=["model", "window", "figure"])
+    error = GaugeMetricFamily("swarm_monitor_forecast_median_error_ratio", "Median relative error of the forecasts' "
+                              "medians (|real - median| / real), over the window", labels=["model", "window", "figure"])
+    wrong = GaugeMetricFamily("swarm_monitor_forecast_gone_wrong", "1 when the figure's stated ranges held for under "
+                              "65 % of the newest 100 answered requests", labels=["model", "figure"])
     now = time.time()
     for model in cur.models:
         found = request_stats.cached(d, cur, ("request-stats-model", model.dht_prefix), now,
@@ -383,7 +391,15 @@ def request_families(d, cur: queries.Current) -> Iterable:
                 for name, value in figures[key].items():
                     if value is not None:
                         family.add_metric([label(model.dht_prefix), window, str(int(name[1:]) / 100)], value)
-    yield from (ratio, count, first, speed)
+        record = found["forecasts"]
+        for window, by_figure in record["windows"].items():
+            for figure, fared in by_figure.items():
+                for family, key in ((within, "within_range"), (error, "median_error")):
+                    if fared[key] is not None:
+                        family.add_metric([label(model.dht_prefix), window, figure], fared[key])
+        for figure in FIGURES:
+            wrong.add_metric([label(model.dht_prefix), figure], float(figure in record["gone_wrong"]))
+    yield from (ratio, count, first, speed, within, error, wrong)
 
 
 class StoreCollector:

@@ -5,6 +5,7 @@ per store change (``cached``: a day of a busy chat's rows takes a second or two 
 from __future__ import annotations
 
 from monitor.core.common import DAY, MINUTE
+from monitor.core.forecast import forecast_record
 from monitor.core.requests import LATENCY_WINDOWS, MAX_ROWS, PERCENTILES, SUCCESS_WINDOWS, stats, stats_by_server
 
 MAX_SERVERS = 500  # servers listed in a model's stats (those with the most requests)
@@ -28,6 +29,7 @@ def model_stats(store, model: str, now: float, *, servers: bool = True) -> dict:
     """The model's figures over the windows, and each server's (``servers``)."""
     records = store.requests_since(now - DAY, model=model, limit=MAX_ROWS, route=servers)
     found = figures(records, now, model=model)
+    found["forecasts"] = forecast_record(records, now=now)  # how the forecasts the requests were given fared
     if servers:
         found["servers"] = stats_by_server(records, now=now, limit=MAX_SERVERS)
     return found
