@@ -29,6 +29,7 @@ from typing import Iterator, Optional, Sequence
 
 from flask import Blueprint, Response, jsonify, stream_with_context
 
+from monitor.api_doc import OpenAIError, documented
 from monitor.http_errors import openai_error_body
 from chat.engine import (
     BatchAnswer,
@@ -40,6 +41,7 @@ from chat.engine import (
     ModelReadiness,
     RouteUnmet,
 )
+from chat.http import api_models as m
 from chat.http import logprobs as lp
 from chat.streams import started_waiting
 from chat.http.limits import ChatLimits
@@ -360,21 +362,37 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
                        what="OpenAI API request")
 
     @bp.post("/v1/chat/completions")
+    @documented("A chat completion, whole or streamed", "OpenAI", {200: m.ChatCompletion, **m.OPENAI_ERRORS},
+                body=m.ChatCompletionBody, stream=m.Chunk, description=STREAMED)
     def openai_chat():
         return answer(lambda: complete(engine, limits, chat=True))
 
     @bp.post("/v1/completions")
+    @documented("A text completion of one or more prompts, whole or streamed", "OpenAI",
+                {200: m.TextCompletion, **m.OPENAI_ERRORS}, body=m.CompletionBody, stream=m.Chunk,
+                description=STREAMED)
     def openai_completions():
         return answer(lambda: complete(engine, limits, chat=False))
 
     @bp.get("/v1/models")
+    @documented("The chat's models, each with whether it is served and its forecast", "OpenAI",
+                {200: m.ModelList})
     def openai_models():
         return answer(lambda: jsonify(object="list", data=[_model_card(engine, s) for s in engine.admission.statuses()]))
 
     @bp.get("/v1/models/<path:name>")
+    @documented("One model of the chat", "OpenAI", {200: m.ModelCard, 404: OpenAIError},
+                path_params={"name": "the model's name"})
     def openai_model(name):
         return answer(lambda: jsonify(_model_card(engine, engine.admission.status(engine.models.resolve(name)))))
 
     @bp.post("/v1/estimate")
+    @documented("The forecast of a completion (its body), nothing generated", "OpenAI",
+                {200: m.Estimate, **m.OPENAI_ERRORS}, body=m.EstimateBody)
     def openai_estimate():
         return answer(lambda: estimate(engine, limits))
+
+
+STREAMED = ('With `"stream": true` the answer is a text/event-stream of `Chunk`s (`data: {...}`), ending with '
+            '`data: [DONE]`; a refusal after the status line comes as an `OpenAIError` event; comments '
+            '(`: queue position ...`) tell a waiting request its place.')

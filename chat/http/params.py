@@ -8,24 +8,19 @@ untrusted input becomes values the engine can trust.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from flask import request
 
 from chat.errors import InvalidRequest
+from chat.http.api_models import MAX_STOP_SEQUENCES, MAX_TEXT_CHARS, Boolean, Integer, Number, Text, checked
 
 if TYPE_CHECKING:
     from chat.engine import ChatEngine
 
-MAX_TEXT_CHARS = 200_000  # any one text parameter
-MAX_STOP_SEQUENCES = 4
-
-Number = Union[int, float]
-
-
 class Params:
-    """Typed parameters from a JSON object (typed values) or a form (strings; "" means absent).
-    Every problem is an InvalidRequest naming the parameter and what it should be."""
+    """Typed parameters from a JSON object (typed values) or a form (strings; "" means absent),
+    each checked with its pydantic type (``chat.http.api_models``). Every problem is an InvalidRequest naming the parameter and what it should be."""
 
     def __init__(self, data: Any, *, form: bool = False, where: str = "the request body"):
         if not isinstance(data, Mapping):
@@ -49,35 +44,17 @@ class Params:
             if required:
                 raise InvalidRequest(name, f"{name} is required")
             return default
-        if not isinstance(value, str):
-            raise InvalidRequest(name, f"{name} must be a string, got {_kind(value)}")
-        if max_chars is not None and len(value) > max_chars:
-            raise InvalidRequest(name, f"{name} is {len(value)} characters long; at most {max_chars} are accepted")
-        return value
+        return checked(name, value, Text(max_chars))
 
     def integer(self, name: str, *, default: Optional[int] = None, lo: Optional[int] = None,
                 hi: Optional[int] = None) -> Optional[int]:
-        value = self._from_form(name, int, "an integer")
-        if value is None:
-            return default
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidRequest(name, f"{name} must be an integer, got {_kind(value)}")
-        return _in_range(name, value, lo, hi)
+        value = self.raw(name)
+        return default if value is None else checked(name, value, Integer(lo, hi), form=self.form)
 
     def number(self, name: str, *, default: Optional[float] = None, lo: Optional[float] = None,
                hi: Optional[float] = None, lo_open: bool = False) -> Optional[float]:
-        value = self._from_form(name, float, "a number")
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise InvalidRequest(name, f"{name} must be a number, got {_kind(value)}")
-        value = float(value)
-        if lo_open and lo is not None and value <= lo:
-            raise InvalidRequest(name, f"{name} must be greater than {lo:g}" + (f" and at most {hi:g}" if hi is not None else "")
-                                 + f", got {value:g}")
-        return _in_range(name, value, lo, hi)
+        value = self.raw(name)
+        return default if value is None else checked(name, value, Number(lo, hi, lo_open=lo_open), form=self.form)
 
     def sampling(self, *, top_p: float, top_k: int, repetition_penalty: float) -> dict:
         """top_p, top_k and repetition_penalty, checked alike by every API; only the defaults differ."""
@@ -88,27 +65,9 @@ class Params:
                                               lo_open=True),
         }
 
-    def _from_form(self, name: str, parse: Callable[[str], Number], what: str) -> Any:
-        """The raw value; from a form, its string parsed by ``parse`` (``what`` it must be, for the error)."""
-        value = self.raw(name)
-        if self.form and isinstance(value, str):
-            try:
-                return parse(value.strip())
-            except ValueError:
-                raise InvalidRequest(name, f"{name} must be {what}, got {value!r}") from None
-        return value
-
     def boolean(self, name: str, *, default: bool = False) -> bool:
         value = self.raw(name)
-        if value is None:
-            return default
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false"):
-            return value.strip().lower() in ("1", "true")
-        raise InvalidRequest(name, f"{name} must be true/false (or 1/0), got {value!r}")
+        return default if value is None else checked(name, value, Boolean)
 
     def strings(self, name: str, *, max_items: int = MAX_STOP_SEQUENCES, allow_single: bool = True) -> tuple[str, ...]:
         value = self.raw(name)
@@ -132,18 +91,6 @@ class Params:
                 return engine.models.names[0]
             raise InvalidRequest("model", f"model is required; one of {', '.join(engine.models.names)}")
         return engine.models.resolve(name)
-
-
-def _kind(value: Any) -> str:
-    return {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(type(value), repr(value)[:40])
-
-
-def _in_range(name: str, value: Number, lo: Optional[Number], hi: Optional[Number]) -> Number:
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f"between {lo:g} and {hi:g}" if lo is not None and hi is not None else (
-            f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
-        raise InvalidRequest(name, f"{name} must be {bounds}, got {value:g}")
-    return value
 
 
 def client_address() -> str:

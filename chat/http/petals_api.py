@@ -30,6 +30,7 @@ from typing import Any, Optional, Sequence
 from flask import Blueprint, Response, jsonify
 from simple_websocket import ConnectionClosed
 
+from monitor.api_doc import documented
 from monitor.core.route_choice import ChoiceError, parse_choice
 
 from chat import request as chat_request
@@ -39,6 +40,7 @@ from chat.engine import (
     Rendered,
     SessionExpired,
 )
+from chat.http import api_models as m
 from chat.http.limits import ChatLimits, WsClock, WsClosing
 from chat.http.params import Params, client_address, request_params
 from chat.http.responses import INTERNAL_ERROR, guarded, last_finished, petals_chat_error, petals_error
@@ -260,6 +262,8 @@ def register(bp: Blueprint, engine: ChatEngine, limits: ChatLimits) -> None:
     from flask_sock import Sock
 
     @bp.post("/api/v1/generate", endpoint="http_generate")
+    @documented("One answer, whole (chat.petals.dev's HTTP API)", "chat.petals.dev",
+                {200: m.Generated, **m.PETALS_ERRORS}, body=m.GenerateBody, form=True)
     def http_generate_view():
         return guarded(lambda: http_generate(engine, limits), chat_error=petals_chat_error,
                        internal_error=lambda: petals_error(500, INTERNAL_ERROR), what="/api/v1/generate")

@@ -20,7 +20,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from monitor.http_errors import openai_error_body
 from monitor.settings import Settings
 from monitor.web import security, timerange
-from monitor.web.assets import vendored
+from monitor.web.assets import vendored_urls
 from monitor.web.cache import WebCache
 
 
@@ -148,9 +148,9 @@ def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> N
 
     for module in (pages, api, metrics, health, alerts, mutes, search, my_server):
         app.register_blueprint(module.bp)
-    from monitor.web import badges, notes, status
+    from monitor.web import badges, notes, openapi, status
 
-    for module in (badges, status, notes):
+    for module in (badges, status, notes, openapi):
         app.register_blueprint(module.bp)
     app.extensions[metrics.REGISTRY] = metrics.registry_for(d)
     limits.limit_reachability(app, limiter)
@@ -175,7 +175,7 @@ def _page_context(app: Flask, settings: Settings, *, demo_enabled: bool) -> None
     def _common():
         return common
 
-    app.add_template_global(vendored)
+    app.add_template_global(vendored_urls(Path(app.static_folder)), name="vendored")
 
 
 def _response_headers(app: Flask) -> None:

@@ -16,11 +16,13 @@ from typing import Optional
 
 from flask import Blueprint, jsonify, request
 
+from monitor.api_doc import OPTIONAL_OPERATOR, MonitorError, documented
 from monitor.core.alert_rules import HEARTBEAT
 from monitor.core.alert_rules import FIRING, PENDING, Alert, Notice
 from monitor.core.common import DAY, HOUR
 from monitor.store import StoreError
 from monitor.core import muting
+from monitor.web import api_models as m
 from monitor.web import auth, deps, mutes, timerange
 from monitor.web.render import render
 
@@ -161,6 +163,8 @@ def page():
 
 
 @bp.get("/api/v1/alerts")
+@documented("Active alerts, notices in a range, deliveries and rules", "Alerts", {200: m.AlertsNow, 400: MonitorError},
+            query=m.AlertsQuery, auth=OPTIONAL_OPERATOR)
 def api():
     """``active`` (pending and firing), ``events`` (notices in the window, newest first, with their
     deliveries), ``deliveries`` (per webhook: pending, delivered, failed in the last 24 h), ``rules``."""

@@ -18,8 +18,10 @@ from typing import Optional
 
 from flask import Blueprint, Response, abort, current_app, jsonify, request
 
+from monitor.api_doc import MonitorError, documented
 from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, peer_routing, routing_view
 from monitor.core.snapshot import ReachabilityResult
+from monitor.web import api_models as m
 from monitor.web import deps, history, peer_view, queries, request_stats, security, state_api, timerange
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ def _range() -> timerange.TimeRange:
 
 
 @bp.get("/state")
+@documented("The swarm now, in health.petals.dev's shape", "Monitor", {200: m.State, 503: MonitorError})
 def state():
     d, cur = _current()
     if cur.snapshot is None:
@@ -54,6 +57,7 @@ def state():
 
 
 @bp.get("/models/<prefix>/stats")
+@documented("Statistics of the requests the chat served for a model", "Monitor", {200: m.RequestStats, 404: MonitorError})
 def model_request_stats(prefix: str):
     """Statistics from the requests the chat served for one model (``web.request_stats``): success
     over 5 min / 30 min / 1 day; time to first token, tokens/s and slot wait at p50 / p90 / p99 over
@@ -67,6 +71,7 @@ def model_request_stats(prefix: str):
 
 
 @bp.get("/peers/<peer_id>/stats")
+@documented("Statistics of the chat's requests through a server", "Monitor", {200: m.RequestStats, 400: MonitorError})
 def peer_request_stats(peer_id: str):
     """Statistics from the chat's requests whose route went through this server (every model)."""
     security.require_peer_id(peer_id)
@@ -80,6 +85,8 @@ ROUTING_MAX_AGE = 5  # seconds a client or cache may keep a routing view (client
 
 
 @bp.get("/routing/<prefix>")
+@documented("A model's routing view, for petals clients (ETag)", "Monitor",
+            {200: m.RoutingView, 304: None, 404: MonitorError, 503: MonitorError})
 def routing(prefix: str):
     """The routing view of one model (``routing_view``), from the stored assessment, scores, chat
     outcomes and the operator's policies; compact JSON with an ETag (304 when unchanged)."""
@@ -150,6 +157,8 @@ def reachability(peer_id: str) -> Reachability:
 
 
 @bp.get("/is_reachable/<peer_id>")
+@documented("Whether a peer is reachable (health.petals.dev's answer)", "Monitor",
+            {200: m.Reachable, 400: m.Reachable, 429: MonitorError})
 def is_reachable(peer_id: str):
     """``{success, message, your_ip}`` as health.petals.dev answers (see ``reachability``); within
     ``reachability_rate_limit`` per client (``limits.REACHABILITY_VIEWS``)."""
@@ -161,6 +170,7 @@ def is_reachable(peer_id: str):
 
 
 @bp.get("/models")
+@documented("The models now", "Monitor", {200: m.Models, 503: MonitorError})
 def models():
     d, cur = _current()
     if cur.snapshot is None:
@@ -174,6 +184,7 @@ def models():
 
 
 @bp.get("/models/<dht_prefix>")
+@documented("A model now, with its assessment", "Monitor", {200: m.ModelDetail, **m.ERRORS})
 def model(dht_prefix: str):
     security.require_dht_prefix(dht_prefix)
     d, cur = _current()
@@ -194,6 +205,8 @@ def _history_limits() -> history.HistoryLimits:
 
 
 @bp.get("/models/<dht_prefix>/history")
+@documented("A model's history in a range (bounded)", "Monitor", {200: m.ModelHistory, **m.ERRORS},
+            query=m.RangeQuery)
 def model_history(dht_prefix: str):
     """A model's status, state changes, outages and block coverage in a range, bounded (see
     monitor.web.history: clamped to retention, at most ``history_max_points`` points a series)."""
@@ -207,6 +220,7 @@ def model_history(dht_prefix: str):
 
 
 @bp.get("/peers/<peer_id>")
+@documented("A peer now", "Monitor", {200: m.PeerNow, **m.ERRORS})
 def peer(peer_id: str):
     security.require_peer_id(peer_id)
     d, cur = _current()
@@ -225,6 +239,8 @@ def peer(peer_id: str):
 
 
 @bp.get("/peers/<peer_id>/history")
+@documented("A peer's observations, reachability checks and chat outcomes in a range", "Monitor",
+            {200: m.PeerHistory, **m.ERRORS}, query=m.RangeQuery)
 def peer_history(peer_id: str):
     """A peer's observations, reachability checks (the API's key "probes") and chat outcomes in a
     range, bounded like a model's history.

@@ -11,13 +11,16 @@ import time
 
 from flask import Blueprint, jsonify
 
+from monitor.api_doc import MonitorError, documented
 from monitor.core.common import is_stale
+from monitor.web import api_models as m
 from monitor.web import deps
 
 bp = Blueprint("health", __name__)
 
 
 @bp.get("/healthz")
+@documented("The web worker's own health, for load balancers", "Monitor", {200: m.Health, 503: MonitorError})
 def healthz():
     d = deps()
     last = d.store.last_poll()  # StoreError -> 503 JSON (app error handler)

@@ -32,6 +32,8 @@ from monitor.core import muting, timefmt
 from monitor.core.common import DAY
 from monitor.core.maintenance import MaintenanceWindow, Recurrence
 from monitor.core.muting import Silence
+from monitor.api_doc import OPERATOR, OPTIONAL_OPERATOR, MonitorError, documented
+from monitor.web import api_models as m
 from monitor.web import auth, deps, security
 
 bp = Blueprint("mutes", __name__)
@@ -395,6 +397,9 @@ def _readers_may_see_silences() -> None:
 
 
 @bp.get("/api/v1/silences")
+@documented("Silences in force and to come (operators: also ended ones, with who and why)", "Alerts",
+            {200: m.Silences, 401: MonitorError}, auth=OPTIONAL_OPERATOR,
+            description="Anyone may read them if `alerts.public_silences` allows it; else operators only.")
 def api_silences():
     """Silences in force and to come (operators: also those ended in the last 7 days, with who
     created and ended them, when and why)."""
@@ -403,6 +408,7 @@ def api_silences():
 
 
 @bp.post("/api/v1/silences")
+@documented("Create a silence", "Alerts", {201: m.OneSilence, 400: MonitorError}, body=m.SilenceBody, auth=OPERATOR)
 @auth.operator_required
 def api_create_silence():
     return _api_create(SILENCES)
@@ -410,6 +416,7 @@ def api_create_silence():
 
 @bp.route("/api/v1/silences/<int:silence_id>/end", methods=["POST"])
 @bp.route("/api/v1/silences/<int:silence_id>", methods=["DELETE"])
+@documented("End a silence now", "Alerts", {200: m.OneSilence, **m.ERRORS}, body=m.EndBody, auth=OPERATOR)
 @auth.operator_required
 def api_end_silence(silence_id: int):
     """End a silence now (JSON ``{"reason": ..., "by": ...}``, both optional)."""
@@ -417,6 +424,8 @@ def api_end_silence(silence_id: int):
 
 
 @bp.get("/api/v1/maintenance")
+@documented("Maintenance windows not over (operators: also those over in the last 7 days)", "Alerts",
+            {200: m.Windows}, auth=OPTIONAL_OPERATOR)
 def api_maintenance():
     """Maintenance windows not over (operators: also those over in the last 7 days, with their
     changes); anyone may read them: the pages say "maintenance" to everyone anyway."""
@@ -424,6 +433,8 @@ def api_maintenance():
 
 
 @bp.post("/api/v1/maintenance")
+@documented("Create a maintenance window", "Alerts", {201: m.OneWindow, 400: MonitorError}, body=m.WindowBody,
+            auth=OPERATOR)
 @auth.operator_required
 def api_create_window():
     return _api_create(MAINTENANCE)
@@ -431,6 +442,8 @@ def api_create_window():
 
 @bp.route("/api/v1/maintenance/<int:window_id>/end", methods=["POST"])
 @bp.route("/api/v1/maintenance/<int:window_id>", methods=["DELETE"])
+@documented("End a maintenance window now (a recurring one for good)", "Alerts", {200: m.OneWindow, **m.ERRORS},
+            body=m.EndBody, auth=OPERATOR)
 @auth.operator_required
 def api_end_window(window_id: int):
     """End a maintenance window now (a recurring one for good)."""

@@ -17,12 +17,15 @@ import time
 from flask import Blueprint, jsonify, make_response, render_template
 from flask_limiter import RateLimitExceeded
 
+from monitor.api_doc import MonitorError, documented
 from monitor.web import api, deps, peer_view, queries, security
+from monitor.web import api_models as m
 
 bp = Blueprint("my_server", __name__)
 
 
 @bp.get("/api/v1/peers/<peer_id>/report")
+@documented('"Is this server OK?"', "Monitor", {200: m.Report, 400: MonitorError})
 def report_api(peer_id: str):
     """"Is this server OK?" as JSON: ``{peer_id, status, headline, checks: [{name, status, text,
     advice}], recommendations: [{model, argument, reason}]}`` (for any peer id, seen or not)."""

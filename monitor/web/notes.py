@@ -23,25 +23,29 @@ from typing import Optional
 
 from flask import Blueprint, abort, jsonify, redirect, request, url_for
 
-from monitor.core import incidents
+from monitor.api_doc import OPERATOR, MonitorError, documented
 from monitor.core.common import DAY
-from monitor.core.incidents import MODEL, PEER, Note
+from monitor.core.incidents import Note
 from monitor.store import StoreError
-from monitor.web import auth, deps, security
+from monitor.web import api_models as m
+from monitor.web import auth, deps
 
 log = logging.getLogger(__name__)
 
 bp = Blueprint("notes", __name__)
 
 MAX_ID_DIGITS = 15
-MAX_DAYS = 90
 
 
-def _fields() -> dict:
+def _fields(model):
+    """The request's JSON object or form, as ``model`` (a 400 saying what is wrong)."""
     body = request.get_json(silent=True) if request.is_json else None
     if request.is_json and not isinstance(body, dict):
         abort(400, description="send a JSON object with scope, target and text (or a form)")
-    return body if body is not None else request.form.to_dict()
+    try:
+        return m.checked(model, body if body is not None else request.form.to_dict())
+    except m.BadInput as e:
+        abort(400, description=str(e))
 
 
 def _note_id(raw: str) -> int:
@@ -50,37 +54,11 @@ def _note_id(raw: str) -> int:
     return int(raw)
 
 
-def _checked(check, value):
-    try:
-        return check(value)
-    except ValueError as e:
-        abort(400, description=str(e))
-
-
-def _change_fields(note_id: str, *, text_required: bool) -> tuple[int, Optional[str], str]:
-    """An update's or a resolution's (note id, text, author), each checked (400 if bad); without
-    ``text_required`` (a resolution) an empty text is None: no last word."""
-    key = _note_id(note_id)
-    fields = _fields()
-    given = text_required or (fields.get("text") or "").strip()
-    text = _checked(incidents.check_text, fields.get("text")) if given else None
-    author = _checked(incidents.check_author, fields.get("author"))
-    return key, text, author
-
-
 def _found(note: Optional[Note], note_id: str) -> Note:
     """The note, or a 404 when the store has no note of that id."""
     if note is None:
         abort(404, description=f"no note {note_id}")
     return note
-
-
-def _target(scope: str, target: Optional[str]) -> Optional[str]:
-    if scope == MODEL:
-        security.require_dht_prefix(target or "")
-    elif scope == PEER:
-        security.require_peer_id(target or "")
-    return target
 
 
 def _via() -> str:
@@ -100,48 +78,54 @@ def _answer(note: Note, status: int = 200):
 
 
 @bp.get("/api/v1/notes")
+@documented("Open notes, and those resolved within the last `days`", "Notes", {200: m.Notes, 400: MonitorError},
+            query=m.NotesQuery)
 def list_api():
     """Open notes, and those resolved within ``?days=`` (default 7), newest change first."""
-    raw = request.args.get("days", "7")
-    if not raw.isdigit() or not 0 <= int(raw) <= MAX_DAYS:
-        abort(400, description=f"days must be a whole number from 0 to {MAX_DAYS}, got {raw[:20]!r}")
-    found = deps().store.notes(resolved_since=time.time() - int(raw) * DAY)
+    try:
+        days = m.checked(m.NotesQuery, request.args.to_dict()).days
+    except m.BadInput as e:
+        abort(400, description=str(e))
+    found = deps().store.notes(resolved_since=time.time() - days * DAY)
     return jsonify(notes=[n.to_dict() for n in found])
 
 
 @bp.get("/api/v1/notes/<note_id>")
+@documented("A note with its history", "Notes", {200: m.OneNote, **m.ERRORS})
 def one_api(note_id: str):
     return jsonify(note=_found(deps().store.note(_note_id(note_id)), note_id).to_dict())
 
 
 @bp.post("/api/v1/notes")
 @bp.post("/notes")
+@documented("Post a note", "Notes", {201: m.OneNote, 400: MonitorError}, body=m.NoteBody, form=True, auth=OPERATOR)
 @auth.operator_required
 def post():
-    fields = _fields()
-    scope, target = _checked(lambda v: incidents.check_scope(*v), (fields.get("scope"), fields.get("target") or None))
-    target = _target(scope, target)
-    text = _checked(incidents.check_text, fields.get("text"))
-    author = _checked(incidents.check_author, fields.get("author"))
+    note = _fields(m.NoteBody)
     store = deps().store
-    note_id = store.post_note(scope, target, text, author=author, via=_via())
+    note_id = store.post_note(note.scope, note.target, note.text, author=note.author, via=_via())
     return _answer(store.note(note_id), 201)
 
 
 @bp.post("/api/v1/notes/<note_id>")
 @bp.post("/notes/<note_id>")
+@documented("Update a note's text", "Notes", {200: m.OneNote, **m.ERRORS}, body=m.NoteUpdate, form=True, auth=OPERATOR)
 @auth.operator_required
 def update(note_id: str):
-    key, text, author = _change_fields(note_id, text_required=True)
-    return _answer(_found(deps().store.update_note(key, text, author=author, via=_via()), note_id))
+    key = _note_id(note_id)
+    change = _fields(m.NoteUpdate)
+    return _answer(_found(deps().store.update_note(key, change.text, author=change.author, via=_via()), note_id))
 
 
 @bp.post("/api/v1/notes/<note_id>/resolve")
 @bp.post("/notes/<note_id>/resolve")
+@documented("Resolve a note (with an optional last word)", "Notes", {200: m.OneNote, **m.ERRORS}, body=m.NoteResolution,
+            form=True, auth=OPERATOR)
 @auth.operator_required
 def resolve(note_id: str):
-    key, text, author = _change_fields(note_id, text_required=False)
-    return _answer(_found(deps().store.resolve_note(key, text=text, author=author, via=_via()), note_id))
+    key = _note_id(note_id)
+    change = _fields(m.NoteResolution)
+    return _answer(_found(deps().store.resolve_note(key, text=change.text, author=change.author, via=_via()), note_id))
 
 
 def incident_notes(model: Optional[str] = None, peers: tuple[str, ...] = (), *, everything: bool = False) -> list[Note]:

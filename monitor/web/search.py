@@ -19,7 +19,9 @@ from typing import Optional
 
 from flask import Blueprint, abort, jsonify, redirect, request, url_for
 
+from monitor.api_doc import MonitorError, documented
 from monitor.core import server_check
+from monitor.web import api_models as m
 from monitor.web import deps, peer_view, queries, security, state_api
 from monitor.web.render import htmx_target, render
 
@@ -98,6 +100,8 @@ def page():
 
 
 @bp.get("/api/v1/search")
+@documented("Peers by id, start or end of id, or public name", "Monitor", {200: m.SearchResults, 400: MonitorError},
+            query=m.SearchQuery)
 def search_api():
     """``{query, results: [{peer_id, public_name, matched, state, models, score, first_seen,
     last_seen, url}], more}``; 400 for a query over ``MAX_QUERY_CHARS``."""

@@ -49,16 +49,24 @@ def is_dht_prefix(value: str) -> bool:
     return bool(_DHT_PREFIX.match(value or ""))
 
 
+def not_peer_id(value: str) -> str:
+    return f"{value[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)"
+
+
+def not_dht_prefix(value: str) -> str:
+    return f"{value[:80]!r} is not a DHT prefix (letters, digits, '.', '_', '-')"
+
+
 def require_peer_id(value: str) -> None:
     """400 unless ``value`` is a peer id (for views that take one in their URL)."""
     if not is_peer_id(value):
-        abort(400, description=f"{value[:80]!r} is not a peer id (base58, like 12D3KooW... or Qm...)")
+        abort(400, description=not_peer_id(value))
 
 
 def require_dht_prefix(value: str) -> None:
     """400 unless ``value`` is a DHT prefix (for views that take one in their URL)."""
     if not is_dht_prefix(value):
-        abort(400, description=f"{value[:80]!r} is not a DHT prefix (letters, digits, '.', '_', '-')")
+        abort(400, description=not_dht_prefix(value))
 
 
 def http_url(value: Optional[str]) -> Optional[str]:
