@@ -328,6 +328,11 @@ class BatchAnswer:
         """Tokens of its prompt the kept session it continued already held."""
         return self._record.not_resent if self._record is not None else 0
 
+    @property
+    def waited(self) -> Optional[float]:
+        """Seconds it waited for its slots (what its forecast's wait was about)."""
+        return self._record.waited if self._record is not None else None
+
     def _next_group(self) -> Optional[Group]:
         with self._lock:
             return self._groups.popleft() if self._groups and not self._cancel.is_set() else None

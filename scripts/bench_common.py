@@ -342,7 +342,8 @@ def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeo
                         first = first or now
                         last = now
                         text += piece
-                extension = event.get("petals") or extension
+                if event.get("petals"):  # every chunk carries the session's handle; the last one the figures too
+                    extension = {**(extension or {}), **event["petals"]}
                 usage = event.get("usage") or usage
     except urllib.error.HTTPError as e:
         error = f"HTTP {e.code}: {e.read()[:300]!r}"

@@ -29,9 +29,17 @@ def test_the_next_request_routes_by_what_the_last_one_measured_not_a_period_late
         store.close()
 
 
-def test_an_outcome_the_store_cannot_take_is_dropped_without_failing_the_chat(tmp_path):
+def test_an_outcome_the_store_cannot_take_is_dropped_without_failing_the_chat(tmp_path, caplog):
     store = Store(f"sqlite:///{tmp_path / 'unmigrated.db'}")  # no tables: every write fails
     try:
-        store_outcome_sink(store)(ChatOutcome(at=time.time(), peer_id=PEER, model="m", start=0, end=4, ok=False))
+        with caplog.at_level("WARNING", logger="chat.feedback"):
+            returned = store_outcome_sink(store)(ChatOutcome(at=time.time(), peer_id=PEER, model="m", start=0, end=4,
+                                                             ok=False))
+        assert returned is None  # the chat goes on: nothing raised
+        assert [r.getMessage() for r in caplog.records] == [
+            r.getMessage() for r in caplog.records if f"chat outcome for {PEER} not recorded" in r.getMessage()]
+        assert len(caplog.records) == 1  # said once, and dropped (nothing asked of the poller either)
+        store.migrate()
+        assert store.recent_chat_outcomes(0) == []  # the outcome is gone, not queued somewhere
     finally:
         store.close()

@@ -82,7 +82,12 @@ def test_the_first_claim_leads_a_second_poller_stands_by_and_takes_over_once_the
 def test_a_released_lease_is_taken_at_once_without_a_notice(store):
     assert store.claim_poller_lease(A, 30.0).held
     assert store.release_poller_lease(A.holder, 1)
-    assert not store.release_poller_lease(A.holder, 1) or True  # (already released: nothing changes)
+    released = store.poller_status().lease
+    assert released.released and store.poller_status().leader is None  # nobody leads until a standby claims
+    assert not store.release_poller_lease(B.holder, 1)  # a poller that never held it gives nothing up
+    assert not store.release_poller_lease(A.holder, 2)  # nor a term A never had
+    assert store.release_poller_lease(A.holder, 1)  # again: still A's released term, nothing changes
+    assert store.poller_status().lease == released
     took = store.claim_poller_lease(B, 30.0, notify=lambda notice: ["ops"])
     assert took.held and took.term.reason == RELEASED and took.lease.epoch == 2
     assert store.alert_events(0, time.time() + 60) == []

@@ -155,6 +155,8 @@ class _Reply:
 
     def extension(self, finished: Finished) -> dict:
         found = {**_petals_extension(finished), **self.session()}
+        if self.batch is not None and self.batch.waited is not None:  # the slot wait its forecast told of
+            found["waited"] = round(self.batch.waited, 4)
         return {**found, "fallbacks": self.fallbacks} if self.fallbacks else found
 
     # -- log-probabilities ----------------------------------------------------------------------

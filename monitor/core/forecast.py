@@ -138,7 +138,7 @@ class Forecast:
         short = lambda value: float(f"{value:.4g}") if isinstance(value, float) else value  # noqa: E731
         return {key: [short(v) for v in value] if isinstance(value, tuple) else short(value)
                 for key, value in asdict(self).items() if key not in ("given", "gone_wrong")} \
-            | {"gone_wrong": list(self.gone_wrong)}
+            | {"gone_wrong": list(self.gone_wrong), "load": self.given.load if self.given else None}
 
 
 SPREAD = (10, 90)  # the percentiles a forecast's ranges run between

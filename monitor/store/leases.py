@@ -150,12 +150,13 @@ def _take(conn: Connection, name: str, term: core.Term, current: Optional[core.L
 
 def release(conn: Connection, name: str, holder: str, epoch: int) -> bool:
     """``holder`` stops: its lease ends now (a standby takes it at its next look, without a
-    take-over notice). False if it did not hold it."""
+    take-over notice). False if it did not hold it; a term released already stays as it was."""
     t = PollerLeaseRow.__table__
     now = clock_now(conn)
-    done = conn.execute(sa.update(t).where(t.c.name == name, t.c.holder == holder, t.c.epoch == epoch).values(
-        deadline=now, released=True))
-    return done.rowcount == 1
+    mine = sa.and_(t.c.name == name, t.c.holder == holder, t.c.epoch == epoch)
+    if conn.execute(sa.update(t).where(mine, t.c.released.is_(False)).values(deadline=now, released=True)).rowcount:
+        return True
+    return conn.execute(sa.select(t.c.name).where(mine)).first() is not None
 
 
 # ---- the fence -----------------------------------------------------------------------------------
