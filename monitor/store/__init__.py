@@ -44,7 +44,7 @@ from monitor.core.scores import PeerAggregates, PeerScore
 from monitor.core.server_check import LastAnnouncement
 from monitor.core.snapshot import ChatOutcome, PeerHistory, ReachabilityBatch, ReachabilityResult, Snapshot
 from monitor.store import aggregates, alert_log, history, hours, latest, peers, rollups, server_probes, writes
-from monitor.store import compute_checks, generation_checks, job_requests, requests
+from monitor.store import compute_checks, contributions, generation_checks, job_requests, requests
 from monitor.store import leases
 from monitor.store import mutes
 from monitor.store import notes, status_history
@@ -424,6 +424,14 @@ class Store:
         model page's plot of time to first token and tokens per second."""
         with self.db.read("reading generation check history") as conn:
             return generation_checks.history(conn, model, since, until, limit=limit)
+
+    # ---- the contribution ledger (store/contributions.py) -----------------------------------
+
+    def contributions(self, since: Optional[float], *, model: Optional[str] = None, peer_id: Optional[str] = None,
+                      by_model: bool = False) -> list:
+        """Each server's ``core.contributions.Contribution`` since ``since`` (None: all time)."""
+        with self.db.read("reading the contribution ledger") as conn:
+            return contributions.window(conn, since, model=model, peer_id=peer_id, by_model=by_model)
 
     # ---- request rows (store/requests.py) ---------------------------------------------------
 

@@ -19,7 +19,8 @@ from monitor.core.common import HOUR, finite
 from monitor.core.assessment import RouteHop
 from monitor.core.calibration import Given
 from monitor.core.requests import APIS, MAX_HOPS, MAX_ROWS, OUTCOMES, RequestRecord, hour_figures
-from monitor.store import hours
+from monitor.core.contributions import accrue_requests
+from monitor.store import contributions, hours
 from monitor.store.schema import HourlyRequestsRow, Peer, RequestHopRow, RequestRow
 from monitor.store.writes import peer_keys
 
@@ -55,6 +56,8 @@ def record(conn: Connection, records: Sequence[RequestRecord]) -> int:
             for request, row in zip(ids, rows) for peer, start, end in row["route"]]
     if hops:
         conn.execute(sa.insert(RequestHopRow.__table__), hops)
+    kept = [r for r in records if clean(r) is not None]
+    contributions.record(conn, accrue_requests(kept))  # the servers' tokens for real requests
     return len(records) - len(rows)
 
 

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from monitor.core.common import DAY, HOUR
 from monitor.core.assessment import STATE_SEVERITY
 from monitor.core.snapshot import JOINING, ONLINE
-from monitor.store import aggregates, generation_checks, requests, server_probes
+from monitor.store import aggregates, contributions, generation_checks, requests, server_probes
 from monitor.store.engine import Database, count_if
 from monitor.store.writes import ASSESSMENT_RETENTION, prune_assessments
 from monitor.store.hours import PRUNED, WATERMARK, floor_hour, mean, raw_pruned_until, rolled_up_until, set_meta
@@ -138,6 +138,7 @@ def _prune_rollups(conn: Connection, cutoff: float) -> dict[str, int]:
         counts[table.name] = conn.execute(sa.delete(table).where(table.c.hour < cutoff)).rowcount
     outcomes = ChatOutcomeRow.__table__
     counts["chat_outcomes"] = conn.execute(sa.delete(outcomes).where(outcomes.c.at < cutoff)).rowcount
+    counts["contribution_hours"] = contributions.prune(conn, cutoff)  # (the all-time rows stay)
     changes = ModelStateChangeRow.__table__
     latest_change = sa.select(sa.func.max(changes.c.id)).group_by(changes.c.model)
     counts["model_state_changes"] = conn.execute(sa.delete(changes).where(

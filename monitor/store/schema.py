@@ -2,7 +2,8 @@
 is no second list of tables): queries use ``Class.__table__`` at the point of use, and Alembic's
 revisions in ``migrations/`` must match these classes exactly (``tests/test_store.py`` checks it).
 The operators' tables (silences, maintenance, pollers, notes, job requests) live in
-``schema_operations`` and are re-exported here, so every table is importable from this module.
+``schema_operations``, the contribution ledger's in ``schema_ledger``; both are re-exported here, so
+every table is importable from this module.
 
 Times are unix seconds (float), as in ``core/snapshot.py``. Peers are interned (``peers.id``), so
 the hot tables carry a small integer key rather than a 52-character peer id.
@@ -527,6 +528,8 @@ from monitor.store.schema_operations import (  # noqa: E402,F401
     IncidentNoteRow,
     IncidentNoteUpdateRow,
 )
+# the contribution ledger's tables (their own module, re-exported too)
+from monitor.store.schema_ledger import ContributionHourRow, ContributionTotalRow  # noqa: E402,F401
 
 
 # ---- the chat page's conversations (revision 0020): per visitor, the one place text is kept -------
@@ -560,3 +563,4 @@ class ChatConversationRow(SQLModel, table=True):
     chars: int = 0
     created_at: float
     updated_at: float
+

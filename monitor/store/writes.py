@@ -22,6 +22,7 @@ from monitor.core.common import HOUR, finite, jsonable, short_error, short_peer_
 from monitor.core.assessment import Assessment
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ChatOutcome, ModelInfo, ReachabilityBatch, ServerRow, Snapshot
+from monitor.store import contributions
 from monitor.store.engine import Refused, insert, insert_rows
 from monitor.store.schema import (
     PEER_POLICIES,
@@ -97,6 +98,7 @@ def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[Assessme
     at = snapshot.taken_at
     t = Poll.__table__
     errors = list(snapshot.errors)
+    _credit_last_poll(conn, at)
     written = PollWritten(conn.execute(sa.insert(t).values(
         at=at, duration=finite(snapshot.duration) or 0.0, n_models=len(snapshot.models),
         n_servers=len(snapshot.servers), invalid_records=snapshot.invalid_records, errors=errors,
@@ -111,6 +113,16 @@ def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[Assessme
             clamped_values=snapshot.clamped_values + written.bounded, dropped_rows=written.dropped,
             errors=errors + written.error_lines()))
     return written
+
+
+def _credit_last_poll(conn: Connection, until: float) -> None:
+    """The contribution ledger earns the last poll's servers their time until this one; a ledger
+    the database refuses costs the ledger that interval, never the poll (logged)."""
+    try:
+        with conn.begin_nested():
+            contributions.after_poll(conn, until)
+    except sa.exc.SQLAlchemyError as e:
+        log.warning("the contribution ledger missed the interval until the poll at %s: %s", until, short_error(str(e)))
 
 
 def record_failed_poll(conn: Connection, at: float, error: str, duration: float) -> int:

@@ -22,7 +22,7 @@ from monitor.api_doc import MonitorError, documented
 from monitor.core.routing_view import CHAT_OUTCOME_WINDOW, peer_routing, routing_view
 from monitor.core.snapshot import ReachabilityResult
 from monitor.web import api_models as m
-from monitor.web import deps, history, peer_view, queries, request_stats, security, state_api, timerange
+from monitor.web import contributors, deps, history, peer_view, queries, request_stats, security, state_api, timerange
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,9 @@ def state():
     d, cur = _current()
     if cur.snapshot is None:
         return _no_poll_yet(cur)
-    return jsonify({**queries.state_dict(cur, d.settings), "poller": queries.pollers(d, cur, time.time())})
+    now = time.time()
+    return jsonify({**queries.state_dict(cur, d.settings), "poller": queries.pollers(d, cur, now),
+                    "measured_contributors": contributors.measured_top(d, cur, now)})
 
 
 @bp.get("/models/<prefix>/stats")

@@ -7,6 +7,7 @@ their model is served (as Uptime Kuma's, Gatus' and healthchecks' badges)::
     /badges/models/<dht_prefix>/uptime/7d.svg   uptime over 24h, 7d or 30d (maintenance left out)
     /badges/peers/<peer_id>/state.svg           online | joining | unreachable | offline | unknown | maintenance
     /badges/peers/<peer_id>/uptime/30d.svg
+    /badges/peers/<peer_id>/contribution.svg    "1,234 verified block-hours" (``?window=day|week|month``; all time)
     (each also as .json: {"schemaVersion": 1, "label", "message", "color"} for
     https://img.shields.io/endpoint?url=...)
 
@@ -29,7 +30,7 @@ from flask import Blueprint, Response, abort, request, url_for
 
 from monitor.core import maintenance, uptime
 from monitor.core.incidents import check_author
-from monitor.web import deps, queries, security, state_api, status
+from monitor.web import contributors, deps, queries, security, state_api, status
 
 bp = Blueprint("badges", __name__, url_prefix="/badges")
 
@@ -190,14 +191,33 @@ def peer_uptime(peer_id: str, window: str, fmt: str):
     return _respond(f"uptime {name}", uptime.percent(share), uptime_color(share), fmt)
 
 
+@bp.get("/peers/<peer_id>/contribution.<fmt>")
+def peer_contribution(peer_id: str, fmt: str):
+    """Its verified block-hours (``?window=``: day, week, month or all time, the default): what the
+    contribution ledger says it gave, measured (``web.contributors``)."""
+    d, fmt = deps(), _format(fmt)
+    window = request.args.get("window", "all")
+    if not security.is_peer_id(peer_id) or window not in contributors.WINDOW_NAMES:
+        return _respond("verified block-hours", "unknown", GREY, fmt)
+    cur = queries.current(d)
+    total = contributors.of_peer(d, cur, peer_id, time.time())["windows"][window]["total"]
+    if total is None:
+        return _respond("petals contribution", "unknown", GREY, fmt)
+    label = "petals contribution" if window == "all" else f"petals contribution, {window}"
+    hours = total["verified_block_hours"]
+    return _respond(label, f"{hours:,.0f} verified block-hours", GREEN if hours > 0 else GREY, fmt)
+
+
 def markdown(peer_id: str) -> list[tuple[str, str]]:
     """(what, Markdown to paste) for a server's README: its state and 7-day uptime, linking to its page."""
     page = url_for("pages.peer", peer_id=peer_id, _external=True)
     state = url_for("badges.peer_state_badge", peer_id=peer_id, fmt="svg", _external=True)
     week = url_for("badges.peer_uptime", peer_id=peer_id, window="7d", fmt="svg", _external=True)
     shield = url_for("badges.peer_state_badge", peer_id=peer_id, fmt="json", _external=True)
+    given = url_for("badges.peer_contribution", peer_id=peer_id, fmt="svg", _external=True)
     return [("State", f"[![petals server status]({state})]({page})"),
             ("Uptime, 7 days", f"[![petals server uptime]({week})]({page})"),
+            ("Contribution (verified block-hours)", f"[![petals server contribution]({given})]({page})"),
             ("shields.io", f"![petals server](https://img.shields.io/endpoint?url={quote(shield, safe='')})")]
 
 

@@ -18,7 +18,8 @@ from monitor.core.common import DAY, MINUTE, WEEK
 from monitor.core.assessment import CAUSES
 from monitor.families.checkpoint import describe as describe_checkpoint
 from monitor.store import PEER_POLICIES
-from monitor.web import auth, charts, deps, peer_view, probe_views, queries, request_stats, security, state_api, timerange
+from monitor.web import (auth, charts, contributors, deps, peer_view, probe_views, queries, request_stats, security,
+                         state_api, timerange)
 from monitor.web.render import htmx_target, render
 
 bp = Blueprint("pages", __name__)
@@ -173,6 +174,7 @@ def peer(peer_id: str):
     live = peer_view.rendered(d, cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
                         measured=probe_views.peer_probes(d.store, peer_id, cur.healths),
+                        given=contributors.of_peer(d, cur, peer_id, now)["windows"],
                         requests=request_stats.cached(d, cur, ("request-stats-peer", peer_id), now,
                                                       lambda: request_stats.peer_stats(d.store, peer_id, now)))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,

@@ -1,0 +1,119 @@
+"""The contribution ledger (``core/contributions.py``, ``store/contributions.py``, ``web/contributors.py``):
+what every server gave the swarm, by what the stored assessments said of it between polls —
+measured, not announced. (On a real swarm with faults the harness controls: ``test_contributors_swarm.py``.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from monitor.core import contributions as ledger
+from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, Assessment, RouteHop, ServerAssessment
+from monitor.core.common import HOUR
+from monitor.core.probes import CORRECT, WRONG, ServerProbe
+from monitor.core.requests import OK, RequestRecord
+from monitor.core.snapshot import JOINING, ONLINE, ServerRow, Snapshot
+from monitor.web import create_app
+from support import PEERS, TINY, peer, poll_rows, sqlite_store, web_settings
+
+A, B, C = PEERS["first"], PEERS["second"], PEERS["full"]
+
+
+def judged(peer: str, cause: str, *, verdict: str | None = None, at: float = 0.0, measured: float | None = None):
+    probe = ServerProbe(peer, "m", 0, 4, at=at, ok=True, verdict=verdict) if verdict else None
+    return ServerAssessment(peer_id=peer, cause=cause, verdict=probe, measured=measured)
+
+
+def assessment(*servers: ServerAssessment) -> Assessment:
+    return Assessment(model="m", state="healthy", reasons=(), coverage_pct=100.0, servers_online=len(servers),
+                      min_redundancy=1, blocks=(), missing_ranges=(), single_served_ranges=(), bottleneck_ranges=(),
+                      low_cache_ranges=(), est_tokens_per_s=None, route=(), recommendation=None,
+                      servers={s.peer_id: s for s in servers})
+
+
+def test_a_poll_earns_its_servers_what_its_assessment_said_until_the_next_one():
+    start = 10 * HOUR - 30  # the interval crosses an hour: split at it
+    servers = [ServerRow(A, "m", 0, 4, ONLINE), ServerRow(B, "m", 4, 8, ONLINE), ServerRow(C, "m", 0, 8, ONLINE),
+               ServerRow(PEERS["joining"], "m", 2, 6, JOINING)]
+    said = assessment(judged(A, CAUSE_SERVING, verdict=CORRECT, at=start - 60, measured=0.01),
+                      judged(B, CAUSE_FAILING), judged(C, CAUSE_SERVING, verdict=WRONG, at=start - 60),
+                      judged(PEERS["joining"], "joining"))
+    found = {(a.peer_id, a.hour): a for a in ledger.accrue_poll(start, start + 60, servers, {"m": said})}
+    first, second = found[(A, 9 * HOUR)], found[(A, 10 * HOUR)]
+    assert (first.watched, second.watched) == (30.0, 30.0)
+    assert first.announced == first.serving == first.verified == 4 * 30.0  # serving, checked correct 60 s before
+    assert first.speed_sum == pytest.approx(0.01 * 30) and first.speed_seconds == 30.0
+    failing = found[(B, 9 * HOUR)]
+    assert failing.announced == 4 * 30.0 and failing.serving == failing.verified == failing.serving_seconds == 0.0
+    wrong = found[(C, 9 * HOUR)]  # serving, but its newest verdict is wrong: nothing verified
+    assert wrong.serving == 8 * 30.0 and wrong.verified == 0.0
+    joining = found[(PEERS["joining"], 9 * HOUR)]
+    assert joining.announced == joining.serving == 0.0 and joining.watched == 30.0
+    # a verdict older than VERIFIED_WITHIN verifies nothing; a gap past MAX_GAP earns nothing past it
+    stale = assessment(judged(A, CAUSE_SERVING, verdict=CORRECT, at=start - ledger.VERIFIED_WITHIN - 1))
+    (late,) = ledger.accrue_poll(start, start + 10, servers[:1], {"m": stale})
+    assert late.serving == 40.0 and late.verified == 0.0
+    away = ledger.accrue_poll(0.0, 10 * HOUR, servers[:1], {"m": said})
+    assert sum(a.watched for a in away) == ledger.MAX_GAP
+    assert ledger.accrue_poll(start, start + 60, servers[:1], {}) [0].serving == 0.0  # no assessment: not serving
+
+
+def test_real_requests_credit_each_server_of_their_route_with_tokens_times_its_blocks():
+    at = 5 * HOUR + 1
+    records = [RequestRecord(at=at, model="m", api="openai", outcome=OK, tokens=10, route=(RouteHop(A, 0, 4), RouteHop(B, 4, 8))),
+               RequestRecord(at=at, model="m", api="page", outcome=OK, tokens=5, route=(RouteHop(C, 0, 8),)),
+               RequestRecord(at=at, model="m", api="page", outcome="error", tokens=3, route=(RouteHop(A, 0, 4),))]
+    found = {a.peer_id: a for a in ledger.accrue_requests(records)}
+    assert (found[A].block_tokens, found[A].requests) == (40, 1) and found[B].block_tokens == 40
+    assert found[C].block_tokens == 40 and found[C].hour == 5 * HOUR
+
+
+def test_the_store_keeps_the_ledger_by_hour_and_for_all_time_and_the_api_and_page_show_it(tmp_path):
+    from monitor.app import assessing
+
+    settings, store = web_settings(), sqlite_store(tmp_path)
+    try:
+        now = time.time()
+        start = now - 180
+        for i in range(4):  # four polls 60 s apart: three intervals earned
+            at = start + 60 * i
+            snapshot = Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+            store.record_poll(snapshot, assessing.assess_poll(store, settings, snapshot, {}, now=at))
+        day = store.contributions(now - 86400)
+        assert {c.peer_id for c in day} == {A, B, C}
+        by_peer = {c.peer_id: c for c in day}
+        assert by_peer[C].watched_hours == pytest.approx(180 / HOUR)
+        assert by_peer[C].announced_block_hours == pytest.approx(8 * 180 / HOUR)
+        assert by_peer[A].announced_block_hours == pytest.approx(4 * 180 / HOUR)
+        assert by_peer[C].name == "https://example.org/full"  # its announced name, shown as a claim
+        total = {c.peer_id: c for c in store.contributions(None)}
+        assert total[C].announced_block_hours == pytest.approx(by_peer[C].announced_block_hours)
+        for c in day:  # judged serving all along, never checked for correctness: serving, not verified
+            assert c.serving_block_hours == pytest.approx(c.announced_block_hours) and c.verified_block_hours == 0.0
+            assert c.uptime == 1.0
+        client = create_app(settings, store).test_client()
+        body = client.get("/api/v1/contributors?window=day&sort=announced").get_json()
+        assert body["window"] == "day" and [c["peer_id"] for c in body["contributors"]][0] == C
+        assert client.get(f"/api/v1/contributors?model={TINY.dht_prefix}&window=all").status_code == 200
+        for bad in ("window=year", "sort=name", "limit=0", "limit=x", "model=%00"):
+            answer = client.get(f"/api/v1/contributors?{bad}")
+            assert answer.status_code == 400 and bad.split("=")[0] in answer.get_json()["error"]
+        one = client.get(f"/api/v1/contributors/{C}").get_json()
+        assert one["windows"]["day"]["total"]["announced_block_hours"] == pytest.approx(8 * 180 / HOUR, rel=1e-3)
+        assert [m["model"] for m in one["windows"]["all"]["models"]] == [TINY.dht_prefix]
+        assert client.get("/api/v1/contributors/not-a-peer").status_code == 400
+        page = client.get("/contributors?window=day").get_data(as_text=True)
+        assert "Contributors" in page and "measured, not announced" in page and "example.org/full" in page
+        assert client.get("/contributors?window=year").status_code == 400
+        badge = client.get(f"/badges/peers/{C}/contribution.svg?window=day").get_data(as_text=True)
+        assert "0 verified block-hours" in badge and "<svg" in badge  # serving, never checked: none verified
+        assert "unknown" in client.get(f"/badges/peers/{peer('never-seen')}/contribution.json").get_data(as_text=True)
+        state = client.get("/api/v1/state").get_json()
+        assert {c["peer_id"] for c in state["measured_contributors"]} == {A, B, C}
+        assert state["top_contributors"]["https://example.org/full"] == 8  # health.petals.dev's: names, blocks now
+        peer_page = client.get(f"/peers/{C}").get_data(as_text=True)
+        assert "What this server gave" in peer_page and f"/api/v1/contributors/{C}" in peer_page
+        assert "contribution.svg" in peer_page  # its badge's Markdown, to paste
+    finally:
+        store.close()
