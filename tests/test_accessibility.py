@@ -30,7 +30,7 @@ BLOCKING = ("serious", "critical")
 VISITOR_PAGES = [
     "/", f"/models/{TINY.dht_prefix}", "/models/other-model", f"/peers/{PEERS['first']}",
     f"/peers/{PEERS['joining']}", f"/peers/{PEERS['unreachable']}?hours=168", "/alerts", "/status",
-    "/search?q=first", f"/search?q={'Qm' + 'a' * 44}", "/login", "/chat", "/no-such-page",
+    "/search?q=first", f"/search?q={'Qm' + 'a' * 44}", "/login", "/chat", "/no-such-page", "/contributors?window=all",
 ]
 OPERATOR_PAGES = ["/", f"/peers/{PEERS['first']}", "/alerts", "/status", "/login"]
 
