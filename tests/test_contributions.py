@@ -4,6 +4,7 @@ measured, not announced. (On a real swarm with faults the harness controls: ``te
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -115,5 +116,23 @@ def test_the_store_keeps_the_ledger_by_hour_and_for_all_time_and_the_api_and_pag
         peer_page = client.get(f"/peers/{C}").get_data(as_text=True)
         assert "What this server gave" in peer_page and f"/api/v1/contributors/{C}" in peer_page
         assert "contribution.svg" in peer_page  # its badge's Markdown, to paste
+        # a later assessment of the last poll (a reachability round: C cannot be reached) judges it anew
+        last = Snapshot(taken_at=start + 180, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+        again = [dataclasses.replace(a, servers={**a.servers, C: dataclasses.replace(a.servers[C], cause="unreachable")})
+                 for a in assessing.assess_poll(store, settings, last, {}, now=start + 180)]
+        assert store.record_assessments(again, taken_at=start + 180)
+        after = Snapshot(taken_at=start + 240, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+        store.record_poll(after, assessing.assess_poll(store, settings, after, {}, now=start + 240))
+        grown = {c.peer_id: c for c in store.contributions(None)}
+        assert grown[C].watched_hours == pytest.approx(240 / HOUR)
+        assert grown[C].serving_block_hours == pytest.approx(8 * 180 / HOUR)  # its last minute: unreachable, nothing
+        assert grown[A].serving_block_hours == pytest.approx(4 * 240 / HOUR)
+        # the hours past the rollup retention go into the all-time rows, each once
+        unnamed = lambda found: {c.peer_id: dataclasses.replace(c, name=None) for c in found}  # noqa: E731
+        store.rollup_and_prune(now + 3 * 86400, raw_retention_days=1, rollup_retention_days=1)
+        assert store.contributions(now - 86400) == []  # no hour kept (nor the peers' names, long unseen)
+        assert unnamed(store.contributions(None)) == unnamed(grown.values())
+        store.rollup_and_prune(now + 3 * 86400, raw_retention_days=1, rollup_retention_days=1)  # again: nothing twice
+        assert unnamed(store.contributions(None)) == unnamed(grown.values())
     finally:
         store.close()

@@ -74,31 +74,63 @@ def _hours(start: float, end: float) -> list[tuple[float, float]]:
     return out
 
 
+def basis(at: float, servers: Iterable[ServerRow], assessments: Mapping[str, Assessment]) -> dict:
+    """What a poll at ``at`` says each server earns until the next one, compactly (a poll keeps it,
+    rewritten with each later assessment of the same poll): ``{model: {peer: [blocks, online,
+    serving, verified, measured]}}``."""
+    out: dict[str, dict[str, list]] = {}
+    for row in servers:
+        assessment = assessments.get(row.model)
+        judged = assessment.servers.get(row.peer_id) if assessment is not None else None
+        online = row.state == ONLINE
+        serving = online and judged is not None and judged.cause == CAUSE_SERVING
+        verdict = judged.verdict if judged is not None else None
+        verified = serving and verdict is not None and verdict.verdict == CORRECT and verdict.at >= at - VERIFIED_WITHIN
+        measured = judged.measured if serving and judged.measured is not None and math.isfinite(judged.measured) else None
+        out.setdefault(row.model, {})[row.peer_id] = [max(0, row.end - row.start), int(online), int(serving),
+                                                       int(verified), measured]
+    return out
+
+
+def rejudged(kept: Mapping, at: float, assessments: Mapping[str, Assessment]) -> dict:
+    """A poll's basis after a later assessment of it: the same servers and spans, judged anew."""
+    servers = [ServerRow(peer, model, 0, int(entry[0]), ONLINE if entry[1] else "OFFLINE")
+               for model, peers in kept.items() for peer, entry in peers.items()]
+    fresh = basis(at, servers, {model: a for model, a in assessments.items() if model in kept})
+    return {model: {**peers, **fresh.get(model, {})} for model, peers in kept.items()}
+
+
+def accrue_basis(start: float, end: float, kept: Mapping) -> list[Accrual]:
+    """What the servers of a poll at ``start`` earned until the next poll at ``end`` (at most
+    ``MAX_GAP`` later), by that poll's basis (untrusted shape: an entry out of shape earns nothing)."""
+    end = min(end, start + MAX_GAP)
+    if not end > start or not isinstance(kept, Mapping):
+        return []
+    cuts = _hours(start, end)
+    out = []
+    for model, peers in kept.items():
+        for peer, entry in (peers.items() if isinstance(peers, Mapping) else ()):
+            try:
+                blocks, online, serving, verified, measured = entry
+                blocks = max(0, int(blocks))
+                measured = float(measured) if measured is not None else None
+            except (TypeError, ValueError):
+                continue
+            for hour, seconds in cuts:
+                out.append(Accrual(
+                    peer_id=str(peer), model=str(model), hour=hour, watched=seconds,
+                    announced=blocks * seconds if online else 0.0, serving=blocks * seconds if serving else 0.0,
+                    verified=blocks * seconds if verified else 0.0, serving_seconds=seconds if serving else 0.0,
+                    speed_seconds=seconds if measured is not None else 0.0,
+                    speed_sum=measured * seconds if measured is not None else 0.0))
+    return out
+
+
 def accrue_poll(start: float, end: float, servers: Iterable[ServerRow],
                 assessments: Mapping[str, Assessment]) -> list[Accrual]:
     """What the servers a poll at ``start`` saw earned until the next poll at ``end`` (at most
     ``MAX_GAP`` later), by what that poll's assessment of each model said of each of them."""
-    end = min(end, start + MAX_GAP)
-    if not end > start:
-        return []
-    out = []
-    for row in servers:
-        assessment = assessments.get(row.model)
-        judged = assessment.servers.get(row.peer_id) if assessment is not None else None
-        blocks = max(0, row.end - row.start)
-        online = row.state == ONLINE
-        serving = online and judged is not None and judged.cause == CAUSE_SERVING
-        verdict = judged.verdict if judged is not None else None
-        verified = serving and verdict is not None and verdict.verdict == CORRECT and verdict.at >= start - VERIFIED_WITHIN
-        measured = judged.measured if serving and judged.measured is not None and math.isfinite(judged.measured) else None
-        for hour, seconds in _hours(start, end):
-            out.append(Accrual(
-                peer_id=row.peer_id, model=row.model, hour=hour, watched=seconds,
-                announced=blocks * seconds if online else 0.0, serving=blocks * seconds if serving else 0.0,
-                verified=blocks * seconds if verified else 0.0, serving_seconds=seconds if serving else 0.0,
-                speed_seconds=seconds if measured is not None else 0.0,
-                speed_sum=measured * seconds if measured is not None else 0.0))
-    return merge(out)
+    return merge(accrue_basis(start, end, basis(start, servers, assessments)))
 
 
 def accrue_requests(records: Iterable[RequestRecord]) -> list[Accrual]:

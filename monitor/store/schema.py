@@ -61,6 +61,7 @@ class Poll(SQLModel, table=True):
     # store nulled), and rows of this poll the database refused (named in ``errors``)
     clamped_values: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     dropped_rows: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    ledger_basis: Any = _json_field()  # what each server earns until the next poll (core/contributions.py basis; 0026)
 
 
 class ServerObservationRow(SQLModel, table=True):

@@ -22,6 +22,7 @@ from monitor.core.common import HOUR, finite, jsonable, short_error, short_peer_
 from monitor.core.assessment import Assessment
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ChatOutcome, ModelInfo, ReachabilityBatch, ServerRow, Snapshot
+from monitor.core import contributions as ledger
 from monitor.store import contributions
 from monitor.store.engine import Refused, insert, insert_rows
 from monitor.store.schema import (
@@ -103,6 +104,7 @@ def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[Assessme
         at=at, duration=finite(snapshot.duration) or 0.0, n_models=len(snapshot.models),
         n_servers=len(snapshot.servers), invalid_records=snapshot.invalid_records, errors=errors,
         models=[m.dht_prefix for m in snapshot.models], ok=True, clamped_values=snapshot.clamped_values,
+        ledger_basis=ledger.basis(at, snapshot.servers, {h.model: h for h in healths}),
     ).returning(t.c.id)).scalar_one())
     _upsert_models(conn, written, snapshot.models, at)
     _record_servers(conn, written, at, snapshot.servers)
@@ -141,7 +143,9 @@ def record_assessments(conn: Connection, taken_at: float, assessments: Iterable[
     latest = conn.execute(sa.select(p.id, p.at).where(p.ok).order_by(p.at.desc(), p.id.desc()).limit(1)).first()
     if latest is None or latest.at != taken_at:
         return False
+    assessments = list(assessments)
     replace_assessments(conn, latest.id, assessments)
+    contributions.rejudge(conn, latest.id, taken_at, {a.model: a for a in assessments})
     return True
 
 

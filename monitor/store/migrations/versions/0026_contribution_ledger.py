@@ -1,7 +1,9 @@
 """the contribution ledger: what every server earned per model and hour (block-seconds announced,
 serving and verified, seconds watched and serving, measured speed, real requests' tokens × blocks;
-``monitor.core.contributions``), and over all time. Both start empty: the ledger counts from the
-first poll stored after this revision (the assessments it is made from are kept an hour only).
+``monitor.core.contributions``), the hours older than the rollup retention summed per server and
+model, and per poll what each server earns until the next (``polls.ledger_basis``). All start empty:
+the ledger counts from the first poll stored after this revision (the assessments it is made from
+are kept an hour only).
 
 Revision ID: 0026
 Revises: 0025
@@ -25,6 +27,7 @@ def _amounts() -> list:
 
 
 def upgrade() -> None:
+    op.add_column("polls", sa.Column("ledger_basis", sa.JSON(none_as_null=True), nullable=True))
     op.create_table(
         "contribution_hours",
         sa.Column("peer_id", sa.String(length=128), nullable=False),
@@ -46,6 +49,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("polls") as batch:
+        batch.drop_column("ledger_basis")
     op.drop_table("contribution_totals")
     op.drop_index(op.f("ix_contribution_hours_hour"), table_name="contribution_hours")
     op.drop_table("contribution_hours")

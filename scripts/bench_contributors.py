@@ -1,0 +1,165 @@
+"""Benchmark: the contribution ledger (#50) at 500 servers — what it adds to storing a poll, and the
+contributors page and API over 30 days of it.
+
+1. **A poll's write**: ``scripts/simulate_swarm``'s plan (500 servers of 4 models, 10 % unreachable,
+   every server probed, one probe checked for correctness), assessed and stored as the poller does,
+   ``--repeats`` polls 60 s apart: ``record_poll`` with the ledger (the poll's basis kept, the
+   interval since the poll before credited by its basis) against the same with both left out,
+   alternating in one run (ratio; target: ≤ 10 % added).
+2. **The page over 30 days**: the ledger of 500 servers × 30 days (360,000 hourly rows, all-time rows
+   beside), then ``/contributors`` and ``/api/v1/contributors`` for a month and all time, each request
+   computed anew (no cached answer: every query differs), p50 / p95 (target: page p95 ≤ 100 ms).
+
+SQLite. ~2 min. Run: ``.venv/bin/python scripts/bench_contributors.py [--no-write]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from bench_common import machine, median, ms, percentile, run_and_exit, stamp, table, verdict, write_section
+
+from monitor import compat  # noqa: F401  (before petals)
+from monitor.app import assessing
+from monitor.core.common import HOUR
+from monitor.core.contributions import Accrual
+from monitor.core.probes import CORRECT, ServerProbe
+from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
+from monitor.settings import Settings
+from monitor.store import Store, contributions, writes
+from simulate_swarm import plan_swarm, planned_rows, sim_models
+
+POLL_TARGET = 0.10  # the accrual adds at most this share to a poll's write
+PAGE_TARGET = 0.100  # seconds, p95
+
+
+def poll_writes(servers: int, repeats: int) -> dict:
+    planned = plan_swarm(servers, sim_models(4), unreachable=0.1)
+    models, rows = planned_rows(planned, sim_models(4))
+    unreachable = {s.peer_id for s in planned[: len(planned) // 10]}
+    now = time.time()
+    checks = tuple(ReachabilityResult(row.peer_id, "server", row.peer_id not in unreachable, rtt=0.02)
+                   for row in {r.peer_id: r for r in rows}.values())
+    probes = [ServerProbe(row.peer_id, row.model, row.start, row.end, at=now - 30, ok=True,
+                          seconds_per_token=0.02 * (row.end - row.start), rtt=0.01, duration=0.3, verdict=CORRECT,
+                          error_ratio=1e-5, tolerance=1e-3, checked_against="peers")
+              for row in rows if row.peer_id not in unreachable]
+    timings = {"with": [], "without": []}
+    real, real_basis = contributions.after_poll, writes.ledger.basis
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(data_dir=Path(tmp), initial_peers=[], discover_models=False)
+        store = Store(f"sqlite:///{Path(tmp) / 'monitor.db'}")
+        store.migrate()
+        store.record_reachability(ReachabilityBatch(taken_at=now - 5, duration=1.0, results=checks))
+        store.record_server_probes(probes)
+        gc.collect()
+        gc.freeze()
+        try:
+            for i in range(4 * repeats):  # in pairs, alternating: the second of a pair is timed, after one alike
+                at = now + 60 * i
+                snapshot = Snapshot(taken_at=at, duration=3.0, models=tuple(models), servers=tuple(rows))
+                assessed = assessing.assess_poll(store, settings, snapshot, store.latest_reachability(), now=at)
+                mode = "with" if (i // 2) % 2 else "without"
+                contributions.after_poll = real if mode == "with" else (lambda conn, until: None)
+                writes.ledger.basis = real_basis if mode == "with" else (lambda at, servers, assessments: None)
+                started = time.perf_counter()
+                store.record_poll(snapshot, assessed)
+                if i % 2:
+                    timings[mode].append(time.perf_counter() - started)
+        finally:
+            contributions.after_poll, writes.ledger.basis = real, real_basis
+        credited = len(store.contributions(None))
+        store.close()
+    return {"rows": len(rows), "credited": credited, **timings}
+
+
+def ledger_of(store: Store, servers: int, days: int, rng: random.Random) -> int:
+    """``days`` of hourly accruals for ``servers`` servers (one model each, of 4), as polls would leave them."""
+    models = [m.dht_prefix for m in sim_models(4)]
+    end = time.time() // HOUR * HOUR
+    written = 0
+    peers = [f"Qm{rng.getrandbits(200):050x}"[:46] for _ in range(servers)]
+    for day in range(days):
+        batch = []
+        for hour in range(24):
+            at = end - (day * 24 + hour) * HOUR
+            for i, peer in enumerate(peers):
+                blocks = 8 + i % 24
+                serving = 3600 * (0.0 if rng.random() < 0.05 else 1.0)
+                batch.append(Accrual(peer_id=peer, model=models[i % 4], hour=at, announced=blocks * 3600.0,
+                                     serving=blocks * serving, verified=blocks * serving * (rng.random() < 0.8),
+                                     watched=3600.0, serving_seconds=serving, speed_seconds=serving,
+                                     speed_sum=0.02 * serving, block_tokens=rng.randrange(0, 10_000) * blocks,
+                                     requests=rng.randrange(0, 50)))
+        with store.db.write("writing a benchmark's ledger") as conn:
+            contributions.record(conn, batch)
+        written += len(batch)
+    return written
+
+
+def pages(servers: int, days: int, requests: int) -> dict:
+    from monitor.web import create_app
+
+    rng = random.Random(5)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(f"sqlite:///{Path(tmp) / 'monitor.db'}")
+        store.migrate()
+        started = time.perf_counter()
+        rows = ledger_of(store, servers, days, rng)
+        generated = time.perf_counter() - started
+        app = create_app(Settings(data_dir=Path(tmp), initial_peers=[], discover_models=False), store)
+        client = app.test_client()
+        found = {}
+        for name, path in (("page, a month", "/contributors?window=month&limit={n}"),
+                           ("page, all time", "/contributors?window=all&limit={n}"),
+                           ("API, a month", "/api/v1/contributors?window=month&limit={n}")):
+            times = []
+            for i in range(requests):
+                url = path.format(n=100 + i)  # a new query each time: computed, never a cached answer
+                t = time.perf_counter()
+                answer = client.get(url)
+                times.append(time.perf_counter() - t)
+                assert answer.status_code == 200, (url, answer.status_code)
+            found[name] = times
+        store.close()
+    return {"rows": rows, "generated": generated, "times": found}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    print(machine())
+    writes = poll_writes(args.servers, args.repeats)
+    added = median(writes["with"]) / median(writes["without"]) - 1
+    shown = pages(args.servers, args.days, args.requests)
+    page_p95 = max(percentile(t, 95) for name, t in shown["times"].items() if name.startswith("page"))
+    text = (f"_Last run {stamp()}, {machine()}._\n\n"
+            f"**A poll's write** ({writes['rows']} server records of 4 models, SQLite, {args.repeats} polls each way, "
+            f"alternating):\n\n" + table(["record_poll", "median", "p95"], [
+                ["without the ledger", ms(median(writes["without"])), ms(percentile(writes["without"], 95))],
+                ["with it", ms(median(writes["with"])), ms(percentile(writes["with"], 95))]])
+            + f"\n\nadded: **{added * 100:+.1f} %** of a poll's write (target ≤ {POLL_TARGET * 100:.0f} %): "
+              f"{verdict(added <= POLL_TARGET)}; {writes['credited']} servers credited.\n\n"
+            f"**Contributors over {args.days} days** ({shown['rows']:,} hourly rows of {args.servers} servers, "
+            f"written in {shown['generated']:.0f} s; each request computed anew):\n\n"
+            + table(["request", "p50", "p95"], [[name, ms(median(t)), ms(percentile(t, 95))]
+                                                for name, t in shown["times"].items()])
+            + f"\n\npage p95 **{ms(page_p95)}** (target ≤ {ms(PAGE_TARGET)}): {verdict(page_p95 <= PAGE_TARGET)}.\n\n"
+              "Run: `.venv/bin/python scripts/bench_contributors.py`.\n")
+    print(text)
+    if not args.no_write:
+        write_section("contributors", text)
+
+
+if __name__ == "__main__":
+    run_and_exit(main)
