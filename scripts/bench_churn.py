@@ -353,10 +353,14 @@ def honest(args, swarm, names, ids, watch, hook) -> list[dict]:
     # a server that left for good while others serve its blocks is an info notice by design (#52): told,
     # never an alarm; every other notice is one
     notices = [r.body.get("event") for r in hook.received[notices_before:] if r.body and r.body.get("severity") != "info"]
+    told = [f"{r.body.get('event')} {r.body.get('severity')}: {r.body.get('summary')} ({r.at - began:.0f} s in)"
+            for r in hook.received[notices_before:] if r.body and r.body.get("severity") != "info"]
+    for line in told:  # every notice an operator would take for an alarm, said whole
+        print("NOTICE: " + line, flush=True)
     return [{"restarts": sum(e["kind"] == "restart" for e in events), "joins": sum(e["kind"] == "join" for e in events),
              "leaves": sum(e["kind"] == "leave" for e in events), "false_named": sorted(false_named),
              "moments": moments,
-             "notices": notices}]
+             "notices": notices, "told": told}]
 
 
 def cost(store, ids: dict, since: float, until: float) -> dict:
@@ -395,7 +399,7 @@ def report(out: dict) -> str:
                 f"{r['leaves']} leaving cleanly. False alarms: "
                 f"{len(r['false_named'])} servers named ({r['false_named'] or 'none'}"
                 + (f": {'; '.join(r.get('moments', []))}" if r.get("moments") else "") + "), "
-                f"{len([n for n in r['notices'] if n == 'firing'])} notices ({r['notices'] or 'none'}).\n\n{cost_line}")
+                f"{len(r['notices'])} notices other than info ({'; '.join(r.get('told') or []) or 'none'}).\n\n{cost_line}")
     rows = []
     for (kind, row) in [(k, False) for k in KINDS] + [(k, True) for k in KINDS]:
         runs = [r for r in out["results"] if r["kind"] == kind and bool(r.get("row")) == row]
