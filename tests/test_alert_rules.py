@@ -462,6 +462,35 @@ def test_a_server_that_left_is_told_after_the_left_hold_not_after_for_and_a_quic
     assert news.event == core.NEWS and news.summary.endswith("now also server-2 left (OFFLINE, or gone from the DHT)")
 
 
+def test_a_server_that_left_is_told_only_once_a_poll_after_the_hold_still_shows_it_away():
+    """Polls come every 60 s at the defaults, the hold is 45 s: a restart seen away by one poll may
+    be back by the next. So the notice waits for a poll taken a hold after the server was first seen
+    away (the alert job asks for one then: ``awaiting_poll``); a restart back by it is never told."""
+    away = lambda seen: LEFT_2._replace(seen=seen)  # noqa: E731  (the latest poll that shows it away)
+    stop = Run(DEFAULT_HEALTH)
+    assert stop.at(T0, models=[behind("degraded", away(T0 - 1))]) == []
+    assert stop.at(T0 + core.LEFT_HOLD, models=[behind("degraded", away(T0 - 1))]) == []  # no poll since
+    assert core.awaiting_poll(stop.rules, stop.memory, T0 + core.LEFT_HOLD)  # so the poller is asked for one
+    assert not core.awaiting_poll(stop.rules, stop.memory, T0 + core.LEFT_HOLD - 1)  # (not before the hold)
+    [fired] = stop.at(T0 + core.LEFT_HOLD + 3, models=[behind("degraded", away(T0 + core.LEFT_HOLD + 2))])
+    assert fired.event == FIRED and not core.awaiting_poll(stop.rules, stop.memory, T0 + core.LEFT_HOLD + 3)
+    restart = Run(DEFAULT_HEALTH)
+    restart.at(T0, models=[behind("degraded", away(T0 - 1))])
+    restart.at(T0 + core.LEFT_HOLD, models=[behind("degraded", away(T0 - 1))])
+    restart.at(T0 + core.LEFT_HOLD + 3, models=[model("healthy")])  # the poll it asked for: back
+    assert restart.notices == [] and restart.memory == {}
+    # the same while a "lost servers" alert fires for a joiner that left for good: no change to degraded
+    joiner = Cause("QmJoiner", "joiner-1", core.LEFT, seen=T0 - 1)
+    lost = Run(DEFAULT_HEALTH)
+    lost.at(T0 - 100, models=[behind("healthy", joiner._replace(seen=T0 - 101))])
+    [info] = lost.at(T0 - 50, models=[behind("healthy", joiner._replace(seen=T0 - 51))])
+    assert info.severity == core.INFO
+    lost.at(T0, models=[behind("degraded", joiner, away(T0 - 1))])
+    assert lost.at(T0 + core.LEFT_HOLD, models=[behind("degraded", joiner, away(T0 - 1))]) == []
+    lost.at(T0 + core.LEFT_HOLD + 3, models=[behind("healthy", joiner)])
+    assert [n.severity for n in lost.notices] == [core.INFO]  # the restart was never told
+
+
 def test_a_healthy_model_that_lost_a_server_others_cover_is_an_info_notice_until_it_is_back():
     run = Run(DEFAULT_HEALTH)
     assert run.at(T0, models=[behind("healthy", LEFT_2)]) == []

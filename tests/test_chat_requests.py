@@ -52,7 +52,8 @@ def test_every_request_the_chat_serves_leaves_one_row(chat, swarm):
     assert first.route == tuple(RouteHop(hop.peer_id, hop.start, hop.end) for hop in finished.route)
     assert first.waited is not None and 0 <= first.waited < 1 and first.failovers == 0
     assert {peer for r in found[:3] for peer, _, _ in r.route} <= {swarm.peer_id(n) for n in swarm.servers}
-    text = json.dumps([{**r.__dict__, "route": [list(hop) for hop in r.route]} for r in found])
+    text = json.dumps([{**r.__dict__, "route": [list(hop) for hop in r.route],
+                        "forecast": r.forecast.to_json() if r.forecast else None} for r in found])
     assert "Hello" not in text and "Hi" not in text  # no prompt, no answer
     # /metrics: the same requests as histograms of this chat process (label values bounded)
     metrics = client.get("/metrics").get_data(as_text=True)
@@ -117,3 +118,16 @@ def test_a_forecast_before_each_request_from_what_real_requests_got(chat):
     assert "/chat/forecast" in client.get("/chat").get_data(as_text=True)  # the page asks for it before Send
     rows.flush()
     assert len(store.requests_since(0, model=TINY_DHT_PREFIX)) == stored  # estimates generate nothing, leave no row
+    # the request right after an estimate keeps, in its row, the forecast the estimate told (#49)
+    said = client.post("/v1/estimate", json=body).get_json()["petals"]["forecast"]
+    answered = client.post("/v1/chat/completions", json=body)
+    assert answered.status_code == 200 and answered.get_json()["petals"]["waited"] >= 0
+    rows.flush()
+    kept = store.requests_since(0, model=TINY_DHT_PREFIX)[-1].forecast
+    assert kept is not None and kept.source == said["source"] and kept.based_on == said["based_on"]
+    assert kept.load == said["load"] and kept.calibrated_on == said["calibrated_on"]
+    for name in ("wait", "time_to_first_token", "tokens_per_second"):
+        told = getattr(kept, name)
+        assert told.median == pytest.approx(said[name], rel=1e-3)
+        assert (list(told.range) if told.range else None) == (pytest.approx(said[f"{name}_range"], rel=1e-3)
+                                                              if said[f"{name}_range"] else None)

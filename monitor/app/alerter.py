@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF = HOUR
 DELIVERIES_PER_RUN = 100  # pending deliveries looked at per delivery run (the rest wait for the next)
 PRUNE_EVERY = HOUR
+LOOK_AGAIN = 10.0  # seconds between two polls asked for to see whether a server that left is back
 _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 
 
@@ -152,7 +153,7 @@ def model_causes(assessment, lost, names: dict[str, str]) -> tuple[core.Cause, .
     for peer, name in lost:
         server = assessment.servers.get(peer)
         if server is None or server.cause in (CAUSE_OFFLINE, CAUSE_JOINING):
-            causes.append(core.Cause(peer, name or names.get(peer), core.LEFT))
+            causes.append(core.Cause(peer, name or names.get(peer), core.LEFT, seen=assessment.poll_at))
         else:
             causes.append(core.Cause(peer, name or names.get(peer), server.cause, server.confirmed))
     causes += [core.Cause(peer, names.get(peer), CAUSE_SLOW, server.confirmed)
@@ -257,6 +258,9 @@ class Alerter:
                 result = core.evaluate(self.rules, view, self.store.alerts(), now, self.mutes(now))
                 if self.stopping():
                     return None
+                if core.awaiting_poll(self.rules, result.alerts, now):  # is a server that left back by now?
+                    self.store.request_job("scrape", by="alerts", min_interval=LOOK_AGAIN,
+                                           why="a server that left is due to be told: is it back?")
                 if result.writes or now - self._beat_at >= core.HEARTBEAT:
                     self.store.record_alert_evaluation(result, self._webhooks_for, now,
                                                        group_wait=self.config.group_wait)

@@ -85,6 +85,8 @@ class Cause(NamedTuple):
     confirmed: bool = False  # it rests on confirming checks: told at once
     since: Optional[float] = None
     told: bool = False
+    seen: Optional[float] = None  # (LEFT) the latest poll that shows it away: it is told only once a
+    # poll ``left_wait`` after it was first seen away still shows it away (a restart is back by then)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -181,20 +181,20 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
         since = alert.since if alert is not None else now
         alert = Alert(rule=rule.name, kind=rule.kind, subject=condition.subject, status=PENDING,
                       state=condition.state, severity=condition.severity, since=since, causes=causes, **text)
-        if now - since >= wait:
+        if now - since >= wait and _confirmed_away(rule, causes, now):
             alert = replace(alert, status=FIRING, fired_at=now, notified_at=now, causes=_told(causes))
             return alert, _notice(alert, FIRED, now)
         return alert, None
     if condition.state != alert.state:
         next_since = alert.next_since if alert.next_state == condition.state and alert.next_since else now
-        if now - next_since >= wait:
+        if now - next_since >= wait and _confirmed_away(rule, causes, now):
             previous = alert.state
             alert = replace(alert, state=condition.state, severity=condition.severity, notified_at=now,
                             next_state=None, next_since=None, causes=_told(causes), **text)
             return alert, _notice(alert, CHANGED, now, previous=previous)
         return replace(alert, next_state=condition.state, next_since=next_since, causes=causes, **text), None
     alert = replace(alert, next_state=None, next_since=None, clear_since=None, causes=causes, **text)
-    news = [c for c in causes if not c.told and now - (c.since if c.since is not None else now) >= _wait_for(rule, c)]
+    news = [c for c in causes if not c.told and _held(rule, c, now)]
     if news:  # the same state, but a server behind it that nobody was told of: news
         keys = {c.key for c in news}
         alert = replace(alert, notified_at=now, causes=tuple(c._replace(told=True) if c.key in keys else c
@@ -236,6 +236,36 @@ def _wait_for(rule: Rule, cause: Cause) -> float:
     if cause.confirmed:
         return 0.0
     return rule.left_wait if cause.why == LEFT else rule.for_seconds
+
+
+def _held(rule: Rule, cause: Cause, now: float) -> bool:
+    """Whether one cause has held long enough to be told (``_wait_for``); a server that left, only
+    once a poll taken ``left_wait`` after the alert first saw it away still shows it away."""
+    since = cause.since if cause.since is not None else now
+    if now - since < _wait_for(rule, cause):
+        return False
+    return cause.confirmed or cause.why != LEFT or cause.seen is None or cause.seen - since >= rule.left_wait
+
+
+def awaiting_poll(rules: Iterable[Rule], alerts: Mapping[tuple[str, str], Alert], now: float) -> bool:
+    """Whether a server that left is due to be told but no poll since has looked again: the poller
+    should poll now (was it a restart, back by now?) rather than at its next period."""
+    by_name = {rule.name: rule for rule in rules}
+    for (name, _), alert in alerts.items():
+        rule = by_name.get(name)
+        for c in alert.causes if rule is not None else ():
+            if (c.why == LEFT and not c.confirmed and not c.told and c.since is not None
+                    and now - c.since >= rule.left_wait and not _held(rule, c, now)):
+                return True
+    return False
+
+
+def _confirmed_away(rule: Rule, causes: tuple[Cause, ...], now: float) -> bool:
+    """When a condition waits on servers that left (its causes are those, or confirmed ones): each
+    of them seen away by a poll late enough (``_held``); else nothing more to wait for."""
+    if not causes or not all(c.why == LEFT or c.confirmed for c in causes):
+        return True
+    return all(_held(rule, c, now) for c in causes if c.why == LEFT and not c.confirmed)
 
 
 def _wait(rule: Rule, condition: Condition, causes: tuple[Cause, ...]) -> float:
