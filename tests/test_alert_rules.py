@@ -470,10 +470,10 @@ def test_a_server_that_left_is_told_only_once_a_poll_after_the_hold_still_shows_
     stop = Run(DEFAULT_HEALTH)
     assert stop.at(T0, models=[behind("degraded", away(T0 - 1))]) == []
     assert stop.at(T0 + core.LEFT_HOLD, models=[behind("degraded", away(T0 - 1))]) == []  # no poll since
-    assert core.awaiting_poll(stop.rules, stop.memory, T0 + core.LEFT_HOLD)  # so the poller is asked for one
-    assert not core.awaiting_poll(stop.rules, stop.memory, T0 + core.LEFT_HOLD - 1)  # (not before the hold)
+    assert core.awaiting_poll(stop.rules, stop.memory, None, T0 + core.LEFT_HOLD)  # so the poller is asked for one
+    assert not core.awaiting_poll(stop.rules, stop.memory, None, T0 + core.LEFT_HOLD - 1)  # (not before the hold)
     [fired] = stop.at(T0 + core.LEFT_HOLD + 3, models=[behind("degraded", away(T0 + core.LEFT_HOLD + 2))])
-    assert fired.event == FIRED and not core.awaiting_poll(stop.rules, stop.memory, T0 + core.LEFT_HOLD + 3)
+    assert fired.event == FIRED and not core.awaiting_poll(stop.rules, stop.memory, None, T0 + core.LEFT_HOLD + 3)
     restart = Run(DEFAULT_HEALTH)
     restart.at(T0, models=[behind("degraded", away(T0 - 1))])
     restart.at(T0 + core.LEFT_HOLD, models=[behind("degraded", away(T0 - 1))])
@@ -489,6 +489,14 @@ def test_a_server_that_left_is_told_only_once_a_poll_after_the_hold_still_shows_
     assert lost.at(T0 + core.LEFT_HOLD, models=[behind("degraded", joiner, away(T0 - 1))]) == []
     lost.at(T0 + core.LEFT_HOLD + 3, models=[behind("healthy", joiner)])
     assert [n.severity for n in lost.notices] == [core.INFO]  # the restart was never told
+    # a watched peer that went offline waits for the same later poll
+    box = Run(Rule("box-offline", core.PEER_OFFLINE, peers=(PEER_A,), for_seconds=120, left_seconds=core.LEFT_HOLD))
+    gone = [PeerView(PEER_A, state="OFFLINE")]
+    box.at(T0, peers=gone, last_poll=T0 - 1)
+    assert box.at(T0 + core.LEFT_HOLD, peers=gone, last_poll=T0 - 1) == []
+    assert core.awaiting_poll(box.rules, box.memory, T0 - 1, T0 + core.LEFT_HOLD)
+    [offline] = box.at(T0 + core.LEFT_HOLD + 3, peers=gone, last_poll=T0 + core.LEFT_HOLD + 2)
+    assert offline.event == FIRED and offline.state == "offline"
 
 
 def test_a_healthy_model_that_lost_a_server_others_cover_is_an_info_notice_until_it_is_back():

@@ -258,7 +258,7 @@ class Alerter:
                 result = core.evaluate(self.rules, view, self.store.alerts(), now, self.mutes(now))
                 if self.stopping():
                     return None
-                if core.awaiting_poll(self.rules, result.alerts, now):  # is a server that left back by now?
+                if core.awaiting_poll(self.rules, result.alerts, view.last_ok_poll_at, now):  # back by now?
                     self.store.request_job("scrape", by="alerts", min_interval=LOOK_AGAIN,
                                            why="a server that left is due to be told: is it back?")
                 if result.writes or now - self._beat_at >= core.HEARTBEAT:

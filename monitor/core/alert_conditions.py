@@ -13,7 +13,7 @@ No I/O, no SQL, no petals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple, Optional
 
 from monitor.core.common import STALE_PERIODS, short_error, short_peer_id
@@ -166,6 +166,8 @@ class Condition:
     peer_name: Optional[str] = None
     causes: tuple[Cause, ...] = ()  # a model's: the servers behind it (news, ``muting.holds``)
     confirmed: bool = False  # it rests on confirmed checks only: told at once, without waiting ``for``
+    seen: Optional[float] = None  # (a peer offline) the latest poll it rests on: told once one taken the
+    # rule's ``left_wait`` after it began still shows it (as a server that left a model: ``Cause.seen``)
 
 
 # ---- conditions -----------------------------------------------------------------------------
@@ -302,7 +304,8 @@ def _peer_condition(rule: Rule, target: str, matches: list[PeerView]) -> Conditi
 
 def _peer_conditions(rule: Rule, view: SwarmView) -> dict[str, Condition]:
     return {
-        target: _peer_condition(rule, target, [p for p in view.peers if target in (p.peer_id, p.public_name)])
+        target: replace(_peer_condition(rule, target, [p for p in view.peers if target in (p.peer_id, p.public_name)]),
+                        seen=view.last_ok_poll_at)
         for target in rule.peers
     }
 

@@ -181,13 +181,13 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
         since = alert.since if alert is not None else now
         alert = Alert(rule=rule.name, kind=rule.kind, subject=condition.subject, status=PENDING,
                       state=condition.state, severity=condition.severity, since=since, causes=causes, **text)
-        if now - since >= wait and _confirmed_away(rule, causes, now):
+        if now - since >= wait and _confirmed_away(rule, condition, causes, since, now):
             alert = replace(alert, status=FIRING, fired_at=now, notified_at=now, causes=_told(causes))
             return alert, _notice(alert, FIRED, now)
         return alert, None
     if condition.state != alert.state:
         next_since = alert.next_since if alert.next_state == condition.state and alert.next_since else now
-        if now - next_since >= wait and _confirmed_away(rule, causes, now):
+        if now - next_since >= wait and _confirmed_away(rule, condition, causes, next_since, now):
             previous = alert.state
             alert = replace(alert, state=condition.state, severity=condition.severity, notified_at=now,
                             next_state=None, next_since=None, causes=_told(causes), **text)
@@ -247,22 +247,32 @@ def _held(rule: Rule, cause: Cause, now: float) -> bool:
     return cause.confirmed or cause.why != LEFT or cause.seen is None or cause.seen - since >= rule.left_wait
 
 
-def awaiting_poll(rules: Iterable[Rule], alerts: Mapping[tuple[str, str], Alert], now: float) -> bool:
-    """Whether a server that left is due to be told but no poll since has looked again: the poller
-    should poll now (was it a restart, back by now?) rather than at its next period."""
+def awaiting_poll(rules: Iterable[Rule], alerts: Mapping[tuple[str, str], Alert], last_poll: Optional[float],
+                  now: float) -> bool:
+    """Whether a server that left (a model's, or a peer offline) is due to be told but no poll since
+    has looked again: the poller should poll now (was it a restart, back by now?) rather than at its
+    next period."""
     by_name = {rule.name: rule for rule in rules}
     for (name, _), alert in alerts.items():
         rule = by_name.get(name)
-        for c in alert.causes if rule is not None else ():
+        if rule is None:
+            continue
+        if (alert.status == PENDING and alert.state == "offline" and now - alert.since >= rule.left_wait
+                and (last_poll is None or last_poll - alert.since < rule.left_wait)):
+            return True
+        for c in alert.causes:
             if (c.why == LEFT and not c.confirmed and not c.told and c.since is not None
                     and now - c.since >= rule.left_wait and not _held(rule, c, now)):
                 return True
     return False
 
 
-def _confirmed_away(rule: Rule, causes: tuple[Cause, ...], now: float) -> bool:
-    """When a condition waits on servers that left (its causes are those, or confirmed ones): each
-    of them seen away by a poll late enough (``_held``); else nothing more to wait for."""
+def _confirmed_away(rule: Rule, condition: Condition, causes: tuple[Cause, ...], since: float, now: float) -> bool:
+    """When a condition waits on servers that left — a peer offline, or a model whose causes are
+    those (or confirmed ones) — each of them seen away by a poll late enough (``_held``); else
+    nothing more to wait for."""
+    if condition.state == "offline" and not condition.confirmed:
+        return condition.seen is None or condition.seen - since >= rule.left_wait
     if not causes or not all(c.why == LEFT or c.confirmed for c in causes):
         return True
     return all(_held(rule, c, now) for c in causes if c.why == LEFT and not c.confirmed)
