@@ -1,5 +1,6 @@
 """The chat APIs' parameters and answers as pydantic models: what the OpenAPI document shows
-(``monitor.api_doc``) and what ``chat.http.params`` checks every parameter with.
+(``monitor.api_doc``) and what ``chat.http.params`` checks every parameter with (``Params.field``
+reads a parameter's type, bounds and default from its request model: one definition of each).
 
 The value types (``Integer``, ``Number``, ``Boolean``, ``Text``) are pydantic types with their bounds;
 ``invalid`` is the one place where pydantic's complaint about a value becomes our ``InvalidRequest``,
@@ -7,17 +8,26 @@ whose message names the parameter, what it should be and what it got (the same w
 API). JSON values are checked strictly (a string is not a number; a whole float is an integer);
 a form's values are strings, parsed. Bounds that depend on the model or the engine (a model's
 context, ``max_batch_rows``, ``max_logprobs``) are checked where those are known (``params``,
-``openai_request``). Pure: pydantic only (no Flask, no torch).
+``openai_request``); ``kind_of`` adds them to the model's. A parameter with structure (``messages``,
+``models``) is checked by rules of ours, whose words ``invalid`` prefixes with where they apply
+(``messages[0].content``).
+
+The module itself is pure (pydantic only), but importing it loads its package, whose
+``__init__`` builds the chat's blueprint over the engine (torch, petals): only the chat's own
+processes import it. The web workers never do: ``monitor.web`` may not import ``chat``
+(``tests/test_layers.py``); the chat's part of the document comes from the chat's blueprint,
+registered in the same app, whose views carry their ``Operation``.
 """
 
 from __future__ import annotations
 
+import functools
+import typing
 from typing import Annotated, Any, Literal, Optional, Union
 
-import functools
-
 import annotated_types
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError,
+                      ValidationInfo, model_validator)
 from pydantic_core import PydanticCustomError
 
 from monitor.api_doc import Open, OpenAIError
@@ -25,7 +35,9 @@ from monitor.api_doc import Open, OpenAIError
 from chat.errors import InvalidRequest
 
 MAX_TEXT_CHARS = 200_000  # any one text parameter
-MAX_STOP_SEQUENCES = 4
+MAX_STOP_SEQUENCES, MAX_STOP_CHARS = 4, 1000  # stop sequences: how many, how long each
+MAX_MESSAGES, MAX_CONTENT_PARTS = 512, 64  # a chat's messages; the text parts of one message
+MAX_FALLBACK_MODELS = 8  # models in a request's ``models`` list
 
 
 def _whole(value: Any, info: ValidationInfo) -> Any:
@@ -56,13 +68,13 @@ def _a_number(value: Any) -> Any:
 # (each type made once per bounds: its checker is built once, ``checked``)
 @functools.lru_cache(maxsize=None)
 def Integer(lo: Optional[int] = None, hi: Optional[int] = None, **doc) -> Any:
-    return Annotated[int, BeforeValidator(_whole), Field(ge=lo, le=hi, **doc)]
+    return Annotated[int, Field(ge=lo, le=hi, **doc), BeforeValidator(_whole)]  # (bounds first: documented then)
 
 
 @functools.lru_cache(maxsize=None)
 def Number(lo: Optional[float] = None, hi: Optional[float] = None, *, lo_open: bool = False, **doc) -> Any:
-    return Annotated[float, AfterValidator(_a_number),
-                     Field(gt=lo if lo_open else None, ge=None if lo_open else lo, le=hi, **doc)]
+    return Annotated[float, Field(gt=lo if lo_open else None, ge=None if lo_open else lo, le=hi, **doc),
+                     AfterValidator(_a_number)]
 
 
 Boolean = Annotated[bool, BeforeValidator(_flag), Field(strict=True)]
@@ -99,11 +111,29 @@ def _as_number(value: Any) -> float:
     return float(value.strip()) if isinstance(value, str) else value
 
 
+class Refusal(ValueError):
+    """A rule's words about a value (``at``: where inside it, like "[2]"), said after where it is."""
+
+    def __init__(self, words: str, at: str = ""):
+        super().__init__(words)
+        self.at = at
+
+
+def _located(name: str, first: dict, cause: ValueError) -> InvalidRequest:
+    """A rule's complaint at ``first["loc"]`` inside parameter ``name``: "messages[0].role must be …"."""
+    where = name + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])
+    where += getattr(cause, "at", "")
+    return InvalidRequest(where, f"{where} {cause}")
+
+
 def invalid(name: str, error: ValidationError, metadata=(), *, form: bool = False) -> InvalidRequest:
     """The first complaint of ``error`` about parameter ``name`` (checked against a type with
     ``metadata``: its bounds), as the InvalidRequest every chat API answers with a 400."""
     first = error.errors()[0]
     kind, value = first["type"], first["input"]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, ValueError):
+        return _located(name, first, cause)
     got = repr(value) if form and isinstance(value, str) else _kind(value)
     if kind == "string_type":
         return InvalidRequest(name, f"{name} must be a string, got {_kind(value)}")
@@ -142,10 +172,27 @@ def checked(name: str, value: Any, kind: Any, *, form: bool = False) -> Any:
         raise invalid(name, e, getattr(kind, "__metadata__", ()), form=form) from None
 
 
-# ---- request bodies (for the document; each parameter checked with the types above) -----------------
+@functools.lru_cache(maxsize=None)
+def kind_of(model: type[BaseModel], name: str, lo: Optional[float] = None, hi: Optional[float] = None) -> Any:
+    """The type parameter ``name`` is checked with: its field's in ``model`` (an absent value is the
+    caller's: ``None`` taken out), with the bounds ``lo``/``hi`` known only now (a model's context)."""
+    field = model.model_fields[name]
+    kind = field.annotation
+    if typing.get_origin(kind) is Union and type(None) in typing.get_args(kind):
+        kind = Union[tuple(arg for arg in typing.get_args(kind) if arg is not type(None))]
+    if field.metadata:
+        kind = Annotated[(kind, *field.metadata)]
+    return kind if lo is None and hi is None else Annotated[kind, Field(ge=lo, le=hi)]
+
+
+# ---- request bodies: each parameter's type, default and bounds, for the document and the checks -------
 
 _MODEL = Text(500, description="the model's name: its DHT prefix (or a name /v1/models lists)")
-_STOP = Union[Text(1000), Annotated[list[Text(1000)], Field(max_length=MAX_STOP_SEQUENCES)]]
+_STOP = Union[Text(MAX_STOP_CHARS), Annotated[list[Text(MAX_STOP_CHARS)], Field(max_length=MAX_STOP_SEQUENCES)]]
+# the sampling parameters every API (and the chat page) takes alike; only their defaults differ
+TOP_P = Number(0, 1, lo_open=True)
+TOP_K = Integer(0, 100_000)
+REPETITION_PENALTY = Number(0, 100, lo_open=True)
 
 
 class TextPart(BaseModel):
@@ -153,9 +200,57 @@ class TextPart(BaseModel):
     text: str
 
 
+def _messages(value: Any) -> Any:
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a non-empty list of {role, content} objects")
+    if len(value) > MAX_MESSAGES:
+        raise ValueError(f"has {len(value)} entries; at most {MAX_MESSAGES} are accepted")
+    return value
+
+
+def _role(value: Any) -> str:
+    role = "system" if value == "developer" else value  # (OpenAI's newer name for it)
+    if role not in ("system", "user", "assistant"):
+        raise ValueError(f"must be 'system', 'user' or 'assistant', got {role!r}")
+    return role
+
+
+def _content(value: Any) -> str:
+    """A string, or text parts (joined)."""
+    if isinstance(value, list):
+        if len(value) > MAX_CONTENT_PARTS:
+            raise ValueError(f"has {len(value)} parts; at most {MAX_CONTENT_PARTS} are accepted")
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise Refusal('must be a text part {"type": "text", "text": ...}', at=f"[{j}]")
+        value = "".join(part["text"] for part in value)
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value
+
+
 class Message(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, Annotated[list[TextPart], Field(max_length=64)]]
+    """One message; its ``content`` checked and joined into one string."""
+
+    role: Annotated[str, BeforeValidator(_role, json_schema_input_type=Literal["system", "developer", "user",
+                                                                                 "assistant"])]
+    content: Annotated[str, BeforeValidator(_content, json_schema_input_type=Union[
+        str, Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]])]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError("must be an object with role and content")
+        return {"role": None, "content": None, **data}  # (an absent one is worded by its rule)
+
+
+def _names(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(name, str) and 0 < len(name) <= 500 for name in value):
+        raise ValueError("must be a list of model names")
+    if len(value) > MAX_FALLBACK_MODELS:
+        raise ValueError(f"names {len(value)} models; at most {MAX_FALLBACK_MODELS}")
+    return value
 
 
 class RouteChoices(BaseModel):
@@ -176,7 +271,8 @@ class Sampling(BaseModel):
     """What every OpenAI completion shares."""
 
     model: _MODEL
-    models: Optional[Annotated[list[Text(500)], Field(max_length=8)]] = Field(
+    models: Optional[Annotated[list[str], BeforeValidator(_names, json_schema_input_type=Annotated[
+        list[Text(500)], Field(max_length=MAX_FALLBACK_MODELS)])]] = Field(
         None, description="models to fall back on, in order, when `model` is not served or cannot meet `petals`")
     n: Integer(1, description="answers per prompt (at most max_batch_rows in all)") = 1
     best_of: Integer(1, description="only 1 is supported: use n for several answers") = 1
@@ -184,9 +280,9 @@ class Sampling(BaseModel):
                                                 "only score the prompt")] = None
     max_completion_tokens: Optional[Integer(0)] = None
     temperature: Number(0, 2) = 1.0
-    top_p: Number(0, 1, lo_open=True) = 1.0
-    top_k: Integer(0, 100_000) = 0
-    repetition_penalty: Number(0, 100, lo_open=True) = 1.0
+    top_p: TOP_P = 1.0
+    top_k: TOP_K = 0
+    repetition_penalty: REPETITION_PENALTY = 1.0
     presence_penalty: Number(-2, 2, description="only 0 is supported: use repetition_penalty") = 0.0
     frequency_penalty: Number(-2, 2, description="only 0 is supported: use repetition_penalty") = 0.0
     stop: Optional[_STOP] = None
@@ -198,7 +294,7 @@ class Sampling(BaseModel):
 
 
 class ChatCompletionBody(Sampling):
-    messages: Annotated[list[Message], Field(min_length=1, max_length=512)]
+    messages: Annotated[list[Message], BeforeValidator(_messages), Field(min_length=1, max_length=MAX_MESSAGES)]
     logprobs: Boolean = False
     top_logprobs: Optional[Integer(0, description="at most the chat's max_logprobs")] = None
 
@@ -228,9 +324,9 @@ class GenerateBody(BaseModel):
     max_length: Optional[Integer(1, description="the whole text's length in tokens")] = None
     do_sample: Boolean = False
     temperature: Optional[Number(0, 100, lo_open=True)] = None
-    top_p: Optional[Number(0, 1, lo_open=True)] = None
-    top_k: Optional[Integer(0, 100_000)] = None
-    repetition_penalty: Number(0, 100, lo_open=True) = 1.0
+    top_p: Optional[TOP_P] = None
+    top_k: Optional[TOP_K] = None
+    repetition_penalty: REPETITION_PENALTY = 1.0
     session: Optional[str] = Field(None, description="the handle of the answer these inputs follow")
 
 

@@ -318,7 +318,7 @@ def complete(engine: ChatEngine, limits: ChatLimits, *, chat: bool) -> Response:
     its queue position and expected wait as they change; a refusal while it waits comes in the
     stream, in OpenAI's shape."""
     params = request_params()
-    stream = params.boolean("stream")
+    stream = params.field(m.Sampling, "stream")
     include_usage = bool((params.raw("stream_options") or {}).get("include_usage"))
     client = client_address()
     if not stream:

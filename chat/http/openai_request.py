@@ -1,7 +1,11 @@
 """What an OpenAI completion asks for, read and checked before anything is generated: its messages
 or prompts as token ids (bounded before they are tokenized, ``chat.http.limits``), how to generate,
 the log-probabilities it wants, its ``petals`` routing choices (``monitor.core.route_choice``) and
-the ``models`` it may fall back to. Every refusal is an ``InvalidRequest`` naming its parameter."""
+the ``models`` it may fall back to. Every refusal is an ``InvalidRequest`` naming its parameter.
+Each documented parameter is read with its field of the request models (``chat.http.api_models``:
+type, bounds, default, and the rules of ``messages`` and ``models``); what stays here is what needs
+the engine (a model's context and vocabulary, ``max_batch_rows``) or several parameters at once,
+and the refusals of what this chat does not do."""
 
 from __future__ import annotations
 
@@ -13,14 +17,9 @@ from monitor.core.route_choice import ChoiceError, parse_choice
 from chat.engine import (ChatEngine, ChatError, FollowUp, GenerationParams, InvalidRequest, ModelNotServed, Rendered,
                          RouteChoice, RouteUnmet)
 from chat.errors import check_fits_context
+from chat.http.api_models import ChatCompletionBody, CompletionBody, Sampling, checked, kind_of
 from chat.http.limits import ChatLimits, check_token_ids
 from chat.http.params import Params
-
-
-MAX_MESSAGES = 512
-
-
-MAX_CONTENT_PARTS = 64  # text parts of one message
 
 
 @dataclass(frozen=True)
@@ -36,14 +35,14 @@ def asked_logprobs(engine: ChatEngine, params: Params, *, chat: bool, echo: bool
     completions' ``logprobs`` (null, or 0 to max_logprobs alternatives)."""
     bound = engine.max_logprobs
     if chat:
-        wanted = params.boolean("logprobs")
-        top = params.integer("top_logprobs", lo=0, hi=bound)
+        wanted = params.field(ChatCompletionBody, "logprobs")
+        top = params.field(ChatCompletionBody, "top_logprobs", hi=bound)
         if top and not wanted:
             raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
         return Logprobs(top or 0) if wanted else None
     if isinstance(params.raw("logprobs"), bool):
         raise InvalidRequest("logprobs", f"logprobs must be null or an integer between 0 and {bound} here")
-    top = params.integer("logprobs", lo=0, hi=bound)
+    top = params.field(CompletionBody, "logprobs", hi=bound)
     return None if top is None else Logprobs(top, echo=echo)
 
 
@@ -52,7 +51,7 @@ def generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: 
                        logprobs: Optional[Logprobs] = None) -> GenerationParams:
     context = engine.models.context_length(model)
     for name in ("presence_penalty", "frequency_penalty"):
-        value = params.number(name, default=0.0, lo=-2, hi=2)
+        value = params.field(Sampling, name)
         if value != 0:
             raise InvalidRequest(name, f"{name} is not supported here (only 0); use repetition_penalty instead")
     if params.raw("logit_bias"):
@@ -62,16 +61,16 @@ def generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: 
     response_format = params.raw("response_format")
     if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
         raise InvalidRequest("response_format", "only response_format {\"type\": \"text\"} is supported here")
-    params.integer("seed")  # accepted (checked), not used: the swarm gives no reproducible sampling
-    stream = params.boolean("stream")
+    params.field(Sampling, "seed")  # accepted (checked), not used: the swarm gives no reproducible sampling
+    stream = params.field(Sampling, "stream")
     stream_options = params.raw("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise InvalidRequest("stream_options", "stream_options must be an object")
-    temperature = params.number("temperature", default=1.0, lo=0, hi=2)
+    temperature = params.field(Sampling, "temperature")
     sampling = params.sampling(top_p=1.0, top_k=0, repetition_penalty=1.0)
     limit_name = "max_completion_tokens" if params.present("max_completion_tokens") else "max_tokens"
     scoring = logprobs is not None and logprobs.echo
-    max_tokens = params.integer(limit_name, lo=0 if scoring else 1, hi=context)
+    max_tokens = params.field(Sampling, limit_name, lo=None if scoring else 1, hi=context)
     if max_tokens == 0 and stream:
         raise InvalidRequest(limit_name, f"{limit_name} 0 (scoring the prompt) is answered whole: set stream to false")
     if scoring and stream:
@@ -86,36 +85,10 @@ def generation_params(engine: ChatEngine, model: str, params: Params, n_prompt: 
 
 
 def parse_messages(params: Params, limits: ChatLimits) -> list[dict]:
-    messages = params.raw("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages", "messages must be a non-empty list of {role, content} objects")
-    if len(messages) > MAX_MESSAGES:
-        raise InvalidRequest("messages", f"messages has {len(messages)} entries; at most {MAX_MESSAGES} are accepted")
-    result = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise InvalidRequest(where, f"{where} must be an object with role and content")
-        role = message.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise InvalidRequest(f"{where}.role", f"{where}.role must be 'system', 'user' or 'assistant', got {role!r}")
-        content = message.get("content")
-        if isinstance(content, list):
-            if len(content) > MAX_CONTENT_PARTS:
-                raise InvalidRequest(f"{where}.content", f"{where}.content has {len(content)} parts; at most "
-                                                         f"{MAX_CONTENT_PARTS} are accepted")
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequest(f"{where}.content[{j}]", f"{where}.content[{j}] must be a text part "
-                                                                   "{\"type\": \"text\", \"text\": ...}")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise InvalidRequest(f"{where}.content", f"{where}.content must be a string")
-        result.append({"role": role, "content": content})
+    """The messages as {role, content} (each checked by ``api_models.Message``: content joined, a
+    "developer" a "system"), their characters counted before anything is tokenized."""
+    found = checked("messages", params.raw("messages"), kind_of(ChatCompletionBody, "messages"))
+    result = [{"role": message.role, "content": message.content} for message in found]
     limits.check_prompt_chars("messages", sum(len(m["content"]) for m in result),
                               what="the content of messages, all together,")
     return result
@@ -176,7 +149,7 @@ class CompletionRequest:
 
 
 def samples(params: Params, engine: ChatEngine, n_prompts: int) -> int:
-    n = params.integer("n", default=1, lo=1, hi=engine.max_batch_rows)
+    n = params.field(Sampling, "n", hi=engine.max_batch_rows)
     if n * n_prompts > engine.max_batch_rows:
         raise InvalidRequest("n", f"{n_prompts} prompts × n = {n} asks for {n * n_prompts} answers; at most "
                                   f"{engine.max_batch_rows} are computed per request")
@@ -204,7 +177,7 @@ def text_request(engine: ChatEngine, model: str, params: Params, limits: ChatLim
         raise InvalidRequest("suffix", "suffix is not supported here")
     prompts = completion_prompts(engine, model, params, limits)
     n = samples(params, engine, len(prompts))
-    echo = params.boolean("echo")
+    echo = params.field(CompletionBody, "echo")
     logprobs = asked_logprobs(engine, params, chat=False, echo=echo)
     generation = generation_params(engine, model, params, max(len(ids) for ids, _ in prompts), chat=False,
                                     default_max=16, logprobs=logprobs)
@@ -227,14 +200,11 @@ def requested_model(engine: ChatEngine, params: Params) -> tuple[str, str]:
     shares: a JSON body, best_of 1."""
     if params.form:
         raise InvalidRequest(None, "send the request as JSON (Content-Type: application/json)")
-    name = params.string("model", required=True, max_chars=500)
+    name = params.field(Sampling, "model")
     model = engine.models.resolve(name)
-    if params.integer("best_of", default=1, lo=1) != 1:
+    if params.field(Sampling, "best_of") != 1:
         raise InvalidRequest("best_of", "only best_of = 1 is supported here (use n for several answers)")
     return name, model
-
-
-MAX_FALLBACK_MODELS = 8  # models in a request's ``models`` list
 
 
 FALLBACK_ON = (ModelNotServed, RouteUnmet)  # a model refused for these: the next of ``models`` is tried
@@ -266,13 +236,9 @@ def session_handle(params: Params) -> Optional[str]:
 def fallback_models(engine: ChatEngine, params: Params, first: tuple[str, str]) -> list[tuple[str, str]]:
     """(name as asked, engine name) of ``model`` and then of each model in ``models`` (OpenRouter's
     fallbacks), each once."""
-    listed = params.raw("models")
+    listed = params.field(Sampling, "models")
     if listed is None:
         return [first]
-    if not isinstance(listed, list) or not all(isinstance(m, str) and 0 < len(m) <= 500 for m in listed):
-        raise InvalidRequest("models", "models must be a list of model names")
-    if len(listed) > MAX_FALLBACK_MODELS:
-        raise InvalidRequest("models", f"models names {len(listed)} models; at most {MAX_FALLBACK_MODELS}")
     found = {first[1]: first}
     for index, name in enumerate(listed):
         try:

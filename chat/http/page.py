@@ -46,6 +46,7 @@ from chat.engine import (
 from chat import markdown
 from chat.conversations import VISITOR_COOKIE, ConversationStore
 from chat.errors import check_fits_context
+from chat.http.api_models import GenerateBody, Sampling
 from chat.http import conversation_views
 from chat.http.limits import ChatLimits
 from chat.http.params import Params, client_address
@@ -255,8 +256,8 @@ def _generation_params(engine: ChatEngine, model: str, params: Params) -> Genera
     context = engine.models.context_length(model)
     defaults = engine.models.defaults(model)
     return GenerationParams(
-        max_new_tokens=params.integer("max_new_tokens", default=defaults["max_new_tokens"], lo=1, hi=context),
-        temperature=params.number("temperature", default=defaults["temperature"], lo=0, hi=2),
+        max_new_tokens=params.field(GenerateBody, "max_new_tokens", default=defaults["max_new_tokens"], hi=context),
+        temperature=params.field(Sampling, "temperature", default=defaults["temperature"]),  # (OpenAI's bounds)
         **params.sampling(top_p=defaults["top_p"], top_k=defaults["top_k"],
                           repetition_penalty=defaults["repetition_penalty"]),
     )
@@ -279,7 +280,7 @@ def error_fragment(message: str, status: int, headers: Optional[dict] = None) ->
 def _start_turn(engine: ChatEngine, conversations: _Conversations, limits: ChatLimits) -> str:
     """Check the page's form and keep the turn; the fragment that shows the question."""
     params = Params(request.form.to_dict(), form=True)
-    model = engine.models.resolve(params.string("model", required=True, max_chars=500))
+    model = engine.models.resolve(params.field(Sampling, "model"))
     regenerate = params.boolean("regenerate")
     edit = params.integer("edit", lo=0, hi=100_000) if (request.form.get("edit") or "").strip() else None
     message = "" if regenerate else params.string("message", required=True, max_chars=None)

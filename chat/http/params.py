@@ -11,16 +11,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from flask import request
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from chat.errors import InvalidRequest
-from chat.http.api_models import MAX_STOP_SEQUENCES, MAX_TEXT_CHARS, Boolean, Integer, Number, Text, checked
+from chat.http.api_models import (MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_TEXT_CHARS, REPETITION_PENALTY, TOP_K,
+                                  TOP_P, Boolean, GenerateBody, Integer, Number, Text, checked, kind_of)
 
 if TYPE_CHECKING:
     from chat.engine import ChatEngine
 
+_MODELS_DEFAULT = object()
+
+
 class Params:
     """Typed parameters from a JSON object (typed values) or a form (strings; "" means absent),
-    each checked with its pydantic type (``chat.http.api_models``). Every problem is an InvalidRequest naming the parameter and what it should be."""
+    each checked with its pydantic type (``chat.http.api_models``; a documented parameter with its
+    request model's: ``field``). Every problem is an InvalidRequest naming the parameter and what it
+    should be."""
 
     def __init__(self, data: Any, *, form: bool = False, where: str = "the request body"):
         if not isinstance(data, Mapping):
@@ -36,6 +44,20 @@ class Params:
     def present(self, name: str) -> bool:
         return self.raw(name) is not None
 
+    def field(self, model: type[BaseModel], name: str, *, default: Any = _MODELS_DEFAULT, lo: Optional[float] = None,
+              hi: Optional[float] = None) -> Any:
+        """Parameter ``name`` checked with its field of the request ``model`` (type, bounds, and the
+        bounds ``lo``/``hi`` known only now); absent: ``default``, else the model's (a field without
+        one is required)."""
+        default = model.model_fields[name].default if default is _MODELS_DEFAULT else default
+        if default is PydanticUndefined and not self.present(name):
+            raise InvalidRequest(name, f"{name} is required")
+        return self._checked(name, kind_of(model, name, lo, hi), default)
+
+    def _checked(self, name: str, kind: Any, default: Any) -> Any:
+        value = self.raw(name)
+        return default if value is None else checked(name, value, kind, form=self.form)
+
     def string(self, name: str, *, required: bool = False, default: Optional[str] = None,
                max_chars: Optional[int] = MAX_TEXT_CHARS) -> Optional[str]:
         """``max_chars`` None: the caller bounds it (prompts: ``ChatLimits.check_prompt_chars``)."""
@@ -48,22 +70,16 @@ class Params:
 
     def integer(self, name: str, *, default: Optional[int] = None, lo: Optional[int] = None,
                 hi: Optional[int] = None) -> Optional[int]:
-        value = self.raw(name)
-        return default if value is None else checked(name, value, Integer(lo, hi), form=self.form)
+        return self._checked(name, Integer(lo, hi), default)
 
     def number(self, name: str, *, default: Optional[float] = None, lo: Optional[float] = None,
                hi: Optional[float] = None, lo_open: bool = False) -> Optional[float]:
-        value = self.raw(name)
-        return default if value is None else checked(name, value, Number(lo, hi, lo_open=lo_open), form=self.form)
+        return self._checked(name, Number(lo, hi, lo_open=lo_open), default)
 
     def sampling(self, *, top_p: float, top_k: int, repetition_penalty: float) -> dict:
         """top_p, top_k and repetition_penalty, checked alike by every API; only the defaults differ."""
-        return {
-            "top_p": self.number("top_p", default=top_p, lo=0, hi=1, lo_open=True),
-            "top_k": self.integer("top_k", default=top_k, lo=0, hi=100_000),
-            "repetition_penalty": self.number("repetition_penalty", default=repetition_penalty, lo=0, hi=100,
-                                              lo_open=True),
-        }
+        return {"top_p": self._checked("top_p", TOP_P, top_p), "top_k": self._checked("top_k", TOP_K, top_k),
+                "repetition_penalty": self._checked("repetition_penalty", REPETITION_PENALTY, repetition_penalty)}
 
     def boolean(self, name: str, *, default: bool = False) -> bool:
         value = self.raw(name)
@@ -79,13 +95,13 @@ class Params:
             raise InvalidRequest(name, f"{name} must be {'a string or ' if allow_single else ''}a list of strings")
         if len(value) > max_items:
             raise InvalidRequest(name, f"{name} has {len(value)} entries; at most {max_items} are accepted")
-        if any(len(v) > 1000 for v in value):
-            raise InvalidRequest(name, f"each entry of {name} must be at most 1000 characters")
+        if any(len(v) > MAX_STOP_CHARS for v in value):
+            raise InvalidRequest(name, f"each entry of {name} must be at most {MAX_STOP_CHARS} characters")
         return tuple(v for v in value if v)
 
     def model(self, engine: "ChatEngine") -> str:
         """The dht_prefix of the ``model`` parameter; optional while the engine has one model."""
-        name = self.string("model", max_chars=500)
+        name = self.field(GenerateBody, "model")
         if name is None:
             if len(engine.models.names) == 1:
                 return engine.models.names[0]

@@ -57,11 +57,11 @@ def generation_params(engine: ChatEngine, model: str, params: Params, *, n_input
     """Parameters as chat.petals.dev reads them; max_length counts the whole text (HF's meaning)."""
     context = engine.models.context_length(model)
     defaults = engine.models.defaults(model)
-    do_sample = params.boolean("do_sample")
-    temperature = params.number("temperature", lo=0, hi=100, lo_open=True)
+    do_sample = params.field(m.GenerateBody, "do_sample")
+    temperature = params.field(m.GenerateBody, "temperature")
     sampling = params.sampling(top_p=defaults["top_p"], top_k=defaults["top_k"], repetition_penalty=1.0)
-    max_new_tokens = params.integer("max_new_tokens", lo=1, hi=context)
-    max_length = params.integer("max_length", lo=1, hi=context)
+    max_new_tokens = params.field(m.GenerateBody, "max_new_tokens", hi=context)
+    max_length = params.field(m.GenerateBody, "max_length", hi=context)
     if max_new_tokens is not None and max_length is not None:
         raise InvalidRequest("max_new_tokens", "give max_new_tokens or max_length, not both")
     if max_new_tokens is None and max_length is None:
@@ -85,7 +85,7 @@ def http_generate(engine: ChatEngine, limits: ChatLimits) -> Response:
     """/api/v1/generate: one answer, whole."""
     params = request_params()
     model = params.model(engine)
-    inputs = params.string("inputs", required=True, max_chars=None)
+    inputs = params.field(m.GenerateBody, "inputs")
     limits.check_prompt_chars("inputs", len(inputs))
     input_ids = engine.encode(model, inputs)
     context = engine.models.context_length(model)
@@ -94,7 +94,7 @@ def http_generate(engine: ChatEngine, limits: ChatLimits) -> Response:
     generation = generation_params(engine, model, params, n_input=len(input_ids), used=0,
                                    room=context - len(input_ids), stop_mode="exclude")
     # ``session``: the handle of the answer these inputs follow (chat.kept: only what is new is sent)
-    handle = params.string("session", max_chars=None) or None
+    handle = params.field(m.GenerateBody, "session") or None
     with engine.answer(model, input_ids, generation, client=client_address(), prompt_param="inputs",
                        api="petals", rendered=Rendered(inputs),
                        follow=FollowUp(handle, text=inputs) if handle else None) as answer:
@@ -116,7 +116,7 @@ def ws_generate(engine: ChatEngine, ws: Any, limits: ChatLimits) -> None:
         params = Params(message)
         model = params.model(engine)
         context = engine.models.context_length(model)
-        max_length = params.integer("max_length", lo=1, hi=context)
+        max_length = params.field(m.GenerateBody, "max_length", hi=context)
         if max_length is None:
             raise InvalidRequest("max_length", f"max_length is required (1 to {context})")
         try:  # the routing choices of the OpenAI API's ``petals`` object, as fields of the message
@@ -189,14 +189,14 @@ def _ws_close(ws: Any, why: str) -> None:
 
 def _ws_step(engine: ChatEngine, ws: Any, session: ChatSession, model: str, params: Params, limits: ChatLimits,
              clock: WsClock) -> None:
-    inputs = params.string("inputs", max_chars=None)
+    inputs = params.field(m.GenerateBody, "inputs", default=None)
     if inputs:
         limits.check_prompt_chars("inputs", len(inputs))
     first = session.used == 0
     input_ids = engine.encode(model, inputs, add_special_tokens=first) if inputs else []
     if first and not input_ids:
         raise InvalidRequest("inputs", "the first generate request of a session needs inputs")
-    stop_sequence = params.string("stop_sequence", max_chars=1000) or None
+    stop_sequence = params.string("stop_sequence", max_chars=m.MAX_STOP_CHARS) or None
     extra = params.strings("extra_stop_sequences", max_items=16, allow_single=False)
     cont_token = None
     if extra:

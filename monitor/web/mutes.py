@@ -2,10 +2,12 @@
 and ``/api/v1/silences``, ``/api/v1/maintenance``); everyone else may at most read the silences
 in force, and only if ``alerts.public_silences`` allows it.
 
-This is the edge where what people typed enters: every field is checked here, once, into the
-core's types (``core.muting.Silence``, ``core.maintenance.MaintenanceWindow``), and anything out of
-bounds (a huge, negative or non-finite duration, an end before the start, an unknown time zone,
-a bad matcher, a reason too long) is a 400 that says what to change. Every creation and ending is
+This is the edge where what people typed enters: every field is checked once, by its rule in the
+body's model (``api_models.SilenceBody``, ``WindowBody``, ``EndBody``: also what the API's document
+shows), and combined here into the core's types (``core.muting.Silence``,
+``core.maintenance.MaintenanceWindow``); anything out of bounds (a huge, negative or non-finite
+duration, an end before the start, an unknown time zone, a bad matcher, a reason too long) is a 400
+that says what to change. Every creation and ending is
 logged by the store with who (the name the operator gives, ``by``), when, how (API token or
 browser session) and why.
 
@@ -18,117 +20,41 @@ API; browsers post the Alerts page's forms with their session and its CSRF token
 
 from __future__ import annotations
 
-import math
 import time
-from datetime import datetime
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from flask import Blueprint, abort, jsonify, redirect, request, url_for
 
-from monitor.alert_settings import parse_duration
 from monitor.core import maintenance as mnt
-from monitor.core import muting, timefmt
+from monitor.core import timefmt
 from monitor.core.common import DAY
 from monitor.core.maintenance import MaintenanceWindow, Recurrence
 from monitor.core.muting import Silence
 from monitor.api_doc import OPERATOR, OPTIONAL_OPERATOR, MonitorError, documented
 from monitor.web import api_models as m
-from monitor.web import auth, deps, security
+from monitor.web import auth, deps
 
 bp = Blueprint("mutes", __name__)
 
-MAX_SILENCE = 30 * DAY
-MAX_AHEAD = 366 * DAY  # how far ahead a silence or window may start
-REASON_CHARS, BY_CHARS = 500, 100
 RECENT = 7 * DAY  # ended silences and windows listed this long
 LISTED = 200
 
 
-class BadInput(ValueError):
-    """What is wrong with a request's fields, for the person who sent it (a 400)."""
-
-
-# ---- reading fields --------------------------------------------------------------------------------
+# ---- reading fields: each one's rule is its model's (``api_models``); here, how they combine -------
 
 
 def _fields() -> Mapping[str, Any]:
-    """The request's JSON object or form."""
+    """The request's JSON object or form (a form's ``weekdays``: every box ticked)."""
     if request.is_json:
         data = request.get_json(silent=True)
         if not isinstance(data, dict):
-            raise BadInput("the body must be a JSON object")
+            raise m.BadInput("the body must be a JSON object")
         return data
-    return request.form
-
-
-def _text(data: Mapping, name: str, limit: int, *, required: bool = False, default: Optional[str] = None
-          ) -> Optional[str]:
-    value = data.get(name)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        if required:
-            raise BadInput(f"`{name}` is required")
-        return default
-    if not isinstance(value, str):
-        raise BadInput(f"`{name}` must be text")
-    value = value.strip()
-    if len(value) > limit:
-        raise BadInput(f"`{name}` is {len(value)} characters long; at most {limit}")
-    if any(ord(c) < 32 and c not in "\t" for c in value):
-        raise BadInput(f"`{name}` must be one line of text")
-    return value
-
-
-def _seconds(data: Mapping, name: str, *, low: float, high: float) -> Optional[float]:
-    """A duration: seconds, or "90s", "5m", "2h", "1d"."""
-    value = data.get(name)
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise BadInput(f"`{name}` must be a duration")
-    try:
-        seconds = float(parse_duration(value.strip() if isinstance(value, str) else value))
-    except (TypeError, ValueError):
-        raise BadInput(f"`{name}` must be a duration: seconds, or a number with s, m, h or d like \"2h\"") from None
-    if not math.isfinite(seconds) or not low <= seconds <= high:
-        raise BadInput(f"`{name}` must be between {timefmt.duration(low)} and {timefmt.duration(high)}")
-    return seconds
-
-
-def _moment(data: Mapping, name: str, now: float, tz: str = "UTC") -> Optional[float]:
-    """A moment: unix seconds, or ISO 8601 ("2026-12-01T14:00", "…Z", "…+01:00"; without an
-    offset, in ``tz``), within a year of now."""
-    value = data.get(name)
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise BadInput(f"`{name}` must be a time")
-    if isinstance(value, (int, float)):
-        at = float(value)
-    elif isinstance(value, str) and len(value) <= 40:
-        text = value.strip()
-        try:
-            at = float(text)
-        except ValueError:
-            try:
-                parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-            except ValueError:
-                raise BadInput(f"`{name}` must be a time: unix seconds or ISO 8601 like 2026-12-01T14:00Z") from None
-            if parsed.tzinfo is None:
-                try:
-                    parsed = parsed.replace(tzinfo=mnt.zone(tz))
-                except ValueError as e:
-                    raise BadInput(str(e)) from None
-            at = parsed.timestamp()
-    else:
-        raise BadInput(f"`{name}` must be a time: unix seconds or ISO 8601 like 2026-12-01T14:00Z")
-    if not math.isfinite(at) or abs(at - now) > MAX_AHEAD:
-        raise BadInput(f"`{name}` must be within a year of now")
-    return at
-
-
-def _by(data: Mapping) -> str:
-    return _text(data, "by", BY_CHARS, default=None) or _text(data, "created_by", BY_CHARS, default="operator")
+    data = request.form.to_dict()
+    if len(request.form.getlist("weekdays")) > 1:
+        data["weekdays"] = request.form.getlist("weekdays")
+    return data
 
 
 def _via() -> str:
@@ -139,58 +65,11 @@ def _via() -> str:
 # ---- silences ---------------------------------------------------------------------------------------
 
 
-def _silence_matchers(data: Mapping) -> tuple[muting.Matcher, ...]:
-    """``matchers`` (a list of 'name="value"' strings, or text with one per line), plus the
-    shortcuts ``rule``, ``model`` and ``peer`` (an id, or a public name)."""
-    found: list[muting.Matcher] = []
-    raw = data.get("matchers")
-    if isinstance(raw, str):
-        raw = [line for line in raw.splitlines() if line.strip()]
-    if raw is not None:
-        if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
-            raise BadInput("`matchers` must be a list of matchers like 'model=\"llama\"'")
-        if len(raw) > muting.MAX_MATCHERS:
-            raise BadInput(f"at most {muting.MAX_MATCHERS} matchers")
-        try:
-            found += [muting.parse_matcher(item) for item in raw]
-        except ValueError as e:
-            raise BadInput(f"matchers: {e}") from None
-    for name, label in (("rule", "rule"), ("model", "model")):
-        value = _text(data, name, 256)
-        if value is not None:
-            found.append(muting.matcher(label, "=", value))
-    peer = _text(data, "peer", 128)
-    if peer is not None:
-        found.append(muting.matcher("peer" if security.is_peer_id(peer) else "peer_name", "=", peer))
-    if not found:
-        raise BadInput("say what to silence: a `rule`, a `model`, a `peer`, or `matchers`")
-    if len(found) > muting.MAX_MATCHERS:
-        raise BadInput(f"at most {muting.MAX_MATCHERS} matchers")
-    if all(m.matches({}) for m in found):
-        raise BadInput("these matchers match every alert; name a rule, model or peer (for the whole swarm, "
-                       "use a global maintenance window)")
-    return tuple(found)
-
-
-def silence_from(data: Mapping, now: float, by: str) -> Silence:
-    """A new silence from a request's fields (BadInput says what is wrong)."""
-    try:
-        matchers = _silence_matchers(data)
-    except ValueError as e:
-        raise BadInput(str(e)) from None
-    starts = _moment(data, "starts_at", now) or now
-    duration = _seconds(data, "duration", low=60, high=MAX_SILENCE)
-    ends = _moment(data, "ends_at", now)
-    if (duration is None) == (ends is None):
-        raise BadInput("give either `duration` (like \"2h\") or `ends_at`, not both")
-    ends = starts + duration if duration is not None else ends
-    if ends <= max(starts, now):
-        raise BadInput("the silence must end after it starts, and in the future")
-    if ends - starts > MAX_SILENCE:
-        raise BadInput(f"a silence lasts at most {timefmt.duration(MAX_SILENCE)}")
-    comment = _text(data, "comment", REASON_CHARS) or _text(data, "reason", REASON_CHARS, required=True)
-    return Silence(id=0, matchers=matchers, starts_at=starts, ends_at=ends, comment=comment, created_by=by,
-                   created_at=now)
+def silence_from(body: m.SilenceBody, now: float) -> Silence:
+    """A new silence from a request's checked body."""
+    starts, ends = body.span
+    return Silence(id=0, matchers=body.silenced, starts_at=starts, ends_at=ends, comment=body.comment or body.reason,
+                   created_by=body.author, created_at=now)
 
 
 def silence_dict(s: Silence, now: float, changes=(), *, operator: bool) -> dict:
@@ -209,58 +88,35 @@ def change_dict(c) -> dict:
 # ---- maintenance windows ----------------------------------------------------------------------------
 
 
-def window_from(data: Mapping, now: float, by: str) -> MaintenanceWindow:
-    """A new maintenance window from a request's fields (BadInput says what is wrong)."""
-    scope = _text(data, "scope", 16, required=True)
-    if scope not in mnt.SCOPES:
-        raise BadInput(f"`scope` must be one of {', '.join(mnt.SCOPES)}")
-    target = _text(data, "target", 256) or _text(data, scope, 256) if scope != mnt.GLOBAL else None
-    if scope == mnt.MODEL and (target is None or not security.is_dht_prefix(target)):
-        raise BadInput("a model's window needs `target`: the model's DHT prefix")
-    if scope == mnt.PEER and (target is None or len(target) > 128):
-        raise BadInput("a peer's window needs `target`: the peer's id or public name (at most 128 characters)")
-    tz = _text(data, "timezone", 64, default="UTC")
-    try:
-        mnt.zone(tz)
-    except ValueError as e:
-        raise BadInput(str(e)) from None
-    reason = _text(data, "reason", REASON_CHARS, required=True)
-    starts = _moment(data, "starts_at", now, tz)
-    ends = _moment(data, "ends_at", now, tz)
-    weekdays, at, cron = data.get("weekdays"), _text(data, "at", 5), _text(data, "cron", 100)
-    if isinstance(weekdays, str):
-        weekdays = [day for day in weekdays.replace(",", " ").split() if day]
-    if hasattr(data, "getlist") and len(data.getlist("weekdays")) > 1:
-        weekdays = data.getlist("weekdays")
-    recurring = bool(weekdays or at or cron)
-    if not recurring:
-        starts = starts or now
-        duration = _seconds(data, "duration", low=60, high=mnt.MAX_ONE_OFF)
+def window_from(body: m.WindowBody, now: float) -> MaintenanceWindow:
+    """A new maintenance window from a request's checked fields (BadInput says what is wrong with
+    them together)."""
+    starts, ends, duration, weekdays = body.starts_at or now, body.ends_at, body.duration, body.weekdays
+    fields = dict(id=0, scope=body.scope, target=body.target, starts_at=starts, reason=body.reason, created_at=now,
+                  created_by=body.author)
+    if not (weekdays or body.at or body.cron):
         if (duration is None) == (ends is None):
-            raise BadInput("a one-off window needs either `duration` (like \"2h\") or `ends_at`, not both; a "
-                           "recurring one `weekdays` and `at`, or `cron`, with `duration`")
+            raise m.BadInput("a one-off window needs either `duration` (like \"2h\") or `ends_at`, not both; a "
+                             "recurring one `weekdays` and `at`, or `cron`, with `duration`")
         ends = starts + duration if duration is not None else ends
         if ends <= max(starts, now):
-            raise BadInput("the window must end after it starts, and in the future")
+            raise m.BadInput("the window must end after it starts, and in the future")
         if ends - starts > mnt.MAX_ONE_OFF:
-            raise BadInput(f"a one-off window lasts at most {timefmt.duration(mnt.MAX_ONE_OFF)}")
-        return MaintenanceWindow(id=0, scope=scope, target=target, starts_at=starts, ends_at=ends, reason=reason,
-                                 created_at=now, created_by=by)
-    duration = _seconds(data, "duration", low=60, high=mnt.MAX_DURATION)
+            raise m.BadInput(f"a one-off window lasts at most {timefmt.duration(mnt.MAX_ONE_OFF)}")
+        return MaintenanceWindow(**fields, ends_at=ends)
     if duration is None:
-        raise BadInput("a recurring window needs `duration`: how long each occurrence lasts (like \"2h\")")
+        raise m.BadInput("a recurring window needs `duration`: how long each occurrence lasts (like \"2h\")")
     try:
         if weekdays is not None and not isinstance(weekdays, list):
             raise ValueError("`weekdays` must be a list of days like [\"Sat\", \"Sun\"]")
         days = mnt.weekday_numbers(weekdays or [])
-        recurrence = mnt.check_recurrence(Recurrence(duration=duration, timezone=tz, weekdays=days, at=at, cron=cron))
+        recurrence = mnt.check_recurrence(Recurrence(duration=duration, timezone=body.timezone, weekdays=days,
+                                                     at=body.at, cron=body.cron))
     except ValueError as e:
-        raise BadInput(str(e)) from None
-    starts = starts or now
+        raise m.BadInput(str(e)) from None
     if ends is not None and ends <= max(starts, now):
-        raise BadInput("`ends_at` (the last day it applies) must be after `starts_at`, and in the future")
-    return MaintenanceWindow(id=0, scope=scope, target=target, starts_at=starts, ends_at=ends, reason=reason,
-                             recurrence=recurrence, created_at=now, created_by=by)
+        raise m.BadInput("`ends_at` (the last day it applies) must be after `starts_at`, and in the future")
+    return MaintenanceWindow(**fields, ends_at=ends, recurrence=recurrence)
 
 
 def window_dict(w: MaintenanceWindow, now: float, changes=(), *, operator: bool = True) -> dict:
@@ -290,17 +146,19 @@ class _Kind:
     noun: str  # for people
     plural: str  # the key of the list in JSON
     anchor: str  # the Alerts page's heading of its panel
-    parse: Callable[[Mapping, float, str], Any]  # fields, now, by -> a new item (BadInput if bad)
+    body: type[m.Body]  # what a request to create one sends
+    parse: Callable[[Any, float], Any]  # its checked body, now -> a new item (BadInput: bad together)
     as_dict: Callable[..., dict]  # (item, now, changes, operator=...) -> its JSON
     listing: str  # the store's methods: list, create and end
     create: str
     end: str
 
 
-SILENCES = _Kind(name="silence", noun="silence", plural="silences", anchor="silences-h", parse=silence_from,
+SILENCES = _Kind(name="silence", noun="silence", plural="silences", anchor="silences-h", body=m.SilenceBody,
+                 parse=silence_from,
                  as_dict=silence_dict, listing="silences", create="create_silence", end="end_silence")
 MAINTENANCE = _Kind(name="maintenance", noun="maintenance window", plural="maintenance", anchor="maintenance-h",
-                    parse=window_from, as_dict=window_dict, listing="maintenance_windows",
+                    body=m.WindowBody, parse=window_from, as_dict=window_dict, listing="maintenance_windows",
                     create="create_maintenance_window", end="end_maintenance_window")
 
 
@@ -333,15 +191,14 @@ def _list(kind: _Kind):
 def _create(kind: _Kind) -> int:
     """A new item from the request's fields, stored; its id (BadInput says what is wrong)."""
     now = time.time()
-    data = _fields()
-    item = kind.parse(data, now, _by(data))
+    item = kind.parse(m.checked(kind.body, _fields(), now=now), now)
     return getattr(deps().store, kind.create)(item, via=_via())
 
 
 def _api_create(kind: _Kind):
     try:
         new_id = _create(kind)
-    except BadInput as e:
+    except m.BadInput as e:
         abort(400, description=str(e))
     now = time.time()
     stored, changes = next(item for item in _listed(kind, deps().store, now, operator=True) if item[0].id == new_id)
@@ -353,12 +210,10 @@ def _end(kind: _Kind, item_id: int):
     404 if there is no such item."""
     now = time.time()
     try:
-        data = _fields() if request.content_length or request.form else {}
-        why = _text(data, "reason", REASON_CHARS) or _text(data, "comment", REASON_CHARS, default="ended early")
-        by = _by(data)
-    except BadInput as e:
+        end = m.checked(m.EndBody, _fields() if request.content_length or request.form else {})
+    except m.BadInput as e:
         abort(400, description=str(e))
-    found = getattr(deps().store, kind.end)(item_id, at=now, by=by, via=_via(), why=why)
+    found = getattr(deps().store, kind.end)(item_id, at=now, by=end.author, via=_via(), why=end.why)
     if found is None:
         abort(404, description=f"there is no {kind.noun} {item_id}")
     return found
@@ -373,7 +228,7 @@ def _api_end(kind: _Kind, item_id: int):
 def _form_create(kind: _Kind):
     try:
         _create(kind)
-    except BadInput as e:
+    except m.BadInput as e:
         abort(400, description=f"{e}. Go back and correct the form.")
     return _back(kind)
 
