@@ -343,9 +343,45 @@ class PetalsExtension(Open):
     """The ``petals`` part of an answer: its route and speed, its session's handle."""
 
     route: Optional[list[Hop]] = None
+    tokens_per_second: Optional[float] = None
+    time_to_first_token: Optional[float] = None
+    waited: Optional[float] = Field(None, description="seconds it waited for a slot (what its forecast's wait was about)")
     session: Optional[str] = None
     continued: Optional[bool] = None
     fallbacks: Optional[list[dict]] = None
+
+
+class Forecast(Open):
+    """What a request would get now (README: Forecasts): medians, and ranges for eight in ten
+    requests, calibrated on how the stored forecasts fared."""
+
+    wait: float
+    time_to_first_token: Optional[float]
+    tokens_per_second: Optional[float]
+    total: Optional[float]
+    cache_room: Optional[bool]
+    source: Literal["requests", "probes", "none"]
+    based_on: int
+    time_to_first_token_range: Optional[list[float]]
+    tokens_per_second_range: Optional[list[float]]
+    wait_range: Optional[list[float]]
+    calibrated_on: int = Field(description="answered requests the ranges' calibration rests on (0: not calibrated yet)")
+    gone_wrong: list[str] = Field(description="figures whose ranges held for under 65 % of the newest 100 requests")
+    load: Optional[float] = Field(description="the requests it would generate beside on its busiest server, itself included")
+
+
+class RouteChoiceVerdict(Open):
+    meets: bool
+    param: Optional[str] = None
+    reason: Optional[str] = None
+
+
+class EstimatePetals(Open):
+    served: bool
+    reason: Optional[str]
+    forecast: Forecast
+    planned_route: list[Hop]
+    route_choice: Optional[RouteChoiceVerdict] = None
 
 
 class Usage(Open):
@@ -426,7 +462,7 @@ class Estimate(Open):
     prompt_tokens: int
     max_tokens: int
     answers: int
-    petals: dict
+    petals: EstimatePetals
 
 
 class Generated(Open):

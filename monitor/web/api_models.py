@@ -415,6 +415,7 @@ class State(Open):
 
     bootstrap_states: list[str]
     top_contributors: dict[str, int]
+    measured_contributors: list[dict] = []  # the week's most verified servers (web.contributors), beside the claims
     model_reports: list[ModelReport]
     reachability_issues: list[dict]
     last_updated: float
