@@ -1,6 +1,7 @@
 # The two front-door commands (see README.md): `make demo` and `make test`.
 # `make test-fast`: the specs that need no swarm, PostgreSQL or browser (markers: pyproject.toml).
-.PHONY: demo test test-fast setup system-deps
+# `make lint`: ruff over every Python file (pyproject.toml: [tool.ruff]); `make test` runs it first.
+.PHONY: demo test test-fast lint setup system-deps
 
 setup:
 	@scripts/setup
@@ -17,7 +18,10 @@ demo: setup
 WORKERS ?= 2
 PYTEST = .venv/bin/python -m pytest $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
-test: setup system-deps
+lint: setup
+	.venv/bin/ruff check monitor chat client scripts tests
+
+test: setup system-deps lint
 	$(PYTEST) $(ARGS)
 
 test-fast: setup

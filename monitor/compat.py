@@ -34,7 +34,7 @@ from contextlib import closing
 # transformers 4.34 uses a torch API that torch 2.13 deprecates; the warning is noise here.
 warnings.filterwarnings("ignore", message=r".*_register_pytree_node.*", category=FutureWarning)
 
-import hivemind  # noqa: E402
+import hivemind  # noqa: E402,F401  (its import installs its logging handler, which monitor.logs then formats)
 
 from monitor import logs  # noqa: E402
 

@@ -320,7 +320,7 @@ def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeo
     request = urllib.request.Request(base + ("/v1/chat/completions" if chat else "/v1/completions"), data=body,
                                      headers={"Content-Type": "application/json"})
     started = time.perf_counter()
-    first = last = None
+    first = None
     text, usage, extension, error = "", None, None, None
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -340,7 +340,6 @@ def stream_completion(base: str, model: str, prompt: str, max_tokens: int, timeo
                     if piece:
                         now = time.perf_counter()
                         first = first or now
-                        last = now
                         text += piece
                 if event.get("petals"):  # every chunk carries the session's handle; the last one the figures too
                     extension = {**(extension or {}), **event["petals"]}

@@ -63,7 +63,6 @@ def run(args) -> dict:
             svc = Service(settings).start()
             base = f"http://127.0.0.1:{svc.serve_in_thread('127.0.0.1', 0)}"
             client = svc.app.test_client()
-            victim = swarm.peer_id(VICTIM)
 
             def report():
                 state = client.get("/api/v1/state").get_json()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-import support  # first: sets the session's marker before anything starts a process
+import support  # noqa: F401  first: sets the session's marker before anything starts a process
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.harness.local_swarm import LocalSwarm
 from monitor.harness.tiny_model import TINY_DHT_PREFIX, ensure_tiny_model

@@ -65,7 +65,7 @@ def test_uptime_badges_over_24h_7d_and_30d(client, populated):
 
 
 def test_unknown_models_peers_and_windows_get_a_grey_unknown_badge_not_an_error(client):
-    for path in [f"/badges/models/no-such-model/state.svg", f"/badges/models/{'x' * 300}/state.svg",
+    for path in ["/badges/models/no-such-model/state.svg", f"/badges/models/{'x' * 300}/state.svg",
                  f"/badges/peers/{'Qm' + '1' * 44}/state.svg", "/badges/peers/not-a-peer-id/state.svg",
                  f"/badges/peers/{PEERS['first']}/uptime/1y.svg", "/badges/models/a%3Cb/uptime/7d.svg",
                  "/badges/peers/%3Cscript%3E/uptime/7d.svg"]:

@@ -33,7 +33,7 @@ def answer_while_killing(s, engine, ids, n, names):
     (name of the killed server, the Finished event), once the answer went on at once: a killed
     server's connection closes, so the next token does not wait out REQUEST_TIMEOUT (hivemind's
     stream waited for it: ``monitor.compat``)."""
-    tokens_before_kill, killed, finished, gap = 0, None, None, None
+    tokens_before_kill, killed, finished, gap, killed_at = 0, None, None, None, 0.0
     with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=n)) as answer:
         for event in answer:
             if isinstance(event, Delta):

@@ -11,7 +11,6 @@ import statistics
 import time
 from html import unescape
 
-import pytest
 
 from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
 from monitor.store import Store
