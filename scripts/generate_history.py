@@ -217,8 +217,8 @@ class HistoryGenerator:
             snapshot = Snapshot(taken_at=at, duration=round(self.rng.uniform(0.2, 0.6), 3), models=self.models,
                                 servers=tuple(rows))
             checks = self._reachability(at, rows)
-            healths = [] if self.fast and at < pings_from else self._timed("analyse", self._analyse, snapshot, checks)
-            self._timed("record_poll", self.store.record_poll, snapshot, healths)
+            assessments = [] if self.fast and at < pings_from else self._timed("analyse", self._analyse, snapshot, checks)
+            self._timed("record_poll", self.store.record_poll, snapshot, assessments)
             self._timed("record_reachability", self.store.record_reachability, checks)
             if at >= next_rollup:
                 self._timed("record_chat_outcomes", self.store.record_chat_outcomes,
@@ -260,7 +260,7 @@ class HistoryGenerator:
         from monitor.core import coverage
 
         reachability = {c.peer_id: c for c in checks.results}
-        healths = []
+        assessments = []
         for model in snapshot.models:
             rows = snapshot.rows_for(model.dht_prefix)
             blocks = coverage.block_coverage(model, rows, reachability)
@@ -275,9 +275,9 @@ class HistoryGenerator:
                 cached = self._cache[model.dht_prefix] = {"missing": missing, "key": key, "at": self._poll_index,
                                                           "health": health}
                 self.counts["diagnoses"] = self.counts.get("diagnoses", 0) + 1
-            healths.append(dc_replace(cached["health"], blocks=blocks))
+            assessments.append(dc_replace(cached["health"], blocks=blocks))
         self._poll_index += 1
-        return healths
+        return assessments
 
 
 def main(argv=None) -> None:

@@ -165,7 +165,7 @@ def test_is_my_server_ok_says_bad_with_the_error_and_what_to_try():
     rows = demo_rows()
     health = diagnose(MODEL, rows, failing={"s2": OOM})
     facts = ServerFacts(peer_id="s2", now=NOW, poll_at=NOW, models=(MODEL,), rows=(rows[1],),
-                        reachability=ReachabilityResult("s2", "server", True, rtt=0.01), healths={MODEL.dht_prefix: health})
+                        reachability=ReachabilityResult("s2", "server", True, rtt=0.01), assessments={MODEL.dht_prefix: health})
     report = check(facts)
     assert report.status == BAD
     useful = next(c for c in report.checks if c.name == "useful" and c.status == BAD)

@@ -315,8 +315,8 @@ def test_many_generated_records_through_parsing_and_storing_lose_no_poll(store, 
             rows.append(row)
         snapshot = Snapshot(taken_at=t0 + 60 * i, duration=0.5, models=(TINY,), servers=tuple(rows),
                             invalid_records=invalid, clamped_values=clamped)
-        healths = poller.assess(snapshot, {})  # as the poller does: a failed diagnosis costs no poll
-        poll_id = store.record_poll(snapshot, healths)
+        assessments = poller.assess(snapshot, {})  # as the poller does: a failed diagnosis costs no poll
+        poll_id = store.record_poll(snapshot, assessments)
 
         last = store.last_poll()
         assert (last.id, last.ok) == (poll_id, True), last.errors

@@ -281,12 +281,12 @@ def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlit
     poller = Poller(settings, sqlite_store, swarm.dht)
     scraped = poller.poll_once()  # what the scrape job stores: the real swarm, now
     assert scraped is not None, poller.stats.last_error
-    healths = poller.assess(scraped, {})
+    assessments = poller.assess(scraped, {})
     this_hour = time.time() // HOUR * HOUR
     old, recent = this_hour - 3 * DAY, this_hour - 2 * HOUR  # past the raw retention of a day / within it
     for hour in (old, recent):  # six polls an hour, as if the poller had been running then
         for i in range(6):
-            sqlite_store.record_poll(replace(scraped, taken_at=hour + 600 * i), healths)
+            sqlite_store.record_poll(replace(scraped, taken_at=hour + 600 * i), assessments)
     assert _rolled_up_polls(sqlite_store, old) is None and _rolled_up_polls(sqlite_store, recent) is None
 
     runs: list[datetime] = []  # when the scheduler meant to run the rollup job, each time it did
@@ -302,13 +302,13 @@ def test_the_scheduler_rolls_completed_hours_up_every_rollup_period(swarm, sqlit
         assert _raw_polls(sqlite_store, old) == 0 and _raw_polls(sqlite_store, recent) == 6
         model = TINY_DHT_PREFIX
         [hourly] = sqlite_store.model_status_history(model, old, old + HOUR - 1)  # one row for the hour
-        state = next(h.state for h in healths if h.model == model)
+        state = next(h.state for h in assessments if h.model == model)
         assert (hourly["at"], hourly["samples"], hourly["states"]) == (old, 6, {state: 6})
         full = sqlite_store.peer_history(swarm.peer_id("full"), old, old + HOUR - 1).observations
         assert [(o.at, o.samples, o.seen) for o in full] == [(old, 6, True)]
 
         # a poll of the recent hour that finished storing after the hour was rolled up
-        sqlite_store.record_poll(replace(scraped, taken_at=recent + 3000), healths)
+        sqlite_store.record_poll(replace(scraped, taken_at=recent + 3000), assessments)
         assert wait_until(lambda: _rolled_up_polls(sqlite_store, recent) == (7, 7), 30, step=0.2), poller.stats.last_error
         assert wait_until(lambda: len(runs) >= 2, 30, step=0.2)
     finally:

@@ -185,11 +185,11 @@ def test_recording_and_reading_a_500_server_poll_is_fast(tmp_path, record_proper
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()
     snaps = [_big_snapshot(T0 + 60 * i) for i in range(6)]
-    healths = [store_health(m, "healthy", blocks=[(3, 300.0)] * 80) for m in snaps[0].models]
+    assessments = [store_health(m, "healthy", blocks=[(3, 300.0)] * 80) for m in snaps[0].models]
     writes, reads, raw_writes, raw_reads = [], [], [], []
     with _heap_frozen():
         for snap in snaps:
-            writes.append(_timed(lambda: store.record_poll(snap, healths)))
+            writes.append(_timed(lambda: store.record_poll(snap, assessments)))
             reads.append(_timed(lambda: store.latest_snapshot()))
             assert store.latest_snapshot() == snap
             raw_reads.append(_timed(lambda: _raw_read(store)))
@@ -211,13 +211,13 @@ def test_thirty_days_of_500_servers_fit_in_a_gigabyte(tmp_path):
     project 30 days of 60 s polls: 2 days of raw rows, an hour of next_pings, 30 days of rollups."""
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()
-    healths = [store_health(ModelInfo(f"org/model-{m}-70b-hf", 80), "healthy", blocks=[(3, 312.25)] * 80, reasons=(),
+    assessments = [store_health(ModelInfo(f"org/model-{m}-70b-hf", 80), "healthy", blocks=[(3, 312.25)] * 80, reasons=(),
                       servers_online=125, min_redundancy=3, est_tokens_per_s=4.2) for m in range(4)]
     ids = [store_peer(f"s{i:04d}") for i in range(500)]
     polls = 20
     for minute in range(polls):
         at = T0 + 60 * minute
-        store.record_poll(_big_snapshot(at), healths)
+        store.record_poll(_big_snapshot(at), assessments)
         store.record_reachability(ReachabilityBatch(at, 2.0, tuple(ReachabilityResult(p, "server", True, rtt=0.0123 + minute / 1e4)
                                                       for p in ids)))
     store.rollup_and_prune(T0 + 2 * HOUR, raw_retention_days=10, rollup_retention_days=30)  # one hour rolled up

@@ -158,14 +158,14 @@ class Poller:
             self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), why), job="scrape")
             return None
         with self._lock:
-            healths = self.assess(snapshot, self._latest_reachability())
-            stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, healths), job="scrape")
+            assessments = self.assess(snapshot, self._latest_reachability())
+            stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, assessments), job="scrape")
             if not stored.ok:
                 if not isinstance(stored.error, NotLeader):  # (a poller that lost the lease records nothing)
                     self._record_unstored(snapshot, stored.error)
                 return snapshot
             # without its diagnoses, the probe round re-reads the poll as stored (bounded) and diagnoses that
-            self._last_snapshot = snapshot if healths or not snapshot.models else None
+            self._last_snapshot = snapshot if assessments or not snapshot.models else None
         self.stats.ok("scrape")
         if self.leadership is not None:
             self.leadership.last_poll_at = snapshot.taken_at

@@ -50,11 +50,11 @@ def model_report(model, health, rows: Sequence[ServerRow], scores: Mapping[str, 
     return "\n".join(lines)
 
 
-def poll_report(snapshot: Snapshot, healths: Mapping[str, object], scores: Mapping[str, object] = {}) -> str:
+def poll_report(snapshot: Snapshot, assessments: Mapping[str, object], scores: Mapping[str, object] = {}) -> str:
     head = (f"Poll at {utc(snapshot.taken_at)}: {len(snapshot.models)} models, {len(snapshot.servers)} server rows, "
             f"took {duration(snapshot.duration)}, {snapshot.invalid_records} invalid records")
     parts = [head] + [f"  error: {e}" for e in snapshot.errors]
     for model in snapshot.models:
         parts.append("")
-        parts.append(model_report(model, healths[model.dht_prefix], snapshot.rows_for(model.dht_prefix), scores))
+        parts.append(model_report(model, assessments[model.dht_prefix], snapshot.rows_for(model.dht_prefix), scores))
     return "\n".join(parts)

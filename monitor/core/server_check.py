@@ -61,7 +61,7 @@ class ServerFacts:
     last: tuple[LastAnnouncement, ...] = ()  # when it is not in the latest poll
     reachability: Optional[ReachabilityResult] = None  # the latest reachability check (stored, or a live one)
     reachability_is_live: bool = False
-    healths: Mapping[str, Assessment] = field(default_factory=dict)
+    assessments: Mapping[str, Assessment] = field(default_factory=dict)
     score: Optional[PeerScore] = None
 
 
@@ -211,7 +211,7 @@ _EXCLUDED_ADVICE = {
 
 def _useful(facts: ServerFacts, row: ServerRow, names: Mapping[str, str]) -> Check:
     model = names.get(row.model, row.model)
-    health = facts.healths.get(row.model)
+    health = facts.assessments.get(row.model)
     if health is None or not health.blocks:
         return Check("useful", INFO, f"{model}: not diagnosed yet.")
     excluded = health.excluded_peers.get(facts.peer_id)
@@ -255,7 +255,7 @@ def _recommendations(facts: ServerFacts, names: Mapping[str, str]) -> tuple[tupl
     served = [row.model for row in facts.rows] or [a.model for a in facts.last]
     out = []
     for model in dict.fromkeys(served):
-        health = facts.healths.get(model)
+        health = facts.assessments.get(model)
         if health is not None and health.recommendation is not None:
             rec = health.recommendation
             out.append((names.get(model, model), rec.argument, rec.reason))

@@ -92,28 +92,28 @@ class Store:
 
     # ---- writes ----------------------------------------------------------------------------
 
-    def record_poll(self, snapshot: Snapshot, healths: Sequence[Assessment] = ()) -> int:
+    def record_poll(self, snapshot: Snapshot, assessments: Sequence[Assessment] = ()) -> int:
         """Record one successful poll in one transaction; returns the poll id.
 
-        ``healths``: each polled model's assessment (``core.assess.assess``), from which the store
+        ``assessments``: each polled model's assessment (``core.assess.assess``), from which the store
         keeps the model's status and per-block coverage for history, and the whole assessment for
         every reader (the web shows it without running petals). A row the database refuses
         costs that row, not the poll: it is left out, counted and named in the poll's errors (and
         logged). ``StoreDataError`` only if the poll itself cannot be stored."""
         with self.db.write("recording a poll") as conn:
-            written = writes.record_poll(conn, snapshot, healths)
+            written = writes.record_poll(conn, snapshot, assessments)
             hours.follow_writes(conn, snapshot.taken_at)
         if written.dropped:
             log.warning("poll %s: %d rows were not stored: %s", written.poll_id, written.dropped,
                         "; ".join(written.error_lines()))
         return written.poll_id
 
-    def record_assessments(self, healths: Iterable[Assessment], *, taken_at: float) -> bool:
+    def record_assessments(self, assessments: Iterable[Assessment], *, taken_at: float) -> bool:
         """Replace the assessments of the poll taken at ``taken_at`` (the poller assesses it again
         after each later input: a reachability or probe round, a generation check), if it is still
         the latest successful poll; False if a newer poll came in meanwhile (its own stay)."""
         with self.db.write("recording assessments") as conn:
-            return writes.record_assessments(conn, taken_at, healths)
+            return writes.record_assessments(conn, taken_at, assessments)
 
     def record_failed_poll(self, at: float, error: str, *, duration: float = 0.0) -> int:
         """A poll that could not scrape, or not be stored: kept with its cause so that the gap is

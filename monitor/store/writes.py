@@ -89,7 +89,7 @@ class PollWritten:
         return lines
 
 
-def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[Assessment]) -> PollWritten:
+def record_poll(conn: Connection, snapshot: Snapshot, assessments: Sequence[Assessment]) -> PollWritten:
     """One successful poll: its servers, and per model the status row, the block coverage arrays
     and the diagnosis, all derived from the model's ``Assessment``.
 
@@ -104,12 +104,12 @@ def record_poll(conn: Connection, snapshot: Snapshot, healths: Sequence[Assessme
         at=at, duration=finite(snapshot.duration) or 0.0, n_models=len(snapshot.models),
         n_servers=len(snapshot.servers), invalid_records=snapshot.invalid_records, errors=errors,
         models=[m.dht_prefix for m in snapshot.models], ok=True, clamped_values=snapshot.clamped_values,
-        ledger_basis=ledger.basis(at, snapshot.servers, {h.model: h for h in healths}),
+        ledger_basis=ledger.basis(at, snapshot.servers, {h.model: h for h in assessments}),
     ).returning(t.c.id)).scalar_one())
     _upsert_models(conn, written, snapshot.models, at)
     _record_servers(conn, written, at, snapshot.servers)
-    if healths:
-        _record_healths(conn, written, at, healths)
+    if assessments:
+        _record_verdicts(conn, written, at, assessments)
     if written.bounded or written.dropped:
         conn.execute(sa.update(t).where(t.c.id == written.poll_id).values(
             clamped_values=snapshot.clamped_values + written.bounded, dropped_rows=written.dropped,
@@ -174,22 +174,22 @@ def replace_assessments(conn: Connection, poll_id: int, assessments: Iterable[As
                     "; ".join(f"{r.row['model']}: {r.error}" for r in refused))
 
 
-def _record_healths(conn: Connection, written: PollWritten, at: float, healths: Sequence[Assessment]) -> None:
+def _record_verdicts(conn: Connection, written: PollWritten, at: float, assessments: Sequence[Assessment]) -> None:
     """Per model: the status row (and a state change if it changed), the block coverage arrays and
     the whole diagnosis."""
     poll_id = written.poll_id
     statuses, refused = insert_rows(conn, sa.insert(ModelStatusRow.__table__), [
-        {**_status_row(health, written), "poll_id": poll_id, "at": at} for health in healths])
+        {**_status_row(health, written), "poll_id": poll_id, "at": at} for health in assessments])
     written.refused(refused, lambda r: f"the status of model {r['model']}")
     _record_state_changes(conn, written, at, statuses)
     _, refused = insert_rows(conn, sa.insert(BlockCoverageRow.__table__), [
         {"poll_id": poll_id, "model": health.model, "at": at,
          "servers": [int(b.online) for b in health.blocks],
          "throughput": [written.finite(b.total_throughput) for b in health.blocks]}
-        for health in healths
+        for health in assessments
     ])
     written.refused(refused, lambda r: f"the block coverage of model {r['model']}")
-    replace_assessments(conn, poll_id, healths, written)
+    replace_assessments(conn, poll_id, assessments, written)
     prune_assessments(conn, at - ASSESSMENT_RETENTION)  # (each poll: their size is bounded by polls, not hours)
 
 

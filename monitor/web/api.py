@@ -105,8 +105,8 @@ def routing(prefix: str):
     def compute() -> bytes:
         known = peer_routing(scores={peer: s.score for peer, s in cur.scores.items()},
                              outcomes=d.store.recent_chat_outcomes(now - CHAT_OUTCOME_WINDOW),
-                             assessments=cur.healths, policies=d.store.peer_policies(), now=now)
-        view = routing_view(prefix, model.num_blocks, cur.snapshot.servers, known, cur.healths.get(prefix))
+                             assessments=cur.assessments, policies=d.store.peer_policies(), now=now)
+        view = routing_view(prefix, model.num_blocks, cur.snapshot.servers, known, cur.assessments.get(prefix))
         return json.dumps(view, separators=(",", ":"), allow_nan=False).encode()
 
     body = d.cache.now(cur.marks, now, ("routing", prefix), compute)
@@ -192,7 +192,7 @@ def model(dht_prefix: str):
     d, cur = _current()
     if cur.model(dht_prefix) is None:
         abort(404, description=f"no model with DHT prefix {dht_prefix!r} in the latest poll")
-    health = cur.healths.get(dht_prefix)
+    health = cur.assessments.get(dht_prefix)
     return jsonify({**queries.model_report(cur, d.settings, dht_prefix),
                     "diagnosis": health.to_dict() if health is not None else None,
                     "last_updated": cur.snapshot.taken_at})

@@ -127,7 +127,7 @@ def model_state(dht_prefix: str, fmt: str):
                         GREY, fmt)
     now = time.time()
     in_force = maintenance.active(status.model_windows(status.windows_since(d, now), dht_prefix), now)
-    state = uptime.MAINTENANCE if in_force else state_api.monitor_state(cur.healths.get(dht_prefix))
+    state = uptime.MAINTENANCE if in_force else state_api.monitor_state(cur.assessments.get(dht_prefix))
     return _respond(state_api.model_name(model)[:MAX_LABEL], state, COLORS.get(state, GREY), fmt)
 
 

@@ -170,7 +170,7 @@ def model_families(cur: queries.Current) -> Iterable:
         for kind in RPS_KINDS:
             rps_avg.add_metric([model, kind], statistics.fmean(rps[kind]) if num else 0.0)
             rps_min.add_metric([model, kind], min(rps[kind]) if num else 0.0)
-        health = cur.healths.get(info.dht_prefix)
+        health = cur.assessments.get(info.dht_prefix)
         for name in MODEL_STATES:
             model_state.add_metric([model, name], 1.0 if state_api.monitor_state(health) == name else 0.0)
         if health is None:
@@ -417,7 +417,7 @@ class StoreCollector:
         cur = queries.current(self.d)
         yield from poll_families(cur, queries.poll_stats(self.store))
         yield from alert_families(self.store)
-        yield from probe_views.metric_families(self.store, cur.healths)  # server probes
+        yield from probe_views.metric_families(self.store, cur.assessments)  # server probes
         yield from poller_families(queries.pollers(self.d, cur, time.time()))
         yield bootstrap_family(cur, self.settings.resolved_initial_peers)
         if cur.snapshot is None:

@@ -96,7 +96,7 @@ def model(dht_prefix: str):
     model = _model_or_404(cur, dht_prefix)
     cause, sort = _table_args()
     now = time.time()
-    health = cur.healths.get(dht_prefix)
+    health = cur.assessments.get(dht_prefix)
     report = queries.model_report(cur, d.settings, dht_prefix)
     configured = next((m for m in d.settings.models if m.dht_prefix == dht_prefix and m.path), None)
     # DHT records carry no family: it is named where a checkpoint is configured
@@ -173,7 +173,7 @@ def peer(peer_id: str):
         return my_server
     live = peer_view.rendered(d, cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
-                        measured=probe_views.peer_probes(d.store, peer_id, cur.healths),
+                        measured=probe_views.peer_probes(d.store, peer_id, cur.assessments),
                         given=contributors.of_peer(d, cur, peer_id, now)["windows"],
                         requests=request_stats.cached(d, cur, ("request-stats-peer", peer_id), now,
                                                       lambda: request_stats.peer_stats(d.store, peer_id, now)))))

@@ -67,7 +67,7 @@ def server_facts(store, cur, peer_id: str, now: float, *, reachability: Optional
         first_seen=record.first_seen if record else None, last_seen=record.last_seen if record else None,
         last=last, reachability=reachability if reachability is not None else cur.reachability.get(peer_id),
         reachability_is_live=live,
-        healths=cur.healths, score=cur.scores.get(peer_id),
+        assessments=cur.assessments, score=cur.scores.get(peer_id),
     )
 
 

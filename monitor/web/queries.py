@@ -40,7 +40,7 @@ class Current:
     snapshot: Optional[Snapshot]
     reachability: dict[str, ReachabilityResult] = field(default_factory=dict)  # each peer's latest check
     scores: dict[str, PeerScore] = field(default_factory=dict)
-    healths: dict[str, Assessment] = field(default_factory=dict)
+    assessments: dict[str, Assessment] = field(default_factory=dict)
     generation: dict[str, GenerationCheck] = field(default_factory=dict)  # model -> its newest generation check
     last_poll: Optional[PollSummary] = None
     unavailable: Optional[str] = None  # the database is unavailable: this is the last state read
@@ -103,7 +103,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
         snapshot=state.snapshot,
         reachability=assessed_reachability(state.reachability, state.assessments),  # as the assessments judged it
         scores=state.scores,  # written by the poller's score job; none before it ran
-        healths=with_undiagnosed(state.snapshot, state.assessments),
+        assessments=with_undiagnosed(state.snapshot, state.assessments),
         generation=state.generation,
         last_poll=state.last_poll,
         marks=marks,
@@ -115,7 +115,7 @@ def state_dict(cur: Current, settings: Settings) -> dict:
     initial_peers = settings.resolved_initial_peers
     return cur.derive(("state", tuple(initial_peers), settings.scrape_period), lambda: state_api.build_state(
         cur.snapshot,
-        healths=cur.healths,
+        assessments=cur.assessments,
         reachability=cur.reachability,
         scores=cur.scores,
         initial_peers=initial_peers,

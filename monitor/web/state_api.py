@@ -229,7 +229,7 @@ def reachability_issues(snapshot: Snapshot, reachability: Mapping[str, Reachabil
 def build_state(
     snapshot: Snapshot,
     *,
-    healths: Mapping[str, Assessment],
+    assessments: Mapping[str, Assessment],
     reachability: Mapping[str, ReachabilityResult],
     scores: Mapping[str, PeerScore],
     initial_peers: Sequence[str],
@@ -238,7 +238,7 @@ def build_state(
 ) -> dict:
     """The whole ``/api/v1/state`` dict for one snapshot (JSON-ready: plain types, no NaN)."""
     reports = [
-        {**model_report(model, snapshot.rows_for(model.dht_prefix), healths.get(model.dht_prefix), reachability, scores),
+        {**model_report(model, snapshot.rows_for(model.dht_prefix), assessments.get(model.dht_prefix), reachability, scores),
          "generation_check": generation_check_dict(generation.get(model.dht_prefix))}
         for model in snapshot.models
     ]

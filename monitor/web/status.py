@@ -97,7 +97,7 @@ def model_statuses(d, cur, now: float) -> list[StatusPageRow]:
             outages = d.store.outage_intervals(model.dht_prefix, since, minute)
             mine = uptime.compact(points.get(model.dht_prefix, []))
             in_force = maintenance.active(covering, now)
-            health = cur.healths.get(model.dht_prefix)
+            health = cur.assessments.get(model.dht_prefix)
             found.append(StatusPageRow(
                 dht_prefix=model.dht_prefix, name=state_api.model_name(model),
                 state=uptime.MAINTENANCE if in_force else state_api.monitor_state(health),
