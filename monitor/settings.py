@@ -210,6 +210,10 @@ class Settings(BaseModel):
                                      description="how long a WebSocket session of the chat API may stay silent")
     ws_max_lifetime: float = setting(3600, section="web", gt=0, le=7 * 86400,
                                      description="how long a WebSocket session of the chat API may last")
+    public_url: Optional[str] = setting(
+        None, section="web", max_length=200, pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+$",
+        description="the origin people reach this monitor at (`https://monitor.example.org`, no path): servers' "
+                    "owners prove they run them for it (Contributors); unset: no proofs are taken")
 
     # [security] (README: Security)
     admin_token: Optional[str] = setting(None, section="security", min_length=16, max_length=512, shown="(generated)",

@@ -48,6 +48,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import atexit  # noqa: E402
+import base64  # noqa: E402
 import dataclasses
 import functools
 import hashlib
@@ -801,3 +802,37 @@ def figures(html: str) -> list[dict]:
 
 def text_of(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+# ---- owners' proofs (tests/test_ownership.py, tests/test_owners.py) ----------------------------------
+
+
+def identity_file(tmp_path, name="id.key"):
+    """A real hivemind identity file (as a petals server's ``--identity_path``) and its peer id."""
+    from cryptography.hazmat.primitives import serialization
+
+    from monitor import compat  # noqa: F401
+    from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
+    from hivemind.proto import crypto_pb2
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    key = RSAPrivateKey()
+    data = crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=key._private_key.private_bytes(
+        encoding=serialization.Encoding.DER, format=serialization.PrivateFormat.TraditionalOpenSSL,
+        encryption_algorithm=serialization.NoEncryption())).SerializeToString()
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path, PeerID.from_identity(data).to_base58()
+
+
+def owner_signature(path, claim) -> tuple[str, str]:
+    """What an owner's tool sends: its public key and its signature over the statement it built."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from hivemind.proto import crypto_pb2
+
+    from monitor.core import ownership
+
+    private = serialization.load_der_private_key(crypto_pb2.PrivateKey.FromString(path.read_bytes()).data, None)
+    der = private.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    signature = private.sign(ownership.statement(claim), ownership._PSS, hashes.SHA256())
+    return base64.b64encode(der).decode(), base64.b64encode(signature).decode()

@@ -7,39 +7,13 @@ from __future__ import annotations
 import base64
 
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
 
 from monitor.core import ownership
 from monitor.core.ownership import Claim, ProofError
+from support import identity_file as identity, owner_signature as sign
 
 ORIGIN = "https://monitor.example"
 NOW = 1_800_000_000.0
-
-
-def identity(tmp_path, name="id.key"):
-    """A real hivemind identity file (as a petals server's ``--identity_path``) and its peer id."""
-    from monitor import compat  # noqa: F401
-    from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
-    from hivemind.proto import crypto_pb2
-    from hivemind.utils.crypto import RSAPrivateKey
-
-    key = RSAPrivateKey()
-    data = crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=key._private_key.private_bytes(
-        encoding=serialization.Encoding.DER, format=serialization.PrivateFormat.TraditionalOpenSSL,
-        encryption_algorithm=serialization.NoEncryption())).SerializeToString()
-    path = tmp_path / name
-    path.write_bytes(data)
-    return path, PeerID.from_identity(data).to_base58()
-
-
-def sign(path, claim: Claim) -> tuple[str, str]:
-    """What an owner's tool sends: its public key and its signature over the statement it built."""
-    from hivemind.proto import crypto_pb2
-
-    private = serialization.load_der_private_key(crypto_pb2.PrivateKey.FromString(path.read_bytes()).data, None)
-    der = private.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    signature = private.sign(ownership.statement(claim), ownership._PSS, hashes.SHA256())
-    return base64.b64encode(der).decode(), base64.b64encode(signature).decode()
 
 
 def test_the_peer_id_of_a_key_is_hiveminds_and_a_proof_with_the_servers_own_key_holds(tmp_path):

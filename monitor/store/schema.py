@@ -530,7 +530,8 @@ from monitor.store.schema_operations import (  # noqa: E402,F401
     IncidentNoteUpdateRow,
 )
 # the contribution ledger's tables (their own module, re-exported too)
-from monitor.store.schema_ledger import ContributionHourRow, ContributionTotalRow  # noqa: E402,F401
+from monitor.store.schema_ledger import (  # noqa: E402,F401
+    ContributionHourRow, ContributionTotalRow, OwnerNonceRow, OwnerPeerRow, OwnerRow)
 
 
 # ---- the chat page's conversations (revision 0020): per visitor, the one place text is kept -------

@@ -1,7 +1,9 @@
-"""The contribution ledger's tables (``schema.py`` re-exports them; ``store/contributions.py``
-writes and reads them)."""
+"""The contribution ledger's tables, and its proven owners' (``schema.py`` re-exports them;
+``store/contributions.py`` and ``store/owners.py`` write and read them)."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
@@ -46,3 +48,38 @@ class ContributionTotalRow(SQLModel, table=True):
     speed_sum: float = 0.0
     block_tokens: int = Field(default=0, sa_type=sa.BigInteger)
     requests: int = Field(default=0, sa_type=sa.BigInteger)
+
+
+class OwnerNonceRow(SQLModel, table=True):
+    """A nonce the monitor issued for a proof of running ``peer_id`` (``core/ownership.py``): single
+    use, short-lived, bound to the peer id; the address it was asked from, hashed, bounds how many
+    one address asks for (revision 0027)."""
+
+    __tablename__ = "owner_nonces"
+    __table_args__ = (sa.Index(None, "peer_id", "expires_at"), sa.Index(None, "address", "created_at"))
+    nonce: str = Field(primary_key=True, max_length=64)
+    peer_id: str = Field(max_length=128)
+    address: str = Field(max_length=64)
+    created_at: float
+    expires_at: float
+    used_at: Optional[float] = None
+
+
+class OwnerRow(SQLModel, table=True):
+    """A proven owner: the hash of the token their proof returned (the token itself is theirs only)."""
+
+    __tablename__ = "owners"
+    id: str = Field(primary_key=True, max_length=32)
+    token_hash: str = Field(max_length=64, unique=True)
+    created_at: float
+    last_seen: float
+
+
+class OwnerPeerRow(SQLModel, table=True):
+    """A server an owner proved they run (by its key), and when."""
+
+    __tablename__ = "owner_peers"
+    __table_args__ = (sa.Index(None, "peer_id"),)
+    owner: str = Field(primary_key=True, max_length=32, foreign_key="owners.id")
+    peer_id: str = Field(primary_key=True, max_length=128)
+    proven_at: float

@@ -148,9 +148,9 @@ def _blueprints(app: Flask, d: WebDeps, limiter, chat_blueprints: Iterable) -> N
 
     for module in (pages, api, metrics, health, alerts, mutes, search, my_server):
         app.register_blueprint(module.bp)
-    from monitor.web import badges, contributors, notes, openapi, status
+    from monitor.web import badges, contributors, notes, openapi, owners, status
 
-    for module in (badges, status, notes, openapi, contributors):
+    for module in (badges, status, notes, openapi, contributors, owners):
         app.register_blueprint(module.bp)
     app.extensions[metrics.REGISTRY] = metrics.registry_for(d)
     limits.limit_reachability(app, limiter)

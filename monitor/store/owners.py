@@ -1,0 +1,98 @@
+"""Proven owners in SQL (``core/ownership.py``): the nonces issued for proofs, the owners (by the
+hash of their token) and the servers each proved they run. Every function takes a connection inside
+a transaction the caller opened; bounds are checked here, inside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Optional
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from monitor.store.schema import OwnerNonceRow, OwnerPeerRow, OwnerRow
+
+NONCE_TTL = 300.0  # seconds a nonce may be used within
+NONCES_PER_ADDRESS = 20  # nonces one address may ask for per hour
+NONCES_PER_PEER = 5  # unused, unexpired nonces of one peer id at once
+PEERS_PER_OWNER = 64  # servers one owner may link
+
+
+class OwnersFull(Exception):
+    """A bound was reached (its words say which, and when to come back)."""
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def issue_nonce(conn: Connection, peer_id: str, address: str, now: float) -> tuple[str, float]:
+    """A new nonce for a proof of running ``peer_id``, and when it expires; ``OwnersFull`` past the
+    bounds (per asking address and hour, per peer id at once)."""
+    t = OwnerNonceRow.__table__
+    conn.execute(sa.delete(t).where(t.c.created_at < now - 3600, t.c.expires_at < now))  # (old ones go)
+    asked = conn.execute(sa.select(sa.func.count()).where(t.c.address == _hash(address)[:64],
+                                                          t.c.created_at >= now - 3600)).scalar_one()
+    if asked >= NONCES_PER_ADDRESS:
+        raise OwnersFull(f"at most {NONCES_PER_ADDRESS} nonces an hour from one address: try again later")
+    open_ = conn.execute(sa.select(sa.func.count()).where(t.c.peer_id == peer_id, t.c.used_at.is_(None),
+                                                          t.c.expires_at >= now)).scalar_one()
+    if open_ >= NONCES_PER_PEER:
+        raise OwnersFull(f"at most {NONCES_PER_PEER} unused nonces of one server at once: use one, or wait "
+                         f"{NONCE_TTL:.0f} s")
+    nonce = secrets.token_urlsafe(24)
+    conn.execute(sa.insert(t).values(nonce=nonce, peer_id=peer_id, address=_hash(address)[:64], created_at=now,
+                                     expires_at=now + NONCE_TTL))
+    return nonce, now + NONCE_TTL
+
+
+def spend_nonce(conn: Connection, nonce: str, now: float) -> Optional[str]:
+    """The peer id an unused, unexpired ``nonce`` was issued for, marking it used (once: a second
+    spend gets None); None for any other."""
+    t = OwnerNonceRow.__table__
+    row = conn.execute(sa.update(t).where(t.c.nonce == nonce[:64], t.c.used_at.is_(None), t.c.expires_at >= now)
+                       .values(used_at=now).returning(t.c.peer_id)).first()
+    return row.peer_id if row is not None else None
+
+
+def owner_of(conn: Connection, token: Optional[str], now: Optional[float] = None) -> Optional[str]:
+    """The owner a token names (None: no such owner)."""
+    if not token:
+        return None
+    t = OwnerRow.__table__
+    found = conn.execute(sa.select(t.c.id).where(t.c.token_hash == _hash(token))).scalar()
+    if found is not None and now is not None:
+        conn.execute(sa.update(t).where(t.c.id == found).values(last_seen=now))
+    return found
+
+
+def link(conn: Connection, owner: Optional[str], peer_id: str, now: float) -> tuple[str, Optional[str]]:
+    """``peer_id`` linked to ``owner`` (None: a new owner); (owner id, its new token when new)."""
+    token = None
+    if owner is None:
+        owner, token = secrets.token_hex(16), secrets.token_urlsafe(32)
+        conn.execute(sa.insert(OwnerRow.__table__).values(id=owner, token_hash=_hash(token), created_at=now,
+                                                          last_seen=now))
+    t = OwnerPeerRow.__table__
+    known = conn.execute(sa.select(t.c.peer_id).where(t.c.owner == owner)).scalars().all()
+    if peer_id not in known and len(known) >= PEERS_PER_OWNER:
+        raise OwnersFull(f"an owner links at most {PEERS_PER_OWNER} servers")
+    if peer_id in known:
+        conn.execute(sa.update(t).where(t.c.owner == owner, t.c.peer_id == peer_id).values(proven_at=now))
+    else:
+        conn.execute(sa.insert(t).values(owner=owner, peer_id=peer_id, proven_at=now))
+    return owner, token
+
+
+def peers_of(conn: Connection, owner: str) -> list[dict]:
+    t = OwnerPeerRow.__table__
+    return [{"peer_id": r.peer_id, "proven_at": r.proven_at}
+            for r in conn.execute(sa.select(t).where(t.c.owner == owner).order_by(t.c.proven_at))]
+
+
+def proven(conn: Connection, peer_id: str) -> Optional[float]:
+    """When someone last proved they run ``peer_id`` (None: nobody has)."""
+    t = OwnerPeerRow.__table__
+    return conn.execute(sa.select(sa.func.max(t.c.proven_at)).where(t.c.peer_id == peer_id)).scalar()

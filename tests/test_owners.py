@@ -1,0 +1,95 @@
+"""Proven owners over the API (#50, ``web/owners.py``, ``store/owners.py``): a server's owner proves
+with a real identity file's key and gets an owner token; the nonce is spent once; another origin, a
+nonce of another server, a key that is not the server's are refused; the bounds hold; no proofs
+without ``public_url``. (The proof itself: tests/test_ownership.py.)"""
+
+from __future__ import annotations
+
+from monitor.core.ownership import Claim
+from monitor.store import owners
+from monitor.web import create_app
+from support import identity_file, owner_signature, sqlite_store, web_settings
+
+ORIGIN = "https://monitor.example.org"
+
+
+def prove(client, path, peer, *, origin=ORIGIN, token=None, nonce=None):
+    issued = client.post("/api/v1/owners/nonce", json={"peer_id": peer}).get_json()
+    claim = Claim(origin, peer, nonce or issued["nonce"], issued["expires"])
+    key, signature = owner_signature(path, claim)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return client.post("/api/v1/owners/proof", headers=headers, json={
+        "peer_id": peer, "nonce": claim.nonce, "expires": claim.expires, "public_key": key, "signature": signature})
+
+
+def test_an_owner_proves_two_servers_with_their_keys_and_nothing_forged_or_replayed_passes(tmp_path):
+    store = sqlite_store(tmp_path)
+    try:
+        client = create_app(web_settings(public_url=ORIGIN), store).test_client()
+        path, peer = identity_file(tmp_path)
+        other_path, other = identity_file(tmp_path, "other.key")
+        issued = client.post("/api/v1/owners/nonce", json={"peer_id": peer}).get_json()
+        assert issued["origin"] == ORIGIN and issued["peer_id"] == peer and len(issued["nonce"]) >= 24
+        first = prove(client, path, peer)
+        assert first.status_code == 200, first.get_json()
+        token = first.get_json()["owner_token"]
+        assert token and [p["peer_id"] for p in first.get_json()["peers"]] == [peer]
+        # the same owner links a second server (a new identity after a restart) with its token
+        second = prove(client, other_path, other, token=token)
+        assert second.status_code == 200 and second.get_json()["owner_token"] is None
+        mine = client.get("/api/v1/owners/me", headers={"Authorization": f"Bearer {token}"}).get_json()
+        assert {p["peer_id"] for p in mine["peers"]} == {peer, other}
+        assert client.get("/api/v1/owners/me", headers={"Authorization": "Bearer nope"}).status_code == 401
+        # replayed: the body of a proof that passed, sent again
+        body = {"peer_id": peer, "nonce": issued["nonce"], "expires": issued["expires"]}
+        key, signature = owner_signature(path, Claim(ORIGIN, peer, issued["nonce"], issued["expires"]))
+        assert client.post("/api/v1/owners/proof", json={**body, "public_key": key, "signature": signature}).status_code == 200
+        again = client.post("/api/v1/owners/proof", json={**body, "public_key": key, "signature": signature})
+        assert again.status_code == 403 and "used nonce" in again.get_json()["error"]
+        for answer, why in ((prove(client, path, peer, origin="https://evil.example"), "signature"),
+                            (prove(client, other_path, peer), "not the peer id's"),  # another server's key
+                            ):
+            assert answer.status_code == 403 and why in answer.get_json()["error"], answer.get_json()
+        foreign = client.post("/api/v1/owners/nonce", json={"peer_id": other}).get_json()["nonce"]
+        bound = prove(client, path, peer, nonce=foreign)  # a nonce issued for another server
+        assert bound.status_code == 403 and "another peer id" in bound.get_json()["error"]
+        for bad in ({}, {"peer_id": "not-a-peer"}, {"peer_id": 5}):
+            assert client.post("/api/v1/owners/nonce", json=bad).status_code == 400
+        assert client.post("/api/v1/owners/proof", json={"peer_id": peer}).status_code == 400
+        # bounds: unused nonces of one server at once
+        for _ in range(owners.NONCES_PER_PEER):
+            client.post("/api/v1/owners/nonce", json={"peer_id": other})
+        full = client.post("/api/v1/owners/nonce", json={"peer_id": other})
+        assert full.status_code == 429 and "unused nonces" in full.get_json()["error"]
+        # a monitor without public_url takes no proofs
+        plain = create_app(web_settings(), store).test_client()
+        assert plain.post("/api/v1/owners/nonce", json={"peer_id": peer}).status_code == 503
+    finally:
+        store.close()
+
+
+def test_the_client_proves_a_server_over_http_with_its_identity_file_and_the_key_stays_home(tmp_path, capsys):
+    """``swarm-monitor-client prove`` against the monitor served on loopback (real HTTP): it signs
+    the statement it built for the origin typed, so a monitor that calls itself anything else
+    refuses it; the one it was made for takes it and returns the owner token."""
+    from swarm_monitor_client import prove as client
+
+    from support import serve
+
+    store = sqlite_store(tmp_path)
+    apps: dict = {}
+    try:
+        path, peer = identity_file(tmp_path)
+        with serve(lambda environ, start: apps["now"](environ, start)) as base:
+            apps["now"] = create_app(web_settings(), store)  # no public_url: no proofs
+            assert client.main(["prove", "--identity", str(path), "--monitor", base]) == 1
+            assert "takes no proofs" in capsys.readouterr().err
+            apps["now"] = create_app(web_settings(public_url="https://elsewhere.example"), store)
+            assert client.main(["prove", "--identity", str(path), "--monitor", base]) == 1
+            assert "signature is not the key's" in capsys.readouterr().err
+            apps["now"] = create_app(web_settings(public_url=base), store)
+            assert client.main(["prove", "--identity", str(path), "--monitor", base + "/some/page"]) == 0
+            said = capsys.readouterr().out
+            assert f"proven: you run {peer}" in said and "your owner token" in said
+    finally:
+        store.close()
