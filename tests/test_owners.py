@@ -37,6 +37,9 @@ def test_an_owner_proves_two_servers_with_their_keys_and_nothing_forged_or_repla
         # the same owner links a second server (a new identity after a restart) with its token
         second = prove(client, other_path, other, token=token)
         assert second.status_code == 200 and second.get_json()["owner_token"] is None
+        assert client.get(f"/api/v1/contributors/{peer}").get_json()["owner_proven_at"] is not None
+        assert client.get(f"/api/v1/contributors/{peer[:-1] + ('a' if peer[-1] != 'a' else 'b')}").get_json()[
+            "owner_proven_at"] is None
         mine = client.get("/api/v1/owners/me", headers={"Authorization": f"Bearer {token}"}).get_json()
         assert {p["peer_id"] for p in mine["peers"]} == {peer, other}
         assert client.get("/api/v1/owners/me", headers={"Authorization": "Bearer nope"}).status_code == 401

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from monitor.api_doc import MonitorError, Open, documented
 from monitor.core.common import HOUR
 from monitor.core.contributions import SORTS, WINDOW_NAMES, WINDOWS, ranked
+from monitor.store import owners
 from monitor.web import deps, queries, security
 
 bp = Blueprint("contributors", __name__)
@@ -58,6 +59,7 @@ class Contributors(Open):
 
 class PeerContribution(Open):
     peer_id: str
+    owner_proven_at: Optional[float] = Field(None, description="when someone last proved they run it (its key)")
     windows: dict[str, dict]
 
 
@@ -118,7 +120,9 @@ def of_peer(d, cur, peer_id: str, now: float) -> dict:
                          "models": [c.to_dict() for c in d.store.contributions(first, peer_id=peer_id, by_model=True)]}
         return out
 
-    return {"peer_id": peer_id,
+    with d.store.db.read("reading who proved they run a server") as conn:  # (one indexed row: read fresh)
+        proven = owners.proven(conn, peer_id)
+    return {"peer_id": peer_id, "owner_proven_at": proven,
             "windows": d.cache.page(cur.marks, ("contributor", peer_id, int(now // HOUR)), compute)}
 
 

@@ -174,7 +174,7 @@ def peer(peer_id: str):
     live = peer_view.rendered(d, cur, ("peer-live", peer_id, hours), now, lambda: Markup(
         render_template("partials/peer_live.html", **context,
                         measured=probe_views.peer_probes(d.store, peer_id, cur.assessments),
-                        given=contributors.of_peer(d, cur, peer_id, now)["windows"],
+                        given=contributors.of_peer(d, cur, peer_id, now),
                         requests=request_stats.cached(d, cur, ("request-stats-peer", peer_id), now,
                                                       lambda: request_stats.peer_stats(d.store, peer_id, now)))))
     return live if target == "peer-live" else render_template("peer.html", peer_live=live, my_server=my_server,
