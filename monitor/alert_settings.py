@@ -220,6 +220,9 @@ class AlertSettings(BaseModel):
     history_days: Annotated[float, BeforeValidator(days)] = Field(default=30, gt=0, le=3650,
                                                                   description="events and deliveries kept this long")
     dashboard_url: Optional[str] = Field(default=None, max_length=500, description="base URL for links in notices")
+    owner_webhooks_private: bool = Field(default=False, description="let servers' owners' webhooks (Contributors) "
+                                         "reach private and loopback addresses: a private deployment's, or a "
+                                         "spec's; never on a public monitor")
     group_wait: Duration = Field(default=0.0, description="a notice waits this long for others to the same webhook, "
                                  "sent as one message")
     default_inhibit: bool = Field(default=True, description="a firing model alert holds the per-peer alerts of its servers")

@@ -42,6 +42,24 @@ def text(body) -> str:
     return " ".join([body["summary"], *body["details"]])
 
 
+def prove_and_subscribe(store, swarm, name: str, url: str) -> None:
+    """The owner of server ``name`` proves it with the server's own identity file (its key's
+    signature over the statement, as ``swarm-monitor-client prove`` makes it; the HTTP side is
+    tests/test_owners.py) and subscribes ``url``."""
+    from monitor.core.ownership import Claim, check
+    from monitor.store import owners
+    from support import owner_signature
+
+    peer, now = swarm.peer_id(name), time.time()
+    with store.db.write("a spec's owner") as conn:
+        nonce, expires = owners.issue_nonce(conn, peer, "127.0.0.1", now)
+        claim = Claim("http://monitor.test", peer, nonce, int(expires))
+        key, signature = owner_signature(swarm.workdir / f"{name}.id", claim)
+        check(claim, key, signature, origin="http://monitor.test", now=now, nonce_peer=owners.spend_nonce(conn, nonce, now))
+        owner, _ = owners.link(conn, None, peer, now)
+        owners.subscribe(conn, owner, url, now)
+
+
 def ledger_holds_what_the_harness_did(store, faults: dict, poll: float, warmup: float) -> None:
     """The contribution ledger (#50) over the run, across the take-over: each server earned no
     serving time from when a notice named it until the harness healed it, and all of it but the
@@ -70,13 +88,17 @@ def ledger_holds_what_the_harness_did(store, faults: dict, poll: float, warmup: 
 
 @pytest.mark.timeout(900)
 def test_every_failure_in_a_row_is_told_across_a_take_over_and_while_another_fires(swarm, tiny_model, tmp_path):
-    with WebhookReceiver() as ops:
+    with WebhookReceiver() as ops, WebhookReceiver() as owner_fails, WebhookReceiver() as owner_refuses:
         settings = tiny_settings(
             swarm, tmp_path, tiny_model, scrape_period=2, reachability_period=2, reachability_timeout=2,
             speed_probe_period=2, speed_probe_max_share=0.5, speed_probe_timeout=10, score_period=600,
             alerts={"check_period": 1, "default_rules": False, "webhooks": [{"name": "ops", "url": ops.url}],
+                    "owner_webhooks_private": True,  # (the owners' receivers are on 127.0.0.1)
                     "rules": [{"name": "model-health", "kind": "model_degraded", "for": WAIT, "left_for": WAIT}]})
         store = sqlite_store(tmp_path)
+        owned = {FAILS: owner_fails, REFUSES: owner_refuses}
+        for name, receiver in owned.items():  # each server's owner proves it with its identity file, subscribes
+            prove_and_subscribe(store, swarm, name, receiver.url)
         poller = Poller(settings, store, swarm.dht)
         poller.start()
         started = time.time()
@@ -145,6 +167,11 @@ def test_every_failure_in_a_row_is_told_across_a_take_over_and_while_another_fir
                 ("resolved", "ok"), ("firing", "degraded"), ("resolved", "ok")], ops.accepted()
             faults[REFUSES] = [(refused_at, ops.received[5].at, unrefused, ops.received[6].at)]
             ledger_holds_what_the_harness_did(store, faults, settings.scrape_period, warmup)
+            # each owner heard of their own server's troubles, and of nobody else's alone (#50)
+            assert events(owner_fails.wait_for(2, 60)) == [("news", "degraded"), ("resolved", "ok")]
+            assert FAILS in text(owner_fails.accepted()[0])
+            assert events(owner_refuses.wait_for(2, 60)) == [("firing", "degraded"), ("resolved", "ok")]
+            assert REFUSES in text(owner_refuses.accepted()[0])  # (the others named in its reasons, not told to them)
         finally:
             swarm.unfail(FAILS)
             swarm.uncorrupt(CORRUPTS)

@@ -96,3 +96,44 @@ def test_the_client_proves_a_server_over_http_with_its_identity_file_and_the_key
             assert f"proven: you run {peer}" in said and "your owner token" in said
     finally:
         store.close()
+
+
+def test_an_owners_webhook_never_reaches_a_private_address_and_ends_with_its_secret(tmp_path):
+    from monitor.app import owner_hooks
+    from monitor.app.webhooks import DeliveryError
+    from monitor.harness.webhook_receiver import WebhookReceiver
+
+    for address, public in (("127.0.0.1", False), ("10.1.2.3", False), ("192.168.0.9", False), ("169.254.169.254", False),
+                            ("100.64.0.1", False), ("0.0.0.0", False), ("::1", False), ("::ffff:127.0.0.1", False),
+                            ("fd00::1", False), ("8.8.8.8", True), ("2001:4860:4860::8888", True)):
+        assert owner_hooks.public(address) is public, address
+    with WebhookReceiver() as receiver:
+        for url in (receiver.url, receiver.url.replace("127.0.0.1", "localhost")):  # by name too: the socket is checked
+            try:
+                owner_hooks.send(url, b"{}", timeout=5)
+                raise AssertionError("a loopback webhook was called")
+            except DeliveryError as e:
+                assert "is not public" in str(e)
+        assert receiver.received == []
+        owner_hooks.send(receiver.url, b'{"event": "firing"}', timeout=5, allow_private=True)  # the operator allows it
+        assert receiver.wait_for(1, 5) == [{"event": "firing"}]
+    store = sqlite_store(tmp_path)
+    try:
+        client = create_app(web_settings(public_url=ORIGIN), store).test_client()
+        path, peer = identity_file(tmp_path)
+        token = prove(client, path, peer).get_json()["owner_token"]
+        auth = {"Authorization": f"Bearer {token}"}
+        hook = {"webhook": "https://hooks.example.org/petals"}
+        assert client.post("/api/v1/owners/subscriptions", json=hook).status_code == 401
+        assert client.post("/api/v1/owners/subscriptions", headers=auth, json={"webhook": "ftp://x"}).status_code == 400
+        made = client.post("/api/v1/owners/subscriptions", headers=auth, json=hook).get_json()
+        assert made["id"] and made["secret"]
+        assert [s["url"] for s in client.get("/api/v1/owners/me", headers=auth).get_json()["subscriptions"]] == \
+            [hook["webhook"]]
+        assert client.delete(f"/api/v1/owners/subscriptions/{made['id']}?secret=wrong").status_code == 404
+        assert client.delete(f"/api/v1/owners/subscriptions/{made['id']}?secret={made['secret']}").status_code == 200
+        for _ in range(owners.SUBSCRIPTIONS_PER_OWNER):
+            assert client.post("/api/v1/owners/subscriptions", headers=auth, json=hook).status_code == 200
+        assert client.post("/api/v1/owners/subscriptions", headers=auth, json=hook).status_code == 429
+    finally:
+        store.close()

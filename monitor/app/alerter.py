@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
-from monitor.app import apprise_notify, webhooks
+from monitor.app import apprise_notify, owner_hooks, webhooks
 from monitor.alert_settings import WebhookConfig
 from monitor.core import alert_rules as core
 from monitor.core import muting
@@ -35,12 +35,15 @@ from monitor.core.assess import assessed_reachability, flagged
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_JOINING, CAUSE_OFFLINE, CAUSE_SLOW, CAUSE_WRONG
 from monitor.core.common import DAY, HOUR, short_error
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ReachabilityResult, Snapshot
+from monitor.store import owners
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF = HOUR
 DELIVERIES_PER_RUN = 100  # pending deliveries looked at per delivery run (the rest wait for the next)
 PRUNE_EVERY = HOUR
+OWNER = "owner:"  # a delivery to a server owner's webhook: "owner:<subscription id>" (store/owners.py)
+OWNER_TIMEOUT = 10.0  # seconds an owner's webhook gets to answer
 LOOK_AGAIN = 10.0  # seconds between two polls asked for to see whether a server that left is back
 _STATE_RANK = {ONLINE: 3, JOINING: 2, OFFLINE: 1}
 
@@ -238,9 +241,13 @@ class Alerter:
         self._pruned_at = 0.0
         self._beat_at = float("-inf")  # when the store last heard that the rules were evaluated
         self._more_to_send = threading.Event()  # a running delivery looks again before it ends
+        self._owners: dict[str, list[str]] = {}  # peer id -> its owners' webhooks (read with each evaluation)
 
     def _webhooks_for(self, notice: core.Notice) -> list[str]:
-        return self._webhooks_for_rule(notice.rule)
+        """The rule's webhooks, and the webhooks of the owners of the servers the notice names."""
+        peers = [notice.peer] + [peer for peer, _, _ in notice.causes]
+        mine = dict.fromkeys(OWNER + sid for peer in peers if peer for sid in self._owners.get(peer, ()))
+        return self._webhooks_for_rule(notice.rule) + list(mine)
 
     def _count(self, job: str, error: Optional[BaseException] = None) -> None:
         if self.stats is not None:
@@ -256,6 +263,9 @@ class Alerter:
                 view = read_view(self.store, self.settings, self.watching_since, now, self._needs_peers,
                                  self._peer_memory, self._targets)
                 result = core.evaluate(self.rules, view, self.store.alerts(), now, self.mutes(now))
+                if result.notices:
+                    with self.store.db.read("reading owners' webhooks") as conn:
+                        self._owners = owners.subscribed(conn)
                 if self.stopping():
                     return None
                 if core.awaiting_poll(self.rules, result.alerts, view.last_ok_poll_at, now):  # back by now?
@@ -341,6 +351,8 @@ class Alerter:
         """One attempt at deliveries to one webhook as one message, recorded for each; "delivered",
         "retry" or "failed" (given up)."""
         first = group[0]
+        if first.webhook.startswith(OWNER):
+            return self._attempt_owner(group, at)
         hook = self.hooks.get(first.webhook)
         try:
             if hook is None:
@@ -353,17 +365,38 @@ class Alerter:
                                               self.config.dashboard_url, now=at, ttl=self._ttl)
                 webhooks.send(hook.endpoint, body, timeout=hook.timeout, headers=hook.headers)
         except webhooks.DeliveryError as e:
-            attempts = first.attempts + 1
-            give_up = hook is None or attempts >= self.config.max_attempts
-            retry_at = None if give_up else at + backoff(attempts, self.config.retry_backoff)
-            log.warning("alert delivery to webhook %s failed (attempt %d of %d%s): %s", first.webhook, attempts,
-                        self.config.max_attempts, ", giving up" if give_up else "", e)
+            return self._attempted(group, at, e, give_up=hook is None)
+        return self._attempted(group, at, None)
+
+    def _attempt_owner(self, group: list, at: float) -> str:
+        """To a server owner's webhook (``owner_hooks``: public addresses only), the generic body."""
+        first = group[0]
+        with self.store.db.read("reading an owner's webhook") as conn:
+            url = owners.subscription_url(conn, first.webhook[len(OWNER):])
+        try:
+            if url is None:
+                raise webhooks.DeliveryError("the owner ended this webhook")
+            body = webhooks.group_payload([(d.event_id, d.notice) for d in group], "generic",
+                                          self.config.dashboard_url, now=at, ttl=self._ttl)
+            owner_hooks.send(url, body, timeout=OWNER_TIMEOUT, allow_private=self.config.owner_webhooks_private)
+        except webhooks.DeliveryError as e:
+            return self._attempted(group, at, e, give_up=url is None)
+        return self._attempted(group, at, None)
+
+    def _attempted(self, group: list, at: float, error: Optional[Exception], give_up: bool = False) -> str:
+        """Records one attempt for each delivery of ``group``: delivered, to retry with backoff, or given up."""
+        if error is None:
             for delivery in group:
-                self.store.record_alert_delivery(delivery.id, ok=False, at=at, error=str(e), retry_at=retry_at)
-            return "failed" if give_up else "retry"
+                self.store.record_alert_delivery(delivery.id, ok=True, at=at)
+            return "delivered"
+        attempts = group[0].attempts + 1
+        give_up = give_up or attempts >= self.config.max_attempts
+        retry_at = None if give_up else at + backoff(attempts, self.config.retry_backoff)
+        log.warning("alert delivery to %s failed (attempt %d of %d%s): %s", group[0].webhook, attempts,
+                    self.config.max_attempts, ", giving up" if give_up else "", error)
         for delivery in group:
-            self.store.record_alert_delivery(delivery.id, ok=True, at=at)
-        return "delivered"
+            self.store.record_alert_delivery(delivery.id, ok=False, at=at, error=str(error), retry_at=retry_at)
+        return "failed" if give_up else "retry"
 
     @property
     def _ttl(self) -> float:

@@ -271,23 +271,25 @@ def resend_payload(notices: Sequence[Notice], dashboard_url: Optional[str], *, n
     return json.dumps(alerts, ensure_ascii=False).encode()
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
+class NoRedirects(urllib.request.HTTPRedirectHandler):
     """A 3xx is an answer, not an instruction: never post an alert to wherever it points."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None  # urllib then raises HTTPError with the 3xx code
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects())
+_OPENER = urllib.request.build_opener(NoRedirects())
 
 
-def send(url: str, body: bytes, *, timeout: float, headers: Optional[dict[str, str]] = None) -> None:
-    """POST ``body`` to ``url``; returns on a 2xx answer, else raises DeliveryError saying why
-    (no URL in the message: it may carry a secret)."""
+def send(url: str, body: bytes, *, timeout: float, headers: Optional[dict[str, str]] = None,
+         opener: Optional[urllib.request.OpenerDirector] = None) -> None:
+    """POST ``body`` to ``url`` (through ``opener``: ours, which follows no redirect, by default);
+    returns on a 2xx answer, else raises DeliveryError saying why (no URL in the message: it may
+    carry a secret)."""
     request = urllib.request.Request(url, data=body, method="POST", headers={
         **(headers or {}), "Content-Type": "application/json", "User-Agent": USER_AGENT})
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
+        with (opener or _OPENER).open(request, timeout=timeout) as response:
             response.read(MAX_ANSWER_BYTES)
             return
     except urllib.error.HTTPError as e:

@@ -12,12 +12,13 @@ from typing import Optional
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from monitor.store.schema import OwnerNonceRow, OwnerPeerRow, OwnerRow
+from monitor.store.schema import OwnerNonceRow, OwnerPeerRow, OwnerRow, OwnerSubscriptionRow
 
 NONCE_TTL = 300.0  # seconds a nonce may be used within
 NONCES_PER_ADDRESS = 20  # nonces one address may ask for per hour
 NONCES_PER_PEER = 5  # unused, unexpired nonces of one peer id at once
 PEERS_PER_OWNER = 64  # servers one owner may link
+SUBSCRIPTIONS_PER_OWNER = 5  # webhooks one owner may have
 
 
 class OwnersFull(Exception):
@@ -96,3 +97,40 @@ def proven(conn: Connection, peer_id: str) -> Optional[float]:
     """When someone last proved they run ``peer_id`` (None: nobody has)."""
     t = OwnerPeerRow.__table__
     return conn.execute(sa.select(sa.func.max(t.c.proven_at)).where(t.c.peer_id == peer_id)).scalar()
+
+
+def subscribe(conn: Connection, owner: str, url: str, now: float) -> tuple[str, str]:
+    """A new webhook of ``owner``'s: (its id, the secret that ends it, shown once)."""
+    t = OwnerSubscriptionRow.__table__
+    if conn.execute(sa.select(sa.func.count()).where(t.c.owner == owner)).scalar_one() >= SUBSCRIPTIONS_PER_OWNER:
+        raise OwnersFull(f"an owner has at most {SUBSCRIPTIONS_PER_OWNER} webhooks: end one first")
+    sid, secret = secrets.token_hex(8), secrets.token_urlsafe(24)
+    conn.execute(sa.insert(t).values(id=sid, owner=owner, url=url, secret_hash=_hash(secret), created_at=now))
+    return sid, secret
+
+
+def unsubscribe(conn: Connection, sid: str, *, owner: Optional[str] = None, secret: Optional[str] = None) -> bool:
+    """Ends subscription ``sid`` for its owner, or for whoever holds its secret; False otherwise."""
+    t = OwnerSubscriptionRow.__table__
+    whose = t.c.owner == owner if owner is not None else t.c.secret_hash == _hash(secret or secrets.token_hex(8))
+    return bool(conn.execute(sa.delete(t).where(t.c.id == sid[:32], whose)).rowcount)
+
+
+def subscriptions_of(conn: Connection, owner: str) -> list[dict]:
+    t = OwnerSubscriptionRow.__table__
+    return [{"id": r.id, "url": r.url, "created_at": r.created_at}
+            for r in conn.execute(sa.select(t).where(t.c.owner == owner).order_by(t.c.created_at))]
+
+
+def subscribed(conn: Connection) -> dict[str, list[str]]:
+    """peer id -> the subscriptions whose owner proved they run it (the alert job's one read)."""
+    s, p = OwnerSubscriptionRow.__table__, OwnerPeerRow.__table__
+    found: dict[str, list[str]] = {}
+    for peer_id, sid in conn.execute(sa.select(p.c.peer_id, s.c.id).join(s, s.c.owner == p.c.owner)):
+        found.setdefault(peer_id, []).append(sid)
+    return found
+
+
+def subscription_url(conn: Connection, sid: str) -> Optional[str]:
+    t = OwnerSubscriptionRow.__table__
+    return conn.execute(sa.select(t.c.url).where(t.c.id == sid)).scalar()

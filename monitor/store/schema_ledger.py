@@ -79,3 +79,17 @@ class OwnerPeerRow(SQLModel, table=True):
     owner: str = Field(primary_key=True, max_length=32, foreign_key="owners.id")
     peer_id: str = Field(primary_key=True, max_length=128)
     proven_at: float
+
+
+class OwnerSubscriptionRow(SQLModel, table=True):
+    """Where an owner hears of their own servers' troubles: an https webhook (its address must be
+    public when it is called, unless the operator allows private ones); the hash of the secret that
+    ends it."""
+
+    __tablename__ = "owner_subscriptions"
+    __table_args__ = (sa.Index(None, "owner"),)
+    id: str = Field(primary_key=True, max_length=32)
+    owner: str = Field(max_length=32, foreign_key="owners.id")
+    url: str = Field(max_length=500)
+    secret_hash: str = Field(max_length=64)
+    created_at: float

@@ -4,7 +4,14 @@
     POST /api/v1/owners/proof   {"peer_id", "nonce", "expires", "public_key", "signature"}
                                 (Authorization: Bearer <owner token> links it to that owner)
                                 -> {"owner_token" (a new owner's, shown once), "peers": [...]}
-    GET  /api/v1/owners/me      (Authorization: Bearer <owner token>) -> {"peers": [...]}
+    GET  /api/v1/owners/me      (Authorization: Bearer <owner token>) -> {"peers", "subscriptions"}
+    POST /api/v1/owners/subscriptions {"webhook": "https://..."} (the owner token) -> {"id", "secret"}
+    DELETE /api/v1/owners/subscriptions/<id>  (the owner token, or ?secret=)
+
+A subscription hears every notice that names one of its owner's servers (down, left, unreachable,
+failing, wrong outputs, slow; and their recovery), as the generic webhook body, through the same
+outbox as the operators' webhooks; its address must be public when it is called
+(``app/owner_hooks.py``), never the monitor's own network.
 
 The statement signed is built by the owner's own tool (``swarm-monitor-client prove``), never
 handed to it; the monitor checks its origin (``public_url``), the nonce it issued for that peer id
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import time
 from typing import Optional
+from urllib.parse import urlsplit
 
 from flask import Blueprint, abort, jsonify, request
 from pydantic import BaseModel, Field
@@ -51,6 +59,19 @@ class ProofBody(BaseModel):
 class Proven(Open):
     owner_token: Optional[str] = Field(None, description="a new owner's token, shown once: keep it")
     peers: list[dict]
+    subscriptions: list[dict] = []
+
+
+class SubscriptionBody(BaseModel):
+    webhook: str = Field(description="an http(s) URL whose address is public (checked when it is called)")
+
+
+class Subscribed(Open):
+    id: str
+    secret: str = Field(description="ends the subscription without the owner token: shown once")
+
+
+MAX_URL = 500
 
 
 def _origin() -> str:
@@ -127,4 +148,39 @@ def me():
         owner = owners.owner_of(conn, _bearer(), time.time())
         if owner is None:
             abort(401, description="send your owner token: Authorization: Bearer <token>")
-        return jsonify(owner_token=None, peers=owners.peers_of(conn, owner))
+        return jsonify(owner_token=None, peers=owners.peers_of(conn, owner),
+                       subscriptions=owners.subscriptions_of(conn, owner))
+
+
+def _owner(conn) -> str:
+    owner = owners.owner_of(conn, _bearer(), time.time())
+    if owner is None:
+        abort(401, description="send your owner token: Authorization: Bearer <token>")
+    return owner
+
+
+@bp.post("/subscriptions")
+@documented("Hear of your own servers' troubles at a webhook", "Owners",
+            {200: Subscribed, 400: MonitorError, 401: MonitorError, 429: MonitorError}, body=SubscriptionBody)
+def subscribe():
+    url = _body("webhook")["webhook"]
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or len(url) > MAX_URL:
+        abort(400, description=f"webhook must be an http(s) URL of at most {MAX_URL} characters")
+    try:
+        with deps().store.db.write("subscribing an owner") as conn:
+            sid, secret = owners.subscribe(conn, _owner(conn), url, time.time())
+    except owners.OwnersFull as e:
+        abort(429, description=str(e))
+    return jsonify(id=sid, secret=secret)
+
+
+@bp.delete("/subscriptions/<sid>")
+@documented("End a subscription (the owner token, or its secret)", "Owners", {200: Open, 404: MonitorError})
+def unsubscribe(sid: str):
+    with deps().store.db.write("ending an owner's subscription") as conn:
+        owner = owners.owner_of(conn, _bearer())
+        done = owners.unsubscribe(conn, sid, owner=owner, secret=None if owner else request.args.get("secret"))
+    if not done:
+        abort(404, description="no such subscription of yours")
+    return jsonify(ended=sid)

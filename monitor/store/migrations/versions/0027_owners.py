@@ -1,6 +1,7 @@
 """owners: nonces issued for proofs of running a server (single use, short-lived, bound to a peer
-id; the asking address hashed, to bound them), proven owners (the hash of their token) and the
-servers each proved they run (``monitor.core.ownership``). New tables; nothing else changes.
+id; the asking address hashed, to bound them), proven owners (the hash of their token), the
+servers each proved they run (``monitor.core.ownership``) and the webhooks where each hears of
+their own servers. New tables; nothing else changes.
 
 Revision ID: 0027
 Revises: 0026
@@ -47,9 +48,22 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("owner", "peer_id"),
     )
     op.create_index(op.f("ix_owner_peers_peer_id"), "owner_peers", ["peer_id"])
+    op.create_table(
+        "owner_subscriptions",
+        sa.Column("id", sa.String(length=32), nullable=False),
+        sa.Column("owner", sa.String(length=32), nullable=False),
+        sa.Column("url", sa.String(length=500), nullable=False),
+        sa.Column("secret_hash", sa.String(length=64), nullable=False),
+        sa.Column("created_at", sa.Float(), nullable=False),
+        sa.ForeignKeyConstraint(["owner"], ["owners.id"], name=op.f("fk_owner_subscriptions_owner_owners")),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    op.create_index(op.f("ix_owner_subscriptions_owner"), "owner_subscriptions", ["owner"])
 
 
 def downgrade() -> None:
+    op.drop_index(op.f("ix_owner_subscriptions_owner"), table_name="owner_subscriptions")
+    op.drop_table("owner_subscriptions")
     op.drop_index(op.f("ix_owner_peers_peer_id"), table_name="owner_peers")
     op.drop_table("owner_peers")
     op.drop_table("owners")
