@@ -220,6 +220,9 @@ class AlertSettings(BaseModel):
     history_days: Annotated[float, BeforeValidator(days)] = Field(default=30, gt=0, le=3650,
                                                                   description="events and deliveries kept this long")
     dashboard_url: Optional[str] = Field(default=None, max_length=500, description="base URL for links in notices")
+    owner_email: Optional[str] = Field(default=None, max_length=1000, description="an Apprise `mailto://` or "
+                                       "`mailtos://` URL without a recipient: servers' owners may then subscribe by "
+                                       "e-mail (confirmed by a link first), each message sent to their address")
     owner_webhooks_private: bool = Field(default=False, description="let servers' owners' webhooks (Contributors) "
                                          "reach private and loopback addresses: a private deployment's, or a "
                                          "spec's; never on a public monitor")

@@ -49,6 +49,8 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import atexit  # noqa: E402
 import base64  # noqa: E402
+from email import message_from_bytes  # noqa: E402
+from email.policy import default as email_default_policy  # noqa: E402
 import dataclasses
 import functools
 import hashlib
@@ -836,3 +838,38 @@ def owner_signature(path, claim) -> tuple[str, str]:
     der = private.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     signature = private.sign(ownership.statement(claim), ownership._PSS, hashes.SHA256())
     return base64.b64encode(der).decode(), base64.b64encode(signature).decode()
+
+
+# ---- a real SMTP server (aiosmtpd) for e-mail specs ------------------------------------------------
+
+
+class Inbox:
+    """An aiosmtpd handler: takes messages, or refuses them while ``refusing``."""
+
+    def __init__(self):
+        self.messages: list = []
+        self.refusing = False
+
+    async def handle_DATA(self, server, session, envelope):
+        if self.refusing:
+            return "554 5.7.1 message refused by policy"
+        self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content, policy=email_default_policy)))
+        return "250 OK"
+
+
+class Smtp:
+    """An SMTP server on 127.0.0.1 (aiosmtpd) that can be stopped and started again on its port."""
+
+    def __init__(self):
+        self.inbox, self.port, self.controller = Inbox(), free_port(), None
+
+    def start(self) -> None:
+        from aiosmtpd.controller import Controller
+
+        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=self.port)
+        self.controller.start()
+
+    def stop(self) -> None:
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None

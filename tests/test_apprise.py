@@ -7,9 +7,6 @@ stops start-up with a clear message, and no URL is ever shown."""
 from __future__ import annotations
 
 import time
-from email import message_from_bytes
-from email.policy import default as email_policy
-
 import pytest
 
 from dataclasses import replace
@@ -22,44 +19,12 @@ from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
 from monitor.settings import Settings
 from monitor.store import Store
 from monitor.swarm.announce import clean_text
-from support import free_port, sqlite_store
+from support import Smtp, sqlite_store
 
 MODEL = ModelInfo("llama", 4, name="Llama 2", official=True)
 RAW = "evil\r\nBcc: victim@example.org\r\n<b onclick=x>bold</b>"  # a public name as announced
 HOSTILE = clean_text(RAW)  # as the monitor keeps it (control characters dropped at the edge)
 MARKUP = "<b onclick=x>bold</b> Bcc: victim@example.org"
-
-
-class Inbox:
-    """An aiosmtpd handler: takes messages, or refuses them while ``refusing``."""
-
-    def __init__(self):
-        self.messages: list = []
-        self.refusing = False
-
-    async def handle_DATA(self, server, session, envelope):
-        if self.refusing:
-            return "554 5.7.1 message refused by policy"
-        self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content, policy=email_policy)))
-        return "250 OK"
-
-
-class Smtp:
-    """An SMTP server on 127.0.0.1 (aiosmtpd) that can be stopped and started again on its port."""
-
-    def __init__(self):
-        self.inbox, self.port, self.controller = Inbox(), free_port(), None
-
-    def start(self) -> None:
-        from aiosmtpd.controller import Controller
-
-        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=self.port)
-        self.controller.start()
-
-    def stop(self) -> None:
-        if self.controller is not None:
-            self.controller.stop()
-            self.controller = None
 
 
 @pytest.fixture

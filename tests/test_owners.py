@@ -5,6 +5,9 @@ without ``public_url``. (The proof itself: tests/test_ownership.py.)"""
 
 from __future__ import annotations
 
+import re
+import time
+
 from monitor.core.ownership import Claim
 from monitor.store import owners
 from monitor.web import create_app
@@ -137,3 +140,57 @@ def test_an_owners_webhook_never_reaches_a_private_address_and_ends_with_its_sec
         assert client.post("/api/v1/owners/subscriptions", headers=auth, json=hook).status_code == 429
     finally:
         store.close()
+
+
+def test_an_owner_subscribes_by_email_confirms_the_link_and_hears_of_their_failing_server(tmp_path):
+    """By e-mail to a real SMTP server on 127.0.0.1 (aiosmtpd): the alert job sends the link, the
+    owner follows it, and the notice naming their server arrives at their address only."""
+    from dataclasses import replace
+
+    from monitor.app.alerter import Alerter
+    from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, Assessment, ServerAssessment
+    from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
+    from support import Smtp
+
+    smtp = Smtp()
+    smtp.start()
+    store = sqlite_store(tmp_path)
+    try:
+        mail = f"mailto://127.0.0.1:{smtp.port}?from=monitor@example.org&mode=insecure"
+        settings = web_settings(public_url=ORIGIN, alerts={
+            "owner_email": mail, "retry_backoff": 1, "rules": [{"name": "model-health", "kind": "model_degraded",
+                                                                 "for": 0}]})
+        client = create_app(settings, store).test_client()
+        path, peer = identity_file(tmp_path)
+        token = prove(client, path, peer).get_json()["owner_token"]
+        auth = {"Authorization": f"Bearer {token}"}
+        assert client.post("/api/v1/owners/subscriptions", headers=auth, json={"email": "not an address"}).status_code == 400
+        made = client.post("/api/v1/owners/subscriptions", headers=auth, json={"email": "owner@example.org"})
+        assert made.status_code == 200 and "link" in made.get_json()["confirm"]
+        alerter = Alerter(settings, store, watching_since=time.time() - 100)
+        alerter.deliver()
+        [(to, letter)] = smtp.inbox.messages
+        assert to == ["owner@example.org"] and letter["Subject"] == "Confirm your petals server notices"
+        link = re.search(r"(/api/v1/owners/subscriptions/\S+)", letter.get_content()).group(1)
+        assert client.get(link.replace("code=", "code=x")).status_code == 404  # a wrong code confirms nothing
+        assert client.get(link).status_code == 200 and client.get(link).status_code == 404  # once
+        # the owner's server fails (confirmed): the model's notice names it, and reaches the owner
+        model, other = ModelInfo("llama", 4, name="Llama 2"), "12D3KooWBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+        rows = (ServerRow(peer, "llama", 0, 4, "ONLINE"), ServerRow(other, "llama", 0, 4, "ONLINE"))
+        now = time.time()
+        fine = replace(Assessment.not_diagnosed("llama", 4, "unused"), state="healthy", reasons=(), servers={
+            peer: ServerAssessment(peer, CAUSE_SERVING), other: ServerAssessment(other, CAUSE_SERVING)})
+        store.record_poll(Snapshot(taken_at=now - 60, duration=1.0, models=(model,), servers=rows), [fine])
+        alerter.evaluate(now - 59)
+        broken = replace(fine, state="degraded", reasons=(f"{peer} (0:4) is ONLINE but failing: CUDA error",),
+                         excluded_peers={peer: "failing: CUDA error"}, excluded_causes={peer: CAUSE_FAILING}, servers={
+            peer: ServerAssessment(peer, CAUSE_FAILING, failing="CUDA error", confirmed=True),
+            other: ServerAssessment(other, CAUSE_SERVING)})
+        store.record_poll(Snapshot(taken_at=now, duration=1.0, models=(model,), servers=rows), [broken])
+        assert [n.event for n in alerter.evaluate(now + 1).notices] == ["firing"]
+        alerter.deliver(now + 2)
+        [_, (to, notice)] = smtp.inbox.messages
+        assert to == ["owner@example.org"] and "failing" in notice.get_content()
+    finally:
+        store.close()
+        smtp.stop()

@@ -226,6 +226,7 @@ class Alerter:
         self.store = store
         self.stats = stats
         self.config = settings.alerts
+        self.public_url = settings.public_url  # (e-mail confirmation links point there)
         self.rules = self.config.rules_in_force(settings.scrape_period)
         self.hooks: dict[str, WebhookConfig] = {hook.name: hook for hook in self.config.webhooks}
         self.watching_since = time.time() if watching_since is None else watching_since
@@ -326,6 +327,7 @@ class Alerter:
     def _deliver_due(self, now: Optional[float], counts: dict[str, int]) -> None:
         """One pass over the pending deliveries; ``now``: the clock (a test's), else the real one.
         A webhook's first due delivery goes with the ones made with it (within ``group_wait``)."""
+        self._send_confirmations(time.time() if now is None else now)
         blocked: set[str] = set()
         pending = self.store.pending_alert_deliveries(limit=DELIVERIES_PER_RUN)
         done: set[int] = set()
@@ -375,13 +377,40 @@ class Alerter:
             url = owners.subscription_url(conn, first.webhook[len(OWNER):])
         try:
             if url is None:
-                raise webhooks.DeliveryError("the owner ended this webhook")
+                raise webhooks.DeliveryError("the owner ended this subscription")
+            if url.startswith("mailto:"):
+                if not self.config.owner_email:
+                    raise webhooks.DeliveryError("the operator no longer sends e-mail (owner_email is unset)")
+                title, text = apprise_notify.text([d.notice for d in group], self.config.dashboard_url)
+                apprise_notify.send(apprise_notify.to(self.config.owner_email, url[len("mailto:"):]), title, text,
+                                    timeout=OWNER_TIMEOUT)
+                return self._attempted(group, at, None)
             body = webhooks.group_payload([(d.event_id, d.notice) for d in group], "generic",
                                           self.config.dashboard_url, now=at, ttl=self._ttl)
             owner_hooks.send(url, body, timeout=OWNER_TIMEOUT, allow_private=self.config.owner_webhooks_private)
         except webhooks.DeliveryError as e:
             return self._attempted(group, at, e, give_up=url is None)
         return self._attempted(group, at, None)
+
+    def _send_confirmations(self, at: float) -> None:
+        """The link of each e-mail subscription not sent one yet (``store.owners.to_confirm``); one
+        that cannot be sent is tried again at the next pass, for a day at most."""
+        if not self.config.owner_email or not self.public_url:
+            return
+        with self.store.db.write("sending owners' confirmation links") as conn:
+            pending = owners.to_confirm(conn, at)
+        for sid, address, code in pending:
+            link = f"{self.public_url.rstrip('/')}/api/v1/owners/subscriptions/{sid}/confirm?code={code}"
+            try:
+                apprise_notify.send(apprise_notify.to(self.config.owner_email, address),
+                                    "Confirm your petals server notices",
+                                    f"Someone asked {self.public_url} to e-mail this address when their petals "
+                                    f"servers are in trouble. To confirm, open: {link} - if it was not you, "
+                                    f"ignore this message.", timeout=OWNER_TIMEOUT)
+            except webhooks.DeliveryError as e:
+                log.warning("an owner's confirmation e-mail was not sent (tried again later): %s", e)
+                with self.store.db.write("an owner's confirmation to send again") as conn:
+                    owners.not_sent(conn, sid, at)
 
     def _attempted(self, group: list, at: float, error: Optional[Exception], give_up: bool = False) -> str:
         """Records one attempt for each delivery of ``group``: delivered, to retry with backoff, or given up."""

@@ -38,6 +38,14 @@ def with_defaults(url: str, timeout: float) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def to(url: str, address: str) -> str:
+    """The Apprise e-mail URL ``url`` (the operator's ``owner_email``) sending to ``address`` alone."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query["to"] = address
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 def _line(text: str) -> str:
     """One line, whatever a peer announced: no CR/LF or other control characters (no header of an
     e-mail or a line of a message can be made from a public name)."""

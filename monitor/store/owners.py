@@ -99,14 +99,35 @@ def proven(conn: Connection, peer_id: str) -> Optional[float]:
     return conn.execute(sa.select(sa.func.max(t.c.proven_at)).where(t.c.peer_id == peer_id)).scalar()
 
 
-def subscribe(conn: Connection, owner: str, url: str, now: float) -> tuple[str, str]:
-    """A new webhook of ``owner``'s: (its id, the secret that ends it, shown once)."""
+def subscribe(conn: Connection, owner: str, url: str, now: float, *, pending: bool = False) -> tuple[str, str]:
+    """A new subscription of ``owner``'s (a webhook; or "mailto:ADDRESS", ``pending`` until the link
+    the alert job sends it is followed): (its id, the secret that ends it, shown once)."""
     t = OwnerSubscriptionRow.__table__
     if conn.execute(sa.select(sa.func.count()).where(t.c.owner == owner)).scalar_one() >= SUBSCRIPTIONS_PER_OWNER:
-        raise OwnersFull(f"an owner has at most {SUBSCRIPTIONS_PER_OWNER} webhooks: end one first")
+        raise OwnersFull(f"an owner has at most {SUBSCRIPTIONS_PER_OWNER} subscriptions: end one first")
     sid, secret = secrets.token_hex(8), secrets.token_urlsafe(24)
-    conn.execute(sa.insert(t).values(id=sid, owner=owner, url=url, secret_hash=_hash(secret), created_at=now))
+    conn.execute(sa.insert(t).values(id=sid, owner=owner, url=url, secret_hash=_hash(secret), created_at=now,
+                                     confirmed_at=None if pending else now))
     return sid, secret
+
+
+def to_confirm(conn: Connection, now: float) -> list[tuple[str, str, str]]:
+    """(id, address, code) of each pending e-mail subscription whose link is not sent yet: a code is
+    made for each now (its hash kept), for the alert job to send."""
+    t = OwnerSubscriptionRow.__table__
+    found = []
+    for sid, url in conn.execute(sa.select(t.c.id, t.c.url).where(t.c.confirmed_at.is_(None), t.c.code_hash.is_(None))):
+        code = secrets.token_urlsafe(24)
+        conn.execute(sa.update(t).where(t.c.id == sid).values(code_hash=_hash(code)))
+        found.append((sid, url.removeprefix("mailto:"), code))
+    return found
+
+
+def confirm(conn: Connection, sid: str, code: str, now: float) -> bool:
+    """An e-mail subscription's link followed: confirmed (once; a wrong code confirms nothing)."""
+    t = OwnerSubscriptionRow.__table__
+    return bool(conn.execute(sa.update(t).where(t.c.id == sid[:32], t.c.code_hash == _hash(code),
+                                                t.c.confirmed_at.is_(None)).values(confirmed_at=now)).rowcount)
 
 
 def unsubscribe(conn: Connection, sid: str, *, owner: Optional[str] = None, secret: Optional[str] = None) -> bool:
@@ -116,9 +137,16 @@ def unsubscribe(conn: Connection, sid: str, *, owner: Optional[str] = None, secr
     return bool(conn.execute(sa.delete(t).where(t.c.id == sid[:32], whose)).rowcount)
 
 
+def not_sent(conn: Connection, sid: str, now: float) -> None:
+    """A confirmation link that could not be sent: sent again later, or the subscription ends after a day."""
+    t = OwnerSubscriptionRow.__table__
+    conn.execute(sa.update(t).where(t.c.id == sid).values(code_hash=None))
+    conn.execute(sa.delete(t).where(t.c.id == sid, t.c.confirmed_at.is_(None), t.c.created_at < now - 86400))
+
+
 def subscriptions_of(conn: Connection, owner: str) -> list[dict]:
     t = OwnerSubscriptionRow.__table__
-    return [{"id": r.id, "url": r.url, "created_at": r.created_at}
+    return [{"id": r.id, "url": r.url, "created_at": r.created_at, "confirmed": r.confirmed_at is not None}
             for r in conn.execute(sa.select(t).where(t.c.owner == owner).order_by(t.c.created_at))]
 
 
@@ -126,7 +154,8 @@ def subscribed(conn: Connection) -> dict[str, list[str]]:
     """peer id -> the subscriptions whose owner proved they run it (the alert job's one read)."""
     s, p = OwnerSubscriptionRow.__table__, OwnerPeerRow.__table__
     found: dict[str, list[str]] = {}
-    for peer_id, sid in conn.execute(sa.select(p.c.peer_id, s.c.id).join(s, s.c.owner == p.c.owner)):
+    for peer_id, sid in conn.execute(sa.select(p.c.peer_id, s.c.id).join(s, s.c.owner == p.c.owner)
+                                     .where(s.c.confirmed_at.is_not(None))):
         found.setdefault(peer_id, []).append(sid)
     return found
 

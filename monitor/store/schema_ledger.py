@@ -90,6 +90,8 @@ class OwnerSubscriptionRow(SQLModel, table=True):
     __table_args__ = (sa.Index(None, "owner"),)
     id: str = Field(primary_key=True, max_length=32)
     owner: str = Field(max_length=32, foreign_key="owners.id")
-    url: str = Field(max_length=500)
+    url: str = Field(max_length=500)  # an https webhook, or "mailto:ADDRESS"
     secret_hash: str = Field(max_length=64)
     created_at: float
+    confirmed_at: Optional[float] = None  # (an e-mail address: once its link was followed; a webhook: at once)
+    code_hash: Optional[str] = Field(default=None, max_length=64)  # the e-mail link's code

@@ -22,6 +22,7 @@ proofs are taken while ``public_url`` is unset. Bounded per address and per peer
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Optional
 from urllib.parse import urlsplit
@@ -63,7 +64,9 @@ class Proven(Open):
 
 
 class SubscriptionBody(BaseModel):
-    webhook: str = Field(description="an http(s) URL whose address is public (checked when it is called)")
+    webhook: Optional[str] = Field(None, description="an http(s) URL whose address is public (checked when called)")
+    email: Optional[str] = Field(None, description="an address, confirmed by the link sent to it first "
+                                                   "(when the operator set owner_email)")
 
 
 class Subscribed(Open):
@@ -81,7 +84,7 @@ def _origin() -> str:
     return origin.rstrip("/")
 
 
-def _body(*fields: str) -> dict:
+def _body(*fields: str) -> dict:  # (the fields it must have)
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         abort(400, description="the body must be a JSON object")
@@ -159,11 +162,20 @@ def _owner(conn) -> str:
     return owner
 
 
+EMAIL = re.compile(r"^[^@\s<>\"',;]{1,64}@[A-Za-z0-9.\-]{1,190}\.[A-Za-z]{2,24}$")
+
+
 @bp.post("/subscriptions")
-@documented("Hear of your own servers' troubles at a webhook", "Owners",
-            {200: Subscribed, 400: MonitorError, 401: MonitorError, 429: MonitorError}, body=SubscriptionBody)
+@documented("Hear of your own servers' troubles at a webhook, or by e-mail", "Owners",
+            {200: Subscribed, 400: MonitorError, 401: MonitorError, 429: MonitorError, 502: MonitorError,
+             503: MonitorError}, body=SubscriptionBody)
 def subscribe():
-    url = _body("webhook")["webhook"]
+    body = _body()
+    if "email" in body:
+        return _subscribe_email(body["email"])
+    if "webhook" not in body:
+        abort(400, description="webhook or email is required")
+    url = body["webhook"]
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or len(url) > MAX_URL:
         abort(400, description=f"webhook must be an http(s) URL of at most {MAX_URL} characters")
@@ -173,6 +185,31 @@ def subscribe():
     except owners.OwnersFull as e:
         abort(429, description=str(e))
     return jsonify(id=sid, secret=secret)
+
+
+def _subscribe_email(address) -> object:
+    """An e-mail subscription, pending until the link the alert job sends to the address is followed."""
+    _origin()  # (the link points there)
+    if not deps().settings.alerts.owner_email:
+        abort(503, description="this monitor sends no e-mail: its operator has not set owner_email")
+    if not isinstance(address, str) or not EMAIL.match(address):
+        abort(400, description="email must be one plain address, like owner@example.org")
+    try:
+        with deps().store.db.write("subscribing an owner by e-mail") as conn:
+            sid, secret = owners.subscribe(conn, _owner(conn), f"mailto:{address}", time.time(), pending=True)
+    except owners.OwnersFull as e:
+        abort(429, description=str(e))
+    return jsonify(id=sid, secret=secret, confirm="a link is on its way to the address: follow it to confirm")
+
+
+@bp.get("/subscriptions/<sid>/confirm")
+@documented("Confirm an e-mail subscription (the link it was sent)", "Owners", {200: Open, 404: MonitorError})
+def confirm(sid: str):
+    with deps().store.db.write("confirming an e-mail subscription") as conn:
+        done = owners.confirm(conn, sid, (request.args.get("code") or "")[:64], time.time())
+    if not done:
+        abort(404, description="no such subscription waiting for this code (confirmed already, or ended)")
+    return jsonify(confirmed=sid)
 
 
 @bp.delete("/subscriptions/<sid>")

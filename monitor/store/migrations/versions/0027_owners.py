@@ -55,6 +55,8 @@ def upgrade() -> None:
         sa.Column("url", sa.String(length=500), nullable=False),
         sa.Column("secret_hash", sa.String(length=64), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
+        sa.Column("confirmed_at", sa.Float(), nullable=True),
+        sa.Column("code_hash", sa.String(length=64), nullable=True),
         sa.ForeignKeyConstraint(["owner"], ["owners.id"], name=op.f("fk_owner_subscriptions_owner_owners")),
         sa.PrimaryKeyConstraint("id"),
     )
