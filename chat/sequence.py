@@ -142,6 +142,11 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
             self.context.reserve(spans)
         return spans
 
+    def route_preview(self) -> bool:
+        """The shared manager's routes are previews (a forecast's ``planned_route``); a session's
+        view (with its context) takes its route."""
+        return self.context is None
+
     def route_load(self, spans, cache_tokens_needed: Optional[int]) -> Mapping[str, float]:
         if self.server_load is None:
             return {}

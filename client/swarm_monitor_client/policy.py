@@ -170,11 +170,14 @@ class Explorer:
         self.every = every
         self._since = every  # the first chance to explore is taken
 
-    def around(self, spans: Spans, start: int, end: int, speeds: Mapping[str, Optional[float]]) -> set[str]:
-        """The measured peers this route skips (``peers_to_explore_around``), or none."""
+    def around(self, spans: Spans, start: int, end: int, speeds: Mapping[str, Optional[float]], *,
+               preview: bool = False) -> set[str]:
+        """The measured peers this route skips (``peers_to_explore_around``), or none; a ``preview``
+        (a route only shown, e.g. in a forecast) says the same and counts as no route."""
         names = peers_to_explore_around(spans, start, end, speeds)
         if not names or self._since < self.every - 1:
-            self._since += 1
+            self._since += 0 if preview else 1
             return set()
-        self._since = 0
+        if not preview:
+            self._since = 0
         return names

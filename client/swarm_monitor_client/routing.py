@@ -117,7 +117,7 @@ class MonitorRouting:
         speeds = {span.peer_id.to_base58(): measured_speed(weights.get(span.peer_id.to_base58()),
                                                            announced_seconds_per_block(span))
                   for span in spans}
-        names = explorer.around(spans_by_name(spans), start_index, end_index, speeds)
+        names = explorer.around(spans_by_name(spans), start_index, end_index, speeds, preview=self.route_preview())
         if names:
             logger.info("routing around %s (measured) to measure the peers that could replace them", names)
         return {span.peer_id for span in spans if span.peer_id.to_base58() in names}
@@ -148,6 +148,11 @@ class MonitorRouting:
         """What this route is priced by: None (health and measured speed), "speed" (measured speed
         only), "score" (health only) or "latency" (petals' own costs)."""
         return None
+
+    def route_preview(self) -> bool:
+        """Whether the route being made is only shown (a forecast's), not taken: it then says
+        whether it would explore, without counting as a route (``Explorer.around``)."""
+        return False
 
     def route_load(self, spans, cache_tokens_needed: Optional[int]) -> Mapping[str, float]:
         """peer id -> a factor (≥ 1) on its compute edges for the load it carries now (requests in
