@@ -32,15 +32,11 @@ def build(servers: int):
     return models, rows, planned
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--servers", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
-    models, rows, planned = build(args.servers)
+def swarm_inputs(servers: int, now: float):
+    """``servers`` server records of 4 models (10 % unreachable), their reachability checks and two
+    speed probes each (the newer checked correct): (models, rows, unreachable, checks, probes)."""
+    models, rows, planned = build(servers)
     unreachable = {s.peer_id for s in planned[: len(planned) // 10]}
-    now = time.time()
     checks = tuple(ReachabilityResult(row.peer_id, "server", row.peer_id not in unreachable, rtt=0.02,
                                       error="Failed to connect in 5 sec" if row.peer_id in unreachable else None)
                    for row in {r.peer_id: r for r in rows}.values())
@@ -49,12 +45,29 @@ def main(argv=None) -> None:
                           verdict=CORRECT if i == 0 else None, error_ratio=1e-5 if i == 0 else None,
                           tolerance=1e-3 if i == 0 else None, checked_against="peers" if i == 0 else None)
               for row in rows if row.peer_id not in unreachable for i in range(2)]
+    return models, rows, unreachable, checks, probes
+
+
+def fresh_store(directory: Path, checks, probes, now: float) -> tuple[Settings, Store]:
+    """Settings and a migrated SQLite store in ``directory`` holding the checks and probes."""
+    settings = Settings(data_dir=directory, initial_peers=[], discover_models=False)
+    store = Store(f"sqlite:///{directory / 'monitor.db'}")
+    store.migrate()
+    store.record_reachability(ReachabilityBatch(taken_at=now - 5, duration=1.0, results=checks))
+    store.record_server_probes(probes)
+    return settings, store
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    now = time.time()
+    models, rows, unreachable, checks, probes = swarm_inputs(args.servers, now)
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), initial_peers=[], discover_models=False)
-        store = Store(f"sqlite:///{Path(tmp) / 'monitor.db'}")
-        store.migrate()
-        store.record_reachability(ReachabilityBatch(taken_at=now - 5, duration=1.0, results=checks))
-        store.record_server_probes(probes)
+        settings, store = fresh_store(Path(tmp), checks, probes, now)
         gc.collect()
         gc.freeze()
         assess_s, record_s, read_s, state_s = [], [], [], []

@@ -22,41 +22,29 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_assessment import fresh_store, swarm_inputs
 from bench_common import machine, median, ms, percentile, run_and_exit, stamp, table, verdict, write_section
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.app import assessing
 from monitor.core.common import HOUR
 from monitor.core.contributions import Accrual
-from monitor.core.probes import CORRECT, ServerProbe
-from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
+from monitor.core.snapshot import Snapshot
 from monitor.settings import Settings
 from monitor.store import Store, contributions, writes
-from simulate_swarm import plan_swarm, planned_rows, sim_models
+from simulate_swarm import sim_models
 
 POLL_TARGET = 0.10  # the accrual adds at most this share to a poll's write
 PAGE_TARGET = 0.100  # seconds, p95
 
 
 def poll_writes(servers: int, repeats: int) -> dict:
-    planned = plan_swarm(servers, sim_models(4), unreachable=0.1)
-    models, rows = planned_rows(planned, sim_models(4))
-    unreachable = {s.peer_id for s in planned[: len(planned) // 10]}
     now = time.time()
-    checks = tuple(ReachabilityResult(row.peer_id, "server", row.peer_id not in unreachable, rtt=0.02)
-                   for row in {r.peer_id: r for r in rows}.values())
-    probes = [ServerProbe(row.peer_id, row.model, row.start, row.end, at=now - 30, ok=True,
-                          seconds_per_token=0.02 * (row.end - row.start), rtt=0.01, duration=0.3, verdict=CORRECT,
-                          error_ratio=1e-5, tolerance=1e-3, checked_against="peers")
-              for row in rows if row.peer_id not in unreachable]
+    models, rows, _, checks, probes = swarm_inputs(servers, now)
     timings = {"with": [], "without": []}
     real, real_basis = contributions.after_poll, writes.ledger.basis
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), initial_peers=[], discover_models=False)
-        store = Store(f"sqlite:///{Path(tmp) / 'monitor.db'}")
-        store.migrate()
-        store.record_reachability(ReachabilityBatch(taken_at=now - 5, duration=1.0, results=checks))
-        store.record_server_probes(probes)
+        settings, store = fresh_store(Path(tmp), checks, probes, now)
         gc.collect()
         gc.freeze()
         try:
