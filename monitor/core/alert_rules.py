@@ -238,13 +238,19 @@ def _wait_for(rule: Rule, cause: Cause) -> float:
     return rule.left_wait if cause.why == LEFT else rule.for_seconds
 
 
+def _looked_again(rule: Rule, seen: Optional[float], since: float) -> bool:
+    """Whether the poll ``seen`` (the latest still showing a server away; None: not known) was taken
+    the rule's ``left_wait`` after the alert first saw it away (``since``)."""
+    return seen is None or seen - since >= rule.left_wait
+
+
 def _held(rule: Rule, cause: Cause, now: float) -> bool:
     """Whether one cause has held long enough to be told (``_wait_for``); a server that left, only
     once a poll taken ``left_wait`` after the alert first saw it away still shows it away."""
     since = cause.since if cause.since is not None else now
     if now - since < _wait_for(rule, cause):
         return False
-    return cause.confirmed or cause.why != LEFT or cause.seen is None or cause.seen - since >= rule.left_wait
+    return cause.confirmed or cause.why != LEFT or _looked_again(rule, cause.seen, since)
 
 
 def awaiting_poll(rules: Iterable[Rule], alerts: Mapping[tuple[str, str], Alert], last_poll: Optional[float],
@@ -258,7 +264,7 @@ def awaiting_poll(rules: Iterable[Rule], alerts: Mapping[tuple[str, str], Alert]
         if rule is None:
             continue
         if (alert.status == PENDING and alert.state == "offline" and now - alert.since >= rule.left_wait
-                and (last_poll is None or last_poll - alert.since < rule.left_wait)):
+                and not (last_poll is not None and _looked_again(rule, last_poll, alert.since))):
             return True
         for c in alert.causes:
             if (c.why == LEFT and not c.confirmed and not c.told and c.since is not None
@@ -272,7 +278,7 @@ def _confirmed_away(rule: Rule, condition: Condition, causes: tuple[Cause, ...],
     those (or confirmed ones) — each of them seen away by a poll late enough (``_held``); else
     nothing more to wait for."""
     if condition.state == "offline" and not condition.confirmed:
-        return condition.seen is None or condition.seen - since >= rule.left_wait
+        return _looked_again(rule, condition.seen, since)
     if not causes or not all(c.why == LEFT or c.confirmed for c in causes):
         return True
     return all(_held(rule, c, now) for c in causes if c.why == LEFT and not c.confirmed)
