@@ -24,7 +24,6 @@ has a range too: the queue's figure, calibrated the same way.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -112,7 +111,6 @@ class ForecastInputs:
     recommendation_reason: Optional[str] = None
     observed: tuple[Observed, ...] = ()  # the answered requests, with their routes and loads (newest last)
     calibration: Calibration = Calibration()  # how the ranges move, from the forecasts' own record
-    record: dict = dataclasses.field(default_factory=dict)  # ``calibration.track_record`` of the window's requests
     gone_wrong: tuple[str, ...] = ()  # the figures whose ranges held too rarely of late (``calibration.gone_wrong``)
 
 
@@ -162,7 +160,7 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
     told = scored(done)
     return ForecastInputs(
         model=model, requests=len(done), observed=observed, calibration=calibration.calibrate(told),
-        record=calibration.track_record(told), gone_wrong=tuple(calibration.gone_wrong(told)),
+        gone_wrong=tuple(calibration.gone_wrong(told)),
         time_to_first_token=percentile([r.time_to_first_token for r in done], 50),
         tokens_per_second=percentile([r.tokens_per_second for r in done], 50),
         est_tokens_per_s=assessment.est_tokens_per_s if assessment else None,
