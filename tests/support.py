@@ -247,7 +247,7 @@ def dashboard_url(demo: subprocess.Popen, output: list[str], timeout: float = 30
 
 def keep_reading(process: subprocess.Popen, output: list[str]) -> threading.Thread:
     """Read ``process``'s output into ``output`` on a thread, as it comes (``stop_process`` ends it)."""
-    reader = threading.Thread(target=lambda: output.extend(process.stdout), name="output-reader", daemon=True)
+    reader = threading.Thread(target=lambda: output.extend(process.stdout or ()), name="output-reader", daemon=True)
     reader.start()
     return reader
 
