@@ -231,6 +231,9 @@ def test_a_clean_stop_is_seen_leaving_not_called_unreachable_nor_after_a_quick_r
         time.sleep(CONFIRM_DELAY)
     server = store.latest_assessments()[TINY_DHT_PREFIX].servers[steady]  # assessed at once, on the old poll
     assert server.cause != CAUSE_UNREACHABLE and not server.confirmed  # not yet: did it leave?
+    poller.check_reachability_once()  # a round that catches it stopping, still announced ONLINE: a failure
+    stale = store.latest_reachability()[steady]
+    assert not stale.ok
     polled_again(poller, store)  # the poll it asked for: OFFLINE (or gone), no longer ONLINE
     assert steady not in {c.peer_id for c in checker.run_once()}  # no ONLINE span left to check
     assessment = store.latest_assessments()[TINY_DHT_PREFIX]
@@ -245,5 +248,8 @@ def test_a_clean_stop_is_seen_leaving_not_called_unreachable_nor_after_a_quick_r
     assert time.time() - failed_at < checker.max_age  # (the failed checks are still in the window)
     server = store.latest_assessments()[TINY_DHT_PREFIX].servers[steady]
     assert server.cause == CAUSE_SERVING, server
+    # the round's failure was of the server that stopped: the first poll that sees it back checked
+    # its reachability again at once, not a round later
+    assert store.latest_reachability()[steady].ok and store.latest_reachability()[steady].at > stale.at
     (again,) = [c for c in checker.run_once() if c.peer_id == steady]
     assert again.ok

@@ -93,6 +93,31 @@ def test_a_server_that_left_is_never_confirmed_so_a_clean_restart_waits_out_for(
     assert assessment.servers[FULL].cause == CAUSE_OFFLINE and not assessment.confirmed([FULL])
 
 
+def test_a_reachability_round_that_caught_a_server_stopping_names_nobody_once_it_is_back():
+    """A round that ran while a server stopped (announced ONLINE still) stored its failure; a poll
+    then saw it away, and it is back ONLINE: that failure is of the server that left (#52's honest
+    hour named such servers unreachable up to a minute after a clean restart). A failure after its
+    return still names it, and readers show no stale failure as its reachability."""
+    from monitor.core.assess import assessed_reachability
+
+    settings = web_settings()
+    snapshot = Snapshot(taken_at=NOW, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+    failed = {FULL: ReachabilityResult(FULL, "server", False, error="connection refused", at=NOW - 40)}
+
+    def judged(away):
+        (assessment,) = assess(snapshot, failed, [], {}, now=NOW, thresholds=assessing.thresholds(settings),
+                               routing=PETALS_ROUTING, away=away)
+        return assessment
+
+    stale = judged({FULL: NOW - 30})  # away after the failure: a restart since
+    assert stale.servers[FULL].cause == CAUSE_SERVING and stale.servers[FULL].back_at == NOW - 30
+    assert FULL not in assessed_reachability(failed, {TINY.dht_prefix: stale})
+    for away in ({}, {FULL: NOW - 50}):  # never away, or away before it: the failure stands
+        named = judged(away)
+        assert named.servers[FULL].cause == CAUSE_UNREACHABLE and named.servers[FULL].back_at is None
+        assert not assessed_reachability(failed, {TINY.dht_prefix: named})[FULL].ok
+
+
 def test_a_user_s_failure_asks_for_a_compute_check_and_a_slow_span_for_a_probe():
     failed = ChatOutcome(NOW, FULL, TINY.dht_prefix, 0, 8, ok=False, error=OOM)
     request = confirming_request(failed, None)

@@ -18,13 +18,14 @@ from monitor.core.assess import Thresholds, assess
 from monitor.core.assessment import Assessment
 from monitor.core.compute_checks import suspects, window as compute_window
 from monitor.core.probes import recent_window
-from monitor.core.snapshot import ReachabilityResult, Snapshot
+from monitor.core.snapshot import ONLINE, ReachabilityResult, Snapshot, unreachable
 from monitor.store import StoreError
 from monitor.swarm.routing import PETALS_ROUTING
 
 log = logging.getLogger(__name__)
 
 ASSESS_TRIES = 3  # a newer poll stored by another process meanwhile: assess that one instead
+AWAY_HORIZON = 3600.0  # seconds: a failed reachability check older than this is not set against an absence
 
 
 def thresholds(settings) -> Thresholds:
@@ -56,8 +57,14 @@ def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, 
     except StoreError as e:
         log.warning("compute checks not read, assessing without them: %s", e)
         computed = []
-    try:  # the servers whose newest check failed: were they away (a restart) since?
-        away = store.last_away(suspects(computed, now=now, max_age=limits.compute_window), now - limits.compute_window)
+    # the servers whose newest compute or reachability check failed: were they away (a restart) since?
+    # (of the servers this poll announces ONLINE, within the last hour: rounds recheck those every period)
+    online = {row.peer_id for row in snapshot.servers if row.state == ONLINE}
+    failed = {peer: check.at for peer, check in reachability.items()
+              if peer in online and unreachable(check) and check.at is not None and check.at >= now - AWAY_HORIZON}
+    since = min([now - limits.compute_window, *failed.values()])
+    try:
+        away = store.last_away(suspects(computed, now=now, max_age=limits.compute_window) + sorted(failed), since)
     except StoreError as e:
         log.warning("server history not read, compute checks taken as they are: %s", e)
         away = {}

@@ -234,14 +234,15 @@ class Poller:
 
     def check_newly_online(self, snapshot: Snapshot) -> Optional[ReachabilityBatch]:
         """After a stored poll: the servers it found ONLINE that no reachability check of this
-        poller has covered (all of them at its first poll; a server back, or new) are checked at
-        once, and the poll diagnosed again. Until then their verdict is the last one stored, which
-        may be from before this poller started or before they left (a stopped server's
-        "unreachable"), and the next round is up to ``reachability_period`` away. At most one
-        batch (``reachability_concurrency``) per poll, those with a stored failure first: peers
-        announcing fresh ids every poll cost the scrape job one ``reachability_timeout`` at most,
-        and the rest wait for the round, as every server did before."""
-        new = _online(snapshot) - (self._checked_servers or frozenset())
+        poller has covered since they were last ONLINE (all at its first poll; a server back, or
+        new) are checked at once, and the poll assessed again (a failure from before a server left
+        counts for nothing meanwhile: ``compute_checks.since_away``); the next round is up to
+        ``reachability_period`` away. At most one batch (``reachability_concurrency``) per poll,
+        those with a stored failure first: peers announcing fresh ids every poll cost the scrape
+        job one ``reachability_timeout`` at most, and the rest wait for the round."""
+        online = _online(snapshot)
+        self._checked_servers = None if self._checked_servers is None else self._checked_servers & online
+        new = online - (self._checked_servers or frozenset())
         if not new:
             self._checked_servers = self._checked_servers or frozenset()
             return None

@@ -31,7 +31,7 @@ from monitor.core import coverage, generation
 from monitor.core.assessment import (CAUSE_FAILING, CAUSE_PHRASE, CAUSE_SERVING, CAUSE_SLOW, CAUSE_UNREACHABLE,
                                      CAUSE_WRONG, Assessment, ServerAssessment)
 from monitor.core.common import short_error
-from monitor.core.compute_checks import ComputeCheck, ComputeVerdicts, failing_with, reachability_with
+from monitor.core.compute_checks import ComputeCheck, ComputeVerdicts, failing_with, reachability_with, since_away
 from monitor.core.compute_checks import verdicts as compute_verdicts
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import RecentProbes, ServerProbe, latest_per_peer, slowness
@@ -93,14 +93,18 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
            away: Mapping[str, float] = {}) -> list[Assessment]:
     """Each polled model's assessment at ``now``. ``compute``: the compute checks of the window
     (``compute_checks``: their confirmed verdicts count as the newest evidence of whether a server
-    answers and computes; ``away``: when each suspect was last seen not ONLINE, ``Store.last_away``).
+    answers and computes; ``away``: when each suspect — a server whose newest compute or
+    reachability check failed — was last seen not ONLINE, ``Store.last_away``: a failure before it
+    counts against nobody).
     A model whose diagnosis fails (a bug, or a value the DHT edge should
     have bounded) is assessed as not diagnosed, with the error, so that every reader shows it and
     none diagnoses by itself; the other models are not affected."""
     recent = RecentProbes(probes, now, thresholds.probe_window)
     found = compute_verdicts(compute, now=now, max_age=thresholds.compute_window, poll_at=snapshot.taken_at,
                              away=away)
-    reachability = reachability_with(reachability, found)
+    current_reachability = since_away(reachability, away)
+    back = {peer: away[peer] for peer in reachability if peer not in current_reachability}  # (set aside)
+    reachability = reachability_with(current_reachability, found)
     current = {model: check for model, check in checks.items()
                if generation.is_current(check, now, thresholds.generation_check_period)}
     assessed = []
@@ -117,6 +121,8 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
                 generation=current.get(prefix))
             servers = server_assessments(recent, prefix, {row.peer_id: row.inference_rps for row in rows},
                                          health.excluded_causes, found, failing)
+            servers = {peer: replace(server, back_at=back[peer]) if peer in back else server
+                       for peer, server in servers.items()}
         except Exception as e:  # noqa: BLE001 - one model's failure costs only its own assessment
             log.exception("assessing %s failed; stored as not diagnosed", prefix)  # (a bug: its traceback)
             health, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}
@@ -136,7 +142,8 @@ def flagged(assessments: Mapping[str, Assessment], cause: str) -> dict[str, str]
 
 def assessed_reachability(reachability: Mapping[str, ReachabilityResult], assessments: Mapping[str, Assessment]
                           ) -> dict[str, ReachabilityResult]:
-    """Each peer's reachability as its assessment judged it (readers show this, not the raw round):
+    """Each peer's reachability as its assessment judged it (readers show this, not the raw round): a
+    failed check from before the server was last away (``since_away``) is not shown — none since;
     where a server's newest compute check is newer than its last reachability round, the check
     decides — unreachable where the assessment calls it so (its confirmed checks went unanswered),
     answering where its newest check succeeded (``compute_checks.reachability_with``, as stored)."""
@@ -144,6 +151,10 @@ def assessed_reachability(reachability: Mapping[str, ReachabilityResult], assess
     for assessment in assessments.values():
         for peer, server in assessment.servers.items():
             check, known = server.checked, merged.get(peer)
+            if (server.back_at is not None and known is not None and not known.ok and known.at is not None
+                    and known.at <= server.back_at):  # a failure of before it left: not checked since it is back
+                merged.pop(peer, None)
+                known = None
             if check is None or (known is not None and known.at is not None and check.at <= known.at):
                 continue
             if server.cause == CAUSE_UNREACHABLE and (known is None or known.ok):

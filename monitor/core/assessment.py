@@ -115,6 +115,7 @@ class ServerAssessment:
     disagreeing: Optional[str] = None  # its disagreement with other servers nobody outvotes
     checked: Optional[ComputeCheck] = None  # its newest compute check (``core.compute_checks``)
     confirmed: bool = False  # its cause rests on confirming checks (two failed ones, a verdict on its outputs)
+    back_at: Optional[float] = None  # the poll that last saw it away, when its failed reachability check was older
 
     @property
     def slow(self) -> bool:

@@ -131,6 +131,17 @@ def due_after(check: ComputeCheck, before: Optional[ComputeCheck], period: float
     return check.at + (CONFIRM_DELAY if unconfirmed else period)
 
 
+def since_away(reachability: Mapping[str, ReachabilityResult], away: Mapping[str, float]
+               ) -> dict[str, ReachabilityResult]:
+    """The reachability checks that still speak of the server now announced: a failed check taken
+    before a poll that did not see the server ONLINE (``away``, ``Store.last_away``) is of a server
+    that has left or restarted since — a round that caught it stopping — and counts against nobody
+    (as failed compute checks before it: ``verdicts``); its next check decides, and
+    ``Poller.check_newly_online`` checks it at its first poll back."""
+    return {peer: check for peer, check in reachability.items()
+            if check.ok or check.joining or check.at is None or check.at > away.get(peer, float("-inf"))}
+
+
 def reachability_with(reachability: Mapping[str, ReachabilityResult], found: ComputeVerdicts
                       ) -> dict[str, ReachabilityResult]:
     """The reachability the diagnosis reads, with the newest evidence of the compute checks: a
