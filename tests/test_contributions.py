@@ -90,6 +90,9 @@ def test_the_store_keeps_the_ledger_by_hour_and_for_all_time_and_the_api_and_pag
         assert by_peer[C].name == "https://example.org/full"  # its announced name, shown as a claim
         total = {c.peer_id: c for c in store.contributions(None)}
         assert total[C].announced_block_hours == pytest.approx(by_peer[C].announced_block_hours)
+        since, days = ledger.window_start("week", now)  # a week: read from the days, summed beside the hours
+        weekly = {c.peer_id: c.to_dict() for c in store.contributions(since, days=days)}
+        assert days and weekly == {peer: c.to_dict() for peer, c in by_peer.items()}  # (to_dict: to 4 decimals)
         for c in day:  # judged serving all along, never checked for correctness: serving, not verified
             assert c.serving_block_hours == pytest.approx(c.announced_block_hours) and c.verified_block_hours == 0.0
             assert c.uptime == 1.0

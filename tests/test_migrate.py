@@ -290,3 +290,50 @@ def test_reachability_tables_keep_every_row_under_their_new_names(db_url):
     assert kept["probe_results"][:7] == before["probe_results"] and len(kept["probe_results"]) == 8
     assert kept["latest_probes"][1:] == latest[1:] and kept["hourly_probes"] == hourly
     assert kept["peer_scores"][0]["components"] == components
+
+
+def test_the_ledger_s_days_are_filled_from_its_hours_and_read_as_the_hours_were(db_url):
+    """Revision 0028: a ledger kept by hour (revision 0026) gets its days, summed from the hours
+    kept, so that a week's and a month's leaderboards (read from the days since) say what they
+    said; the all-time rows stay; a downgrade gives the hours back as they were."""
+    import sqlalchemy as sa
+
+    from monitor.core.common import DAY, HOUR
+    from monitor.core.contributions import window_start
+
+    now = 40 * DAY + 5 * HOUR
+    hours = [{"peer_id": peer, "model": "m", "hour": now - k * 7 * HOUR, "announced": 8 * 3600.0 * (k + 1),
+              "serving": 8 * 3000.0, "verified": 8 * 1000.0 * (k % 2), "watched": 3600.0, "serving_seconds": 3000.0,
+              "speed_seconds": 3000.0, "speed_sum": 30.0, "block_tokens": 100 + k, "requests": k}
+             for peer in ("peer-a", "peer-b") for k in range(60)]  # 17 days of hours, 7 h apart
+    total = {"peer_id": "peer-a", "model": "m", "first_hour": 0.0, "last_hour": DAY, "announced": 5.0, "serving": 4.0,
+             "verified": 3.0, "watched": 2.0, "serving_seconds": 1.0, "speed_seconds": 1.0, "speed_sum": 0.01,
+             "block_tokens": 7, "requests": 1}
+    assert migrate_cli(db_url).exit_code == 0
+    downgrade(db_url, "0027")
+    store = Store(db_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(sa.Table("contribution_hours", sa.MetaData(), autoload_with=conn).insert(), hours)
+            conn.execute(sa.Table("contribution_totals", sa.MetaData(), autoload_with=conn).insert(), [total])
+        before = {w: {c.peer_id: c for c in store.contributions(window_start(w, now)[0] if w != "all" else 0.0)}
+                  for w in ("week", "month", "all")}  # (as revision 0027 read them: from the hours; all: and totals)
+    finally:
+        store.close()
+    assert migrate_cli(db_url).exit_code == 0
+    store = Store(db_url)
+    try:
+        for w, found in before.items():  # the same sums, read from the days
+            since, days = window_start(w, now)
+            after = {c.peer_id: c for c in store.contributions(since, days=days)}
+            if w == "all":  # and the all-time rows, as before
+                assert after["peer-a"].announced_block_hours == pytest.approx(
+                    found["peer-a"].announced_block_hours + 5.0 / HOUR)
+                after, found = {"peer-b": after["peer-b"]}, {"peer-b": found["peer-b"]}
+            assert days and {p: c.to_dict() for p, c in after.items()} == {p: c.to_dict() for p, c in found.items()}, w
+        assert before["week"] != before["month"]  # (17 days of hours: a week holds less)
+    finally:
+        store.close()
+    assert len(rows_of(db_url, "contribution_days")["contribution_days"]) == 2 * len({h["hour"] // DAY for h in hours[:60]})
+    downgrade(db_url, "0027")
+    assert len(rows_of(db_url, "contribution_hours")["contribution_hours"]) == len(hours)

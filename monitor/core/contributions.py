@@ -19,7 +19,7 @@ A server earns for the time between two polls what the first poll's final assess
 
 Nothing is credited for more than ``MAX_GAP`` after a poll: when the monitor did not look, nobody
 measured anything. Increments are per (peer, model, hour) — ``Accrual`` — summed by the store into
-an hourly table (day, week, month windows) and an all-time table (``total``).
+an hourly table (the day window), a daily one (``by_day``: week and month) and an all-time one.
 """
 
 from __future__ import annotations
@@ -154,6 +154,23 @@ def merge(accruals: Iterable[Accrual]) -> list[Accrual]:
         known = found.get(key)
         found[key] = a if known is None else replace(known, **{k: getattr(known, k) + getattr(a, k) for k in AMOUNTS})
     return list(found.values())
+
+
+def by_day(accruals: Iterable[Accrual]) -> list[Accrual]:
+    """One accrual per (peer, model, UTC day) — its ``hour`` that day's start — the amounts summed."""
+    return merge(replace(a, hour=math.floor(a.hour / DAY) * DAY) for a in accruals)
+
+
+def window_start(window: str, now: float) -> tuple[Optional[float], bool]:
+    """Where a window (``WINDOWS``) begins, and whether it is read by days: the last day is the
+    last 24 hours and the one going on (hours); a week and a month are the last 7 and 30 whole UTC
+    days and the one going on (days); all time has no start."""
+    seconds = dict(WINDOWS)[window]
+    if seconds is None:
+        return None, True
+    if seconds <= DAY:
+        return math.floor((now - seconds) / HOUR) * HOUR, False
+    return math.floor(now / DAY) * DAY - seconds, True
 
 
 @dataclass(frozen=True)

@@ -428,10 +428,11 @@ class Store:
     # ---- the contribution ledger (store/contributions.py) -----------------------------------
 
     def contributions(self, since: Optional[float], *, model: Optional[str] = None, peer_id: Optional[str] = None,
-                      by_model: bool = False) -> list:
-        """Each server's ``core.contributions.Contribution`` since ``since`` (None: all time)."""
+                      by_model: bool = False, days: bool = False) -> list:
+        """Each server's ``core.contributions.Contribution`` since ``since`` (None: all time; ``days``:
+        by its days, ``since`` a day's start: ``core.contributions.window_start``)."""
         with self.db.read("reading the contribution ledger") as conn:
-            return contributions.window(conn, since, model=model, peer_id=peer_id, by_model=by_model)
+            return contributions.window(conn, since, model=model, peer_id=peer_id, by_model=by_model, days=days)
 
     # ---- request rows (store/requests.py) ---------------------------------------------------
 

@@ -531,7 +531,7 @@ from monitor.store.schema_operations import (  # noqa: E402,F401
 )
 # the contribution ledger's tables (their own module, re-exported too)
 from monitor.store.schema_ledger import (  # noqa: E402,F401
-    ContributionHourRow, ContributionTotalRow, OwnerNonceRow, OwnerPeerRow, OwnerRow, OwnerSubscriptionRow)
+    ContributionDayRow, ContributionHourRow, ContributionTotalRow, OwnerNonceRow, OwnerPeerRow, OwnerRow, OwnerSubscriptionRow)
 
 
 # ---- the chat page's conversations (revision 0020): per visitor, the one place text is kept -------

@@ -26,8 +26,8 @@ class _Earned(SQLModel):
 
 class ContributionHourRow(_Earned, table=True):
     """What one server earned for one model within one hour, summed as polls and requests are
-    stored; kept the rollup retention (revision 0026). Peers by their id, not a key: the ledger
-    outlives the peers table's pruning."""
+    stored; kept the rollup retention (revision 0026), read for the last day. Peers by their id,
+    not a key: the ledger outlives the peers table's pruning."""
 
     __tablename__ = "contribution_hours"
     __table_args__ = (sa.Index(None, "hour"),)
@@ -36,8 +36,21 @@ class ContributionHourRow(_Earned, table=True):
     hour: float = Field(primary_key=True)
 
 
+class ContributionDayRow(_Earned, table=True):
+    """What one server earned for one model within one UTC day, summed beside its hours as they are
+    written (revision 0028): a week's or a month's leaderboard reads 7 or 30 rows a server, not 24
+    times as many. Kept the rollup retention, then summed into the all-time rows."""
+
+    __tablename__ = "contribution_days"
+    __table_args__ = (sa.Index(None, "day"),)
+    peer_id: str = Field(primary_key=True, max_length=128)
+    model: str = Field(primary_key=True, max_length=256)
+    day: float = Field(primary_key=True)
+
+
 class ContributionTotalRow(_Earned, table=True):
-    """The hours past the rollup retention, summed per server and model as they are pruned (revision 0026)."""
+    """The days past the rollup retention, summed per server and model as they are pruned (revision
+    0026; hours until revision 0028)."""
 
     __tablename__ = "contribution_totals"
     peer_id: str = Field(primary_key=True, max_length=128)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from monitor.api_doc import MonitorError, Open, documented
 from monitor.core.common import HOUR
-from monitor.core.contributions import SORTS, WINDOW_NAMES, WINDOWS, ranked
+from monitor.core.contributions import SORTS, WINDOW_NAMES, WINDOWS, ranked, window_start
 from monitor.store import owners
 from monitor.web import deps, queries, security
 
@@ -63,10 +63,6 @@ class PeerContribution(Open):
     windows: dict[str, dict]
 
 
-def since(window: str, now: float) -> Optional[float]:
-    """The first hour a window counts (None: all time): hours, so "day" is the last 24 and this one."""
-    seconds = dict(WINDOWS)[window]
-    return None if seconds is None else (now - seconds) // HOUR * HOUR
 
 
 def _query() -> ContributorsQuery:
@@ -88,10 +84,10 @@ def _query() -> ContributorsQuery:
 
 def board(d, cur, q: ContributorsQuery, now: float) -> dict:
     """The leaderboard as the API and the page show it."""
-    first = since(q.window, now)
+    first, days = window_start(q.window, now)
 
     def compute():
-        rows = d.store.contributions(first, model=q.model)
+        rows = d.store.contributions(first, model=q.model, days=days)
         return [c.to_dict() for c in ranked(rows, q.sort)[:q.limit]]
 
     found = d.cache.page(cur.marks, ("contributors", q.window, q.model, q.sort, q.limit, int(now // HOUR)), compute)
@@ -114,10 +110,11 @@ def of_peer(d, cur, peer_id: str, now: float) -> dict:
     def compute():
         out = {}
         for name, _ in WINDOWS:
-            first = since(name, now)
-            total = d.store.contributions(first, peer_id=peer_id)
+            first, days = window_start(name, now)
+            total = d.store.contributions(first, peer_id=peer_id, days=days)
             out[name] = {"total": total[0].to_dict() if total else None,
-                         "models": [c.to_dict() for c in d.store.contributions(first, peer_id=peer_id, by_model=True)]}
+                         "models": [c.to_dict() for c in d.store.contributions(first, peer_id=peer_id, by_model=True,
+                                                                               days=days)]}
         return out
 
     with d.store.db.read("reading who proved they run a server") as conn:  # (one indexed row: read fresh)
