@@ -22,11 +22,11 @@ from chat.client_side import ClientSideTooLarge
 from chat.errors import Busy, ModelNotServed, RouteUnmet, SessionTooLong
 from chat.models import Model, Models
 from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, RouteHop, RoutingSettings, penalty
-from chat.server_load import ServerLoad
+from chat.server_load import ServerLoad, session_room
 
 logger = logging.getLogger(__name__)
 
-CoverageCheck = Callable[[str], tuple[bool, str]]  # dht_prefix -> (served?, why not, for people)
+AssessmentCheck = Callable[[str], tuple[bool, str]]  # dht_prefix -> (served?, why not, for people)
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,16 @@ class ModelReadiness:
 
 
 class Admission:
-    """``coverage_check`` refuses a model the monitor saw broken before loading it;
+    """``assessment_check`` refuses a model the monitor saw broken before loading it;
     ``forecast_source`` gives what forecasts rest on, per model (e.g. ``chat.feedback.StoreForecasts``);
     ``retry_after``: what a ``Busy`` refusal suggests."""
 
     def __init__(self, models: Models, slots: Slots, server_load: ServerLoad, *, routing: RoutingSettings,
-                 coverage_check: Optional[CoverageCheck] = None,
+                 assessment_check: Optional[AssessmentCheck] = None,
                  forecast_source: Optional[Callable[[], Mapping[str, ForecastInputs]]] = None,
                  retry_after: int = 5):
         self.models, self.slots, self.server_load, self.routing = models, slots, server_load, routing
-        self.coverage_check, self.forecast_source, self.retry_after = coverage_check, forecast_source, retry_after
+        self.assessment_check, self.forecast_source, self.retry_after = assessment_check, forecast_source, retry_after
 
     # -- coverage --------------------------------------------------------------------------------
     def status(self, name: str) -> ModelReadiness:
@@ -58,7 +58,7 @@ class Admission:
         model = self.models.get(name)
         try:
             # with a coverage check, a model nobody chatted with yet is not loaded just to be listed
-            self.check_served(model, load=self.coverage_check is None or model.remote is not None)
+            self.check_served(model, load=self.assessment_check is None or model.remote is not None)
         except ModelNotServed as e:
             return ModelReadiness(model.name, model.title, False, e.reason, tuple(e.missing_blocks))
         except ClientSideTooLarge as e:
@@ -73,12 +73,13 @@ class Admission:
         return [self.status(name) for name in self.models.names]
 
     def check_served(self, model: Model, *, load: bool = True, coverage: bool = True) -> None:
-        """Raise ModelNotServed unless the coverage check (when ``coverage``) and (when ``load``) the
-        sequence manager's own view, which knows pinned/blocked/banned peers, both see every block."""
+        """Raise ModelNotServed unless the monitor's assessment (when ``coverage``: it does not call
+        the model broken) and (when ``load``) the sequence manager's own view, which knows
+        pinned/blocked/banned peers, both see every block."""
         if model.path is None:
             raise ModelNotServed(model.name, "no local checkpoint is configured for it (set the model's path)")
-        if coverage and self.coverage_check is not None:
-            ok, reason = self.coverage_check(model.name)
+        if coverage and self.assessment_check is not None:
+            ok, reason = self.assessment_check(model.name)
             if not ok:
                 raise ModelNotServed(model.name, reason)
         if not load:
@@ -102,14 +103,15 @@ class Admission:
         return context if longest is None else min(context, longest)
 
     def cache_room(self, name: str) -> Optional[int]:
-        """The least attention-cache room, in tokens, that the model's servers announce now (None:
-        none announces it): what bounds the headroom a session that may be kept is opened with."""
+        """The least attention-cache room, in tokens of one session through a server's whole span
+        (``server_load.session_room``), that the model's servers announce now (None: none announces
+        it): what bounds the headroom a session that may be kept is opened with."""
         manager = self.models.sequence_manager(name)
         with manager.lock_changes:
-            lefts = [getattr(span.server_info, "cache_tokens_left", None)
+            rooms = [session_room(getattr(span.server_info, "cache_tokens_left", None), span.end - span.start)
                      for span in manager.state.sequence_info.spans_by_priority]
-        lefts = [left for left in lefts if isinstance(left, int) and left >= 0]
-        return min(lefts) if lefts else None
+        rooms = [room for room in rooms if room is not None]
+        return min(rooms) if rooms else None
 
     def check_session_length(self, name: str, length: int, *, param: str, prompt_tokens: int = 0) -> None:
         """``SessionTooLong`` when a session of ``length`` tokens is longer than any route accepts."""

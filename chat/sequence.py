@@ -33,7 +33,7 @@ from swarm_monitor_client.routing import MonitorRouting
 from monitor.core.route_choice import RouteChoice, allowed
 
 from chat.policy import OutcomeSink, PeerWeight, RouteHop, RoutingSettings, ScoreSource
-from chat.server_load import ServerLimits, ServerLoad, refused_length
+from chat.server_load import ServerLimits, ServerLoad, refused_length, session_room
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,8 @@ class HealthAwareSequenceManager(MonitorRouting, RemoteSequenceManager):
         if self.server_load is None:
             return {}
         return self.server_load.factors(
-            {span.peer_id.to_base58(): getattr(span.server_info, "cache_tokens_left", None) for span in spans},
+            {span.peer_id.to_base58(): session_room(getattr(span.server_info, "cache_tokens_left", None),
+                                                    span.end - span.start) for span in spans},
             cache_tokens_needed)
 
     def __init__(self, *args: Any, **kwargs: Any):

@@ -6,7 +6,8 @@ moment the route is chosen until it closes (``chat.sequence``: chosen and counte
 chooser at a time, so requests that arrive together see each other's routes; moved with a
 fail-over, left when it closes). Routing multiplies a server's compute edges by ``factor``: ``1 + LOAD_WEIGHT`` per
 request in flight through it — a server computing for n requests gives each about 1/(n+1) of its
-time — and up to ``2×`` more as its announced ``cache_tokens_left`` nears what the new session needs.
+time — and up to ``2×`` more as the session room its announced ``cache_tokens_left`` leaves
+(``session_room``) nears what the new session needs.
 So concurrent requests spread over routes of like speed, and a server far faster than the others
 still takes more of them. Counted per chat process (each gunicorn worker counts its own), as the
 generation slots are.
@@ -30,13 +31,24 @@ FULL_FACTOR = 4.0  # a server that just refused a session for want of cache room
 FULL_COOL = 10.0  # seconds it costs more after such a refusal
 
 
-def cache_factor(cache_tokens_left: Optional[int], needed: Optional[int]) -> float:
-    """1 while the server announces room for ``CACHE_SLACK`` sessions like this one (or nothing);
-    up to 2 as its room falls to one session's."""
-    if cache_tokens_left is None or not needed or needed <= 0:
+def session_room(cache_tokens_left: Optional[int], blocks: int) -> Optional[int]:
+    """How many tokens of one session a server has attention-cache room for, through ``blocks`` of
+    its blocks (None: it announces nothing). Petals announces ``cache_tokens_left`` as its free
+    cache over one block's keys (``bytes_left`` / one token's keys of one block), and a session
+    keeps the keys and the values of every block it runs there: petals' own client asks for
+    ``2 × blocks × tokens`` of it (``RemoteSequenceManager._has_cache_for``)."""
+    if not isinstance(cache_tokens_left, int) or isinstance(cache_tokens_left, bool) or cache_tokens_left < 0:
+        return None
+    return cache_tokens_left // (2 * max(1, blocks))
+
+
+def cache_factor(room: Optional[int], needed: Optional[int]) -> float:
+    """1 while the server has room (``session_room``) for ``CACHE_SLACK`` sessions like this one (or
+    announces nothing); up to 2 as its room falls to one session's."""
+    if room is None or not needed or needed <= 0:
         return 1.0
-    room = cache_tokens_left / (CACHE_SLACK * needed)
-    return 1.0 + max(0.0, min(1.0, 1.0 - room))
+    share = room / (CACHE_SLACK * needed)
+    return 1.0 + max(0.0, min(1.0, 1.0 - share))
 
 
 class ServerLoad:
@@ -85,15 +97,16 @@ class ServerLoad:
             self._full = {p: t for p, t in self._full.items() if now - t < FULL_COOL}
             self._full[peer] = now
 
-    def factors(self, cache_tokens_left: Mapping[str, Optional[int]], needed: Optional[int]) -> dict[str, float]:
-        """peer -> its cost factor now, for the peers of ``cache_tokens_left`` (what each announces)."""
+    def factors(self, rooms: Mapping[str, Optional[int]], needed: Optional[int]) -> dict[str, float]:
+        """peer -> its cost factor now, for the peers of ``rooms`` (each one's ``session_room`` for
+        its span of the route; None where it announces nothing), for a session of ``needed`` tokens."""
         with self._lock:
             counts = dict(self._in_flight)
             now = self._clock()
             full = {peer for peer, at in self._full.items() if now - at < FULL_COOL}
         return {peer: (1.0 + LOAD_WEIGHT * counts.get(peer, 0)) * cache_factor(left, needed)
                 * (FULL_FACTOR if peer in full else 1.0)
-                for peer, left in cache_tokens_left.items()}
+                for peer, left in rooms.items()}
 
 
 # ---- the longest session each server accepts ------------------------------------------------------

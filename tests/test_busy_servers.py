@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from chat.capacity import GENERATING, IDLE, Capacity, OpenSessions
-from chat.server_load import FULL_COOL, FULL_FACTOR, ServerLoad, refused_length
+from chat.server_load import FULL_COOL, FULL_FACTOR, ServerLoad, refused_length, session_room
 from monitor.core.common import cache_full
 
 
@@ -44,6 +44,25 @@ def test_a_full_server_costs_more_for_a_while_then_as_before():
     assert load.factors(announced, 512)["a"] == 2.0 * FULL_FACTOR  # in flight and full: both count
     now[0] += FULL_COOL
     assert load.factors(announced, 512) == {"a": 2.0, "b": 1.0}
+
+
+def test_a_server_s_session_room_is_what_petals_own_client_would_let_a_session_ask_of_it():
+    """``cache_tokens_left`` is one block's keys' worth of free cache: a session through n blocks
+    needs 2·n times its tokens — judged here exactly as petals' client judges a span
+    (``RemoteSequenceManager._has_cache_for``, the reference), not by the announced figure itself."""
+    from hivemind import PeerID
+    from petals.client.routing.sequence_manager import RemoteSequenceManager
+    from petals.data_structures import RemoteSpanInfo, ServerInfo, ServerState
+
+    for left, blocks in ((16384, 8), (32768, 4), (16384, 80), (5, 3), (0, 1)):
+        info = ServerInfo(state=ServerState.ONLINE, throughput=1.0, cache_tokens_left=left)
+        span = RemoteSpanInfo(peer_id=PeerID(b"peer"), start=0, end=blocks, server_info=info)
+        room = session_room(left, blocks)
+        for tokens in (1, room, room + 1, left):
+            if tokens >= 1:
+                assert (tokens <= room) == RemoteSequenceManager._has_cache_for(span, tokens), (left, blocks, tokens)
+    assert session_room(None, 8) is None and session_room(-1, 8) is None
+    assert session_room(16384, 8) == 1024  # the tiny swarm's "full" server: not 16,384 tokens of a session
 
 
 class Member:
