@@ -31,7 +31,7 @@ from monitor.core.forecast import ForecastInputs
 from monitor.core.requests import RequestRecord
 from monitor.core.route_choice import RouteChoice
 
-from chat.admission import Admission, CoverageCheck, ModelReadiness
+from chat.admission import Admission, AssessmentCheck, ModelReadiness
 from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slots, SlotsLoad
 from chat.client_side import ClientSideSettings
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
@@ -56,7 +56,7 @@ DEFAULT_MAX_BATCH_ROWS = 16
 DEFAULT_MAX_LOGPROBS = 20
 
 __all__ = [  # what the HTTP side and the service use, in one import
-    "Answer", "BatchAnswer", "Busy", "Capacity", "ChatEngine", "ChatError", "ChatSession", "CoverageCheck", "Delta",
+    "Answer", "BatchAnswer", "Busy", "Capacity", "ChatEngine", "ChatError", "ChatSession", "AssessmentCheck", "Delta",
     "EngineLoad", "Finished", "FollowUp", "GenerationFailed", "Rendered", "GenerationParams", "InvalidRequest", "MaxLengthExceeded",
     "ModelNotServed", "ModelReadiness", "RouteChoice", "RouteUnmet", "SessionExpired", "SessionTooLong", "TokenLogprob", "UnknownModel",
 ]
@@ -76,7 +76,7 @@ class ChatEngine:
 
     ``models``: monitor.settings.ModelConfig-like objects (dht_prefix, path, name,
     repository). ``score_source`` and ``outcome_sink`` link routing to the monitor (see
-    chat.feedback); ``coverage_check`` refuses a model the monitor saw broken before loading it.
+    chat.feedback); ``assessment_check`` refuses a model the monitor saw broken before loading it.
     ``capacity`` bounds slots, queue and open sessions (``chat.capacity``; without it, from
     ``max_sessions``, ``queue_size``, ``queue_timeout`` and ``retry_after`` with the other bounds'
     defaults); ``max_batch_rows`` bounds the rows of one request, ``max_logprobs`` the alternatives
@@ -92,7 +92,7 @@ class ChatEngine:
         *,
         score_source: Optional[ScoreSource] = None,
         outcome_sink: Optional[OutcomeSink] = None,
-        coverage_check: Optional[CoverageCheck] = None,
+        assessment_check: Optional[AssessmentCheck] = None,
         routing: Optional[RoutingSettings] = None,
         capacity: Optional[Capacity] = None,
         max_sessions: int = 4,
@@ -142,7 +142,7 @@ class ChatEngine:
                              build=self._build_remote, observe=self.head_step_histograms.observer)
         # -- admission
         self.admission = Admission(self.models, self.slots, self.server_load, routing=self.routing,
-                                   coverage_check=coverage_check, forecast_source=forecast_source,
+                                   assessment_check=assessment_check, forecast_source=forecast_source,
                                    retry_after=self.capacity.retry_after)
         # no token for this long means something below us hangs: give up on the answer
         self.stall_timeout = self._client_config["request_timeout"] * (max_retries + 1) + 60

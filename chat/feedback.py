@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CHAT_OUTCOME_WINDOW", "UNUSABLE_SCORE", "probe_speeds", "StoreWeights", "StoreRequests", "StoreForecasts",
            "as_weight",
-           "store_outcome_sink", "ask_to_confirm", "store_coverage_check"]
+           "store_outcome_sink", "ask_to_confirm", "store_assessment_check"]
 
 
 def as_weight(known: PeerRouting) -> PeerWeight:
@@ -261,18 +261,18 @@ def ask_to_confirm(store: Any, outcome: ChatOutcome, probed: Optional[float], *,
         log.warning("no confirming check of %s asked for: %s", request.peer_id, e)
 
 
-def store_coverage_check(store: Any) -> Callable[[str], tuple[bool, str]]:
-    """``coverage_check`` for the engine: a model the monitor's newest diagnosis calls broken (the
+def store_assessment_check(store: Any) -> Callable[[str], tuple[bool, str]]:
+    """``assessment_check`` for the engine: a model the monitor's newest assessment calls broken (the
     one the dashboard, API, /metrics and alerts show: after the latest poll, probe round and
     generation check) is refused before generation starts, with the monitor's reasons."""
 
     def check(dht_prefix: str) -> tuple[bool, str]:
         try:
-            health = store.latest_assessments().get(dht_prefix)
+            assessment = store.latest_assessments().get(dht_prefix)
         except Exception:  # noqa: BLE001 - no verdict: let petals' own view decide
             return True, ""
-        if health is None or health.state != "broken":
+        if assessment is None or assessment.state != "broken":
             return True, ""
-        return False, "; ".join(health.reasons)
+        return False, "; ".join(assessment.reasons)
 
     return check

@@ -49,7 +49,7 @@ def site(populated, tiny_model):
                                  starts_at=time.time() - 60, ends_at=time.time() + 600, created_by="ops",
                                  comment="restarting first-half", created_at=time.time()), via="api token")
     engine = ChatEngine(None, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
-                        coverage_check=lambda model: (False, "no server announces it in this spec"))
+                        assessment_check=lambda model: (False, "no server announces it in this spec"))
     app = create_app(settings, store, chat_blueprints=[create_blueprint(engine, conversations=ConversationStore(store))])
     with serve(app) as base:
         yield base, auth.resolve_token(settings, create=False)

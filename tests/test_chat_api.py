@@ -37,7 +37,7 @@ def unserved():
 
 @pytest.fixture(scope="module")
 def engine(swarm, tiny_model, unserved):
-    def coverage_check(dht_prefix):
+    def assessment_check(dht_prefix):
         """The monitor's own verdict (scrape + diagnose), unless a test says otherwise."""
         if dht_prefix in unserved:
             return False, unserved[dht_prefix]
@@ -49,7 +49,7 @@ def engine(swarm, tiny_model, unserved):
         swarm.dht,
         [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model, name="Tiny Llama"),
          ModelConfig(dht_prefix=GHOST, path=tiny_model)],
-        coverage_check=coverage_check, max_sessions=2, queue_size=0, queue_timeout=1, retry_after=7,
+        assessment_check=assessment_check, max_sessions=2, queue_size=0, queue_timeout=1, retry_after=7,
     )
     yield engine
 
@@ -315,7 +315,7 @@ def test_ws_bad_input_gets_a_short_error_naming_the_parameter(base_url, messages
     assert "Traceback" not in reply["traceback"] and len(reply["traceback"]) < 400
 
 
-def test_a_model_the_coverage_check_calls_broken_is_refused_before_generation(base_url, unserved):
+def test_a_model_the_assessment_calls_broken_is_refused_before_generation(base_url, unserved):
     unserved[TINY_DHT_PREFIX] = "blocks 4:8 have no server"
     try:
         response = requests.post(f"{base_url}/v1/completions", json={**CMPL, "max_tokens": 2}, timeout=30)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from chat.engine import Busy, ChatEngine, Finished, GenerationParams
-from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
+from chat.feedback import StoreWeights, store_assessment_check, store_outcome_sink
 from chat.http import create_blueprint
 from chat.policy import EXPLORE_EVERY, RoutingSettings
 from monitor.settings import ModelConfig, Settings
@@ -32,7 +32,7 @@ def wired(swarm, tiny_model, tmp_path_factory):
     weights = StoreWeights(store, period=3600).start()  # refreshed by hand below, as after an outcome
     engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
                         score_source=weights, outcome_sink=store_outcome_sink(store, weights),
-                        coverage_check=store_coverage_check(store), routing=RoutingSettings(mode="health"),
+                        assessment_check=store_assessment_check(store), routing=RoutingSettings(mode="health"),
                         max_sessions=1, queue_size=1, queue_timeout=60, retry_after=3)
     settings = Settings(data_dir=data_dir, chat_rate_limit="1000 per minute")
     app = create_app(settings, store, chat_blueprints=[create_blueprint(engine)])

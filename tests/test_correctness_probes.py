@@ -16,7 +16,7 @@ import time
 import pytest
 
 from chat.engine import ChatEngine, Finished, GenerationParams
-from chat.feedback import StoreWeights, store_coverage_check, store_outcome_sink
+from chat.feedback import StoreWeights, store_assessment_check, store_outcome_sink
 from chat.policy import RoutingSettings
 from monitor.app.probing import ServerProber
 from monitor.app.service import Service
@@ -94,7 +94,7 @@ def test_a_corrupting_server_is_flagged_in_one_round_and_the_chat_routes_around_
         assert weights()[second].score == 0  # routing leaves it out wherever others cover its blocks
         engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
                             score_source=weights, outcome_sink=store_outcome_sink(store, weights),
-                            coverage_check=store_coverage_check(store), routing=RoutingSettings(mode="health"))
+                            assessment_check=store_assessment_check(store), routing=RoutingSettings(mode="health"))
         try:
             ids = engine.encode(TINY_DHT_PREFIX, "Hello")
             with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=3)) as answer:

@@ -45,7 +45,7 @@ def two_origins(tmp_path, tiny_model):
         settings = web_settings(data_dir=tmp_path, chat_cors_origins=[listed])
         populate(store, settings, time.time())
         engine = ChatEngine(None, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
-                            coverage_check=lambda model: (False, "no server announces it in this spec"))
+                            assessment_check=lambda model: (False, "no server announces it in this spec"))
         app = create_app(settings, store, chat_blueprints=[create_blueprint(engine)])
         with serve(app) as monitor:
             yield monitor, listed, unlisted, store, auth.resolve_token(settings, create=False)

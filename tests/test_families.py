@@ -32,7 +32,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from chat.engine import ChatEngine
-from chat.feedback import store_coverage_check
+from chat.feedback import store_assessment_check
 from chat.http import create_blueprint
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor import families
@@ -223,7 +223,7 @@ def engine(family):
     """The chat's engine on the family's swarm, refusing by the monitor's stored verdict."""
     if family.store.latest_snapshot() is None:
         family.poller.poll_once()
-    engine = ChatEngine(family.swarm.dht, family.settings.models, coverage_check=store_coverage_check(family.store),
+    engine = ChatEngine(family.swarm.dht, family.settings.models, assessment_check=store_assessment_check(family.store),
                         max_sessions=1, queue_size=0)
     yield engine
     engine.close()

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from chat.feedback import UNUSABLE_SCORE, StoreWeights, store_coverage_check
+from chat.feedback import UNUSABLE_SCORE, StoreWeights, store_assessment_check
 from monitor.app import assessing
 from monitor.app.alerter import read_view
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, Assessment
@@ -84,7 +84,7 @@ def test_every_reader_says_what_the_stored_assessment_says_at_the_edge_of_the_pr
     # ...but nobody draws it again: every reader still says what was stored, together
     said = readers_say_failing(store, settings, client)
     assert all(said.values()), said
-    assert store_coverage_check(store)(TINY.dht_prefix) == (True, "")  # still served twice: not refused
+    assert store_assessment_check(store)(TINY.dht_prefix) == (True, "")  # still served twice: not refused
 
     # the poller assesses the poll again (a later input): every reader follows at once
     assert assessing.assess_latest(store, settings)

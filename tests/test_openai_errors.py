@@ -27,12 +27,12 @@ FIELDS = {"message", "type", "param", "code"}
 
 @pytest.fixture(scope="module")
 def app(swarm, tiny_model, tmp_path_factory):
-    def coverage_check(dht_prefix):
+    def assessment_check(dht_prefix):
         return (False, "no server announces it") if dht_prefix == GHOST else (True, "")
 
     engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model),
                                     ModelConfig(dht_prefix=GHOST, path=tiny_model)],
-                        coverage_check=coverage_check, max_sessions=2, queue_size=0, queue_timeout=1)
+                        assessment_check=assessment_check, max_sessions=2, queue_size=0, queue_timeout=1)
     data_dir = tmp_path_factory.mktemp("openai-errors")
     store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
     store.migrate()

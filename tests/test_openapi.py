@@ -216,7 +216,7 @@ def test_the_chat_routes_error_answers_match_the_document(populated, tiny_model)
 
     _, store, settings, _ = populated
     engine = ChatEngine(None, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
-                        coverage_check=lambda model: (False, "no server announces it in this spec"))
+                        assessment_check=lambda model: (False, "no server announces it in this spec"))
     try:
         app = create_app(settings, store, chat_blueprints=[create_blueprint(engine)])
         document = app.test_client().get("/api/openapi.json").get_json()

@@ -72,7 +72,7 @@ class Service:
     def _make_chat_engine(self):
         from chat.client_side import ClientSideSettings
         from chat.engine import Capacity, ChatEngine
-        from chat.feedback import StoreForecasts, StoreRequests, StoreWeights, store_coverage_check, store_outcome_sink
+        from chat.feedback import StoreForecasts, StoreRequests, StoreWeights, store_assessment_check, store_outcome_sink
         from chat.policy import RoutingSettings
 
         self.weights = StoreWeights(self.store).start()
@@ -83,7 +83,7 @@ class Service:
             self.dht, [m for m in self.settings.models if m.path],
             score_source=self.weights,
             outcome_sink=store_outcome_sink(self.store, self.weights),
-            coverage_check=store_coverage_check(self.store),
+            assessment_check=store_assessment_check(self.store),
             routing=RoutingSettings.from_settings(self.settings),
             capacity=Capacity.from_settings(self.settings),
             max_batch_rows=self.settings.max_batch_rows,

@@ -113,20 +113,20 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
         rows = snapshot.rows_for(prefix)
         failing = failing_with(recent.failing(prefix), found)
         try:
-            health = coverage.diagnose(
+            assessment = coverage.diagnose(
                 model, rows, reachability, routing=routing,
                 min_tokens_per_s=thresholds.min_tokens_per_s, min_cache_tokens=thresholds.min_cache_tokens,
                 measured=recent.speeds(prefix), confirmed=recent.confirmed(prefix), wrong=recent.wrong(prefix),
                 disagreeing=recent.disagreeing(prefix), failing=failing,
                 generation=current.get(prefix))
             servers = server_assessments(recent, prefix, {row.peer_id: row.inference_rps for row in rows},
-                                         health.excluded_causes, found, failing)
+                                         assessment.excluded_causes, found, failing)
             servers = {peer: replace(server, back_at=back[peer]) if peer in back else server
                        for peer, server in servers.items()}
         except Exception as e:  # noqa: BLE001 - one model's failure costs only its own assessment
             log.exception("assessing %s failed; stored as not diagnosed", prefix)  # (a bug: its traceback)
-            health, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}
-        assessed.append(replace(health, servers=servers, assessed_at=now, poll_at=snapshot.taken_at))
+            assessment, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}
+        assessed.append(replace(assessment, servers=servers, assessed_at=now, poll_at=snapshot.taken_at))
     return assessed
 
 

@@ -30,15 +30,15 @@ def _peer_label(row: ServerRow) -> str:
     return f"{name[:18]:<18} {row.peer_id[-8:]}" if name else f"{'':<18} {row.peer_id[-8:]}"
 
 
-def model_report(model, health, rows: Sequence[ServerRow], scores: Mapping[str, object] = {}) -> str:
+def model_report(model, assessment, rows: Sequence[ServerRow], scores: Mapping[str, object] = {}) -> str:
     lines = [f"{model.name or model.dht_prefix} ({model.dht_prefix}, {model.num_blocks} blocks): "
-             f"{health.state.upper()}"]
-    for reason in health.reasons:
+             f"{assessment.state.upper()}"]
+    for reason in assessment.reasons:
         lines.append(f"  - {reason}")
-    if health.est_tokens_per_s:
-        lines.append(f"  best route: ~{health.est_tokens_per_s:.1f} tokens/s")
-    if health.recommendation is not None:
-        lines.append(f"  a new server helps most with: {health.recommendation.argument}")
+    if assessment.est_tokens_per_s:
+        lines.append(f"  best route: ~{assessment.est_tokens_per_s:.1f} tokens/s")
+    if assessment.recommendation is not None:
+        lines.append(f"  a new server helps most with: {assessment.recommendation.argument}")
     for row in sorted(rows, key=lambda r: (r.start, r.end, r.peer_id)):
         score = scores.get(row.peer_id)
         score_text = f" score {score.score:3.0f}" if score is not None else ""

@@ -211,14 +211,14 @@ _EXCLUDED_ADVICE = {
 
 def _useful(facts: ServerFacts, row: ServerRow, names: Mapping[str, str]) -> Check:
     model = names.get(row.model, row.model)
-    health = facts.assessments.get(row.model)
-    if health is None or not health.blocks:
+    assessment = facts.assessments.get(row.model)
+    if assessment is None or not assessment.blocks:
         return Check("useful", INFO, f"{model}: not diagnosed yet.")
-    excluded = health.excluded_peers.get(facts.peer_id)
+    excluded = assessment.excluded_peers.get(facts.peer_id)
     if excluded:
         return Check("useful", BAD, f"{model}: the monitor does not count it as serving its blocks: {excluded}.",
-                     _EXCLUDED_ADVICE.get(health.excluded_causes.get(facts.peer_id)))
-    blocks = [b for b in health.blocks if row.start <= b.index < row.end]
+                     _EXCLUDED_ADVICE.get(assessment.excluded_causes.get(facts.peer_id)))
+    blocks = [b for b in assessment.blocks if row.start <= b.index < row.end]
     others = {b.index: b.online - (1 if facts.peer_id in b.peers else 0) for b in blocks}
     sole = ranges(i for i, n in others.items() if n <= 0)
     thin = ranges(i for i, n in others.items() if n == 1)
@@ -229,7 +229,7 @@ def _useful(facts: ServerFacts, row: ServerRow, names: Mapping[str, str]) -> Che
         text += f"; one other server shares {format_ranges(thin)}"
     else:
         text += f"; every one of its blocks has at least {min(others.values(), default=0)} other servers"
-    missing = [r for r in health.missing_ranges if r[1] <= row.start or r[0] >= row.end]
+    missing = [r for r in assessment.missing_ranges if r[1] <= row.start or r[0] >= row.end]
     if missing:
         text += f". The model still misses blocks {format_ranges(missing)}"
     return Check("useful", OK if sole or thin or not missing else INFO, text + ".")
@@ -255,9 +255,9 @@ def _recommendations(facts: ServerFacts, names: Mapping[str, str]) -> tuple[tupl
     served = [row.model for row in facts.rows] or [a.model for a in facts.last]
     out = []
     for model in dict.fromkeys(served):
-        health = facts.assessments.get(model)
-        if health is not None and health.recommendation is not None:
-            rec = health.recommendation
+        assessment = facts.assessments.get(model)
+        if assessment is not None and assessment.recommendation is not None:
+            rec = assessment.recommendation
             out.append((names.get(model, model), rec.argument, rec.reason))
     return tuple(out)
 

@@ -179,24 +179,24 @@ def _record_verdicts(conn: Connection, written: PollWritten, at: float, assessme
     the whole diagnosis."""
     poll_id = written.poll_id
     statuses, refused = insert_rows(conn, sa.insert(ModelStatusRow.__table__), [
-        {**_status_row(health, written), "poll_id": poll_id, "at": at} for health in assessments])
+        {**_status_row(assessment, written), "poll_id": poll_id, "at": at} for assessment in assessments])
     written.refused(refused, lambda r: f"the status of model {r['model']}")
     _record_state_changes(conn, written, at, statuses)
     _, refused = insert_rows(conn, sa.insert(BlockCoverageRow.__table__), [
-        {"poll_id": poll_id, "model": health.model, "at": at,
-         "servers": [int(b.online) for b in health.blocks],
-         "throughput": [written.finite(b.total_throughput) for b in health.blocks]}
-        for health in assessments
+        {"poll_id": poll_id, "model": assessment.model, "at": at,
+         "servers": [int(b.online) for b in assessment.blocks],
+         "throughput": [written.finite(b.total_throughput) for b in assessment.blocks]}
+        for assessment in assessments
     ])
     written.refused(refused, lambda r: f"the block coverage of model {r['model']}")
     replace_assessments(conn, poll_id, assessments, written)
     prune_assessments(conn, at - ASSESSMENT_RETENTION)  # (each poll: their size is bounded by polls, not hours)
 
 
-def _status_row(health: Assessment, written: PollWritten) -> dict:
-    return {"model": health.model, "state": health.state, "reasons": list(health.reasons),
-            "coverage_pct": written.finite(health.coverage_pct), "servers_online": health.servers_online,
-            "min_redundancy": health.min_redundancy, "est_tokens_per_s": finite(health.est_tokens_per_s)}
+def _status_row(assessment: Assessment, written: PollWritten) -> dict:
+    return {"model": assessment.model, "state": assessment.state, "reasons": list(assessment.reasons),
+            "coverage_pct": written.finite(assessment.coverage_pct), "servers_online": assessment.servers_online,
+            "min_redundancy": assessment.min_redundancy, "est_tokens_per_s": finite(assessment.est_tokens_per_s)}
 
 
 def _record_servers(conn: Connection, written: PollWritten, at: float, servers: Sequence[ServerRow]) -> None:

@@ -192,9 +192,9 @@ def model(dht_prefix: str):
     d, cur = _current()
     if cur.model(dht_prefix) is None:
         abort(404, description=f"no model with DHT prefix {dht_prefix!r} in the latest poll")
-    health = cur.assessments.get(dht_prefix)
+    assessment = cur.assessments.get(dht_prefix)
     return jsonify({**queries.model_report(cur, d.settings, dht_prefix),
-                    "diagnosis": health.to_dict() if health is not None else None,
+                    "diagnosis": assessment.to_dict() if assessment is not None else None,
                     "last_updated": cur.snapshot.taken_at})
 
 

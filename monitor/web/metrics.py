@@ -170,20 +170,20 @@ def model_families(cur: queries.Current) -> Iterable:
         for kind in RPS_KINDS:
             rps_avg.add_metric([model, kind], statistics.fmean(rps[kind]) if num else 0.0)
             rps_min.add_metric([model, kind], min(rps[kind]) if num else 0.0)
-        health = cur.assessments.get(info.dht_prefix)
+        assessment = cur.assessments.get(info.dht_prefix)
         for name in MODEL_STATES:
-            model_state.add_metric([model, name], 1.0 if state_api.monitor_state(health) == name else 0.0)
-        if health is None:
+            model_state.add_metric([model, name], 1.0 if state_api.monitor_state(assessment) == name else 0.0)
+        if assessment is None:
             continue
-        confirmed.add_metric([model], 1.0 if health.confirmed(health.excluded_peers) else 0.0)
-        if finite(health.coverage_pct) is not None:
-            coverage.add_metric([model], finite(health.coverage_pct))
-        if health.min_redundancy is not None:
-            redundancy.add_metric([model], health.min_redundancy)
-        if health.servers_online is not None:
-            online.add_metric([model], health.servers_online)
-        if finite(health.est_tokens_per_s) is not None:
-            speed.add_metric([model], finite(health.est_tokens_per_s))
+        confirmed.add_metric([model], 1.0 if assessment.confirmed(assessment.excluded_peers) else 0.0)
+        if finite(assessment.coverage_pct) is not None:
+            coverage.add_metric([model], finite(assessment.coverage_pct))
+        if assessment.min_redundancy is not None:
+            redundancy.add_metric([model], assessment.min_redundancy)
+        if assessment.servers_online is not None:
+            online.add_metric([model], assessment.servers_online)
+        if finite(assessment.est_tokens_per_s) is not None:
+            speed.add_metric([model], finite(assessment.est_tokens_per_s))
     yield from (n_blocks, servers_num, blocks_total, blocks, online_min, rps_avg, rps_min,
                 model_state, confirmed, coverage, redundancy, online, speed)
     yield from generation_families(cur)

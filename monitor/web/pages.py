@@ -66,12 +66,12 @@ SERVER_SORTS = {"span": lambda r: (r["span"]["start"], r["span"]["end"], r["peer
                 "name": lambda r: ((r["span"]["server_info"].get("public_name") or "").lower(), r["peer_id"])}
 
 
-def _server_table(report: dict, health, cause: Optional[str], sort: str) -> dict:
+def _server_table(report: dict, assessment, cause: Optional[str], sort: str) -> dict:
     """The servers table: every announced server with why it does not serve (its cause), filtered
     by cause and sorted as the visitor asked (``?cause=``, ``?sort=``)."""
-    causes = health.excluded_causes if health is not None else {}
-    rows = [{**row, "cause": causes.get(row["peer_id"], SERVING), "why": (health.excluded_peers.get(row["peer_id"])
-                                                                            if health is not None else None)}
+    causes = assessment.excluded_causes if assessment is not None else {}
+    rows = [{**row, "cause": causes.get(row["peer_id"], SERVING), "why": (assessment.excluded_peers.get(row["peer_id"])
+                                                                            if assessment is not None else None)}
             for row in report["server_rows"]]
     counts = {c: sum(r["cause"] == c for r in rows) for c in (SERVING, *CAUSES)}
     shown = [r for r in rows if cause is None or r["cause"] == cause]
@@ -96,20 +96,20 @@ def model(dht_prefix: str):
     model = _model_or_404(cur, dht_prefix)
     cause, sort = _table_args()
     now = time.time()
-    health = cur.assessments.get(dht_prefix)
+    assessment = cur.assessments.get(dht_prefix)
     report = queries.model_report(cur, d.settings, dht_prefix)
     configured = next((m for m in d.settings.models if m.dht_prefix == dht_prefix and m.path), None)
     # DHT records carry no family: it is named where a checkpoint is configured
     family = describe_checkpoint(configured.path) if configured else None  # (its config.json: a small read)
-    context = dict(now=now, cur=cur, model=model, report=report, health=health, family=family,
-                   poll=queries.poll_info(cur, d.settings, now), **_server_table(report, health, cause, sort))
+    context = dict(now=now, cur=cur, model=model, report=report, assessment=assessment, family=family,
+                   poll=queries.poll_info(cur, d.settings, now), **_server_table(report, assessment, cause, sort))
     target = htmx_target()
     if target in (None, "model-live"):
         context.update(cur.derive(("model-live", dht_prefix, int(now // MINUTE)), lambda: dict(
-            redundancy_figure=charts.redundancy_chart(queries.block_rows(health)) if health else None,
+            redundancy_figure=charts.redundancy_chart(queries.block_rows(assessment)) if assessment else None,
             changes=queries.state_changes(d.store, dht_prefix, now - WEEK, now),
             outages=queries.outages(d.store, dht_prefix, now - WEEK, now),
-            measured=probe_views.model_servers(health),
+            measured=probe_views.model_servers(assessment),
             generation_figure=_generation_chart(d.store, dht_prefix, now - DAY, now),
             requests=request_stats.cached(d, cur, ("request-stats-model", dht_prefix), now,
                                           lambda: request_stats.model_stats(d.store, dht_prefix, now, servers=False)),

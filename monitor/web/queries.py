@@ -161,8 +161,8 @@ def coverage_history(store, dht_prefix: str, since: float, until: float) -> tupl
     return [h["at"] for h in history], [h["coverage_pct"] for h in history]
 
 
-def block_rows(health: Assessment) -> list[dict]:
-    return [{"index": b.index, "online": b.online, "throughput": b.total_throughput} for b in health.blocks]
+def block_rows(assessment: Assessment) -> list[dict]:
+    return [{"index": b.index, "online": b.online, "throughput": b.total_throughput} for b in assessment.blocks]
 
 
 def state_changes(store, dht_prefix: str, since: float, until: float, limit: int = 50) -> list:

@@ -111,42 +111,42 @@ def server_rows(model: ModelInfo, rows: Sequence[ServerRow], reachability: Mappi
     return result
 
 
-def monitor_state(health: Optional[Assessment]) -> str:
+def monitor_state(assessment: Optional[Assessment]) -> str:
     """The model's state by its diagnosis; a model without one (no known blocks: it cannot be
     diagnosed) counts as broken."""
-    return BROKEN if health is None else health.state
+    return BROKEN if assessment is None else assessment.state
 
 
-def _diagnosis_fields(health: Optional[Assessment]) -> dict:
+def _diagnosis_fields(assessment: Optional[Assessment]) -> dict:
     """Our additions to a model report, from its diagnosis (None: a model without known blocks,
     which cannot be diagnosed and so counts as broken)."""
-    if health is None:
-        return {"monitor_state": monitor_state(health), "degraded": False, "reasons": [], "coverage_pct": None,
+    if assessment is None:
+        return {"monitor_state": monitor_state(assessment), "degraded": False, "reasons": [], "coverage_pct": None,
                 "servers_online": None, "min_redundancy": None, "est_tokens_per_s": None, "speed_source": None,
                 "recommendation": None}
-    rec = health.recommendation
+    rec = assessment.recommendation
     recommendation = None if rec is None else {
         "start": rec.start, "end": rec.end, "num_blocks": rec.num_blocks, "block_indices": f"{rec.start}:{rec.end}",
         "argument": rec.argument, "reason": rec.reason}
     return {
-        "monitor_state": monitor_state(health),
-        "degraded": health.state == DEGRADED,
-        "reasons": list(health.reasons),
-        "coverage_pct": finite(health.coverage_pct),
-        "servers_online": health.servers_online,
-        "min_redundancy": health.min_redundancy,
-        "est_tokens_per_s": finite(health.est_tokens_per_s),
+        "monitor_state": monitor_state(assessment),
+        "degraded": assessment.state == DEGRADED,
+        "reasons": list(assessment.reasons),
+        "coverage_pct": finite(assessment.coverage_pct),
+        "servers_online": assessment.servers_online,
+        "min_redundancy": assessment.min_redundancy,
+        "est_tokens_per_s": finite(assessment.est_tokens_per_s),
         # what the estimate rests on: "measured" (speed probes), "partly measured", "announced"; None: no route
-        "speed_source": health.speed_source if health.est_tokens_per_s is not None else None,
+        "speed_source": assessment.speed_source if assessment.est_tokens_per_s is not None else None,
         "recommendation": recommendation,
     }
 
 
-def model_report(model: ModelInfo, rows: Sequence[ServerRow], health: Optional[Assessment],
+def model_report(model: ModelInfo, rows: Sequence[ServerRow], assessment: Optional[Assessment],
                  reachability: Mapping[str, ReachabilityResult], scores: Mapping[str, PeerScore]) -> dict:
-    """One ``model_reports[]`` entry. ``health``: the model's diagnosis for the latest poll and
+    """One ``model_reports[]`` entry. ``assessment``: the model's diagnosis for the latest poll and
     probe round, as the poller stored it."""
-    ours = _diagnosis_fields(health)
+    ours = _diagnosis_fields(assessment)
     name = model_name(model)
     repository = model.repository
     href = repository if repository and urlsplit(repository).scheme in ("http", "https") else None
