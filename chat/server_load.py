@@ -25,6 +25,8 @@ import time
 from collections import Counter
 from typing import Callable, Iterable, Mapping, Optional
 
+from swarm_monitor_client.policy import covers
+
 LOAD_WEIGHT = 1.0  # added to a server's cost factor per request in flight through it
 CACHE_SLACK = 4  # below this many times the tokens a session needs, a server's cache left costs more
 FULL_FACTOR = 4.0  # a server that just refused a session for want of cache room costs this many times more
@@ -149,16 +151,9 @@ class ServerLimits:
         """The longest session some route over ``spans`` accepts, as far as refusals tell (None: no
         server refused anything: the servers' own limits are unknown, up to the model's context)."""
         known = {peer: limit for peer, limit in self.known().items() if peer in spans}
-        if not known or _covers([span for peer, span in spans.items() if peer not in known], num_blocks):
+        if not known or covers([span for peer, span in spans.items() if peer not in known], 0, num_blocks):
             return None  # a route of servers that never refused: their limits are their own
         for length in sorted(set(known.values()), reverse=True):
-            if _covers([span for peer, span in spans.items() if known.get(peer, length) >= length], num_blocks):
+            if covers([span for peer, span in spans.items() if known.get(peer, length) >= length], 0, num_blocks):
                 return length
         return 0
-
-
-def _covers(spans: Iterable[tuple[int, int]], num_blocks: int) -> bool:
-    covered: set[int] = set()
-    for start, end in spans:
-        covered.update(range(max(0, start), min(num_blocks, end)))
-    return len(covered) == num_blocks
