@@ -1,5 +1,5 @@
 # The two front-door commands (see README.md): `make demo` and `make test`.
-# `make test-fast`: the specs that need no swarm, PostgreSQL or browser (markers: pyproject.toml).
+# `make test-fast`: the specs that need no swarm, PostgreSQL, browser or Redis (markers: pyproject.toml).
 # `make lint`: ruff over every Python file (pyproject.toml: [tool.ruff]); `make test` runs it first.
 .PHONY: demo test test-fast lint setup system-deps
 
@@ -25,4 +25,4 @@ test: setup system-deps lint
 	$(PYTEST) $(ARGS)
 
 test-fast: setup
-	$(PYTEST) -m "not swarm and not postgres and not browser" $(ARGS)
+	$(PYTEST) -m "not swarm and not postgres and not browser and not redis" $(ARGS)

@@ -32,6 +32,7 @@ from monitor.core.requests import RequestRecord
 from monitor.core.route_choice import RouteChoice
 
 from chat.admission import Admission, AssessmentCheck, ModelReadiness
+from chat.shared_load import SharedLedger
 from chat.capacity import Capacity, OpenSessions, SessionsLoad, Slots, SlotsLoad
 from chat.client_side import ClientSideSettings
 from chat.decoding import Delta, Finished, GenerationParams, TokenLogprob
@@ -110,6 +111,7 @@ class ChatEngine:
         client_side: Optional[ClientSideSettings] = None,
         keep_seconds: float = DEFAULT_KEEP_SECONDS,
         keep_headroom: int = DEFAULT_HEADROOM,
+        shared: Optional[str] = None,
     ):
         self.dht = dht
         self._request_rows = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
@@ -124,6 +126,8 @@ class ChatEngine:
         self.kept = KeptSessions(self.sessions, keep_seconds=keep_seconds)  # answered sessions, for follow-ups
         # requests in flight per server (routes spread by it); directed ones bounded per server
         self.server_load = ServerLoad(directed_limit=self.capacity.slots_per_client)
+        # several chat workers: each one's load on each server, published to and read from Redis
+        self.shared_load = SharedLedger(shared, self.server_load).start() if shared else None
         self.server_limits = ServerLimits()  # the longest session each server accepts, learned from refusals
         # -- models, routed by the health-aware sequence manager
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(
@@ -227,3 +231,6 @@ class ChatEngine:
         (the DHT belongs to the caller)."""
         self.kept.close()
         self.models.close()
+        if self.shared_load is not None:
+            self.shared_load.close()
+            self.shared_load = None

@@ -163,3 +163,12 @@ class ChatCollector:
         yield follow_ups
         yield from self.engine.request_histograms.families()
         yield from self.engine.head_step_histograms.families()
+        shared = self.engine.shared_load
+        if shared is not None:  # several chat workers (chat_shared): how many this one counts, how fresh
+            yield GaugeMetricFamily(f"{PREFIX}_shared_workers", "Other chat workers whose load this one counts "
+                                    "(their records within the lease)", value=shared.workers)
+            yield GaugeMetricFamily(f"{PREFIX}_shared_load_age_seconds", "Age of the oldest other worker's load "
+                                    "record at the newest read (how stale routing's view of their load is)",
+                                    value=max(shared.staleness, default=0.0))
+            yield GaugeMetricFamily(f"{PREFIX}_shared_load_up", "1 when the newest publication and read of the "
+                                    "shared load succeeded", value=0.0 if shared.failed else 1.0)

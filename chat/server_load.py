@@ -23,6 +23,7 @@ import re
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional
 
 from swarm_monitor_client.policy import covers
@@ -53,8 +54,25 @@ def cache_factor(room: Optional[int], needed: Optional[int]) -> float:
     return 1.0 + max(0.0, min(1.0, 1.0 - share))
 
 
+@dataclass(frozen=True)
+class OthersLoad:
+    """What the other chat workers put on each server, as their newest published records say
+    (``chat.shared_load``): requests in flight, directed ones, and the servers that refused one of
+    them a session for want of cache room (peer -> how many seconds ago, when it was read)."""
+
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+    directed: Mapping[str, int] = field(default_factory=dict)
+    full_ago: Mapping[str, float] = field(default_factory=dict)
+    read_at: float = 0.0  # (the clock of ``ServerLoad``) when it was read: full_ago ages from then
+
+
+NOBODY_ELSE = OthersLoad()
+
+
 class ServerLoad:
-    """Requests in flight through each server (peer id), and the directed ones among them."""
+    """Requests in flight through each server (peer id), and the directed ones among them — this
+    worker's own, plus the other workers' (``others``: their newest published load, read by
+    ``chat.shared_load.SharedLedger`` in the background; never a network call here)."""
 
     def __init__(self, directed_limit: int = 2, clock: Callable[[], float] = time.monotonic):
         self.directed_limit = max(1, directed_limit)
@@ -63,6 +81,29 @@ class ServerLoad:
         self._in_flight: Counter = Counter()
         self._directed: Counter = Counter()
         self._full: dict[str, float] = {}  # peer -> when it last refused a session for want of cache room
+        self.others: Callable[[], OthersLoad] = lambda: NOBODY_ELSE
+
+    def now(self) -> float:
+        """This load's clock (``OthersLoad.read_at`` is on it)."""
+        return self._clock()
+
+    def own(self) -> dict:
+        """This worker's own load, as it publishes it: in flight, directed, and the servers full
+        lately (peer -> seconds since they refused)."""
+        with self._lock:
+            now = self._clock()
+            return {"in_flight": dict(self._in_flight), "directed": dict(self._directed),
+                    "full_ago": {p: now - t for p, t in self._full.items() if now - t < FULL_COOL}}
+
+    def _with_others(self) -> tuple[Counter, Counter, set[str]]:
+        """In flight, directed and full-lately over every worker (under the lock)."""
+        others, now = self.others(), self._clock()
+        counts, directed = Counter(self._in_flight), Counter(self._directed)
+        counts.update(others.in_flight)
+        directed.update(others.directed)
+        full = {peer for peer, at in self._full.items() if now - at < FULL_COOL}
+        full |= {peer for peer, ago in others.full_ago.items() if ago + (now - others.read_at) < FULL_COOL}
+        return counts, directed, full
 
     def enter(self, peers: Iterable[str], *, directed: bool = False) -> None:
         with self._lock:
@@ -80,14 +121,16 @@ class ServerLoad:
                         del counter[peer]
 
     def in_flight(self) -> dict[str, int]:
+        """Requests in flight through each server, every worker's."""
         with self._lock:
-            return dict(self._in_flight)
+            return dict(self._with_others()[0])
 
     def directed_full(self, peers: Iterable[str]) -> bool:
-        """Every one of ``peers`` already runs ``directed_limit`` directed requests."""
+        """Every one of ``peers`` already runs ``directed_limit`` directed requests (every worker's)."""
         peers = list(peers)
         with self._lock:
-            return bool(peers) and all(self._directed[peer] >= self.directed_limit for peer in peers)
+            directed = self._with_others()[1]
+            return bool(peers) and all(directed[peer] >= self.directed_limit for peer in peers)
 
     def full(self, peer: str) -> None:
         """``peer`` just refused a session for want of attention-cache room
@@ -103,9 +146,7 @@ class ServerLoad:
         """peer -> its cost factor now, for the peers of ``rooms`` (each one's ``session_room`` for
         its span of the route; None where it announces nothing), for a session of ``needed`` tokens."""
         with self._lock:
-            counts = dict(self._in_flight)
-            now = self._clock()
-            full = {peer for peer, at in self._full.items() if now - at < FULL_COOL}
+            counts, _, full = self._with_others()
         return {peer: (1.0 + LOAD_WEIGHT * counts.get(peer, 0)) * cache_factor(left, needed)
                 * (FULL_FACTOR if peer in full else 1.0)
                 for peer, left in rooms.items()}

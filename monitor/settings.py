@@ -234,7 +234,7 @@ class Settings(BaseModel):
                                    description="per client, on every chat API; past it 429 with `Retry-After`")
     reachability_rate_limit: str = setting("6 per minute", section="security",
                                            description="per client, live reachability checks of a peer")
-    rate_limit_storage: str = setting("memory://", section="security",
+    rate_limit_storage: str = setting("memory://", section="security", shown="`chat_shared` when set, else memory",
                                       description="Flask-Limiter storage (e.g. `redis://…` to share limits between "
                                                   "processes)")
 
@@ -244,6 +244,11 @@ class Settings(BaseModel):
     min_peer_score: float = setting(30, section="chat", ge=0, le=100, description="servers scored below are avoided")
     pinned_peers: list[str] = setting([], section="chat", description="when set, the only peers routing uses")
     blocked_peers: list[str] = setting([], section="chat", description="peers routing never uses")
+    chat_shared: Optional[str] = setting(
+        None, section="chat", pattern=r"^rediss?://\S{1,500}$",
+        description="a Redis URL (`redis://127.0.0.1:6379/0`) several chat workers share: the load each puts on "
+                    "each server (published every second, a lease of 10 s) and, unless `rate_limit_storage` says "
+                    "otherwise, their clients' rate limits (README: Several chat workers)")
     chat_slots: int = setting(4, section="chat", gt=0, le=1024,
                               description="generation slots: answers computed at once (`max_chat_sessions` still "
                                           "loads, with a warning)")
@@ -366,6 +371,14 @@ class Settings(BaseModel):
         if self.host not in ("0.0.0.0", "::", ""):
             hosts.insert(0, self.host)
         return hosts
+
+    @property
+    def resolved_rate_limit_storage(self) -> str:
+        """Where the rate limits are counted: ``rate_limit_storage``, or the chat workers' shared
+        Redis when that is set and this is left at its default."""
+        if self.rate_limit_storage == "memory://" and self.chat_shared:
+            return self.chat_shared
+        return self.rate_limit_storage
 
     @property
     def resolved_database_url(self) -> str:

