@@ -26,12 +26,13 @@ swarm. Counters and the wait histogram are what /metrics shows (``chat.metrics``
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from chat.errors import Busy, SessionExpired
@@ -130,8 +131,27 @@ class InSlot:
                 self.slot.release()
 
 
+def client_key(client: str) -> str:
+    """A client as other chat workers see it (``chat.shared_load``): a short hash, never its address."""
+    return hashlib.blake2b(client.encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class OthersSlots:
+    """The other chat workers' generation slots, as their newest published records say: how many
+    they have, and how many each client holds there (by ``client_key``)."""
+
+    slots: int = 0
+    held: Any = field(default_factory=dict)  # client key -> slots held
+
+
+NO_OTHER_SLOTS = OthersSlots()
+
+
 class Slots:
-    """``capacity.slots`` generation slots, shared per client in turn (see the module's docstring)."""
+    """``capacity.slots`` generation slots, shared per client in turn (see the module's docstring).
+    With several chat workers (``others``: what the other workers publish, ``chat.shared_load``),
+    a client's share is of every worker's slots, and the slots it holds anywhere count against it."""
 
     def __init__(self, capacity: Capacity, clock: Callable[[], float] = time.monotonic,
                  observe_wait: Optional[Callable[[float], object]] = None):
@@ -144,6 +164,13 @@ class Slots:
         self._queues: "OrderedDict[str, deque[_Waiter]]" = OrderedDict()  # in turn order
         self._holds: deque = deque(maxlen=RECENT_HOLDS)
         self._refused: Counter = Counter()
+        self.others: Callable[[], OthersSlots] = lambda: NO_OTHER_SLOTS
+
+    def own(self) -> dict:
+        """This worker's slots and each client's held ones (by ``client_key``), as it publishes them."""
+        with self._lock:
+            held = Counter(client_key(slot.client) for slot in self._held if slot.client is not None)
+            return {"slots": self.capacity.slots, "clients": dict(held)}
 
     # -- taking and giving back -------------------------------------------------------------------
     def acquire(self, client: Optional[str], timeout: Optional[float] = None, *, queued: bool = True,
@@ -239,6 +266,12 @@ class Slots:
                 return self._grant(client, now, now)
             return None
 
+    def reconsider(self) -> None:
+        """The other workers' holds changed (``others``): a client waiting only for its share over
+        every worker may take a free slot here now."""
+        with self._lock:
+            self._dispatch(self._clock())
+
     def _release(self, slot: Slot) -> None:
         with self._lock:
             now = self._clock()
@@ -251,13 +284,20 @@ class Slots:
         return len(self._held)
 
     def _held_by(self, client: Optional[str]) -> int:
-        return sum(1 for slot in self._held if slot.client == client)
+        """The slots ``client`` holds here and (its share being over every worker) elsewhere."""
+        here = sum(1 for slot in self._held if slot.client == client)
+        return here if client is None else here + int(self.others().held.get(client_key(client), 0))
 
     def _waiting(self, *, queued_only: bool = False) -> int:
         return sum(sum(1 for w in q if w.queued or not queued_only) for q in self._queues.values())
 
     def _cap(self, client: Optional[str]) -> int:
-        return self.capacity.slots if client is None else self.capacity.slots_per_client
+        if client is None:
+            return self.capacity.slots
+        others = self.others().slots
+        if not others:
+            return self.capacity.slots_per_client
+        return max(1, math.floor((self.capacity.slots + others) * self.capacity.slots_share + 1e-9))
 
     def _free_for(self, client: Optional[str]) -> bool:
         return self._total_busy() < self.capacity.slots and self._held_by(client) < self._cap(client)

@@ -127,7 +127,7 @@ class ChatEngine:
         # requests in flight per server (routes spread by it); directed ones bounded per server
         self.server_load = ServerLoad(directed_limit=self.capacity.slots_per_client)
         # several chat workers: each one's load on each server, published to and read from Redis
-        self.shared_load = SharedLedger(shared, self.server_load).start() if shared else None
+        self.shared_load = SharedLedger(shared, self.server_load, self.slots).start() if shared else None
         self.server_limits = ServerLimits()  # the longest session each server accepts, learned from refusals
         # -- models, routed by the health-aware sequence manager
         self.sequence_manager_cls = HealthAwareSequenceManager.configured(

@@ -1,7 +1,11 @@
-"""The server-load ledger shared by several chat workers, through Redis (the ``chat_shared`` setting).
+"""What several chat workers share, through Redis (the ``chat_shared`` setting): the server-load
+ledger and each client's share of the generation slots.
 
 Each worker routes by what every worker puts on each server (``chat.server_load.ServerLoad``): its
-own requests in flight, counted at once, and the others' as their newest published records say.
+own requests in flight, counted at once, and the others' as their newest published records say. A
+client's share of the slots (``chat.capacity.Slots``: ``max_slots_share``) is of every worker's
+slots, and what it holds on any worker counts against it (by a hash of the client, never its
+address); a client waiting only for that share is reconsidered at each read.
 A worker publishes its own load every ``PERIOD`` (1 s) as one Redis key of its own, written with a
 lease (``LEASE``, 10 s: ``SET … PX``) — so a worker that dies stops counting within the lease,
 with nobody to clean up after it — and reads the others' keys in the same beat. Both happen on a
@@ -30,9 +34,10 @@ import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from chat.capacity import OthersSlots, Slots
 from chat.server_load import OthersLoad, ServerLoad
 
 log = logging.getLogger(__name__)
@@ -42,7 +47,8 @@ LEASE = 10.0  # seconds a published record counts without being written again
 PREFIX = "swarm-monitor:chat-load:"
 MAX_WORKERS = 64  # other workers' records read at most
 MAX_PEERS = 10_000  # servers in one record, at most
-MAX_COUNT = 100_000  # requests one record may say one server runs
+MAX_COUNT = 100_000  # requests one record may say one server runs (or slots it has, one client holds)
+MAX_CLIENTS = 10_000  # clients in one record, at most
 
 
 def worker_id() -> str:
@@ -62,15 +68,21 @@ class Parsed:
     in_flight: dict[str, int]
     directed: dict[str, int]
     full_ago: dict[str, float]
+    slots: int = 0
+    clients: dict[str, int] = field(default_factory=dict)  # client key -> slots held
 
 
-def _counts(value: object) -> dict[str, int]:
+def _count(n: object) -> Optional[int]:
+    return max(0, min(MAX_COUNT, n)) if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _counts(value: object, most: int = MAX_PEERS) -> dict[str, int]:
     if not isinstance(value, dict):
         return {}
     out = {}
-    for peer, n in list(value.items())[:MAX_PEERS]:
-        if isinstance(peer, str) and 0 < len(peer) <= 128 and isinstance(n, int) and not isinstance(n, bool):
-            out[peer] = max(0, min(MAX_COUNT, n))
+    for key, n in list(value.items())[:most]:
+        if isinstance(key, str) and 0 < len(key) <= 128 and _count(n) is not None:
+            out[key] = _count(n)
     return out
 
 
@@ -89,18 +101,28 @@ def parse(raw: object) -> Optional[Parsed]:
     full_ago = {peer: float(ago) for peer, ago in (list(full.items())[:MAX_PEERS] if isinstance(full, dict) else ())
                 if isinstance(peer, str) and 0 < len(peer) <= 128 and isinstance(ago, (int, float))
                 and not isinstance(ago, bool) and 0 <= ago < LEASE * 10}
-    return Parsed(worker[:120], float(at), _counts(data.get("in_flight")), _counts(data.get("directed")), full_ago)
+    return Parsed(worker[:120], float(at), _counts(data.get("in_flight")), _counts(data.get("directed")), full_ago,
+                  _count(data.get("slots")) or 0, _counts(data.get("clients"), MAX_CLIENTS))
 
 
-def merge(records: Iterable[Parsed], *, me: str, now: float, read_at: float,
-          lease: float = LEASE) -> tuple[OthersLoad, list[float]]:
-    """The other workers' load from their records (``now``: wall time of the read; ``read_at``:
-    the same moment on the ServerLoad's clock), and each counted record's age (its staleness).
-    Records older than the lease, and this worker's own, do not count."""
+@dataclass(frozen=True)
+class Others:
+    """What the other workers publish, merged: their load on each server, their slots, and ages."""
+
+    load: OthersLoad
+    slots: OthersSlots
+    ages: list[float]
+
+
+def merge(records: Iterable[Parsed], *, me: str, now: float, read_at: float, lease: float = LEASE) -> Others:
+    """The other workers' load and slots from their records (``now``: wall time of the read;
+    ``read_at``: the same moment on the ServerLoad's clock), with each counted record's age (its
+    staleness). Records older than the lease, and this worker's own, do not count."""
     in_flight: Counter = Counter()
     directed: Counter = Counter()
+    clients: Counter = Counter()
     full_ago: dict[str, float] = {}
-    ages = []
+    ages, slots = [], 0
     for found in records:
         age = now - found.at
         if found.worker == me or not -lease < age < lease:
@@ -108,31 +130,37 @@ def merge(records: Iterable[Parsed], *, me: str, now: float, read_at: float,
         ages.append(max(0.0, age))
         in_flight.update(found.in_flight)
         directed.update(found.directed)
+        clients.update(found.clients)
+        slots += found.slots
         for peer, ago in found.full_ago.items():
             since = ago + max(0.0, age)
             full_ago[peer] = min(since, full_ago.get(peer, since))
-    return OthersLoad(dict(in_flight), dict(directed), full_ago, read_at), ages
+    return Others(OthersLoad(dict(in_flight), dict(directed), full_ago, read_at), OthersSlots(slots, dict(clients)),
+                  ages)
 
 
 class SharedLedger:
-    """Publishes ``load``'s own part and reads the other workers' every ``period`` on a thread
-    (``start``/``close``); ``load.others`` then answers from the newest read."""
+    """Publishes this worker's own load (``load``) and slots (``slots``, when given) and reads the
+    other workers' every ``period`` on a thread (``start``/``close``); ``load.others`` and
+    ``slots.others`` then answer from the newest read."""
 
-    def __init__(self, url: str, load: ServerLoad, *, worker: Optional[str] = None, period: float = PERIOD,
-                 lease: float = LEASE, clock: Callable[[], float] = time.time):
+    def __init__(self, url: str, load: ServerLoad, slots: Optional[Slots] = None, *, worker: Optional[str] = None,
+                 period: float = PERIOD, lease: float = LEASE, clock: Callable[[], float] = time.time):
         import redis
 
         self.worker = worker or worker_id()
         self.period, self.lease = period, lease
         self._redis = redis.Redis.from_url(url, socket_timeout=max(0.5, period), socket_connect_timeout=max(0.5, period))
-        self._load, self._clock = load, clock
-        self._view = OthersLoad()
+        self._load, self._slots, self._clock = load, slots, clock
+        self._view = Others(OthersLoad(), OthersSlots(), [])
         self.staleness: list[float] = []  # the counted records' ages at the newest read (seconds)
         self.workers = 0  # other workers counted at the newest read
         self.failed: Optional[str] = None  # why the newest beat failed, if it did
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        load.others = lambda: self._view
+        load.others = lambda: self._view.load
+        if slots is not None:
+            slots.others = lambda: self._view.slots
 
     def start(self) -> "SharedLedger":
         self._thread = threading.Thread(target=self._run, name="chat-shared-load", daemon=True)
@@ -144,7 +172,8 @@ class SharedLedger:
         key = PREFIX + self.worker
         now = self._clock()
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(key, record(self.worker, self._load.own(), now), px=int(self.lease * 1000))
+        own = {**self._load.own(), **(self._slots.own() if self._slots is not None else {})}
+        pipe.set(key, record(self.worker, own, now), px=int(self.lease * 1000))
         pipe.execute()
         keys = []
         for found in self._redis.scan_iter(match=PREFIX + "*", count=200):
@@ -153,9 +182,12 @@ class SharedLedger:
             if len(keys) >= MAX_WORKERS:
                 break
         raws = self._redis.mget(keys) if keys else []
-        view, ages = merge(filter(None, (parse(raw) for raw in raws if raw is not None)), me=self.worker,
-                           now=self._clock(), read_at=self._load.now(), lease=self.lease)
-        self._view, self.staleness, self.workers = view, ages, len(ages)
+        view = merge(filter(None, (parse(raw) for raw in raws if raw is not None)), me=self.worker,
+                     now=self._clock(), read_at=self._load.now(), lease=self.lease)
+        changed = view.slots != self._view.slots
+        self._view, self.staleness, self.workers = view, view.ages, len(view.ages)
+        if changed and self._slots is not None:
+            self._slots.reconsider()  # a client waiting for its share over every worker may go on
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -170,8 +202,11 @@ class SharedLedger:
                     log.warning("chat workers' shared load not published or read (each worker counts its own "
                                 "until it is): %s", str(e)[:300])
                 self.failed = str(e)[:300]
-                if self._view.read_at and self._load.now() - self._view.read_at > self.lease:
-                    self._view = OthersLoad()  # what it last read has outlived its leases
+                if self._view.load.read_at and self._load.now() - self._view.load.read_at > self.lease:
+                    self._view = Others(OthersLoad(), OthersSlots(), [])  # what it last read outlived its leases
+                    self.workers, self.staleness = 0, []
+                    if self._slots is not None:
+                        self._slots.reconsider()
             self._stop.wait(max(0.0, self.period - (time.monotonic() - started)))
 
     def close(self) -> None:
@@ -186,3 +221,5 @@ class SharedLedger:
             pass
         self._redis.close()
         self._load.others = lambda: OthersLoad()
+        if self._slots is not None:
+            self._slots.others = lambda: OthersSlots()

@@ -83,10 +83,46 @@ def test_merging_ignores_a_worker_s_own_record_and_records_past_their_lease():
     now = 1000.0
     records = [parse(record(name, {"in_flight": {"s": n}, "full_ago": {"f": 1.0}}, at))
                for name, n, at in (("me", 5, now), ("other", 2, now - 0.5), ("old", 9, now - LEASE - 1))]
-    view, ages = merge(records, me="me", now=now, read_at=50.0)
-    assert view.in_flight == {"s": 2} and ages == [0.5]
-    assert view.full_ago == {"f": pytest.approx(1.5)}  # refused 1 s before a record 0.5 s old
+    view = merge(records, me="me", now=now, read_at=50.0)
+    assert view.load.in_flight == {"s": 2} and view.ages == [0.5]
+    assert view.load.full_ago == {"f": pytest.approx(1.5)}  # refused 1 s before a record 0.5 s old
     assert parse("[]") is None and parse(json.dumps({"v": 2, "worker": "w", "at": 1})) is None
+
+
+def test_a_client_holding_its_share_through_one_worker_waits_on_the_other_until_it_gives_one_back(redis_url):
+    """Two workers of 2 slots each, a share of half: 2 of the 4 slots over both. A client holding 2
+    through worker 1 is not granted a third through worker 2 (it waits its turn, as on one worker),
+    while another client is; once it gives one back on worker 1, worker 2 grants its waiting request
+    at its next read, without any release there."""
+    import threading
+
+    from chat.capacity import Capacity, Slots, client_key
+    from chat.errors import Busy
+
+    capacity = Capacity(slots=2, queue_size=4, queue_timeout=5, slots_share=0.5)
+    slots_1, slots_2 = Slots(capacity), Slots(capacity)
+    first = SharedLedger(redis_url, ServerLoad(), slots_1, worker="worker-6", period=PERIOD, lease=SHORT_LEASE).start()
+    second = SharedLedger(redis_url, ServerLoad(), slots_2, worker="worker-7", period=PERIOD, lease=SHORT_LEASE).start()
+    try:
+        held = [slots_1.acquire("10.8.0.1"), slots_1.acquire("10.8.0.1")]  # 2 of 4: its share over both
+        assert wait_until(lambda: slots_2.others().held.get(client_key("10.8.0.1")) == 2, 3, step=0.05)
+        assert slots_2.others().slots == 2 and "10.8.0.1" not in json.dumps(slots_2.others().held)  # (a hash)
+        got: list = []
+        waiting = threading.Thread(target=lambda: got.append(slots_2.acquire("10.8.0.1", timeout=4)))
+        waiting.start()
+        time.sleep(PERIOD * 3)
+        assert got == [] and slots_2.load().waiting == 1  # over its share: it waits, though worker 2 is idle
+        other = slots_2.acquire("10.8.0.2", timeout=0.5)  # another client is served at once
+        held[0].release()  # worker 1 gives one back: worker 2's next read lets the waiting request in
+        waiting.join(3)
+        assert len(got) == 1 and slots_2.load().busy == 2
+        with pytest.raises(Busy):  # and worker 2 is full now: nobody else gets a slot there
+            slots_2.acquire("10.8.0.3", timeout=0.3)
+        for slot in (held[1], other, got[0]):
+            slot.release()
+    finally:
+        first.close()
+        second.close()
 
 
 def test_rate_limits_are_counted_over_every_worker_in_the_shared_redis(redis_url, tmp_path):
