@@ -268,14 +268,14 @@ def postgres_url(postgres) -> str:
     return postgres.create_database()
 
 
-# ---- Redis (tests/redis_server.py): what several chat workers share ------------------------------
+# ---- Redis (monitor/harness/redis_server.py): what several chat workers share ------------------------------
 
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
     """A private Redis server for the session on 127.0.0.1 (stopped after it); its URL. Fails (never
     skips) when it cannot start: CI must test the chat workers' shared load."""
-    from redis_server import RedisServer, RedisUnavailable
+    from monitor.harness.redis_server import RedisServer, RedisUnavailable
 
     try:
         server = RedisServer(tmp_path_factory.mktemp("redis"))

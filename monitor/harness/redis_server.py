@@ -1,5 +1,5 @@
-"""A private Redis server for the specs (Debian's ``redis-server``, installed by scripts/system-deps):
-on 127.0.0.1 and a free port, nothing saved to disk, stopped by its PID."""
+"""A private Redis server for the specs and benchmarks (Debian's ``redis-server``, installed by
+scripts/system-deps): on 127.0.0.1 and a free port, nothing saved to disk, stopped by its PID."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from support import free_port
 
 
 class RedisUnavailable(RuntimeError):
     pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class RedisServer:
@@ -21,7 +26,7 @@ class RedisServer:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not Path(binary).exists():
             raise RedisUnavailable("redis-server is not installed (scripts/system-deps installs it)")
-        self.port = free_port()
+        self.port = _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._log = open(workdir / "redis.log", "w")
         self.process = subprocess.Popen(
