@@ -112,6 +112,7 @@ class ChatEngine:
         keep_seconds: float = DEFAULT_KEEP_SECONDS,
         keep_headroom: int = DEFAULT_HEADROOM,
         shared: Optional[str] = None,
+        worker: Optional[str] = None,
     ):
         self.dht = dht
         self._request_rows = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
@@ -154,7 +155,8 @@ class ChatEngine:
         self.requests = RequestContext(models=self.models, admission=self.admission, slots=self.slots,
                                        sessions=self.sessions, kept=self.kept, request_sink=self.request_sink,
                                        max_batch_rows=max_batch_rows, max_logprobs=max_logprobs,
-                                       stall_timeout=self.stall_timeout, headroom=keep_headroom)
+                                       stall_timeout=self.stall_timeout, headroom=keep_headroom, worker=worker)
+        self.worker = worker  # this chat worker's tag (several workers behind a proxy: README)
 
     def _build_remote(self, model, torch_dtype) -> Any:
         return load_remote_model(model.path, self.dht, sequence_manager_cls=self.sequence_manager_cls,

@@ -169,8 +169,11 @@ def worth_continuing(kept_route_seconds: Optional[float], fresh_route_seconds: O
     return kept_cost <= fresh_cost
 
 
-def new_handle() -> str:
-    return secrets.token_urlsafe(HANDLE_BYTES)
+def new_handle(worker: Optional[str] = None) -> str:
+    """A new handle; ``worker``: this chat worker's tag (``chat_worker``), its prefix, so that a proxy
+    can send the follow-up to the worker that keeps the session (README: Several chat workers)."""
+    token = secrets.token_urlsafe(HANDLE_BYTES)
+    return f"{worker}.{token}" if worker else token
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class RequestContext:
     max_logprobs: int
     stall_timeout: float  # no token for this long: the answer gives up on the swarm
     headroom: int = keeping.DEFAULT_HEADROOM  # tokens more a session that may be kept is opened with
+    worker: Optional[str] = None  # this chat worker's tag (``chat_worker``): its kept sessions' handles begin with it
 
 
 # -- 1. refuse early --------------------------------------------------------------------------------
@@ -164,7 +165,7 @@ def answer_batch(chat: RequestContext, name: str, rows: Sequence[Sequence[int]],
                            stall_timeout=chat.stall_timeout, rows=len(prompts), choice=choice,
                            length_param="max_tokens"), prompts
 
-    handle = keeping.new_handle() if keepable else None
+    handle = keeping.new_handle(chat.worker) if keepable else None
     text = resumed.rendered if resumed is not None else rendered.text if rendered is not None else None
 
     def keep(session: ChatSession, finished: Finished) -> bool:

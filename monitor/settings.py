@@ -249,6 +249,12 @@ class Settings(BaseModel):
         description="a Redis URL (`redis://127.0.0.1:6379/0`) several chat workers share: the load each puts on "
                     "each server (published every second, a lease of 10 s) and, unless `rate_limit_storage` says "
                     "otherwise, their clients' rate limits (README: Several chat workers)")
+    chat_worker: Optional[str] = setting(
+        None, section="chat", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
+        description="this chat worker's tag (`w1`) when several run behind a proxy: the chat's answers set the "
+                    "`swarm_monitor_chat_worker` cookie and say `X-Chat-Worker`, and kept sessions' handles begin "
+                    "with it, so the proxy sends a conversation's requests to the worker that holds it (README: "
+                    "Several chat workers)")
     chat_slots: int = setting(4, section="chat", gt=0, le=1024,
                               description="generation slots: answers computed at once (`max_chat_sessions` still "
                                           "loads, with a warning)")

@@ -50,7 +50,24 @@ def create_blueprint(engine: ChatEngine, limits: Optional[ChatLimits] = None,
 
     bp.add_app_template_filter(timefmt.duration, "duration")
     bp.metric_collectors = [ChatCollector(engine)]
+    if engine.worker:
+        bp.after_request(_worker_tag(engine.worker))
     return bp
+
+
+WORKER_COOKIE = "swarm_monitor_chat_worker"
+
+
+def _worker_tag(worker: str):
+    """Several chat workers behind a proxy: every chat answer says which worker it came from
+    (``X-Chat-Worker``) and sets the cookie the proxy routes a browser's later requests by."""
+    def tag(response: Response) -> Response:
+        response.headers["X-Chat-Worker"] = worker
+        if request.cookies.get(WORKER_COOKIE) != worker:
+            response.set_cookie(WORKER_COOKIE, worker, httponly=True, samesite="Lax", secure=request.is_secure,
+                                path="/")
+        return response
+    return tag
 
 
 def _http_error(error: HTTPException) -> Response:

@@ -224,13 +224,15 @@ def route_choice(params: Params) -> RouteChoice:
 
 def session_handle(params: Params) -> Optional[str]:
     """``petals.session``: the handle of the answer this request follows (``chat.kept``), as that
-    answer gave it; None without one. Any string is taken (one that names no session of this
-    client's is ignored: a fresh session starts); another type is refused."""
+    answer gave it; else the ``X-Petals-Session`` header's (the same handle, where a proxy can read it
+    to send the follow-up to the worker that keeps its session); None without one. Any string is
+    taken (one that names no session of this client's is ignored: a fresh session starts); another
+    type is refused."""
     petals = params.raw("petals")
     handle = petals.get("session") if isinstance(petals, dict) else None
     if handle is not None and not isinstance(handle, str):
         raise InvalidRequest("petals.session", "petals.session must be the string an answer's petals.session gave")
-    return handle or None
+    return handle or params.session_header or None
 
 
 def fallback_models(engine: ChatEngine, params: Params, first: tuple[str, str]) -> list[tuple[str, str]]:

@@ -30,10 +30,12 @@ class Params:
     request model's: ``field``). Every problem is an InvalidRequest naming the parameter and what it
     should be."""
 
-    def __init__(self, data: Any, *, form: bool = False, where: str = "the request body"):
+    def __init__(self, data: Any, *, form: bool = False, where: str = "the request body",
+                 session_header: Optional[str] = None):
         if not isinstance(data, Mapping):
             raise InvalidRequest(None, f"{where} must be a JSON object")
         self.data, self.form = data, form
+        self.session_header = session_header  # ``X-Petals-Session`` (``openai_request.session_handle``)
 
     def raw(self, name: str) -> Any:
         value = self.data.get(name)
@@ -116,10 +118,13 @@ def client_address() -> str:
 
 
 def request_params() -> Params:
-    """The current request's parameters: its JSON body, or its form / query values."""
+    """The current request's parameters: its JSON body, or its form / query values (and the
+    ``X-Petals-Session`` header, a kept session's handle where a proxy can read it)."""
+    header = request.headers.get("X-Petals-Session") or None
+    header = header if header is None or len(header) <= 100 else None  # (not one of ours: chat.kept)
     if request.is_json:
         data = request.get_json(silent=True)
         if data is None:
             raise InvalidRequest(None, "the request body is not valid JSON")
-        return Params(data)
-    return Params(request.values.to_dict(), form=True)
+        return Params(data, session_header=header)
+    return Params(request.values.to_dict(), form=True, session_header=header)

@@ -95,6 +95,7 @@ class Service:
             keep_seconds=self.settings.chat_keep_sessions,
             keep_headroom=self.settings.chat_keep_headroom,
             shared=self.settings.chat_shared,
+            worker=self.settings.chat_worker,
         )
 
     def _refresh_forecasts_soon(self) -> None:

@@ -1,0 +1,56 @@
+"""Spec: several chat workers behind a proxy (README: Several chat workers) — each answer says which
+worker it came from and sets the cookie a proxy routes the browser's later requests by; a kept
+session's handle begins with the worker's tag and may come as ``X-Petals-Session`` too, where a
+proxy can read it (pure: the chat's blueprint in a plain Flask app, no swarm)."""
+
+from __future__ import annotations
+
+from chat.engine import ChatEngine
+from chat.http import WORKER_COOKIE, create_blueprint
+from chat.http.openai_request import session_handle
+from chat.http.params import Params
+from chat.kept import new_handle
+from monitor.web import create_app
+from support import sqlite_store, web_settings
+
+
+def app_of(worker, tmp_path):
+    """The monitor's app with the chat's blueprint, as ``serve`` makes it (no swarm, no model)."""
+    engine = ChatEngine(None, [], worker=worker)
+    store = sqlite_store(tmp_path / (worker or "alone"))
+    app = create_app(web_settings(data_dir=tmp_path / (worker or "alone")), store,
+                     chat_blueprints=[create_blueprint(engine)])
+    return app, engine, store
+
+
+def test_a_worker_s_answers_name_it_and_set_the_cookie_the_proxy_routes_by_once(tmp_path):
+    app, engine, store = app_of("w2", tmp_path)
+    try:
+        client = app.test_client()
+        first = client.get("/chat")
+        assert first.status_code == 200 and first.headers["X-Chat-Worker"] == "w2"
+        assert f"{WORKER_COOKIE}=w2" in first.headers["Set-Cookie"] and "HttpOnly" in first.headers["Set-Cookie"]
+        again = client.get("/v1/models")  # the cookie is sent back now: not set again
+        assert again.headers["X-Chat-Worker"] == "w2" and "Set-Cookie" not in again.headers
+        client.set_cookie(WORKER_COOKIE, "w1")  # a browser routed here though another worker set its cookie
+        assert f"{WORKER_COOKIE}=w2" in client.get("/v1/models").headers["Set-Cookie"]  # it is this one's now
+    finally:
+        engine.close()
+        store.close()
+    alone, engine, store = app_of(None, tmp_path)  # one worker (no chat_worker): nothing of the kind
+    try:
+        answer = alone.test_client().get("/chat")
+        assert "X-Chat-Worker" not in answer.headers and WORKER_COOKIE not in answer.headers.get("Set-Cookie", "")
+    finally:
+        engine.close()
+        store.close()
+
+
+def test_a_kept_session_s_handle_begins_with_its_worker_and_may_come_as_a_header():
+    handle = new_handle("w3")
+    assert handle.startswith("w3.") and len(handle) <= 100 and new_handle("w3") != handle
+    assert "." not in new_handle()  # one worker: the handle as before
+    assert session_handle(Params({"petals": {"session": handle}})) == handle
+    assert session_handle(Params({}, session_header=handle)) == handle  # X-Petals-Session
+    assert session_handle(Params({"petals": {"session": handle}}, session_header="w1.other")) == handle  # body first
+    assert session_handle(Params({})) is None
