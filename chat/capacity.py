@@ -422,6 +422,7 @@ class OpenSessions:
         self._expired: Counter = Counter()
         self._refused = self._released = 0
         self._retry_after: Callable[[], int] = lambda: capacity.retry_after
+        self._stopping: Optional[str] = None  # why every session goes as it turns idle (``stop``)
 
     def estimate_with(self, retry_after: Callable[[], int]) -> None:
         """Where Retry-After comes from when no session can be made room for (the slots' estimate)."""
@@ -486,9 +487,15 @@ class OpenSessions:
             if entry is None:
                 raise SessionExpired(member.label, getattr(member, "expired_detail", None) or "it is closed")
             entry.state = state
-            if state == IDLE:
+            stopping = self._stopping if state == IDLE else None
+            if stopping is not None:  # its turn ended while this worker stops: it goes now
+                del self._open[id(member)]
+                self._expired["stopping"] += 1
+            elif state == IDLE:
                 entry.last_used = self._clock()
                 self._open.move_to_end(id(member))
+        if stopping is not None:
+            member.expire(stopping)
 
     def idle_holding(self, peer: str, needed: int) -> list:
         """Idle sessions holding cache room on ``peer`` (``member.holds(peer)``), kept ones first, then
@@ -506,6 +513,20 @@ class OpenSessions:
                     freed += entry.member.max_length
             self._released += len(found)
         return found
+
+    def stop(self, detail: str) -> int:
+        """This worker is stopping (``ChatEngine.drain``): every idle session is expired now with
+        ``detail`` (its owner is told "Session … expired", on which chat.petals.dev's page opens a
+        new one, on another worker) and every other as soon as its turn ends; how many now."""
+        with self._lock:
+            self._stopping = detail
+            idle = [e for e in self._open.values() if e.state == IDLE]
+            for entry in idle:
+                del self._open[id(entry.member)]
+                self._expired["stopping"] += 1
+        for entry in idle:
+            entry.member.expire(detail)
+        return len(idle)
 
     def remove(self, member: Any, reason: Optional[str] = None) -> None:
         """``member`` closed (``reason``: why the chat ended it: "idle", "lifetime"; None: its owner did)."""

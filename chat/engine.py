@@ -157,6 +157,7 @@ class ChatEngine:
                                        max_batch_rows=max_batch_rows, max_logprobs=max_logprobs,
                                        stall_timeout=self.stall_timeout, headroom=keep_headroom, worker=worker)
         self.worker = worker  # this chat worker's tag (several workers behind a proxy: README)
+        self.draining = False  # stopping: no new answer starts (``drain``)
 
     def _build_remote(self, model, torch_dtype) -> Any:
         return load_remote_model(model.path, self.dht, sequence_manager_cls=self.sequence_manager_cls,
@@ -227,6 +228,17 @@ class ChatEngine:
                      outcome_sink: Optional[OutcomeSink] = None) -> Answer:
         """The monitor's generation check through the chat's code (``chat.request.check_answer``)."""
         return request.check_answer(self.requests, name, input_ids, params, outcome_sink=outcome_sink)
+
+    def drain(self) -> None:
+        """This worker is stopping (SIGTERM in a rolling deploy: ``monitor.app.chat_wsgi``): the
+        answers being computed finish, no new one starts (the chat's routes answer 503 with
+        ``Retry-After``: another worker takes it), kept sessions close, and open sessions are told
+        "Session … expired" as they turn idle — chat.petals.dev's page reopens on another worker."""
+        if self.draining:
+            return
+        self.draining = True
+        self.kept.close()
+        self.sessions.stop("this chat worker is stopping (a restart or a deploy); open a new session to go on")
 
     def close(self) -> None:
         """Close the kept sessions, stop the loaded models' head steps and background routing threads

@@ -54,3 +54,52 @@ def test_a_kept_session_s_handle_begins_with_its_worker_and_may_come_as_a_header
     assert session_handle(Params({}, session_header=handle)) == handle  # X-Petals-Session
     assert session_handle(Params({"petals": {"session": handle}}, session_header="w1.other")) == handle  # body first
     assert session_handle(Params({})) is None
+
+
+def test_a_draining_worker_refuses_new_answers_with_retry_after_and_lets_its_open_sessions_go(tmp_path):
+    """SIGTERM (gunicorn's graceful stop; ``service.drain_on``): the engine drains before gunicorn's
+    own handler runs; then a POST or a WebSocket is 503 with ``Retry-After`` in its API's shape (the
+    proxy may hand it to another worker), reads go on, and open sessions are told they expired — the
+    idle ones at once, the others when their turn ends."""
+    import os
+    import signal
+
+    from chat.capacity import GENERATING, IDLE, Capacity, OpenSessions
+    from monitor.app.service import drain_on
+
+    app, engine, store = app_of("w4", tmp_path)
+    before = signal.getsignal(signal.SIGUSR1)
+    called = []
+    try:
+        signal.signal(signal.SIGUSR1, lambda sig, frame: called.append(sig))  # (gunicorn's handler, here)
+        drain_on(signal.SIGUSR1, engine)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert engine.draining and called == [signal.SIGUSR1]  # drained, then the previous handler ran
+        client = app.test_client()
+        refused = client.post("/v1/completions", json={"model": "any", "prompt": "hi"})
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert "stopping" in refused.get_json()["error"]["message"]
+        assert client.post("/api/v1/generate", data={"model": "any"}).status_code == 503
+        assert client.get("/v1/models").status_code == 200
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+        engine.close()
+        store.close()
+
+    class Member:
+        label, max_length = "s", 1
+
+        def __init__(self):
+            self.told = None
+
+        def expire(self, detail):
+            self.told = detail
+
+    sessions = OpenSessions(Capacity())
+    idle, busy = Member(), Member()
+    sessions.admit(idle, "10.7.0.1")
+    sessions.admit(busy, "10.7.0.2")
+    sessions.set_state(busy, GENERATING)
+    assert sessions.stop("stopping") == 1 and idle.told == "stopping" and busy.told is None
+    sessions.set_state(busy, IDLE)  # its turn ended: it goes now
+    assert busy.told == "stopping" and sessions.load().states == {IDLE: 0, "waiting": 0, GENERATING: 0}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from flask import Blueprint, Response, render_template, request
+from flask import Blueprint, Response, g, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from chat.engine import ChatEngine
@@ -50,12 +50,28 @@ def create_blueprint(engine: ChatEngine, limits: Optional[ChatLimits] = None,
 
     bp.add_app_template_filter(timefmt.duration, "duration")
     bp.metric_collectors = [ChatCollector(engine)]
+    bp.before_request(_refuse_while_draining(engine))
     if engine.worker:
         bp.after_request(_worker_tag(engine.worker))
     return bp
 
 
 WORKER_COOKIE = "swarm_monitor_chat_worker"
+DRAIN_RETRY_AFTER = 1  # seconds: another worker takes the request (the proxy may retry at once)
+
+
+def _refuse_while_draining(engine: ChatEngine):
+    """While the worker drains, what would start an answer — a POST, a WebSocket — is refused with
+    503 and ``Retry-After`` in its API's shape; what only reads goes on."""
+    def refuse():
+        if engine.draining and (request.method == "POST" or request.headers.get("Upgrade", "").lower() == "websocket"):
+            message = "this chat worker is stopping (a restart or a deploy); retry: another one answers"
+            headers = {"Retry-After": str(DRAIN_RETRY_AFTER)}
+            if request.path.startswith("/v1/"):
+                return openai_error(503, message, headers=headers)
+            return petals_error(503, message, headers=headers)
+        return None
+    return refuse
 
 
 def _worker_tag(worker: str):
@@ -75,6 +91,8 @@ def _http_error(error: HTTPException) -> Response:
     the web app's generic handler for these codes)."""
     message = _message(error)
     headers = {k: v for k, v in error.get_headers() if k.lower() != "content-type"}
+    if error.code == 429 and getattr(g, "rate_limit_retry_after", None):  # the rate limit's (monitor.web.limits)
+        headers["Retry-After"] = str(g.rate_limit_retry_after)
     if request.path.startswith("/v1/"):
         return openai_error(error.code, message, headers=headers)
     if request.path.startswith("/api/"):

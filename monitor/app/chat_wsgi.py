@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import atexit
 import logging
+import signal
 
-from monitor.app.service import Service
+from monitor.app.service import Service, drain_on
 from monitor import logs
 from monitor.settings import load_settings
 
@@ -39,6 +40,7 @@ def make_service() -> Service:
                          "or the config file's [[models]] (path = ...)")
     service = Service(settings, run_poller=False, enable_chat=True).start()
     atexit.register(service.close)  # gunicorn's worker exits through sys.exit: the DHT daemon goes with it
+    drain_on(signal.SIGTERM, service.engine)
     log.info("chat serving %s", ", ".join(service.engine.models.names))
     return service
 

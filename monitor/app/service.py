@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 import threading
 from typing import Optional
 
@@ -164,3 +165,24 @@ class Service:
             self.dht_client = self.dht = None
         if self.store is not None:
             self.store.close()
+
+
+def drain_on(signum: int, engine) -> None:
+    """On ``signum`` (gunicorn's graceful stop: SIGTERM), the engine drains first
+    (``ChatEngine.drain``: answers in progress finish, no new one starts), then gunicorn's own
+    handler runs (it stops accepting and waits up to ``--graceful-timeout`` for the requests in
+    flight). Installed after gunicorn's: the worker loads the app after setting its handlers."""
+    previous = signal.getsignal(signum)
+
+    def handler(sig, frame):
+        try:
+            engine.drain()
+        except Exception:  # noqa: BLE001 - the stop goes on whatever the drain met
+            log.exception("draining the chat failed")
+        if callable(previous):
+            previous(sig, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
+
+    signal.signal(signum, handler)

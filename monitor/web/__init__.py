@@ -204,6 +204,8 @@ def _error_handlers(app: Flask) -> None:
         for name, value in error.get_headers():  # Allow, Retry-After, WWW-Authenticate ...
             if name.lower() != "content-type":
                 response.headers[name] = value
+        if error.code == 429 and getattr(g, "rate_limit_retry_after", None):  # a rate limit's (web.limits)
+            response.headers["Retry-After"] = str(g.rate_limit_retry_after)
         return response
 
     @app.errorhandler(timerange.BadRange)

@@ -9,7 +9,10 @@ past a limit the answer is 429 with ``Retry-After``. Limits are settings (``chat
 
 from __future__ import annotations
 
-from flask import Blueprint, Flask, current_app, request
+import math
+import time
+
+from flask import Blueprint, Flask, current_app, g, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 
@@ -23,9 +26,19 @@ def init_app(app: Flask, settings) -> Limiter:
     object, so each app gets one: two apps in one process never count against each other."""
     app.config["RATELIMIT_STORAGE_URI"] = settings.resolved_rate_limit_storage
     app.config["RATELIMIT_HEADERS_ENABLED"] = True
-    limiter = Limiter(key_func=get_remote_address, headers_enabled=True, strategy="moving-window")
+    # Flask-Limiter would set Retry-After on every response to at least its window's reset, so a
+    # busy chat's "retry in 5 s" would say 60: its figure goes in a header of its own, and a 429 of
+    # own says Retry-After from the limit that refused (``_note_breach``, read by the error handlers)
+    app.config["RATELIMIT_HEADER_RETRY_AFTER"] = "X-RateLimit-Retry-After"
+    limiter = Limiter(key_func=get_remote_address, headers_enabled=True, strategy="moving-window",
+                      on_breach=_note_breach)
     limiter.init_app(app)
     return limiter
+
+
+def _note_breach(limit) -> None:
+    """The limit that refused this request: the error handlers' Retry-After (``g.rate_limit_retry_after``)."""
+    g.rate_limit_retry_after = max(1, math.ceil(limit.reset_at - time.time()))
 
 
 def _settings():
