@@ -163,6 +163,11 @@ class ChatCollector:
         yield follow_ups
         yield from self.engine.request_histograms.families()
         yield from self.engine.head_step_histograms.families()
+        if self.engine.worker:  # several chat workers: which one this is (its tag)
+            info = GaugeMetricFamily(f"{PREFIX}_worker_info", "This chat worker's tag (chat_worker)",
+                                     labels=["worker"])
+            info.add_metric([self.engine.worker], 1.0)
+            yield info
         shared = self.engine.shared_load
         if shared is not None:  # several chat workers (chat_shared): how many this one counts, how fresh
             yield GaugeMetricFamily(f"{PREFIX}_shared_workers", "Other chat workers whose load this one counts "

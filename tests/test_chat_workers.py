@@ -32,6 +32,13 @@ def test_a_worker_s_answers_name_it_and_set_the_cookie_the_proxy_routes_by_once(
         assert f"{WORKER_COOKIE}=w2" in first.headers["Set-Cookie"] and "HttpOnly" in first.headers["Set-Cookie"]
         again = client.get("/v1/models")  # the cookie is sent back now: not set again
         assert again.headers["X-Chat-Worker"] == "w2" and "Set-Cookie" not in again.headers
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from chat.metrics import ChatCollector
+
+        registry = CollectorRegistry()
+        registry.register(ChatCollector(engine))
+        assert 'swarm_monitor_chat_worker_info{worker="w2"} 1.0' in generate_latest(registry).decode()
         client.set_cookie(WORKER_COOKIE, "w1")  # a browser routed here though another worker set its cookie
         assert f"{WORKER_COOKIE}=w2" in client.get("/v1/models").headers["Set-Cookie"]  # it is this one's now
     finally:
