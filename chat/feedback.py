@@ -276,3 +276,57 @@ def store_assessment_check(store: Any) -> Callable[[str], tuple[bool, str]]:
         return False, "; ".join(assessment.reasons)
 
     return check
+
+
+WORKER_BEAT = 10.0  # seconds between a chat worker's reports of itself (the overview's chat workers)
+
+
+class WorkerBeat:
+    """This chat worker's report of itself to the store every ``period`` seconds
+    (``monitor.store.chat_workers``): alive, its slots, queue, open sessions, the servers its
+    requests use, whether it drains; a last one saying it stopped when it closes. A report the
+    database does not take is logged once and tried again at the next beat."""
+
+    def __init__(self, store: Any, engine: Any, *, period: float = WORKER_BEAT, clock: Callable[[], float] = time.time):
+        import os
+        import socket
+
+        from chat.shared_load import worker_id
+
+        self.store, self.engine, self.period, self._clock = store, engine, period, clock
+        shared = getattr(engine, "shared_load", None)
+        self.worker = shared.worker if shared is not None else worker_id()
+        self.host, self.pid, self.started_at = socket.gethostname(), os.getpid(), clock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._failing = False
+
+    def start(self) -> "WorkerBeat":
+        self.beat()
+        self._thread = every(self.period, self.beat, name="chat-worker-beat", stop=self._stop)
+        return self
+
+    def beat(self, *, stopped: bool = False) -> None:
+        from monitor.store import chat_workers
+
+        load = self.engine.load()
+        report = chat_workers.ChatWorker(
+            worker=self.worker, host=self.host, pid=self.pid, started_at=self.started_at, beat_at=self._clock(),
+            tag=getattr(self.engine, "worker", None), slots=load.slots.limit, busy=load.slots.busy,
+            waiting=load.slots.waiting, sessions_open=sum(load.sessions.states.values()),
+            servers_used=len(self.engine.server_load.own()["in_flight"]),
+            draining=bool(getattr(self.engine, "draining", False)), stopped=stopped)
+        try:
+            with self.store.db.write("reporting this chat worker") as conn:
+                chat_workers.record(conn, report)
+            self._failing = False
+        except Exception as e:  # noqa: BLE001 - the chat goes on; the overview shows it silent
+            if not self._failing:
+                log.warning("this chat worker's report was not stored (the overview shows it silent): %s", e)
+            self._failing = True
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.beat(stopped=True)

@@ -110,3 +110,33 @@ def test_a_draining_worker_refuses_new_answers_with_retry_after_and_lets_its_ope
     assert sessions.stop("stopping") == 1 and idle.told == "stopping" and busy.told is None
     sessions.set_state(busy, IDLE)  # its turn ended: it goes now
     assert busy.told == "stopping" and sessions.load().states == {IDLE: 0, "waiting": 0, GENERATING: 0}
+
+
+def test_each_chat_worker_reports_itself_and_the_overview_shows_it_alive_then_stopped(tmp_path):
+    """``WorkerBeat`` (``serve`` and the chat's gunicorn worker start it): its report on the store,
+    read by the overview's chat workers panel — alive with its slots, then stopped when it closes;
+    a worker silent past 30 s is gone."""
+    import time
+
+    from chat.feedback import WorkerBeat
+    from monitor.store import chat_workers
+
+    app, engine, store = app_of("w5", tmp_path)
+    try:
+        beat = WorkerBeat(store, engine, period=3600).start()
+        with store.db.write("a worker long silent") as conn:
+            chat_workers.record(conn, chat_workers.ChatWorker(worker="old-1", host="h", pid=7, started_at=1.0,
+                                                              beat_at=time.time() - 120, tag="w9"))
+        page = app.test_client().get("/").get_data(as_text=True)
+        assert 'data-chat-workers="1"' in page  # one alive
+        assert 'data-chat-worker="w5" data-alive="yes"' in page and "0 of 4 slots busy" in page
+        assert 'data-chat-worker="w9" data-alive="no"' in page and "silent since" in page
+        beat.close()
+        with store.db.read("the reports") as conn:
+            assert {w.tag: w.stopped for w in chat_workers.recent(conn, 0)} == {"w5": True, "w9": False}
+        fresh = create_app(web_settings(data_dir=tmp_path / "w5"), store)  # (the overview's live cache: 10 s)
+        page = fresh.test_client().get("/").get_data(as_text=True)
+        assert 'data-chat-worker="w5" data-alive="no"' in page and "stopped since" in page
+    finally:
+        engine.close()
+        store.close()

@@ -42,6 +42,7 @@ class Service:
         self.weights = None
         self.requests = None
         self.forecasts = None
+        self.worker_beat = None  # the chat worker's report of itself (the overview's chat workers)
         self.app = None
         self._server = None
         self._thread: Optional[threading.Thread] = None
@@ -56,6 +57,9 @@ class Service:
         self.dht = self.dht_client.dht
         if self.enable_chat and any(m.path for m in self.settings.models):
             self.engine = self._make_chat_engine()
+            from chat.feedback import WorkerBeat
+
+            self.worker_beat = WorkerBeat(self.store, self.engine).start()
         self.dht_client.on_up(self._dht_up)
         if self.run_poller:
             from monitor.app.jobs import Poller
@@ -152,6 +156,9 @@ class Service:
             self._server = None
         if self.poller is not None:
             self.poller.shutdown()
+        if self.worker_beat is not None:
+            self.worker_beat.close()  # (its last report: stopped)
+            self.worker_beat = None
         if self.engine is not None:
             self.engine.close()
         if self.weights is not None:

@@ -519,6 +519,7 @@ class RequestHopRow(SQLModel, table=True):
 
 # the operators' tables (their own module, re-exported: every table is a class of this schema)
 from monitor.store.schema_operations import (  # noqa: E402,F401
+    ChatWorkerRow,
     JobRequestRow,
     SilenceRow,
     MaintenanceWindowRow,

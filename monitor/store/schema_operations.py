@@ -122,6 +122,28 @@ class PollerMemberRow(SQLModel, table=True):
     problem: Optional[str] = Field(default=None, max_length=300)  # the DHT or bootstrap peers it cannot reach
 
 
+class ChatWorkerRow(SQLModel, table=True):
+    """Every chat worker as it last reported itself (``store/chat_workers.py``, every
+    ``chat.feedback.WORKER_BEAT`` seconds, revision 0029): the overview's chat workers panel —
+    alive, its slots, queue, open sessions, the servers its requests use, whether it drains."""
+
+    __tablename__ = "chat_workers"
+    __table_args__ = (sa.Index(None, "beat_at"),)
+    worker: str = Field(primary_key=True, max_length=120)  # host-pid-random (chat.shared_load.worker_id)
+    tag: Optional[str] = Field(default=None, max_length=32)  # its chat_worker setting
+    host: str = Field(max_length=200)
+    pid: int
+    started_at: float
+    beat_at: float
+    slots: int = 0
+    busy: int = 0
+    waiting: int = 0
+    sessions_open: int = 0
+    servers_used: int = 0  # servers its requests in flight go through now
+    draining: bool = False
+    stopped: bool = False  # it said so as it closed
+
+
 class PollerTermRow(SQLModel, table=True):
     """One row per leadership term: who took the lease at which epoch, from whom and why (the
     take-over events of the history)."""

@@ -31,6 +31,7 @@ def overview():
     cur = queries.current(d)
     now = time.time()
     context = dict(now=now, cur=cur, poll=queries.poll_info(cur, d.settings, now), pollers=queries.pollers(d, cur, now),
+                   chat_workers=queries.chat_workers(d, cur, now),
                    demo_servers=d.demo_controls.servers() if d.demo_controls is not None else None)
     if cur.snapshot is not None:
         state = queries.state_dict(cur, d.settings)

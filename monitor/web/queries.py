@@ -215,6 +215,26 @@ def poll_stats(store) -> PollStats:
     )
 
 
+CHAT_WORKER_ALIVE = 30.0  # seconds: a chat worker that reported within this is alive (it reports every 10 s)
+CHAT_WORKERS_SHOWN = 3600.0  # and one silent longer is shown as gone for an hour
+
+
+def chat_workers(d, cur: Current, now: float) -> list[dict]:
+    """The chat workers that reported within the hour (``monitor.store.chat_workers``), each
+    alive or gone, read once per store change and ``LIVE_SECONDS``."""
+    from monitor.store import chat_workers as workers
+
+    def read() -> list[dict]:
+        try:
+            with d.store.db.read("reading the chat workers") as conn:
+                found = workers.recent(conn, now - CHAT_WORKERS_SHOWN)
+        except StoreError:
+            return []
+        return [{**vars(w), "alive": not w.stopped and now - w.beat_at <= CHAT_WORKER_ALIVE} for w in found]
+
+    return d.cache.now(cur.marks, now, ("chat-workers",), read)
+
+
 def pollers(d, cur: Current, now: float) -> dict:
     """Who polls the store (``state_api.poller_section`` of ``Store.poller_status``), read once per
     store change and ``LIVE_SECONDS``: a standby's report or a lease that runs out shows within
