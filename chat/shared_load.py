@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 PERIOD = 1.0  # seconds between a worker's publications (and its reads of the others')
 LEASE = 10.0  # seconds a published record counts without being written again
-PREFIX = "swarm-monitor:chat-load:"
+PREFIX = "swarm-monitor:chat-load:"  # + a worker: its record, under its lease
+WORKERS_KEY = "swarm-monitor:chat-workers"  # the workers by when their lease ends (a sorted set)
 MAX_WORKERS = 64  # other workers' records read at most
 MAX_PEERS = 10_000  # servers in one record, at most
 MAX_COUNT = 100_000  # requests one record may say one server runs (or slots it has, one client holds)
@@ -169,18 +170,15 @@ class SharedLedger:
 
     def beat(self) -> None:
         """One publication and one read (the thread's step; a spec may call it)."""
-        key = PREFIX + self.worker
         now = self._clock()
-        pipe = self._redis.pipeline(transaction=False)
         own = {**self._load.own(), **(self._slots.own() if self._slots is not None else {})}
-        pipe.set(key, record(self.worker, own, now), px=int(self.lease * 1000))
-        pipe.execute()
-        keys = []
-        for found in self._redis.scan_iter(match=PREFIX + "*", count=200):
-            if found != key.encode():
-                keys.append(found)
-            if len(keys) >= MAX_WORKERS:
-                break
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(PREFIX + self.worker, record(self.worker, own, now), px=int(self.lease * 1000))
+        pipe.zadd(WORKERS_KEY, {self.worker: now + self.lease})  # (the roll of workers: a read costs O(workers),
+        pipe.zremrangebyscore(WORKERS_KEY, "-inf", now)  # never a scan of a Redis the rate limits share)
+        pipe.zrangebyscore(WORKERS_KEY, now, "+inf", start=0, num=MAX_WORKERS + 1)
+        names = [n.decode() if isinstance(n, bytes) else n for n in pipe.execute()[-1]]
+        keys = [PREFIX + name for name in names if name != self.worker][:MAX_WORKERS]
         raws = self._redis.mget(keys) if keys else []
         view = merge(filter(None, (parse(raw) for raw in raws if raw is not None)), me=self.worker,
                      now=self._clock(), read_at=self._load.now(), lease=self.lease)
@@ -195,7 +193,7 @@ class SharedLedger:
             try:
                 self.beat()
                 if self.failed is not None:
-                    log.info("chat workers' shared load: %s reachable again", PREFIX.rstrip(":"))
+                    log.info("chat workers' shared load: Redis answers again")
                 self.failed = None
             except Exception as e:  # noqa: BLE001 - Redis down or slow: this worker goes on with its own load
                 if self.failed is None:
@@ -217,6 +215,7 @@ class SharedLedger:
             self._thread.join(self.period * 3 + 1)
         try:
             self._redis.delete(PREFIX + self.worker)
+            self._redis.zrem(WORKERS_KEY, self.worker)
         except Exception:  # noqa: BLE001 - its lease ends it anyway
             pass
         self._redis.close()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from chat.server_load import FULL_FACTOR, LOAD_WEIGHT, ServerLoad
-from chat.shared_load import LEASE, MAX_PEERS, PREFIX, SharedLedger, merge, parse, record
+from chat.shared_load import LEASE, MAX_PEERS, PREFIX, WORKERS_KEY, SharedLedger, merge, parse, record
 from support import wait_until
 
 PERIOD, SHORT_LEASE = 0.2, 2.0
@@ -69,6 +69,7 @@ def test_a_record_out_of_shape_costs_only_itself(redis_url):
                                                                                                          "x" * 200: 3}}),
                 px=5000)
         raw.set(PREFIX + "fine", record("fine", {"in_flight": {"peer-b": 2}}, now + 1), px=5000)
+        raw.zadd(WORKERS_KEY, {name: now + 5 for name in ("junk", "wrong", "huge", "fine", "gone-already")})
         assert wait_until(lambda: load.in_flight().get("peer-b") == 2, 3, step=0.05)
         seen = load.in_flight()
         assert len(seen) <= MAX_PEERS + 1 and "x" * 200 not in seen and seen.get("bad", 0) == 0
@@ -76,6 +77,7 @@ def test_a_record_out_of_shape_costs_only_itself(redis_url):
     finally:
         mine.close()
         raw.delete(PREFIX + "junk", PREFIX + "wrong", PREFIX + "huge", PREFIX + "fine")
+        raw.zrem(WORKERS_KEY, "junk", "wrong", "huge", "fine", "gone-already")
         raw.close()
 
 
@@ -126,30 +128,33 @@ def test_a_client_holding_its_share_through_one_worker_waits_on_the_other_until_
 
 
 def test_rate_limits_are_counted_over_every_worker_in_the_shared_redis(redis_url, tmp_path):
-    """Two apps (two workers) with ``chat_shared`` set: a client that used its limit through one is
-    refused through the other."""
-    from flask import Flask
+    """Two chat workers' apps with ``chat_shared`` set: a client that used its limit through one is
+    refused through the other, with Retry-After from the limit (not the chat's own estimates)."""
+    from chat.engine import ChatEngine
+    from chat.http import create_blueprint
+    from monitor.web import create_app
+    from support import sqlite_store, web_settings
 
-    from monitor.settings import Settings
-    from monitor.web.limits import init_app
-
-    settings = Settings(data_dir=tmp_path, chat_shared=redis_url)
-    assert settings.resolved_rate_limit_storage == redis_url
-
-    def worker() -> Flask:
-        app = Flask(__name__)
-        limiter = init_app(app, settings)
-
-        @app.post("/v1/completions")
-        @limiter.limit("2 per minute", key_func=lambda: "10.9.0.1")
-        def completions():
-            return "ok"
-        return app
-
-    first, second = worker().test_client(), worker().test_client()
-    assert [first.post("/v1/completions").status_code for _ in range(2)] == [200, 200]
-    refused = second.post("/v1/completions")
-    assert refused.status_code == 429 and refused.headers.get("Retry-After")
+    engines, stores, clients = [], [], []
+    try:
+        for name in ("a", "b"):
+            settings = web_settings(data_dir=tmp_path / name, chat_shared=redis_url, chat_rate_limit="2 per minute")
+            assert settings.resolved_rate_limit_storage == redis_url
+            engines.append(ChatEngine(None, []))
+            stores.append(sqlite_store(tmp_path / name))
+            client = create_app(settings, stores[-1], chat_blueprints=[create_blueprint(engines[-1])]).test_client()
+            client.environ_base["REMOTE_ADDR"] = "10.9.0.1"
+            clients.append(client)
+        body = {"model": "none-here", "prompt": "hi"}
+        assert [clients[0].post("/v1/completions", json=body).status_code for _ in range(2)] == [404, 404]
+        refused = clients[1].post("/v1/completions", json=body)
+        assert refused.status_code == 429 and 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert refused.get_json()["error"]["type"] == "rate_limit_exceeded"
+    finally:
+        for engine in engines:
+            engine.close()
+        for store in stores:
+            store.close()
 
 
 def test_a_chat_engine_with_chat_shared_publishes_its_load_and_says_how_fresh_the_others_are(redis_url):

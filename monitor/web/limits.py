@@ -9,7 +9,6 @@ past a limit the answer is 429 with ``Retry-After``. Limits are settings (``chat
 
 from __future__ import annotations
 
-import math
 import time
 
 from flask import Blueprint, Flask, current_app, g, request
@@ -38,7 +37,7 @@ def init_app(app: Flask, settings) -> Limiter:
 
 def _note_breach(limit) -> None:
     """The limit that refused this request: the error handlers' Retry-After (``g.rate_limit_retry_after``)."""
-    g.rate_limit_retry_after = max(1, math.ceil(limit.reset_at - time.time()))
+    g.rate_limit_retry_after = max(1, int(limit.reset_at - time.time()))
 
 
 def _settings():
