@@ -7,7 +7,8 @@ client's share of the slots (``chat.capacity.Slots``: ``max_slots_share``) is of
 slots, and what it holds on any worker counts against it (by a hash of the client, never its
 address); a client waiting only for that share is reconsidered at each read.
 A worker publishes its own load every ``PERIOD`` (1 s) as one Redis key of its own, written with a
-lease (``LEASE``, 10 s: ``SET … PX``) — so a worker that dies stops counting within the lease,
+lease (``LEASE``, 8 s: ``SET … PX``) — so a worker that dies stops counting within 10 s (its lease
+and a reader's beat),
 with nobody to clean up after it — and reads the others' keys in the same beat. Both happen on a
 thread of their own: route choice reads the last view in memory and never waits on the network.
 
@@ -43,7 +44,7 @@ from chat.server_load import OthersLoad, ServerLoad
 log = logging.getLogger(__name__)
 
 PERIOD = 1.0  # seconds between a worker's publications (and its reads of the others')
-LEASE = 10.0  # seconds a published record counts without being written again
+LEASE = 8.0  # seconds a published record counts without being written again (a dead worker: gone within 10 s)
 PREFIX = "swarm-monitor:chat-load:"  # + a worker: its record, under its lease
 WORKERS_KEY = "swarm-monitor:chat-workers"  # the workers by when their lease ends (a sorted set)
 MAX_WORKERS = 64  # other workers' records read at most

@@ -247,7 +247,7 @@ class Settings(BaseModel):
     chat_shared: Optional[str] = setting(
         None, section="chat", pattern=r"^rediss?://\S{1,500}$",
         description="a Redis URL (`redis://127.0.0.1:6379/0`) several chat workers share: the load each puts on "
-                    "each server (published every second, a lease of 10 s) and, unless `rate_limit_storage` says "
+                    "each server (published every second, a lease of 8 s: a dead worker stops counting within 10 s) and, unless `rate_limit_storage` says "
                     "otherwise, their clients' rate limits (README: Several chat workers)")
     chat_worker: Optional[str] = setting(
         None, section="chat", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
