@@ -139,3 +139,50 @@ def test_the_store_keeps_the_ledger_by_hour_and_for_all_time_and_the_api_and_pag
         assert unnamed(store.contributions(None)) == unnamed(grown.values())
     finally:
         store.close()
+
+
+def test_hours_fold_into_days_once_each_late_credits_count_in_every_window_and_old_hours_go(tmp_path):
+    """The hourly rollup folds each hour that ended into its day (``store/contributions.fold``); a
+    credit that arrives for an hour already folded (a late request row, a poll after an outage) is
+    added to its day too; hours older than two days are dropped once folded — and every window says
+    the same sums throughout."""
+    import sqlalchemy as sa
+
+    from monitor.store import contributions as stored
+    from monitor.store.schema import ContributionHourRow
+
+    store = sqlite_store(tmp_path)
+    now = 100 * 86400.0 + 13 * HOUR + 1200  # 13:20 UTC, day 100
+    hours = [now - 3 * 86400, now - 86400 + HOUR, now - 2 * HOUR, now]  # 3 days ago, yesterday, earlier, now
+    credit = lambda at, n=1.0: ledger.Accrual(peer_id=A, model="m", hour=at // HOUR * HOUR, announced=n * 3600,  # noqa: E731
+                                              serving=n * 3600, watched=3600.0, serving_seconds=3600.0)
+
+    def windows():
+        out = {}
+        for name in ("day", "week", "month", "all"):
+            since, days = ledger.window_start(name, now)
+            found = store.contributions(since, days=days)
+            out[name] = round(found[0].announced_block_hours, 6) if found else 0.0
+        return out
+
+    try:
+        with store.db.write("spec") as conn:
+            stored.record(conn, [credit(at) for at in hours])
+        before = windows()
+        assert before == {"day": 3.0, "week": 4.0, "month": 4.0, "all": 4.0}
+        with store.db.write("spec") as conn:
+            assert stored.fold(conn, now) == 3  # every hour that ended 10 min ago; not the one going on
+            assert stored.fold(conn, now) == 0  # each once
+        assert windows() == before
+        with store.db.write("spec") as conn:
+            stored.record(conn, [credit(hours[1], 0.5)])  # late, for yesterday's folded hour
+        assert windows() == {"day": 3.5, "week": 4.5, "month": 4.5, "all": 4.5}
+        with store.db.write("spec") as conn:
+            stored.prune(conn, now - 400 * 86400, now)  # (no day past the retention) hours older than 2 days
+            assert stored.fold(conn, now + 2 * HOUR) == 1  # the hour that was going on, once it ended
+        assert windows() == {"day": 3.5, "week": 4.5, "month": 4.5, "all": 4.5}
+        with store.db.read("spec") as conn:
+            kept = [r[0] for r in conn.execute(sa.select(ContributionHourRow.__table__.c.hour))]
+        assert min(kept) > now - 2 * 86400  # the hour of 3 days ago is only in its day now
+    finally:
+        store.close()

@@ -1,18 +1,21 @@
-"""The contribution ledger in SQL (``core/contributions.py``): per server, model and hour — and
-per server, model and UTC day, beside it — what it earned, summed as it is written: with each poll
-(the interval since the poll before, by that poll's ``ledger_basis``: what its final assessment
-said of each server, kept with the poll and rewritten with every later assessment of it) and with
-each batch of request rows. Days older than the rollup retention are summed per server and model
-into the all-time rows as they are pruned (each day exactly once), so "all time" is those plus the
-days kept; hours older than it are dropped (their days hold them).
+"""The contribution ledger in SQL (``core/contributions.py``): per server, model and hour what it
+earned, summed as it is written — with each poll (the interval since the poll before, by that
+poll's ``ledger_basis``: what its final assessment said of each server, kept with the poll and
+rewritten with every later assessment of it) and with each batch of request rows — and per UTC
+day: the hourly rollup folds each hour into its day once it has ended (``fold``; a credit for an
+hour already folded goes to both). Hours are kept ``HOURS_KEPT``; days older than the rollup
+retention are summed per server and model into the all-time rows as they are pruned (each day
+exactly once), so "all time" is those, the days kept and the hours not folded yet.
 
 Every function takes a connection inside a transaction the caller opened. The last day is read from
-the hours (the last 24 and the one going on); a week and a month from the days (whole UTC days and
-the one going on: ``core.contributions.window_start``), a few rows per server, whatever the swarm's size.
+the hours (the last 24 and the one going on); a week and a month from the days and the hours not
+folded yet (whole UTC days and the one going on: ``core.contributions.window_start``), a few rows
+per server, whatever the swarm's size. The poll's write adds to the hours only.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping, Optional, Sequence
 
 import sqlalchemy as sa
@@ -20,25 +23,57 @@ from sqlalchemy.engine import Connection
 
 from monitor.core.assessment import Assessment
 from monitor.core.common import DAY, HOUR
-from monitor.core.contributions import AMOUNTS, Accrual, Contribution, accrue_basis, by_day, contribution, rejudged
+from monitor.core.contributions import (
+    AMOUNTS, MAX_GAP, Accrual, Contribution, accrue_basis, by_day, contribution, rejudged,
+)
 from monitor.store.engine import insert
+from monitor.store.hours import meta_float, set_meta
 from monitor.store.schema import ContributionDayRow, ContributionHourRow, ContributionTotalRow, Peer, Poll
 
 MAX_ROWS = 20_000  # servers × models a window reads at most (the most verified first)
 
 
+FOLDED = "ledger_folded_until"  # store_meta: the hours before it are summed into the days
+FOLD_AFTER = 2 * MAX_GAP  # seconds after an hour ends before it is folded (its last credits are in)
+HOURS_KEPT = 2 * DAY  # hours older than this are dropped once folded: only the last day reads them
+
+
+def _add(conn: Connection, table: sa.Table, key: str, accruals: Iterable[Accrual]) -> None:
+    rows = [{"peer_id": a.peer_id[:128], "model": a.model[:256], key: a.hour, **{k: getattr(a, k) for k in AMOUNTS}}
+            for a in accruals]
+    if rows:
+        stmt = insert(conn, table)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["peer_id", "model", key],
+                                                set_={k: table.c[k] + stmt.excluded[k] for k in AMOUNTS}), rows)
+
+
 def record(conn: Connection, accruals: Sequence[Accrual]) -> None:
-    """Adds the accruals to their hours and to their days."""
+    """Adds the accruals to their hours — and those of hours already folded into the days (a late
+    request row, a poll after an outage) to their days too, so that every window counts them."""
     if not accruals:
         return
-    for table, key, grouped in ((ContributionHourRow.__table__, "hour", accruals),
-                                (ContributionDayRow.__table__, "day", by_day(accruals))):
-        stmt = insert(conn, table)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=["peer_id", "model", key],
-            set_={k: table.c[k] + stmt.excluded[k] for k in AMOUNTS}),
-            [{"peer_id": a.peer_id[:128], "model": a.model[:256], key: a.hour, **{k: getattr(a, k) for k in AMOUNTS}}
-             for a in grouped])
+    folded = meta_float(conn, FOLDED, lock=True)  # (a fold and this write see each other: ``fold``)
+    _add(conn, ContributionHourRow.__table__, "hour", accruals)
+    if folded is not None:
+        _add(conn, ContributionDayRow.__table__, "day", by_day(a for a in accruals if a.hour < folded))
+
+
+def fold(conn: Connection, now: float) -> int:
+    """The hours that ended at least ``FOLD_AFTER`` ago and are not folded yet, summed into their
+    days (the hourly rollup's part; a week's and a month's leaderboards read the days); how many."""
+    until = math.floor((now - FOLD_AFTER) / HOUR) * HOUR  # (hours before it have ended FOLD_AFTER ago)
+    folded = meta_float(conn, FOLDED, lock=True)
+    if folded is not None and until <= folded:
+        return 0
+    hours = ContributionHourRow.__table__
+    query = sa.select(hours).where(hours.c.hour < until)
+    if folded is not None:
+        query = query.where(hours.c.hour >= folded)
+    found = [Accrual(**{k: r[k] for k in ("peer_id", "model", "hour", *AMOUNTS)})
+             for r in conn.execute(query).mappings()]
+    _add(conn, ContributionDayRow.__table__, "day", by_day(found))
+    set_meta(conn, FOLDED, repr(until))
+    return len(found)
 
 
 def after_poll(conn: Connection, until: float) -> None:
@@ -77,16 +112,24 @@ def window(conn: Connection, since: Optional[float], *, model: Optional[str] = N
            peer_id: Optional[str] = None, by_model: bool = False, days: bool = False) -> list[Contribution]:
     """Each server's contribution since ``since`` (None: all time), of ``model`` or summed over every
     model (``by_model``: one per server and model), of ``peer_id`` or of all; with its last
-    announced public name. ``days``: read the days (``since`` a day's start), else the hours."""
-    if since is None or days:
-        found = _grouped(conn, ContributionDayRow.__table__, since, model, peer_id, by_model, key="day")
-    else:
-        found = _grouped(conn, ContributionHourRow.__table__, since, model, peer_id, by_model)
-    if since is None:  # and the days pruned already
-        for key, old in _grouped(conn, ContributionTotalRow.__table__, None, model, peer_id, by_model).items():
-            kept = found.setdefault(key, {**old, **{k: 0 for k in AMOUNTS}})
+    announced public name. ``days``: by the days (``since`` a day's start) and the hours not folded
+    into them yet; else by the hours alone (the last day)."""
+    def plus(found: dict, more: dict) -> None:
+        for key, amounts in more.items():
+            kept = found.setdefault(key, {**amounts, **{k: 0 for k in AMOUNTS}})
             for k in AMOUNTS:
-                kept[k] = (kept[k] or 0) + (old[k] or 0)
+                kept[k] = (kept[k] or 0) + (amounts[k] or 0)
+
+    hours = ContributionHourRow.__table__
+    if since is None or days:
+        folded = meta_float(conn, FOLDED)
+        found = _grouped(conn, ContributionDayRow.__table__, since, model, peer_id, by_model, key="day")
+        rest = since if folded is None else max(folded, since if since is not None else folded)
+        plus(found, _grouped(conn, hours, rest, model, peer_id, by_model))
+    else:
+        found = _grouped(conn, hours, since, model, peer_id, by_model)
+    if since is None:  # and the days summed for all time already
+        plus(found, _grouped(conn, ContributionTotalRow.__table__, None, model, peer_id, by_model))
     names = _names(conn, [key[0] for key in found])
     return [contribution(key[0], key[1] if by_model else model, amounts, name=names.get(key[0]))
             for key, amounts in found.items()]
@@ -103,11 +146,14 @@ def _names(conn: Connection, peer_ids: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def prune(conn: Connection, before: float) -> int:
-    """Days that ended before ``before``, summed into the all-time rows first (each day once), and
-    hours older than ``before``; how many rows went."""
+def prune(conn: Connection, before: float, now: float) -> int:
+    """Days that ended before ``before`` (and were folded whole), summed into the all-time rows
+    first (each day once); hours folded and older than ``HOURS_KEPT``. How many rows went."""
     days, totals, hours = ContributionDayRow.__table__, ContributionTotalRow.__table__, ContributionHourRow.__table__
-    last_day = before - DAY  # (a day row that began after this still has hours to come)
+    folded = meta_float(conn, FOLDED, lock=True)
+    if folded is None:
+        return 0
+    last_day = min(before, folded) - DAY  # (a day row that began after this may still grow)
     old = conn.execute(sa.select(days.c.peer_id, days.c.model, sa.func.min(days.c.day).label("first_hour"),
                                  (sa.func.max(days.c.day) + (DAY - HOUR)).label("last_hour"),
                                  *[sa.func.sum(days.c[k]).label(k) for k in AMOUNTS])
@@ -122,4 +168,5 @@ def prune(conn: Connection, before: float) -> int:
                   "last_hour": sa.case((stmt.excluded.last_hour > totals.c.last_hour, stmt.excluded.last_hour),
                                        else_=totals.c.last_hour)}), [dict(r) for r in old])
     gone = conn.execute(sa.delete(days).where(days.c.day <= last_day)).rowcount or 0
-    return gone + (conn.execute(sa.delete(hours).where(hours.c.hour < before)).rowcount or 0)
+    drop_hours = min(folded, now - HOURS_KEPT)
+    return gone + (conn.execute(sa.delete(hours).where(hours.c.hour < drop_hours)).rowcount or 0)

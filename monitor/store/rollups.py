@@ -76,12 +76,14 @@ def rollup_and_prune(db: Database, now: float, *, raw_retention_days: float,
                 break
         hours += 1
     counts: dict[str, int] = {"hours_rolled_up": hours}
+    with db.write("folding the contribution ledger's hours into days") as conn:
+        counts["contribution_hours_folded"] = contributions.fold(conn, now)
     raw_cutoff = min(floor_hour(now - raw_retention_days * DAY), current_hour)
     rollup_cutoff = floor_hour(now - rollup_retention_days * DAY)
     with db.write("pruning raw rows") as conn:
         counts.update(_prune_raw(conn, raw_cutoff))
     with db.write("pruning rollups") as conn:
-        counts.update(_prune_rollups(conn, rollup_cutoff))
+        counts.update(_prune_rollups(conn, rollup_cutoff, now))
     with db.write("pruning the latest state") as conn:
         counts.update(_prune_now(conn, raw_cutoff, rollup_cutoff))
         counts["assessments"] = prune_assessments(conn, now - ASSESSMENT_RETENTION)
@@ -129,7 +131,7 @@ def _prune_raw(conn: Connection, cutoff: float) -> dict[str, int]:
     return counts
 
 
-def _prune_rollups(conn: Connection, cutoff: float) -> dict[str, int]:
+def _prune_rollups(conn: Connection, cutoff: float, now: float) -> dict[str, int]:
     """Delete rollups, chat outcomes and state changes older than ``cutoff`` (each model's last
     state change stays: it says what state the model is in)."""
     counts = {}
@@ -138,7 +140,7 @@ def _prune_rollups(conn: Connection, cutoff: float) -> dict[str, int]:
         counts[table.name] = conn.execute(sa.delete(table).where(table.c.hour < cutoff)).rowcount
     outcomes = ChatOutcomeRow.__table__
     counts["chat_outcomes"] = conn.execute(sa.delete(outcomes).where(outcomes.c.at < cutoff)).rowcount
-    counts["contribution_hours"] = contributions.prune(conn, cutoff)  # (the all-time rows stay)
+    counts["contribution_ledger"] = contributions.prune(conn, cutoff, now)  # (the all-time rows stay)
     changes = ModelStateChangeRow.__table__
     latest_change = sa.select(sa.func.max(changes.c.id)).group_by(changes.c.model)
     counts["model_state_changes"] = conn.execute(sa.delete(changes).where(

@@ -26,8 +26,8 @@ class _Earned(SQLModel):
 
 class ContributionHourRow(_Earned, table=True):
     """What one server earned for one model within one hour, summed as polls and requests are
-    stored; kept the rollup retention (revision 0026), read for the last day. Peers by their id,
-    not a key: the ledger outlives the peers table's pruning."""
+    stored (revision 0026); kept two days once folded into their days, read for the last day. Peers
+    by their id, not a key: the ledger outlives the peers table's pruning."""
 
     __tablename__ = "contribution_hours"
     __table_args__ = (sa.Index(None, "hour"),)
@@ -37,9 +37,9 @@ class ContributionHourRow(_Earned, table=True):
 
 
 class ContributionDayRow(_Earned, table=True):
-    """What one server earned for one model within one UTC day, summed beside its hours as they are
-    written (revision 0028): a week's or a month's leaderboard reads 7 or 30 rows a server, not 24
-    times as many. Kept the rollup retention, then summed into the all-time rows."""
+    """What one server earned for one model within one UTC day, its hours folded in by the hourly
+    rollup once they ended (revision 0028): a week's or a month's leaderboard reads 7 or 30 rows a
+    server, not 24 times as many. Kept the rollup retention, then summed into the all-time rows."""
 
     __tablename__ = "contribution_days"
     __table_args__ = (sa.Index(None, "day"),)
