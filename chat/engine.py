@@ -79,7 +79,7 @@ class ChatEngine:
     repository). ``score_source`` and ``outcome_sink`` link routing to the monitor (see
     chat.feedback); ``assessment_check`` refuses a model the monitor saw broken before loading it.
     ``capacity`` bounds slots, queue and open sessions (``chat.capacity``; without it, from
-    ``max_sessions``, ``queue_size``, ``queue_timeout`` and ``retry_after`` with the other bounds'
+    ``slots``, ``queue_size``, ``queue_timeout`` and ``retry_after`` with the other bounds'
     defaults); ``max_batch_rows`` bounds the rows of one request, ``max_logprobs`` the alternatives
     per token; ``client_side``: the client sides' precision and device (``chat.client_side``).
     ``client`` (the caller's address) is who a slot or session is for; None is this process itself
@@ -96,7 +96,7 @@ class ChatEngine:
         assessment_check: Optional[AssessmentCheck] = None,
         routing: Optional[RoutingSettings] = None,
         capacity: Optional[Capacity] = None,
-        max_sessions: int = 4,
+        slots: int = 4,
         queue_size: int = 32,
         queue_timeout: float = 60.0,
         retry_after: int = 5,
@@ -118,7 +118,7 @@ class ChatEngine:
         self._request_rows = request_sink  # each request's row (chat.request.RequestLog), e.g. StoreRequests
         self.routing = routing or RoutingSettings()
         # -- capacity: slots, kept sessions, the load per server
-        self.capacity = capacity or Capacity(slots=max_sessions, queue_size=queue_size, queue_timeout=queue_timeout,
+        self.capacity = capacity or Capacity(slots=slots, queue_size=queue_size, queue_timeout=queue_timeout,
                                              retry_after=retry_after)
         self.queue_waits = queue_waits()  # /metrics (chat.metrics)
         self.slots = Slots(self.capacity, observe_wait=self.queue_waits.observe)

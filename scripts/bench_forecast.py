@@ -273,7 +273,7 @@ def spread(model: str, data_dir: Path, users: int = 16) -> dict:
         for spec in specs:
             swarm.throttle(spec.name, duty=0.5, period=0.2)
         for mode in ("best route", "spread"):
-            engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=prefix, path=path)], max_sessions=users,
+            engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=prefix, path=path)], slots=users,
                                 queue_size=users, queue_timeout=300)
             if mode == "best route":  # the same chat with the load count off
                 engine.server_load.factors = lambda *args, **kwargs: {}

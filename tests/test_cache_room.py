@@ -43,7 +43,7 @@ def engines(small, tiny_model):
 
     def make() -> tuple[ChatEngine, list]:
         outcomes: list = []
-        engine = ChatEngine(small.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], max_sessions=4,
+        engine = ChatEngine(small.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], slots=4,
                             outcome_sink=outcomes.append, cache_wait=CACHE_WAIT)
         made.append(engine)
         return engine, outcomes

@@ -49,7 +49,7 @@ def engine(swarm, tiny_model, unserved):
         swarm.dht,
         [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model, name="Tiny Llama"),
          ModelConfig(dht_prefix=GHOST, path=tiny_model)],
-        assessment_check=assessment_check, max_sessions=2, queue_size=0, queue_timeout=1, retry_after=7,
+        assessment_check=assessment_check, slots=2, queue_size=0, queue_timeout=1, retry_after=7,
     )
     yield engine
 

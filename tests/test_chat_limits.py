@@ -47,7 +47,7 @@ def broken_dir(tmp_path_factory):
 def engine(swarm, tiny_model, broken_dir):
     engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model),
                                     ModelConfig(dht_prefix=BROKEN, path=broken_dir)],
-                        max_sessions=2, queue_size=0, queue_timeout=1, retry_after=3)
+                        slots=2, queue_size=0, queue_timeout=1, retry_after=3)
     engine.sequence_manager(TINY_DHT_PREFIX)  # loaded now: the WebSocket timings below exclude it
     yield engine
     engine.close()

@@ -24,7 +24,7 @@ from support import chat_app, wait_until
 def chat(swarm, tiny_model, tmp_path_factory):
     with chat_app(swarm, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
                   tmp_path_factory.mktemp("request-rows"), forecasts=True,  # refreshed by the specs
-                  max_sessions=1, queue_size=1, queue_timeout=5, retry_after=1) as chat:
+                  slots=1, queue_size=1, queue_timeout=5, retry_after=1) as chat:
         yield chat
 
 

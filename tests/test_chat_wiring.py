@@ -33,7 +33,7 @@ def wired(swarm, tiny_model, tmp_path_factory):
     engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
                         score_source=weights, outcome_sink=store_outcome_sink(store, weights),
                         assessment_check=store_assessment_check(store), routing=RoutingSettings(mode="health"),
-                        max_sessions=1, queue_size=1, queue_timeout=60, retry_after=3)
+                        slots=1, queue_size=1, queue_timeout=60, retry_after=3)
     settings = Settings(data_dir=data_dir, chat_rate_limit="1000 per minute")
     app = create_app(settings, store, chat_blueprints=[create_blueprint(engine)])
     yield app, store, weights, engine

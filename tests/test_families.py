@@ -224,7 +224,7 @@ def engine(family):
     if family.store.latest_snapshot() is None:
         family.poller.poll_once()
     engine = ChatEngine(family.swarm.dht, family.settings.models, assessment_check=store_assessment_check(family.store),
-                        max_sessions=1, queue_size=0)
+                        slots=1, queue_size=0)
     yield engine
     engine.close()
 

@@ -46,7 +46,7 @@ def checked(tiny_model, tmp_path_factory):
                                  generation_check_period=3600)
         store = sqlite_store(data_dir)
         engine = ChatEngine(swarm.dht, settings.models, outcome_sink=store_outcome_sink(store),
-                            max_sessions=1, queue_size=0, queue_timeout=1)
+                            slots=1, queue_size=0, queue_timeout=1)
         try:
             yield swarm, engine, store, settings
         finally:

@@ -30,7 +30,7 @@ ANSWER_TOKENS = 12
 def chat(swarm, tiny_model, tmp_path_factory):
     """(engine, store, rows, web client factory) on the session swarm."""
     models = [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)]
-    with chat_app(swarm, models, tmp_path_factory.mktemp("kept"), max_sessions=4, keep_seconds=60) as (
+    with chat_app(swarm, models, tmp_path_factory.mktemp("kept"), slots=4, keep_seconds=60) as (
             engine, store, rows, app):
         def client(address: str = ME):
             web = app.test_client()

@@ -32,7 +32,7 @@ def app(swarm, tiny_model, tmp_path_factory):
 
     engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model),
                                     ModelConfig(dht_prefix=GHOST, path=tiny_model)],
-                        assessment_check=assessment_check, max_sessions=2, queue_size=0, queue_timeout=1)
+                        assessment_check=assessment_check, slots=2, queue_size=0, queue_timeout=1)
     data_dir = tmp_path_factory.mktemp("openai-errors")
     store = Store(f"sqlite:///{data_dir / 'monitor.db'}")
     store.migrate()

@@ -33,7 +33,7 @@ def chat(swarm, tiny_model, tmp_path_factory):
     models = [ModelConfig(dht_prefix="absent-model", path=tiny_model),  # announced by no server
               ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)]
     with chat_app(swarm, models, tmp_path_factory.mktemp("route-choice"),
-                  max_sessions=4, queue_size=4, queue_timeout=10, retry_after=1) as chat:
+                  slots=4, queue_size=4, queue_timeout=10, retry_after=1) as chat:
         yield chat
 
 
@@ -135,7 +135,7 @@ def test_directed_requests_are_bounded_per_server_and_load_spreads_routes(chat, 
 
 def test_the_operator_s_block_bounds_every_choice(swarm, tiny_model):
     full = swarm.peer_id("full")
-    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], max_sessions=1,
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], slots=1,
                         routing=RoutingSettings(blocked=(full,)))
     try:
         from chat.errors import RouteUnmet
@@ -158,7 +158,7 @@ def test_sessions_longer_than_a_server_accepts_go_to_others_then_are_refused_nam
     swarm = make_swarm([ServerSpec("short", 0, TINY_NUM_BLOCKS, throughput=1000.0, inference_max_length=48),
                         ServerSpec("long", 0, TINY_NUM_BLOCKS, throughput=10.0)])
     short, long = swarm.peer_id("short"), swarm.peer_id("long")
-    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], max_sessions=2)
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)], slots=2)
     try:
         from chat.errors import SessionTooLong
 

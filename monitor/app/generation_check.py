@@ -187,7 +187,7 @@ class _OwnEngine:
                 self.weights = StoreWeights(self.store).start()
                 self.engine = ChatEngine(self.dht, [m for m in self.settings.models if m.path],
                                          score_source=self.weights,
-                                         routing=RoutingSettings.from_settings(self.settings), max_sessions=1,
+                                         routing=RoutingSettings.from_settings(self.settings), slots=1,
                                          client_side=ClientSideSettings.from_settings(self.settings))
             return self.engine
 
