@@ -367,12 +367,25 @@ def _with_webhooks(settings: Settings, urls: tuple[str, ...]) -> Settings:
     return settings.model_copy(update={"alerts": alerts})
 
 
-def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=None, before_close=None) -> None:
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=None, before_close=None,
+                 chat_workers: int = 1) -> None:
     from monitor.app.service import Service
     from monitor.web.auth import login_url
 
     _sigterm_as_interrupt()
-    service = Service(settings, run_poller=run_poller, demo_controls=demo_controls)
+    workers = None
+    if chat_workers > 1:  # the chat in its own processes, nginx in front of them and of this dashboard
+        front_port = settings.port
+        settings = settings.model_copy(update={"proxy_hops": 1})
+    service = Service(settings, run_poller=run_poller, demo_controls=demo_controls, enable_chat=chat_workers <= 1)
     try:
         try:
             service.start()
@@ -388,11 +401,25 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
                        "by itself once a bootstrap peer answers.")
         if service.poller is not None:
             click.echo(_role_line(service.poller))
-        port = service.serve_in_thread()
+        port = service.serve_in_thread(port=0 if chat_workers > 1 else None)
+        if chat_workers > 1:
+            from monitor.harness.chat_workers import ChatWorkers, ChatWorkersError, worker_env
+
+            front = front_port or _free_loopback_port()
+            click.echo(f"Starting {chat_workers} chat workers (gunicorn, sharing a private Redis) behind nginx ...")
+            try:
+                workers = ChatWorkers(settings.data_dir / "chat-workers", chat_workers,
+                                      worker_env(settings, [m for m in settings.models if m.path]),
+                                      port=front, dashboard_port=port).start()
+            except ChatWorkersError as e:
+                raise click.ClickException(str(e)) from None
+            port = front
         base = f"http://{settings.host}:{port}"
         click.echo(f"Dashboard: {base}/")
-        if service.engine is not None:
-            click.echo(f"Chat:      {base}/chat   (OpenAI API: {base}/v1, chat.petals.dev API: {base}/api/v2/generate)")
+        if service.engine is not None or workers is not None:
+            click.echo(f"Chat:      {base}/chat   (OpenAI API: {base}/v1, chat.petals.dev API: {base}/api/v2/generate)"
+                       + (f"\n           {chat_workers} chat workers: " + ", ".join(
+                           f"{tag} on 127.0.0.1:{p}" for tag, p in workers.workers.items()) if workers else ""))
         click.echo(f"API:       {base}/api/v1/state   Metrics: {base}/metrics")
         hooks = len(settings.alerts.webhooks) if settings.alerts.enabled else 0
         click.echo(f"Alerts:    {base}/alerts   ({hooks} webhook{'s' if hooks != 1 else ''} notified)")
@@ -402,6 +429,8 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
         _wait_for_interrupt()
     finally:
         click.echo("Stopping ...")
+        if workers is not None:
+            workers.close()
         service.close()
 
 
@@ -422,7 +451,11 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
               help="With --initial-peers: model to watch, PREFIX[:NUM_BLOCKS[:PATH]].")
 @click.option("--webhook", "webhooks", multiple=True, metavar="URL",
               help="Send alert notices to this webhook too (repeatable; Slack and Discord URLs get their format).")
-def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers, models, webhooks) -> None:
+@click.option("--chat-workers", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="Serve the chat from this many gunicorn workers sharing a private Redis, behind nginx (which "
+                   "must be installed), as the README's production section lays them out.")
+def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers, models, webhooks,
+         chat_workers) -> None:
     """Run a private swarm on 127.0.0.1, with the dashboard and chat.
 
     A bootstrap peer and petals servers serving SmolLM2-135M-Instruct (or --tiny, or your
@@ -439,7 +472,7 @@ def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers,
     settings = _with_webhooks(settings, webhooks)
     if settings.initial_peers:
         click.echo("Watching the given swarm (no local swarm started).")
-        _run_service(settings)
+        _run_service(settings, chat_workers=chat_workers)
         return
 
     from monitor.harness.demo_settings import demo_overrides, describe_overrides
@@ -491,7 +524,7 @@ def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers,
             # the demo's servers are ours: measured often (monitor/harness/demo_settings.py), printed above
             **{row.name: row.demos for row in overrides},
         })
-        _run_service(settings, demo_controls=DemoControls(swarm))
+        _run_service(settings, demo_controls=DemoControls(swarm), chat_workers=chat_workers)
     click.echo("Stopped.")
 
 
