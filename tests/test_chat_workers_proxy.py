@@ -1,6 +1,7 @@
 """Spec: two chat workers behind nginx, as the README's production section configures them (its
-nginx maps, read from the README itself), on one PostgreSQL store and one Redis, against the
-session swarm: each a gunicorn process of ``monitor.app.chat_wsgi``.
+nginx maps are the harness's, line for line) and ``swarm-monitor demo --chat-workers`` starts them
+(``monitor.harness.chat_workers``), on one PostgreSQL store and one Redis, against the session
+swarm: each a gunicorn process of ``monitor.app.chat_wsgi``.
 
 - a browser's requests stay on the worker its cookie names; a kept session's follow-up that sends
   its handle as ``X-Petals-Session`` reaches the worker holding it and continues there; sent to the
@@ -29,8 +30,6 @@ from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS
 from support import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-GUNICORN = Path(sys.executable).parent / "gunicorn"
-NGINX = Path("/usr/sbin/nginx")
 COOKIE = "swarm_monitor_chat_worker"
 
 
@@ -59,82 +58,50 @@ def call(url: str, body: dict | None = None, headers: dict | None = None) -> tup
         return e.code, dict(e.headers), e.read()
 
 
+def normalized(lines: str, ports: dict[str, int]) -> list[str]:
+    """nginx lines with comments and runs of spaces gone and ports named (``w1``'s port → ``PORT_w1``)."""
+    out = []
+    for line in lines.splitlines():
+        line = re.sub(r"\s+", " ", line.split("#", 1)[0]).strip()
+        for tag, port in ports.items():
+            line = line.replace(f"127.0.0.1:{port}", f"PORT_{tag}")
+        if line.startswith(("upstream chat_w", "map ")):
+            out.append(line)
+    return out
+
+
+def test_the_readme_s_nginx_lines_are_what_the_demo_and_these_specs_run():
+    """The README's upstreams and maps for two workers are, line for line, the harness's (which
+    ``swarm-monitor demo --chat-workers`` and the specs below run)."""
+    from monitor.harness.chat_workers import nginx_config
+
+    ours = nginx_config(Path("/tmp/x"), 1, 2, {"w1": 5001, "w2": 5002})
+    assert normalized(readme_nginx_maps(), {"w1": 5001, "w2": 5002}) == normalized(ours, {"w1": 5001, "w2": 5002})
+
+
 @pytest.fixture(scope="module")
 def workers(swarm, tiny_model, postgres, redis_url, tmp_path_factory):
-    """{"w1": base, "w2": base, "proxy": base, "procs": {tag: Popen}} — two gunicorn chat workers and nginx."""
+    """{"w1": base, "w2": base, "proxy": base, "procs": {tag: Popen}}: two gunicorn chat workers and
+    nginx as the demo starts them (``monitor.harness.chat_workers``), on one PostgreSQL store."""
+    from monitor.harness.chat_workers import ChatWorkers
+
     tmp = tmp_path_factory.mktemp("chat-workers")
     if not postgres.running:
         postgres.start()
     postgres_url = postgres.create_database()
     subprocess.run([str(Path(sys.executable).parent / "swarm-monitor"), "migrate", "--database-url", postgres_url],
                    check=True, capture_output=True, timeout=120)
-    ports = {"w1": free_port(), "w2": free_port()}
-    procs, logs = {}, {}
-    for tag, port in ports.items():
-        env = dict(os.environ, SWARM_MONITOR_DATA_DIR=str(tmp / tag), SWARM_MONITOR_DATABASE_URL=postgres_url,
-                   SWARM_MONITOR_INITIAL_PEERS=",".join(swarm.initial_peers),
-                   SWARM_MONITOR_MODELS=json.dumps([{"dht_prefix": TINY_DHT_PREFIX, "num_blocks": TINY_NUM_BLOCKS,
-                                                     "path": str(tiny_model)}]),
-                   SWARM_MONITOR_CHAT_SHARED=redis_url, SWARM_MONITOR_CHAT_WORKER=tag,
-                   PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.pop("SWARM_MONITOR_CONFIG", None)
-        logs[tag] = open(tmp / f"{tag}.log", "wb")
-        procs[tag] = subprocess.Popen(
-            [str(GUNICORN), "--worker-class", "gthread", "--workers", "1", "--threads", "8", "--timeout", "120",
-             "--graceful-timeout", "10", "--bind", f"127.0.0.1:{port}", "monitor.app.chat_wsgi:app"],
-            cwd=ROOT, env=env, stdout=logs[tag], stderr=subprocess.STDOUT, start_new_session=True)
+    env = {"SWARM_MONITOR_DATA_DIR": str(tmp / "data"), "SWARM_MONITOR_DATABASE_URL": postgres_url,
+           "SWARM_MONITOR_INITIAL_PEERS": ",".join(swarm.initial_peers),
+           "SWARM_MONITOR_MODELS": json.dumps([{"dht_prefix": TINY_DHT_PREFIX, "num_blocks": TINY_NUM_BLOCKS,
+                                                "path": str(tiny_model)}])}
     proxy_port = free_port()
-    maps = readme_nginx_maps().replace("127.0.0.1:5001", f"127.0.0.1:{ports['w1']}").replace(
-        "127.0.0.1:5002", f"127.0.0.1:{ports['w2']}")
-    (tmp / "nginx.conf").write_text(f"""
-worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/nginx-error.log;
-events {{ worker_connections 128; }}
-http {{
-  access_log off;
-  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy; fastcgi_temp_path {tmp}/fcgi;
-  uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
-{maps}
-  server {{
-    listen 127.0.0.1:{proxy_port};
-    location / {{
-      proxy_pass http://$chat_upstream;
-      proxy_set_header Host $host;  # (as the README's server block sets it)
-      proxy_next_upstream error timeout http_503 non_idempotent;
-      proxy_buffering off;
-      proxy_read_timeout 300s;
-    }}
-  }}
-}}
-""")
-    nginx = subprocess.Popen([str(NGINX), "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    bases = {tag: f"http://127.0.0.1:{port}" for tag, port in ports.items()}
+    chat = ChatWorkers(tmp, 2, env, port=proxy_port, dashboard_port=free_port(), threads=8).start(timeout=240)
     try:
-        for tag, base in bases.items():
-            def serving(base=base, tag=tag) -> bool:
-                assert procs[tag].poll() is None, (tmp / f"{tag}.log").read_text()[-3000:]
-                try:
-                    with urllib.request.urlopen(base + "/v1/models", timeout=20) as response:
-                        return response.status == 200
-                except OSError:
-                    return False
-            assert wait_until(serving, 240, step=1), (tmp / f"{tag}.log").read_text()[-3000:]
-        yield {**bases, "proxy": f"http://127.0.0.1:{proxy_port}", "procs": procs, "tmp": tmp}
+        yield {**{tag: f"http://127.0.0.1:{port}" for tag, port in chat.workers.items()},
+               "proxy": f"http://127.0.0.1:{proxy_port}", "procs": chat.procs, "tmp": tmp}
     finally:
-        nginx.terminate()
-        nginx.wait(20)
-        for tag, proc in procs.items():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
-            logs[tag].close()
+        chat.close()
 
 
 def ask(base: str, messages: list, *, handle: str | None = None, headers: dict | None = None) -> tuple[str, dict]:
