@@ -165,6 +165,10 @@ class Slots:
         self._holds: deque = deque(maxlen=RECENT_HOLDS)
         self._refused: Counter = Counter()
         self.others: Callable[[], OthersSlots] = lambda: NO_OTHER_SLOTS
+        # several workers: (client, its share over every worker) -> may it take one more slot (and it
+        # is counted taken); ``release``: one given back. Exact where ``others`` lags (``chat.shared_load``)
+        self.claim: Optional[Callable[[str, int], bool]] = None
+        self.unclaim: Optional[Callable[[str], None]] = None
 
     def own(self) -> dict:
         """This worker's slots and each client's held ones (by ``client_key``), as it publishes them."""
@@ -188,7 +192,9 @@ class Slots:
         with self._lock:
             now = self._clock()
             if self._free_for(client) and client not in self._queues:
-                return self._grant(client, now, now)
+                slot = self._grant(client, now, now)
+                if slot is not None:
+                    return slot
             waiting = self._waiting()
             if queued:
                 in_queue = self._waiting(queued_only=True)
@@ -277,6 +283,8 @@ class Slots:
             now = self._clock()
             self._held.discard(slot)
             self._holds.append(now - slot.granted)
+            if slot.client is not None and self.unclaim is not None:
+                self.unclaim(slot.client)
             self._dispatch(now)
 
     # -- the rules (called with the lock held) --------------------------------------------------------
@@ -302,7 +310,11 @@ class Slots:
     def _free_for(self, client: Optional[str]) -> bool:
         return self._total_busy() < self.capacity.slots and self._held_by(client) < self._cap(client)
 
-    def _grant(self, client: str, asked: float, now: float) -> Slot:
+    def _grant(self, client: Optional[str], asked: float, now: float) -> Optional[Slot]:
+        """The slot, or None when another worker's holds take the client's share over every worker
+        (``claim``: the shared ledger's atomic count; without one, the local rules decide alone)."""
+        if client is not None and self.claim is not None and not self.claim(client, self._cap(client)):
+            return None
         if self._observe_wait is not None:
             self._observe_wait(now - asked)
         slot = Slot(self, client, now, now - asked)
@@ -311,19 +323,25 @@ class Slots:
 
     def _dispatch(self, now: float) -> None:
         """Free slots to waiting clients in turn: the first client in turn order that may take one
-        gets it for its oldest request, then goes to the back of the turn order."""
+        gets it for its oldest request, then goes to the back of the turn order (a client whose
+        share over every worker is taken waits for the next look: ``reconsider``)."""
+        refused: set = set()
         while self._total_busy() < self.capacity.slots:
-            turn = [c for c in self._queues if self._held_by(c) < self._cap(c)]
+            turn = [c for c in self._queues if c not in refused and self._held_by(c) < self._cap(c)]
             if not turn:
                 return
             client = turn[0]
             queue = self._queues[client]
+            slot = self._grant(client, queue[0].asked, now)
+            if slot is None:
+                refused.add(client)
+                continue
             waiter = queue.popleft()
             if queue:
                 self._queues.move_to_end(client)
             else:
                 del self._queues[client]
-            waiter.slot = self._grant(client, waiter.asked, now)
+            waiter.slot = slot
             waiter.event.set()
 
     def _refuse(self, reason: str, what: str, *, ahead: int) -> Busy:

@@ -5,7 +5,9 @@ Each worker routes by what every worker puts on each server (``chat.server_load.
 own requests in flight, counted at once, and the others' as their newest published records say. A
 client's share of the slots (``chat.capacity.Slots``: ``max_slots_share``) is of every worker's
 slots, and what it holds on any worker counts against it (by a hash of the client, never its
-address); a client waiting only for that share is reconsidered at each read.
+address): each slot is claimed atomically in Redis before it is granted (``CLAIM``, a Lua script
+over the live workers' holds: a burst through two workers at once cannot exceed the share), and a
+client waiting only for that share is reconsidered at each beat.
 A worker publishes its own load every ``PERIOD`` (1 s) as one Redis key of its own, written with a
 lease (``LEASE``, 8 s: ``SET … PX``) — so a worker that dies stops counting within 10 s (its lease
 and a reader's beat),
@@ -38,7 +40,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from chat.capacity import OthersSlots, Slots
+from chat.capacity import OthersSlots, Slots, client_key
 from chat.server_load import OthersLoad, ServerLoad
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,25 @@ PERIOD = 1.0  # seconds between a worker's publications (and its reads of the ot
 LEASE = 8.0  # seconds a published record counts without being written again (a dead worker: gone within 10 s)
 PREFIX = "swarm-monitor:chat-load:"  # + a worker: its record, under its lease
 WORKERS_KEY = "swarm-monitor:chat-workers"  # the workers by when their lease ends (a sorted set)
+SHARE_PREFIX = "swarm-monitor:chat-share:"  # + a client's key: slots it holds, per worker (a hash)
+CLAIM_TIMEOUT = 0.25  # seconds a slot's claim may wait on Redis (it holds the slots' lock), then local rules
+# One slot more for a client, atomically over every worker: its holds on the live workers (the roll)
+# and this one, at most its share; else nothing changes. A dead worker's holds count for nothing.
+CLAIM = """
+local total = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[2], '+inf')) do
+  if w ~= ARGV[1] then
+    local held = tonumber(redis.call('HGET', KEYS[1], w) or '0') or 0
+    if held > 0 then total = total + held end
+  end
+end
+if total > tonumber(ARGV[3]) then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+  return 0
+end
+redis.call('EXPIRE', KEYS[1], 86400)
+return 1
+"""
 MAX_WORKERS = 64  # other workers' records read at most
 MAX_PEERS = 10_000  # servers in one record, at most
 MAX_COUNT = 100_000  # requests one record may say one server runs (or slots it has, one client holds)
@@ -161,8 +182,46 @@ class SharedLedger:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         load.others = lambda: self._view.load
+        # the slots' claims: exact, atomic in Redis (a Lua script), on a connection of their own with
+        # a short timeout (they run under the slots' lock); unreachable, the local rules decide
+        self._claims = redis.Redis.from_url(url, socket_timeout=CLAIM_TIMEOUT, socket_connect_timeout=CLAIM_TIMEOUT)
+        self._claim = self._claims.register_script(CLAIM)
+        self._unclaimed: Counter = Counter()  # gives back that did not reach Redis: retried each beat
+        self._claim_failed = False
         if slots is not None:
             slots.others = lambda: self._view.slots
+            slots.claim, slots.unclaim = self.claim, self.unclaim
+
+    def claim(self, client: str, cap: int) -> bool:
+        """May ``client`` take one slot more, its share over every worker being ``cap``? (Counted taken if so.)"""
+        try:
+            granted = bool(self._claim(keys=[SHARE_PREFIX + client_key(client), WORKERS_KEY],
+                                       args=[self.worker, self._clock(), cap]))
+            self._claim_failed = False
+            return granted
+        except Exception as e:  # noqa: BLE001 - Redis away: this worker's own rules decide
+            if not self._claim_failed:
+                log.warning("a slot's share over every chat worker not checked (this worker's own rules decide "
+                            "until Redis answers): %s", str(e)[:300])
+            self._claim_failed = True
+            return True
+
+    def unclaim(self, client: str) -> None:
+        """One of ``client``'s slots given back (kept for the next beat if Redis does not take it now)."""
+        self._unclaimed[client_key(client)] += 1
+        self._give_back()
+
+    def _give_back(self) -> None:
+        for key, n in list(self._unclaimed.items()):
+            try:
+                left = self._claims.hincrby(SHARE_PREFIX + key, self.worker, -n)
+                if left <= 0:
+                    self._claims.hdel(SHARE_PREFIX + key, self.worker)
+            except Exception:  # noqa: BLE001 - retried at the next beat
+                return
+            self._unclaimed[key] -= n
+            if self._unclaimed[key] <= 0:
+                del self._unclaimed[key]
 
     def start(self) -> "SharedLedger":
         self._thread = threading.Thread(target=self._run, name="chat-shared-load", daemon=True)
@@ -185,7 +244,9 @@ class SharedLedger:
                      now=self._clock(), read_at=self._load.now(), lease=self.lease)
         changed = view.slots != self._view.slots
         self._view, self.staleness, self.workers = view, view.ages, len(view.ages)
-        if changed and self._slots is not None:
+        if self._unclaimed:
+            self._give_back()
+        if self._slots is not None and (changed or self._slots.load().waiting):
             self._slots.reconsider()  # a client waiting for its share over every worker may go on
 
     def _run(self) -> None:
@@ -220,6 +281,8 @@ class SharedLedger:
         except Exception:  # noqa: BLE001 - its lease ends it anyway
             pass
         self._redis.close()
+        self._claims.close()
         self._load.others = lambda: OthersLoad()
         if self._slots is not None:
             self._slots.others = lambda: OthersSlots()
+            self._slots.claim = self._slots.unclaim = None

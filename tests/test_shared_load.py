@@ -127,6 +127,47 @@ def test_a_client_holding_its_share_through_one_worker_waits_on_the_other_until_
         second.close()
 
 
+def test_a_burst_through_two_workers_at_once_never_takes_more_than_the_share(redis_url):
+    """Before either worker has read the other's holds, 12 requests of one client at once, 6 through
+    each (4 slots each, a share of half: 4 of 8): each slot is claimed atomically in Redis, so the
+    client holds at most 4 over both, and another client still gets a slot."""
+    import threading
+
+    from chat.capacity import Capacity, Slots
+    from chat.errors import Busy
+
+    capacity = Capacity(slots=4, queue_size=16, queue_timeout=1, slots_share=0.5)
+    pair = [Slots(capacity), Slots(capacity)]
+    ledgers = [SharedLedger(redis_url, ServerLoad(), slots, worker=f"burst-{i}", period=PERIOD, lease=SHORT_LEASE)
+               for i, slots in enumerate(pair)]
+    for ledger_ in ledgers + ledgers[:1]:
+        ledger_.beat()  # (both on the roll, each knowing the other's slots; no holds yet)
+    got, refused = [], []
+    lock = threading.Lock()
+
+    def ask(slots):
+        try:
+            slot = slots.try_acquire("10.6.0.1")
+        except Busy:
+            slot = None
+        with lock:
+            (got if slot is not None else refused).append(slot)
+
+    threads = [threading.Thread(target=ask, args=(pair[i % 2],)) for i in range(12)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 4 and len(refused) == 8  # its share over both, exactly
+        assert pair[0].try_acquire("10.6.0.2") is not None or pair[1].try_acquire("10.6.0.2") is not None
+        got[0].release()  # one given back: one more for it, wherever
+        assert pair[0].try_acquire("10.6.0.1") is not None or pair[1].try_acquire("10.6.0.1") is not None
+    finally:
+        for ledger_ in ledgers:
+            ledger_.close()
+
+
 def test_rate_limits_are_counted_over_every_worker_in_the_shared_redis(redis_url, tmp_path):
     """Two chat workers' apps with ``chat_shared`` set: a client that used its limit through one is
     refused through the other, with Retry-After from the limit (not the chat's own estimates)."""
