@@ -57,10 +57,14 @@ BY_REFERENCE, BY_PEERS = "reference", "peers"
 # A server measured this many times slower than it announces (or than the other servers' median) is
 # flagged "slow" (pages, diagnosis).
 SLOW_FACTOR = 3.0
-# ... and only when that costs a route through it at least this much more per token over its span:
-# a few blocks' worth of sub-millisecond compute measured 3× "slower" is the round trip's jitter
-# (a one-block server of a tiny model), not a server anyone waits for.
-MIN_SLOW_EXCESS = 0.005  # seconds per token
+# ... and only when that costs a route through it at least this much more per token over its span.
+# A step has a fixed cost on the server besides its blocks' compute (its session and tensors: about
+# 5 ms on this 2-core machine, against 1.1 ms per block of the tiny model — bench_churn --honest's
+# probes), which the empty step does not take away: a one-block server's "compute per block" is
+# mostly that cost, 3–7× the others' per block, and at 5 ms such servers were named slow twice in
+# an honest hour. No server anyone waits for is slow by less than this; any real slow one is far
+# slower (a throttled tiny server: ~80 ms more; a 3× slow demo server of 15 blocks: ~60 ms more).
+MIN_SLOW_EXCESS = 0.02  # seconds per token
 PETALS_DEFAULT_SECONDS_PER_BLOCK = 1 / 300  # petals' default_inference_rps, for servers that announce none
 # Measurements older than this many probe periods no longer count (the server may have changed).
 MAX_AGE_PERIODS = 4.0
