@@ -166,3 +166,24 @@ def test_checks_that_failed_before_a_server_came_back_count_against_nobody():
     assert list(verdicts(pair, now=NOW, max_age=60, poll_at=NOW, away={FULL: NOW - 30}).silent) == [FULL]  # away before
     after = pair + [check(-5, False, SERVER_ERROR), check(-3, False, SERVER_ERROR)]
     assert list(verdicts(after, now=NOW, max_age=60, poll_at=NOW, away={FULL: NOW - 10}).failing) == [FULL]  # back, broken
+
+
+def test_one_failed_dial_names_nobody_a_failure_is_checked_once_more_before_it_is_stored():
+    """bench_churn --honest: a server restarted on a new port was dialled at its old address a few
+    seconds after it came back, and named unreachable until the next round. A round's failures
+    (not a joining server's, not a bootstrap peer's) are checked again; the second check is stored."""
+    from monitor.core.snapshot import ReachabilityBatch, confirmed, to_confirm
+
+    first = ReachabilityBatch(taken_at=NOW, duration=1.0, results=(
+        ReachabilityResult(FULL, "server", False, error="failed to dial"),
+        ReachabilityResult("joining-peer", "server", False, error="joining", joining=True),
+        ReachabilityResult("fine-peer", "server", True, rtt=0.01),
+        ReachabilityResult("boot", "bootstrap", False, error="refused")))
+    assert to_confirm(first) == [FULL]
+    again = ReachabilityBatch(taken_at=NOW + 3, duration=0.5,
+                              results=(ReachabilityResult(FULL, "server", True, rtt=0.02),))
+    merged = {r.peer_id: r for r in confirmed(first, again).results}
+    assert merged[FULL].ok and merged["joining-peer"].joining and merged["fine-peer"].ok and not merged["boot"].ok
+    still = ReachabilityBatch(taken_at=NOW + 3, duration=0.5,
+                              results=(ReachabilityResult(FULL, "server", False, error="failed to dial"),))
+    assert not {r.peer_id: r for r in confirmed(first, still).results}[FULL].ok  # failed twice: stored failed

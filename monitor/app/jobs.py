@@ -266,9 +266,9 @@ class Poller:
         return True
 
     def _check(self, servers: list[str]) -> ReachabilityBatch:
-        """A reachability check of ``servers`` (peer ids), by the settings' timeout and concurrency."""
-        return swarm.check_servers(self.dht, servers, timeout=self.settings.reachability_timeout,
-                                   concurrency=self.settings.reachability_concurrency)
+        """A reachability check of ``servers`` (peer ids), a failure checked once more (``to_confirm``)."""
+        return swarm.check_servers_confirmed(self.dht, servers, timeout=self.settings.reachability_timeout,
+                                             concurrency=self.settings.reachability_concurrency)
 
     def assess_latest(self) -> bool:
         """An input of the newest poll was stored (a reachability or probe round, a generation

@@ -88,6 +88,21 @@ class ReachabilityResult:
     at: Optional[float] = field(default=None, compare=False)  # when it was checked (read back by the store)
 
 
+def to_confirm(batch: "ReachabilityBatch") -> list[str]:
+    """The servers a round found unreachable (not joining): each is checked once more before the
+    failure is stored (``confirmed``) — one dial that failed names nobody (a server that just
+    restarted on a new port, dialled at its old address: bench_churn --honest)."""
+    return [r.peer_id for r in batch.results if r.kind == "server" and unreachable(r)]
+
+
+def confirmed(batch: "ReachabilityBatch", again: "ReachabilityBatch") -> "ReachabilityBatch":
+    """``batch`` with each server checked again (``again``) as that second check found it."""
+    second = {r.peer_id: r for r in again.results}
+    return ReachabilityBatch(taken_at=batch.taken_at, duration=batch.duration + again.duration,
+                             results=tuple(second.get(r.peer_id, r) if r.kind == "server" else r
+                                           for r in batch.results))
+
+
 def unreachable(check: Optional[ReachabilityResult]) -> bool:
     """A failed reachability check means unreachable, unless the peer answered that it is still
     loading (JOINING: up, without petals' handler yet)."""

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import short_error
-from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult
+from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, confirmed, to_confirm
 from monitor.swarm.announce import MAX_RAW_TEXT_CHARS, MAX_TEXT_CHARS, InvalidRecord, clean_text, parse_peer_id
 from monitor.swarm.client import submit
 
@@ -133,6 +133,21 @@ def check_servers(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurr
                                             error=f"reachability batch failed in the DHT process: {short_error(e)}")
     ordered = tuple(results[peer] for peer in dict.fromkeys(peer_ids))
     return ReachabilityBatch(taken_at=taken_at, duration=time.perf_counter() - started, results=ordered)
+
+
+RECHECK_AFTER = 2.0  # seconds before a server found unreachable is checked once more
+
+
+def check_servers_confirmed(dht, peer_ids: Sequence[str], *, timeout: float = 5.0, concurrency: int = 32,
+                            recheck_after: float = RECHECK_AFTER) -> ReachabilityBatch:
+    """``check_servers``, with every server found unreachable checked once more ``recheck_after``
+    seconds later, and stored as that second check found it (``core.snapshot.confirmed``)."""
+    batch = check_servers(dht, peer_ids, timeout=timeout, concurrency=concurrency)
+    failed = to_confirm(batch)
+    if not failed:
+        return batch
+    time.sleep(recheck_after)
+    return confirmed(batch, check_servers(dht, failed, timeout=timeout, concurrency=concurrency))
 
 
 def check_bootstrap(dht, initial_peers: Sequence[str], timeout: float = 5.0, *,
