@@ -30,8 +30,8 @@ from pathlib import Path
 
 import bench_common as bc
 from bench_chat import PROMPTS, model_setup
+from bench_forecast import TOKENS, concurrent_answers
 
-TOKENS = 32
 USERS = 16
 SPREAD_TARGET = 1.5
 
@@ -57,36 +57,12 @@ def spread_once(swarm, prefix, path, names, mode: str, redis_url: str) -> dict:
             with engine.answer(prefix, engine.encode(prefix, PROMPTS[0]), GenerationParams(max_new_tokens=2)) as a:
                 list(a)
         time.sleep(2.5)  # (the ledgers' first beats)
-        rows: list = []
-
-        def ask(index: int) -> None:
-            engine = pair[index % 2]
-            started = time.perf_counter()
-            try:
-                with engine.answer(prefix, engine.encode(prefix, PROMPTS[index % len(PROMPTS)]),
-                                   GenerationParams(max_new_tokens=TOKENS), client=f"10.0.0.{index}") as answer:
-                    done = list(answer)[-1]
-                rows.append({"ok": True, "ttft": done.time_to_first_token, "tokens": done.completion_tokens,
-                             "end": time.perf_counter() - started,
-                             "route": "+".join(names.get(h.peer_id, "?") for h in done.route)})
-            except Exception as e:  # noqa: BLE001 - counted as failed
-                rows.append({"ok": False, "error": repr(e)[:200]})
-
-        started = time.perf_counter()
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(USERS)]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)  # (arrivals a moment apart, as people's: each sees the routes before it)
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - started
+        # arrivals a moment apart, as people's: each sees the routes before it
+        return concurrent_answers(lambda index: pair[index % 2], prefix, names, USERS,
+                                  client_of=lambda index: f"10.0.0.{index}", stagger=0.05)
     finally:
         for engine in pair:
             engine.close()
-    good = [r for r in rows if r["ok"]]
-    return {"tokens_per_s": sum(r["tokens"] for r in good) / elapsed, "elapsed": elapsed,
-            "ttft_p95": bc.percentile([r["ttft"] for r in good], 95) if good else None,
-            "failed": len(rows) - len(good), "routes": dict(Counter(r["route"] for r in good))}
 
 
 def fairness(swarm, prefix, path, redis_url: str) -> dict:

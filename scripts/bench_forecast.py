@@ -258,6 +258,43 @@ def accuracy(model: str, data_dir: Path, requests: int, conditions=CONDITIONS) -
     return found
 
 
+def concurrent_answers(engine_of, prefix: str, names: dict, users: int, *, client_of=None,
+                       stagger: float = 0.0) -> dict:
+    """``users`` streamed answers of ``TOKENS`` at once (answer ``i`` through ``engine_of(i)``, for
+    ``client_of(i)``, started ``stagger`` s apart): aggregate tokens/s, p95 first token, failures,
+    routes taken (by the servers' ``names``)."""
+    from chat.engine import GenerationParams
+
+    rows: list = []
+
+    def ask(index: int) -> None:
+        engine = engine_of(index)
+        started = time.perf_counter()
+        try:
+            with engine.answer(prefix, engine.encode(prefix, PROMPTS[index % len(PROMPTS)]),
+                               GenerationParams(max_new_tokens=TOKENS),
+                               client=client_of(index) if client_of else None) as answer:
+                done = list(answer)[-1]
+            rows.append({"ok": True, "ttft": done.time_to_first_token, "tokens": done.completion_tokens,
+                         "end": time.perf_counter() - started,
+                         "route": "+".join(names.get(h.peer_id, "?") for h in done.route)})
+        except Exception as e:  # noqa: BLE001 - counted as failed
+            rows.append({"ok": False, "error": repr(e)[:200]})
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(users)]
+    for t in threads:
+        t.start()
+        time.sleep(stagger)
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    good = [r for r in rows if r["ok"]]
+    return {"tokens_per_s": sum(r["tokens"] for r in good) / elapsed, "elapsed": elapsed,
+            "ttft_p95": bc.percentile([r["ttft"] for r in good], 95) if good else None,
+            "failed": len(rows) - len(good), "routes": dict(Counter(r["route"] for r in good))}
+
+
 def spread(model: str, data_dir: Path, users: int = 16) -> dict:
     from chat.engine import ChatEngine, GenerationParams
     from monitor.harness.demo_swarm import demo_layout
@@ -281,33 +318,9 @@ def spread(model: str, data_dir: Path, users: int = 16) -> dict:
                 ids = engine.encode(prefix, PROMPTS[0])
                 with engine.answer(prefix, ids, GenerationParams(max_new_tokens=2)) as warm:
                     list(warm)
-                rows: list = []
-
-                def ask(index: int) -> None:
-                    started = time.perf_counter()
-                    try:
-                        with engine.answer(prefix, engine.encode(prefix, PROMPTS[index % len(PROMPTS)]),
-                                           GenerationParams(max_new_tokens=TOKENS)) as answer:
-                            done = list(answer)[-1]
-                        rows.append({"ok": True, "ttft": done.time_to_first_token, "tokens": done.completion_tokens,
-                                     "end": time.perf_counter() - started,
-                                     "route": "+".join(names.get(h.peer_id, "?") for h in done.route)})
-                    except Exception as e:  # noqa: BLE001 - counted as failed
-                        rows.append({"ok": False, "error": repr(e)[:200]})
-
-                started = time.perf_counter()
-                threads = [threading.Thread(target=ask, args=(i,)) for i in range(users)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                elapsed = time.perf_counter() - started
+                results[mode] = concurrent_answers(lambda index: engine, prefix, names, users)
             finally:
                 engine.close()
-            good = [r for r in rows if r["ok"]]
-            results[mode] = {"tokens_per_s": sum(r["tokens"] for r in good) / elapsed, "elapsed": elapsed,
-                             "ttft_p95": bc.percentile([r["ttft"] for r in good], 95) if good else None,
-                             "failed": len(rows) - len(good), "routes": dict(Counter(r["route"] for r in good))}
             print("spread", mode, results[mode], flush=True)
     return results
 
