@@ -367,14 +367,6 @@ def _with_webhooks(settings: Settings, urls: tuple[str, ...]) -> Settings:
     return settings.model_copy(update={"alerts": alerts})
 
 
-def _free_loopback_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=None, before_close=None,
                  chat_workers: int = 1) -> None:
     from monitor.app.service import Service
@@ -404,8 +396,9 @@ def _run_service(settings: Settings, *, run_poller: bool = True, demo_controls=N
         port = service.serve_in_thread(port=0 if chat_workers > 1 else None)
         if chat_workers > 1:
             from monitor.harness.chat_workers import ChatWorkers, ChatWorkersError, worker_env
+            from monitor.harness.ports import free_port
 
-            front = front_port or _free_loopback_port()
+            front = front_port or free_port()
             click.echo(f"Starting {chat_workers} chat workers (gunicorn, sharing a private Redis) behind nginx ...")
             try:
                 workers = ChatWorkers(settings.data_dir / "chat-workers", chat_workers,

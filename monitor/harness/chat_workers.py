@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
+from monitor.harness.ports import free_port
 from monitor.harness.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -32,14 +33,6 @@ class ChatWorkersError(RuntimeError):
 def nginx_binary() -> Optional[str]:
     found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     return found
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def nginx_config(workdir: Path, port: int, dashboard_port: int, workers: dict[str, int]) -> str:
@@ -122,7 +115,7 @@ class ChatWorkers:
             self.redis = RedisServer(self.workdir)
             gunicorn = str(Path(sys.executable).parent / "gunicorn")
             for i in range(1, self.count + 1):
-                tag, port = f"w{i}", _free_port()
+                tag, port = f"w{i}", free_port()
                 env = {**os.environ, **self.env, "SWARM_MONITOR_CHAT_SHARED": self.redis.url,
                        "SWARM_MONITOR_CHAT_WORKER": tag,
                        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -9,16 +9,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from monitor.harness.ports import free_port
 
 
 class RedisUnavailable(RuntimeError):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
@@ -26,7 +21,7 @@ class RedisServer:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not Path(binary).exists():
             raise RedisUnavailable("redis-server is not installed (scripts/system-deps installs it)")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._log = open(workdir / "redis.log", "w")
         self.process = subprocess.Popen(
