@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 
 from monitor.alert_settings import AlertSettings
 from monitor.durations import DAY, unit_of
-from monitor.harness.demo_settings import DEMO_SETTINGS
+from monitor.demo_settings import DEMO_SETTINGS
 from monitor.settings import ENV_PREFIX, SECTIONS, ModelConfig, Settings, fields_in
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"

@@ -13,7 +13,7 @@ import pytest
 
 from monitor.alert_settings import AlertSettings
 from monitor.durations import DAY, parse_duration, unit_of
-from monitor.harness.demo_settings import DEMO_SETTINGS, demo_overrides, describe_overrides
+from monitor.demo_settings import DEMO_SETTINGS, demo_overrides, describe_overrides
 from monitor.settings import SECTIONS, Settings, SettingsError, fields_in, load_settings, section_of
 from monitor.settings_doc import BEGIN, END, README, block, render, with_reference
 

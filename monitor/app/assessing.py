@@ -62,7 +62,8 @@ def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, 
     online = {row.peer_id for row in snapshot.servers if row.state == ONLINE}
     failed = {peer: check.at for peer, check in reachability.items()
               if peer in online and unreachable(check) and check.at is not None and check.at >= now - AWAY_HORIZON}
-    since = min([now - limits.compute_window, *failed.values()])
+    # (from a little before the oldest failure: the poll that saw its server away may precede it)
+    since = min([now - limits.compute_window, *failed.values()]) - 2 * settings.scrape_period
     try:
         away = store.last_away(suspects(computed, now=now, max_age=limits.compute_window) + sorted(failed), since)
     except StoreError as e:

@@ -468,7 +468,7 @@ def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers,
         _run_service(settings, chat_workers=chat_workers)
         return
 
-    from monitor.harness.demo_settings import demo_overrides, describe_overrides
+    from monitor.demo_settings import demo_overrides, describe_overrides
     from monitor.harness.demo_swarm import DemoControls, demo_expect, demo_layout, prepare_checkpoint, prepare_model
     from monitor.families.checkpoint import CheckpointError
     from monitor.harness.local_swarm import LocalSwarm, SwarmError
@@ -514,7 +514,7 @@ def demo(servers, tiny, family, checkpoint, port, bootstrap_port, initial_peers,
             "models": [ModelConfig(dht_prefix=prefix, num_blocks=num_blocks, path=model_path, name=name,
                                    expect=None if checkpoint is not None
                                    else demo_expect(tiny, settings.generation_check_prompt))],
-            # the demo's servers are ours: measured often (monitor/harness/demo_settings.py), printed above
+            # the demo's servers are ours: measured often (monitor/demo_settings.py), printed above
             **{row.name: row.demos for row in overrides},
         })
         _run_service(settings, demo_controls=DemoControls(swarm), chat_workers=chat_workers)

@@ -94,7 +94,7 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
     """Each polled model's assessment at ``now``. ``compute``: the compute checks of the window
     (``compute_checks``: their confirmed verdicts count as the newest evidence of whether a server
     answers and computes; ``away``: when each suspect — a server whose newest compute or
-    reachability check failed — was last seen not ONLINE, ``Store.last_away``: a failure before it
+    reachability check failed — last came back from away, ``Store.last_away``: a failure before it
     counts against nobody).
     A model whose diagnosis fails (a bug, or a value the DHT edge should
     have bounded) is assessed as not diagnosed, with the error, so that every reader shows it and

@@ -96,9 +96,10 @@ def verdicts(checks: Iterable[ComputeCheck], *, now: float, max_age: float,
     """Each peer's verdict from its newest ``CONFIRMATIONS`` checks in the window. ``poll_at``: the
     poll the verdict is drawn for — a failure counts only once a poll taken after it began still
     announces the server (a clean stop announces OFFLINE at once: the poll the first failure asks
-    for sees it leave, and it is not called unreachable). ``away``: peer -> the newest poll that did
-    not see it ONLINE (``Store.last_away``) — checks before it are of a server that has left or
-    restarted since, and count against nobody (a clean restart within the window is not named)."""
+    for sees it leave, and it is not called unreachable). ``away``: peer -> the end of its last time
+    away (``Store.last_away``: the first poll that saw it ONLINE after one that did not) — checks
+    before it are of a server that has left or restarted since, and count against nobody (a clean
+    restart within the window is not named)."""
     failing, silent, newest = {}, {}, {}
     if away:
         checks = [c for c in checks if c.at > away.get(c.peer_id, float("-inf"))]
@@ -134,10 +135,11 @@ def due_after(check: ComputeCheck, before: Optional[ComputeCheck], period: float
 def since_away(reachability: Mapping[str, ReachabilityResult], away: Mapping[str, float]
                ) -> dict[str, ReachabilityResult]:
     """The reachability checks that still speak of the server now announced: a failed check taken
-    before a poll that did not see the server ONLINE (``away``, ``Store.last_away``) is of a server
-    that has left or restarted since — a round that caught it stopping — and counts against nobody
-    (as failed compute checks before it: ``verdicts``); its next check decides, and
-    ``Poller.check_newly_online`` checks it at its first poll back."""
+    before the end of the server's last time away (``away``, ``Store.last_away``: the first poll that
+    saw it ONLINE again after one that did not) is of a server that has left or restarted since — a
+    round that caught it stopping, or starting again — and counts against nobody (as failed compute
+    checks before it: ``verdicts``); its next check decides, and ``Poller.check_newly_online``
+    checks it at its first poll back."""
     return {peer: check for peer, check in reachability.items()
             if check.ok or check.joining or check.at is None or check.at > away.get(peer, float("-inf"))}
 

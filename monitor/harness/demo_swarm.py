@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 # The demo's periods and shares, and the settings they override (printed at start): in
-# monitor/harness/demo_settings.py, a light module (no petals) the CLI and its specs read.
-from monitor.harness.demo_settings import (DEMO_COMPUTE_CHECK_PERIOD, DEMO_GENERATION_CHECK_PERIOD,  # noqa: F401
+# monitor/demo_settings.py, a light module (no petals) the CLI and its specs read.
+from monitor.demo_settings import (DEMO_COMPUTE_CHECK_PERIOD, DEMO_GENERATION_CHECK_PERIOD,  # noqa: F401
                                            DEMO_ROUND_PERIOD, DEMO_SPEED_PROBE_MAX_SHARE, DEMO_SPEED_PROBE_PERIOD)
 from monitor.harness.local_swarm import LocalSwarm, ServerSpec
 

@@ -49,9 +49,12 @@ def recent(conn: Connection, since: float, *, peer_id: Optional[str] = None, lim
 
 
 def last_away(conn: Connection, peer_ids: Sequence[str], since: float) -> dict[str, float]:
-    """peer -> the newest successful poll since ``since`` that did not see it ONLINE (for any model):
-    it had left, or was starting again. A compute check failed before that is of a server that has
-    since come back, not evidence against the one now announced (``core.compute_checks.verdicts``)."""
+    """peer -> the end of its last time away, from the successful polls since ``since``: the first
+    poll that saw it ONLINE again after the newest one that did not (for any model) — it had left,
+    or was starting again — or that one, while no poll has seen it back. A check that failed before
+    then is of a server that was away or on its way back (a round that caught it stopping, or
+    starting again between two polls), not evidence against the one now announced
+    (``core.compute_checks.since_away``, ``verdicts``)."""
     from monitor.core.snapshot import ONLINE
     from monitor.store.schema import Poll, ServerObservationRow
 
@@ -68,8 +71,13 @@ def last_away(conn: Connection, peer_ids: Sequence[str], since: float) -> dict[s
             .where(obs.c.poll_id.in_(list(times)), obs.c.state == ONLINE, peers.c.peer_id.in_(wanted))):
         online[poll_id].add(peer_id)
     found: dict[str, float] = {}
-    for poll_id, at in times.items():
-        for peer in wanted:
-            if peer not in online[poll_id] and at > found.get(peer, float("-inf")):
-                found[peer] = at
+    for peer in wanted:
+        away_at = back_at = None
+        for poll_id, at in sorted(times.items(), key=lambda item: item[1]):
+            if peer not in online[poll_id]:
+                away_at, back_at = at, None
+            elif away_at is not None and back_at is None:
+                back_at = at
+        if away_at is not None:
+            found[peer] = back_at if back_at is not None else away_at
     return found
