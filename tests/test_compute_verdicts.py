@@ -190,37 +190,46 @@ def test_one_failed_dial_names_nobody_a_failure_is_checked_once_more_before_it_i
 
 
 def test_a_round_that_caught_a_server_away_names_nobody_once_a_later_poll_sees_it_back(tmp_path):
-    """#52's fourth honest hour: a poll saw a server OFFLINE (a clean restart), and the reachability
-    round that ran beside it — from the poll before's list — failed to dial it; it was back before
-    the next poll. No poll saw it away *after* the failure, but the failure is of its time away: the
-    store says when it came back (``last_away``), the assessment names nobody, and a failure after
-    its return still names it."""
+    """#52's fourth and fifth honest hours: a poll saw a server OFFLINE (a clean restart), and the
+    reachability round that ran beside it — from the poll before's list — failed to dial it; it was
+    back before the next poll. No poll saw it away *after* the failure, but the failure is of its
+    time away: the poll that sees it back is assessed naming nobody — before it is stored (as the
+    poller assesses) and after — and a failure after its return still names it."""
+    from monitor.core.compute_checks import away_ended
     from monitor.core.snapshot import ONLINE, ReachabilityBatch
     from support import sqlite_store
 
     store = sqlite_store(tmp_path)
     settings = web_settings()
     try:
-        def poll(at: float, full_state: str) -> Snapshot:
+        def poll(at: float, full_state: str, stored: bool = True) -> Snapshot:
             rows = tuple(row if row.peer_id != FULL else row.__class__(**{**row.__dict__, "state": full_state})
                          for row in poll_rows(1))
             snapshot = Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=rows)
-            store.record_poll(snapshot)
+            if stored:
+                store.record_poll(snapshot)
             return snapshot
+
+        def cause(snapshot, reachability) -> str:
+            (assessment,) = assessing.assess_poll(store, settings, snapshot, reachability, now=NOW)
+            return assessment.servers[FULL].cause
 
         poll(NOW - 120, ONLINE)
         poll(NOW - 60, OFFLINE)  # stopping: it announced OFFLINE
         failed = ReachabilityResult(FULL, "server", False, error="all dials failed", at=NOW - 59.9)
         store.record_reachability(ReachabilityBatch(NOW - 59.9, 2.0, (failed,)))
-        back = poll(NOW - 5, ONLINE)  # restarted meanwhile
-        assert store.last_away([FULL], NOW - 200) == {FULL: NOW - 5}  # its time away ended there
-        (assessment,) = assessing.assess_poll(store, settings, back, store.latest_reachability(), now=NOW)
-        assert assessment.servers[FULL].cause == CAUSE_SERVING
+        assert store.last_away([FULL], NOW - 200) == {FULL: (NOW - 60, None)}
+        back = poll(NOW - 5, ONLINE, stored=False)  # restarted meanwhile: the poll that sees it back
+        assert cause(back, store.latest_reachability()) == CAUSE_SERVING  # assessed before it is stored
+        store.record_poll(back)
+        assert store.last_away([FULL], NOW - 200) == {FULL: (NOW - 60, NOW - 5)}  # its time away ended there
+        assert cause(back, store.latest_reachability()) == CAUSE_SERVING  # and after
         later = ReachabilityResult(FULL, "server", False, error="all dials failed", at=NOW - 1)
-        (named,) = assessing.assess_poll(store, settings, back, {FULL: later}, now=NOW)
-        assert named.servers[FULL].cause == CAUSE_UNREACHABLE  # a failure since it is back still names it
-        poll(NOW - 2, OFFLINE)  # away again, and no poll has seen it back: that poll's time
-        assert store.last_away([FULL], NOW - 200) == {FULL: NOW - 2}
+        assert cause(back, {FULL: later}) == CAUSE_UNREACHABLE  # a failure since it is back still names it
         assert store.last_away([PEERS["first"]], NOW - 200) == {}  # never away
+        # when the time away ended: the first poll back, stored or being assessed; else not yet
+        assert away_ended({FULL: (NOW - 60, NOW - 5)}, NOW, {FULL}) == {FULL: NOW - 5}
+        assert away_ended({FULL: (NOW - 60, None)}, NOW, {FULL}) == {FULL: NOW}
+        assert away_ended({FULL: (NOW - 60, None)}, NOW, set()) == {FULL: NOW - 60}  # still away
     finally:
         store.close()

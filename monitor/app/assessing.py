@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 
 from monitor.core.assess import Thresholds, assess
 from monitor.core.assessment import Assessment
-from monitor.core.compute_checks import suspects, window as compute_window
+from monitor.core.compute_checks import away_ended, suspects, window as compute_window
 from monitor.core.probes import recent_window
 from monitor.core.snapshot import ONLINE, ReachabilityResult, Snapshot, unreachable
 from monitor.store import StoreError
@@ -65,7 +65,8 @@ def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, 
     # (from a little before the oldest failure: the poll that saw its server away may precede it)
     since = min([now - limits.compute_window, *failed.values()]) - 2 * settings.scrape_period
     try:
-        away = store.last_away(suspects(computed, now=now, max_age=limits.compute_window) + sorted(failed), since)
+        away = away_ended(store.last_away(suspects(computed, now=now, max_age=limits.compute_window) + sorted(failed),
+                                          since), snapshot.taken_at, online)
     except StoreError as e:
         log.warning("server history not read, compute checks taken as they are: %s", e)
         away = {}

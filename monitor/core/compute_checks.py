@@ -32,7 +32,7 @@ Confirmed, the verdict changes for every reader at once; not confirmed, nothing 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
+from typing import AbstractSet, Iterable, Mapping, Optional
 
 from monitor.core.probes import CLIENT_ERROR, SERVER_ERROR, SLOW_FACTOR, TIMEOUT
 from monitor.core.snapshot import ChatOutcome, ReachabilityResult
@@ -130,6 +130,22 @@ def due_after(check: ComputeCheck, before: Optional[ComputeCheck], period: float
     period)."""
     unconfirmed = not check.ok and (before is None or before.ok)
     return check.at + (CONFIRM_DELAY if unconfirmed else period)
+
+
+def away_ended(last_away: Mapping[str, tuple[float, Optional[float]]], poll_at: float, online: AbstractSet[str]
+               ) -> dict[str, float]:
+    """peer -> when its last time away ended (what ``since_away`` and ``verdicts`` take as ``away``),
+    from ``Store.last_away`` — (the newest stored poll that did not see it ONLINE, the first stored
+    one that saw it back or None) — and the poll being assessed (at ``poll_at``, its ONLINE peers
+    ``online``; the poller assesses a poll before storing it): the first poll that saw it back;
+    that one, when the stored polls have not; else its time away has not ended, and it counts from
+    the poll that saw it away."""
+    ended = {}
+    for peer, (away_at, back_at) in last_away.items():
+        if back_at is None and peer in online and poll_at > away_at:
+            back_at = poll_at
+        ended[peer] = back_at if back_at is not None else away_at
+    return ended
 
 
 def since_away(reachability: Mapping[str, ReachabilityResult], away: Mapping[str, float]

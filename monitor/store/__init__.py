@@ -144,8 +144,9 @@ class Store:
         with self.db.read("reading compute checks") as conn:
             return compute_checks.recent(conn, since, peer_id=peer_id)
 
-    def last_away(self, peer_ids: Sequence[str], since: float) -> dict[str, float]:
-        """peer -> the newest poll since ``since`` that did not see it ONLINE (``compute_checks.last_away``)."""
+    def last_away(self, peer_ids: Sequence[str], since: float) -> dict[str, tuple[float, Optional[float]]]:
+        """peer -> (the newest poll since ``since`` that did not see it ONLINE, the first that saw it
+        back after it or None): ``compute_checks.last_away``."""
         with self.db.read("reading when servers were away") as conn:
             return compute_checks.last_away(conn, peer_ids, since)
 

@@ -48,13 +48,11 @@ def recent(conn: Connection, since: float, *, peer_id: Optional[str] = None, lim
                          requested_by=r["requested_by"]) for r in reversed(rows)]
 
 
-def last_away(conn: Connection, peer_ids: Sequence[str], since: float) -> dict[str, float]:
-    """peer -> the end of its last time away, from the successful polls since ``since``: the first
-    poll that saw it ONLINE again after the newest one that did not (for any model) — it had left,
-    or was starting again — or that one, while no poll has seen it back. A check that failed before
-    then is of a server that was away or on its way back (a round that caught it stopping, or
-    starting again between two polls), not evidence against the one now announced
-    (``core.compute_checks.since_away``, ``verdicts``)."""
+def last_away(conn: Connection, peer_ids: Sequence[str], since: float) -> dict[str, tuple[float, Optional[float]]]:
+    """peer -> its last time away among the successful polls since ``since``: (the newest poll that
+    did not see it ONLINE, for any model — it had left, or was starting again; the first poll that
+    saw it ONLINE after that one, None while none has). ``core.compute_checks.away_ended`` makes
+    of it when the time away ended, the poll being assessed included."""
     from monitor.core.snapshot import ONLINE
     from monitor.store.schema import Poll, ServerObservationRow
 
@@ -70,7 +68,7 @@ def last_away(conn: Connection, peer_ids: Sequence[str], since: float) -> dict[s
             sa.select(obs.c.poll_id, peers.c.peer_id).join(peers, peers.c.id == obs.c.peer)
             .where(obs.c.poll_id.in_(list(times)), obs.c.state == ONLINE, peers.c.peer_id.in_(wanted))):
         online[poll_id].add(peer_id)
-    found: dict[str, float] = {}
+    found: dict[str, tuple[float, Optional[float]]] = {}
     for peer in wanted:
         away_at = back_at = None
         for poll_id, at in sorted(times.items(), key=lambda item: item[1]):
@@ -79,5 +77,5 @@ def last_away(conn: Connection, peer_ids: Sequence[str], since: float) -> dict[s
             elif away_at is not None and back_at is None:
                 back_at = at
         if away_at is not None:
-            found[peer] = back_at if back_at is not None else away_at
+            found[peer] = (away_at, back_at)
     return found
