@@ -200,7 +200,12 @@ def test_regenerate_and_edit_refuse_what_the_conversation_does_not_have():
     assert rewind(talk, "new", regenerate=False, edit=None) == (4, "new")
     assert rewind(talk, "", regenerate=True, edit=None) == (2, "q1")
     assert rewind(talk, "q0 again", regenerate=False, edit=0) == (0, "q0 again")
-    for bad in (2, 10**5):
+    assert rewind(talk, "q2", regenerate=False, edit=2) == (4, "q2")  # one past the last: asked anew
+    # a question that got no answer, asked again where the conversation was left: by a live worker
+    # that dropped it (edit 1 of q0 a0), or from the store of one that died before keeping it (edit 1 of all)
+    assert rewind(messages("q0", "a0"), "q1", regenerate=False, edit=1) == (2, "q1")
+    assert rewind(talk, "q1 again", regenerate=False, edit=1) == (2, "q1 again")
+    for bad in (3, 10**5):
         with pytest.raises(InvalidRequest, match="there is no question"):
             rewind(talk, "x", regenerate=False, edit=bad)
     with pytest.raises(InvalidRequest, match="no answer to regenerate"):

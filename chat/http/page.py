@@ -325,14 +325,18 @@ def rewind(messages: list[dict], message: str, *, regenerate: bool, edit: Option
     """(how many of the conversation's messages the turn keeps, its question): all and the new
     message; to ``regenerate`` the last answer, those before its question, and that question again;
     to ``edit`` the ``edit``-th question (0-based), those before it, and the new message (the turns
-    after it are replaced)."""
+    after it are replaced; ``edit`` one past the last question asks anew: how the page asks again a
+    question that got no answer, wherever the conversation was left — a live worker dropped it, a
+    worker that died never stored it)."""
     asked = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if regenerate:
         if not asked or messages[-1]["role"] != "assistant":
             raise InvalidRequest("regenerate", "there is no answer to regenerate in this conversation yet")
         return asked[-1], messages[asked[-1]]["content"]
     if edit is not None:
-        if edit >= len(asked):
+        if edit == len(asked):
+            return len(messages), message
+        if edit > len(asked):
             raise InvalidRequest("edit", f"this conversation has {len(asked)} questions; there is no question "
                                          f"{edit + 1} to edit")
         return asked[edit], message

@@ -8,12 +8,36 @@
 (function () {
   "use strict";
 
+  // An answer that did not come (its servers failed, or the connection to the chat was lost: a chat
+  // worker that died) offers its question again, asked where the conversation stands now: the
+  // worker that took it dropped it, and one that died never stored it ("edit" one past the last
+  // question asks anew: chat/http/page.py rewind). The page then replaces the failed turn.
+  function offerAgain(article) {
+    var asked = article.previousElementSibling;
+    while (asked && !asked.classList.contains("chat-user")) asked = asked.previousElementSibling;
+    var form = document.getElementById("chat-form");
+    var meta = article.querySelector(".chat-meta");
+    if (!asked || !form || !meta || meta.querySelector("button.chat-ask-again")) return;
+    var button = document.createElement("button");
+    button.type = "button";
+    button.className = "chat-ask-again";
+    button.textContent = "Regenerate";
+    button.setAttribute("aria-label", "Regenerate: ask this question again");
+    button.addEventListener("click", function () {
+      document.getElementById("message").value = asked.querySelector(".chat-text").textContent;
+      document.getElementById("chat-edit").value = asked.dataset.userIndex;
+      if (form.requestSubmit) form.requestSubmit(); else form.querySelector("button[type=submit]").click();
+    });
+    meta.appendChild(button);
+  }
+
   function stream(article) {
     if (article.dataset.chatStarted) return;
     article.dataset.chatStarted = "1";
     var text = article.querySelector(".chat-text");
     var meta = article.querySelector(".chat-meta");
     var finished = false;
+    var failed = false;
     var source = new EventSource(article.dataset.chatStream);
 
     function follow() { article.scrollIntoView({ block: "end" }); }
@@ -46,6 +70,7 @@
       p.textContent = event.data;
     });
     source.addEventListener("failed", function (event) {
+      failed = true;
       if (status.parentNode) status.remove();
       var p = document.createElement("p");
       p.className = "chat-failed";
@@ -64,6 +89,7 @@
       source.close();
       meta.innerHTML = event.data;
       if (window.htmx) window.htmx.process(meta);
+      if (failed) offerAgain(article);
       document.querySelectorAll("#conversation button.chat-regenerate").forEach(function (button) {
         if (!meta.contains(button)) button.remove();  // only the last answer is regenerated
       });
@@ -81,9 +107,12 @@
       source.close();
       var p = document.createElement("p");
       p.className = "chat-failed";
-      p.textContent = "The connection to the server was lost before the answer finished.";
+      if (status.parentNode) status.remove();
+      p.textContent = "The connection to the chat was lost before the answer finished; your question is kept: " +
+        "Regenerate asks it again.";
       article.insertBefore(p, meta);
       meta.textContent = "";
+      offerAgain(article);
     };
   }
 

@@ -1,11 +1,14 @@
-"""The chat for a production WSGI server: ONE gunicorn worker holding the DHT client, with threads.
+"""A chat worker for a production WSGI server: ONE gunicorn worker holding the DHT client, with threads.
 
     gunicorn --worker-class gthread --workers 1 --threads 32 --timeout 120 \\
         --bind 127.0.0.1:5001 monitor.app.chat_wsgi:app
 
-Why one worker: the chat holds a DHT client (a hivemind daemon, ~450 MiB with torch), petals'
-routing state and the chat page's conversations in memory, and its rate limits and session pool
-are per process; threads serve the streams and WebSockets (each holds one while it lasts). Why no
+Why one gunicorn worker: a chat worker holds a DHT client (a hivemind daemon, ~450 MiB with
+torch), petals' routing state, its open and kept sessions and the chat page's turns in flight in
+memory; threads serve the streams and WebSockets (each holds one while it lasts). More chat
+workers are more such processes, each with its tag (``chat_worker``), sharing their load, slots
+and rate limits through Redis (``chat_shared``) behind a proxy that keeps each conversation on its
+worker (README: Several chat workers). Why no
 ``--preload``: the DHT client must start in the worker, after gunicorn forks (a forked DHT client
 does not work). ``--timeout`` covers the start-up (torch, petals and the DHT: seconds to a minute).
 

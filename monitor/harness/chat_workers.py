@@ -113,40 +113,51 @@ class ChatWorkers:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             self.redis = RedisServer(self.workdir)
-            gunicorn = str(Path(sys.executable).parent / "gunicorn")
             for i in range(1, self.count + 1):
-                tag, port = f"w{i}", free_port()
-                env = {**os.environ, **self.env, "SWARM_MONITOR_CHAT_SHARED": self.redis.url,
-                       "SWARM_MONITOR_CHAT_WORKER": tag,
-                       "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-                env.pop("SWARM_MONITOR_CONFIG", None)
-                log = open(self.workdir / f"chat-{tag}.log", "wb")
-                self._logs.append(log)
-                self.workers[tag] = port
-                self.procs[tag] = subprocess.Popen(
-                    [gunicorn, "--worker-class", "gthread", "--workers", "1", "--threads", str(self.threads),
-                     "--timeout", "120", "--graceful-timeout", "30", "--bind", f"127.0.0.1:{port}",
-                     "monitor.app.chat_wsgi:app"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True)
+                self.workers[f"w{i}"] = free_port()
+                self._spawn(f"w{i}")
             (self.workdir / "nginx.conf").write_text(nginx_config(self.workdir, self.port, self.dashboard_port,
                                                                   self.workers))
             self._nginx = subprocess.Popen([self.nginx, "-c", str(self.workdir / "nginx.conf"), "-p", str(self.workdir)],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + timeout
-            for tag, port in self.workers.items():
-                while not self._answers(f"http://127.0.0.1:{port}/v1/models"):
-                    if self.procs[tag].poll() is not None:
-                        raise ChatWorkersError(f"chat worker {tag} exited: {self.log_tail(tag)}")
-                    if time.monotonic() > deadline:
-                        raise ChatWorkersError(f"chat worker {tag} did not answer within {timeout:.0f} s: "
-                                               f"{self.log_tail(tag)}")
-                    time.sleep(0.5)
+            for tag in self.workers:
+                self._wait_answering(tag, deadline)
             if self._nginx.poll() is not None:
                 raise ChatWorkersError(f"nginx exited: {(self.workdir / 'nginx-error.log').read_text()[-1000:]}")
         except BaseException:
             self.close()
             raise
         return self
+
+    def _spawn(self, tag: str) -> None:
+        """Worker ``tag``'s gunicorn, on its port, logging to ``chat-<tag>.log`` (appended)."""
+        gunicorn = str(Path(sys.executable).parent / "gunicorn")
+        env = {**os.environ, **self.env, "SWARM_MONITOR_CHAT_SHARED": self.redis.url, "SWARM_MONITOR_CHAT_WORKER": tag,
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.pop("SWARM_MONITOR_CONFIG", None)
+        log = open(self.workdir / f"chat-{tag}.log", "ab")
+        self._logs.append(log)
+        self.procs[tag] = subprocess.Popen(
+            [gunicorn, "--worker-class", "gthread", "--workers", "1", "--threads", str(self.threads),
+             "--timeout", "120", "--graceful-timeout", "30", "--bind", f"127.0.0.1:{self.workers[tag]}",
+             "monitor.app.chat_wsgi:app"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def _wait_answering(self, tag: str, deadline: float) -> None:
+        while not self._answers(f"http://127.0.0.1:{self.workers[tag]}/v1/models"):
+            if self.procs[tag].poll() is not None:
+                raise ChatWorkersError(f"chat worker {tag} exited: {self.log_tail(tag)}")
+            if time.monotonic() > deadline:
+                raise ChatWorkersError(f"chat worker {tag} did not answer in time: {self.log_tail(tag)}")
+            time.sleep(0.5)
+
+    def restart(self, tag: str, timeout: float = 300) -> None:
+        """Start worker ``tag`` again (after it died or was stopped) on its port, and wait until it answers."""
+        if self.procs[tag].poll() is None:
+            raise ChatWorkersError(f"chat worker {tag} is still running")
+        self._spawn(tag)
+        self._wait_answering(tag, time.monotonic() + timeout)
 
     def log_tail(self, tag: str) -> str:
         try:
