@@ -22,7 +22,8 @@ from chat.client_side import ClientSideTooLarge
 from chat.errors import Busy, ModelNotServed, RouteUnmet, SessionTooLong
 from chat.models import Model, Models
 from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, RouteHop, RoutingSettings, penalty
-from chat.server_load import ServerLoad, session_room
+from chat.server_load import ServerLoad
+from monitor.core.snapshot import session_room
 
 logger = logging.getLogger(__name__)
 

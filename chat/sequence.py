@@ -33,7 +33,8 @@ from swarm_monitor_client.routing import MonitorRouting
 from monitor.core.route_choice import RouteChoice, allowed
 
 from chat.policy import OutcomeSink, PeerWeight, RouteHop, RoutingSettings, ScoreSource
-from chat.server_load import ServerLimits, ServerLoad, refused_length, session_room
+from chat.server_load import ServerLimits, ServerLoad, refused_length
+from monitor.core.snapshot import session_room
 
 logger = logging.getLogger(__name__)
 

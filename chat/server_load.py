@@ -7,7 +7,7 @@ chooser at a time, so requests that arrive together see each other's routes; mov
 fail-over, left when it closes). Routing multiplies a server's compute edges by ``factor``: ``1 + LOAD_WEIGHT`` per
 request in flight through it — a server computing for n requests gives each about 1/(n+1) of its
 time — and up to ``2×`` more as the session room its announced ``cache_tokens_left`` leaves
-(``session_room``) nears what the new session needs.
+(``monitor.core.snapshot.session_room``) nears what the new session needs.
 So concurrent requests spread over routes of like speed, and a server far faster than the others
 still takes more of them. Counted per chat process (each gunicorn worker counts its own), as the
 generation slots are.
@@ -32,17 +32,6 @@ LOAD_WEIGHT = 1.0  # added to a server's cost factor per request in flight throu
 CACHE_SLACK = 4  # below this many times the tokens a session needs, a server's cache left costs more
 FULL_FACTOR = 4.0  # a server that just refused a session for want of cache room costs this many times more
 FULL_COOL = 10.0  # seconds it costs more after such a refusal
-
-
-def session_room(cache_tokens_left: Optional[int], blocks: int) -> Optional[int]:
-    """How many tokens of one session a server has attention-cache room for, through ``blocks`` of
-    its blocks (None: it announces nothing). Petals announces ``cache_tokens_left`` as its free
-    cache over one block's keys (``bytes_left`` / one token's keys of one block), and a session
-    keeps the keys and the values of every block it runs there: petals' own client asks for
-    ``2 × blocks × tokens`` of it (``RemoteSequenceManager._has_cache_for``)."""
-    if not isinstance(cache_tokens_left, int) or isinstance(cache_tokens_left, bool) or cache_tokens_left < 0:
-        return None
-    return cache_tokens_left // (2 * max(1, blocks))
 
 
 def cache_factor(room: Optional[int], needed: Optional[int]) -> float:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from chat.capacity import GENERATING, IDLE, Capacity, OpenSessions
-from chat.server_load import FULL_COOL, FULL_FACTOR, ServerLoad, refused_length, session_room
+from chat.server_load import FULL_COOL, FULL_FACTOR, ServerLoad, refused_length
+from monitor.core.snapshot import session_room
 from monitor.core.common import cache_full
 
 

@@ -130,6 +130,9 @@ def test_low_cache_headroom_degrades_the_model():
     assert health.state == DEGRADED
     assert health.low_cache_ranges == ((0, 4),)
     assert [b.cache_tokens_left for b in health.blocks] == [700] * 4 + [5300] * 4
+    # what one session may hold there: each server's room over its whole span (keys and values of
+    # each block: 2 × blocks of what it announces), summed
+    assert [b.session_room for b in health.blocks] == [300 // 16 + 400 // 8] * 4 + [300 // 16 + 5000 // 8] * 4
     assert len(health.reasons) == 1 and "0:4" in health.reasons[0] and "700" in health.reasons[0]
     assert diagnose(MODEL, rows, min_cache_tokens=500).state == HEALTHY
 

@@ -142,3 +142,22 @@ def test_a_follow_up_s_forecast_rests_on_what_continued_requests_got():
             RequestRecord(at=now - 5, model="m", api="openai", outcome=OK, time_to_first_token=3.0, tokens=8,
                           tokens_per_second=9.0)]
     assert [o.continued for o in inputs("m", rows, None, now=now).observed] == [True, False]
+
+
+def test_a_forecast_s_cache_room_is_what_one_session_may_hold_on_every_block():
+    """Petals announces ``cache_tokens_left`` over one block's keys, and a session keeps the keys
+    and values of every block it runs on a server: one announcing 16,384 over its 8 blocks holds a
+    session of 1,024 tokens, not 16,384 — the forecast says the caches are nearly full beyond that."""
+    import dataclasses
+
+    from monitor.core.coverage import block_coverage
+    from support import STORE_LLAMA, store_health, store_row
+
+    rows = [store_row("a", cache_tokens_left=16_384)]  # 8 blocks
+    known = inputs(STORE_LLAMA.dht_prefix, [], dataclasses.replace(store_health(STORE_LLAMA, "healthy"),
+                                                                   blocks=block_coverage(STORE_LLAMA, rows)), now=10.0)
+    assert known.session_room == 1024
+    assert forecast(known, wait=0, prompt_tokens=24, max_tokens=1000).cache_room is True
+    assert forecast(known, wait=0, prompt_tokens=24, max_tokens=1001).cache_room is False
+    known = inputs(STORE_LLAMA.dht_prefix, [], store_health(STORE_LLAMA, "healthy"), now=10.0)  # nothing announced
+    assert known.session_room is None and forecast(known, wait=0, prompt_tokens=24, max_tokens=1001).cache_room is None

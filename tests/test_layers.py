@@ -3,8 +3,11 @@
 Data flows one way (README: Development): ``core`` is pure; ``swarm`` (the DHT edge) and ``store``
 (the SQL edge) build on it; ``app`` wires them; ``web`` only reads the store; ``chat`` sits beside
 the web. Every ``import`` statement counts, also those inside functions (a lazy import is still a
-dependency). ``settings``/``alert_settings``/``compat`` sit at the top of the package, readable by
-every layer.
+dependency). ``settings``/``alert_settings``/``compat`` and the other modules at the top of the
+package sit above the layers, readable by every one; the harness (swarms, workers, reference runs
+for the demo, specs and benchmarks) never reaches into the app, the web or the store; the client
+package people install (``client/swarm_monitor_client``) never imports the service. Every module
+has a layer.
 
 The source is parsed in a fresh interpreter of its own (``findings``, once per session): CPython
 3.11 keeps the AST constructor's recursion depth in per-interpreter state, and a process that ran
@@ -22,7 +25,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("monitor", "chat")
+# (where a package's source lies, the package): the service's, and the client package people
+# install beside petals (``client/``)
+PACKAGES = ((ROOT, "monitor"), (ROOT, "chat"), (ROOT / "client", "swarm_monitor_client"))
+# modules at the top of ``monitor``: read by every layer, so they read none of the layers but the core
+TOP_LEVEL = ("monitor.settings", "monitor.alert_settings", "monitor.demo_settings", "monitor.settings_doc",
+             "monitor.durations", "monitor.http_errors", "monitor.api_doc", "monitor.prometheus", "monitor.logs",
+             "monitor.compat")
 
 # layer -> layers it must never import
 FORBIDDEN = {
@@ -34,11 +43,21 @@ FORBIDDEN = {
     "chat": ("monitor.app", "monitor.web", "monitor.harness"),
     # the model families: what reads a checkpoint, below everything that does
     "monitor.families": ("monitor.swarm", "monitor.store", "monitor.app", "monitor.web", "monitor.harness", "chat"),
+    # what starts swarms, workers and reference runs for the demo, the specs and the benchmarks:
+    # processes and checkpoints, never the service's wiring or its store
+    "monitor.harness": ("monitor.app", "monitor.web", "monitor.store", "chat"),
+    # the wiring: every layer's top (the demo's CLI starts the harness)
+    "monitor.app": (),
+    **{top: ("monitor.swarm", "monitor.store", "monitor.app", "monitor.web", "monitor.harness", "chat")
+       for top in TOP_LEVEL if top != "monitor.settings"},
+    # the package people install beside petals: it reads the monitor over HTTP, never its code
+    "swarm_monitor_client": ("monitor", "chat"),
 }
+ROOT_PACKAGES = ("monitor",)  # a package's ``__init__`` above every layer (it imports nothing of ours)
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, base: Path = ROOT) -> str:
+    parts = list(path.relative_to(base).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -47,7 +66,7 @@ def module_name(path: Path) -> str:
 def imports_of(path: Path) -> set[str]:
     """Every module ``path`` imports (absolute names; ``from a import b`` counts as ``a.b`` when
     ``a.b`` is a module of ours, else as ``a``)."""
-    me = module_name(path)
+    me = module_name(path, next(base for base, package in PACKAGES if path.is_relative_to(base / package)))
     return parse_imports(path.read_text(), me, package=me if path.name == "__init__.py" else me.rpartition(".")[0])
 
 
@@ -70,10 +89,10 @@ def parse_imports(source: str, me: str, *, package: str) -> set[str]:
 
 def our_modules() -> dict[str, Path]:
     modules = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
+    for base, package in PACKAGES:
+        for path in (base / package).rglob("*.py"):
             if "migrations" not in path.parts:
-                modules[module_name(path)] = path
+                modules[module_name(path, base)] = path
     return modules
 
 
@@ -114,6 +133,16 @@ def test_no_layer_imports_one_it_must_not():
             if within(module, layer):
                 wrong += [f"{module} imports {dep}" for dep in deps for b in banned if within(dep, b)]
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_every_module_has_a_layer_with_its_rule():
+    """No module escapes the rules: each of ours (the client package's too) falls within a layer
+    above, or is a root package's ``__init__`` that imports nothing of ours."""
+    graph = findings()["graph"]
+    assert any(within(m, "swarm_monitor_client") for m in graph), "the client package is not read"
+    loose = [m for m in graph if not any(within(m, layer) for layer in FORBIDDEN)
+             and not (m in ROOT_PACKAGES and not graph[m])]
+    assert not loose, "modules with no layer: " + ", ".join(sorted(loose))
 
 
 def test_the_import_graph_has_no_cycle():
@@ -163,8 +192,11 @@ def test_the_core_imports_neither_petals_nor_hivemind():
 
 
 def petals_importers() -> dict[str, Path]:
+    """The service's modules that import petals (the client package is installed beside petals
+    with petals' own hivemind, where ``monitor.compat`` has nothing to restore and does not exist)."""
     return {name: path for name, path in our_modules().items()
-            if name != "monitor.compat" and any(within(dep, "petals") for dep in imports_of(path))}
+            if name != "monitor.compat" and not within(name, "swarm_monitor_client")
+            and any(within(dep, "petals") for dep in imports_of(path))}
 
 
 def test_every_module_that_imports_petals_imports_compat_first():

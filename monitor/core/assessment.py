@@ -85,6 +85,9 @@ class BlockCoverage:
     total_throughput: float
     min_throughput: Optional[float]
     cache_tokens_left: Optional[int]  # sum over serving servers that announce it; None if none do
+    # tokens of one session its servers have room for (``snapshot.session_room`` of each over its
+    # whole span, summed); None if none announces it (or an assessment stored before it was kept)
+    session_room: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class ServerAssessment:
     disagreeing: Optional[str] = None  # its disagreement with other servers nobody outvotes
     checked: Optional[ComputeCheck] = None  # its newest compute check (``core.compute_checks``)
     confirmed: bool = False  # its cause rests on confirming checks (two failed ones, a verdict on its outputs)
-    back_at: Optional[float] = None  # the poll that last saw it away, when its failed reachability check was older
+    back_at: Optional[float] = None  # the end of its last time away, when its failed reachability check was older
 
     @property
     def slow(self) -> bool:

@@ -76,7 +76,8 @@ from monitor.core.assessment import (  # noqa: F401  (the result types, re-expor
 from monitor.core.common import short_peer_id
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import SLOW_FACTOR, slowness
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, unreachable
+from monitor.core.snapshot import (JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, session_room,
+                                   unreachable)
 
 
 BOTTLENECK_FRACTION = 0.5
@@ -183,6 +184,7 @@ def _block_coverage(num_blocks: int, serving: Sequence[ServerRow]) -> list[Block
         here = [row for row in serving if row.start <= index < row.end]
         throughputs = [row.throughput or 0.0 for row in here]
         caches = [row.cache_tokens_left for row in here if row.cache_tokens_left is not None]
+        rooms = [room for row in here if (room := session_room(row.cache_tokens_left, row.end - row.start)) is not None]
         blocks.append(
             BlockCoverage(
                 index=index,
@@ -191,6 +193,7 @@ def _block_coverage(num_blocks: int, serving: Sequence[ServerRow]) -> list[Block
                 total_throughput=float(sum(throughputs)),
                 min_throughput=float(min(throughputs)) if throughputs else None,
                 cache_tokens_left=sum(caches) if caches else None,
+                session_room=sum(rooms) if rooms else None,
             )
         )
     return blocks

@@ -106,7 +106,7 @@ class ForecastInputs:
     time_to_first_token: Optional[float] = None  # their median
     tokens_per_second: Optional[float] = None  # their median
     est_tokens_per_s: Optional[float] = None  # the assessment's estimate (probes)
-    cache_tokens_left: Optional[int] = None  # the least, over the model's blocks, of what its servers announce
+    session_room: Optional[int] = None  # tokens of one session: the least, over the blocks, their servers hold
     recommendation: Optional[str] = None  # what a new server should serve, e.g. "--block_indices 4:8"
     recommendation_reason: Optional[str] = None
     observed: tuple[Observed, ...] = ()  # the answered requests, with their routes and loads (newest last)
@@ -156,7 +156,8 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
                               time_to_first_token=r.time_to_first_token, tokens_per_second=r.tokens_per_second,
                               continued=r.continued)
                      for r, load in zip(recent, load_of) if r.outcome == OK)[-MAX_OBSERVED:]
-    cache = [b.cache_tokens_left for b in (assessment.blocks if assessment else ()) if b.cache_tokens_left is not None]
+    # the room a session has: the least over the blocks of what their servers can hold of one session
+    cache = [b.session_room for b in (assessment.blocks if assessment else ()) if b.session_room is not None]
     told = scored(done)
     return ForecastInputs(
         model=model, requests=len(done), observed=observed, calibration=calibration.calibrate(told),
@@ -164,7 +165,7 @@ def inputs(model: str, records: Iterable[RequestRecord], assessment: Optional[As
         time_to_first_token=percentile([r.time_to_first_token for r in done], 50),
         tokens_per_second=percentile([r.tokens_per_second for r in done], 50),
         est_tokens_per_s=assessment.est_tokens_per_s if assessment else None,
-        cache_tokens_left=min(cache) if cache else None,
+        session_room=min(cache) if cache else None,
         recommendation=assessment.recommendation.argument if assessment and assessment.recommendation else None,
         recommendation_reason=assessment.recommendation.reason if assessment and assessment.recommendation else None)
 
@@ -220,7 +221,7 @@ def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_toke
     if speed and ttft is None:  # the prompt's prefill, roughly a step
         ttft = 1.0 / speed
     total = wait + ttft + max(0, max_tokens - 1) / speed if speed else None
-    room = None if known.cache_tokens_left is None else known.cache_tokens_left >= prompt_tokens + max_tokens
+    room = None if known.session_room is None else known.session_room >= prompt_tokens + max_tokens
     load_met = float(load if load is not None else 1)
     told, rested = {}, 0
     for name, median, base in (("wait", float(wait), None), ("time_to_first_token", ttft,

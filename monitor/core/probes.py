@@ -45,6 +45,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
+from monitor.core.snapshot import session_room
+
 PREFILL_TOKENS = 8
 DECODE_STEPS = 4
 EMPTY_STEPS = 2
@@ -302,9 +304,7 @@ def room_tokens(probe: ServerProbe) -> Optional[int]:
     """How long a session over the probe's span the server's announced room holds. petals announces
     ``cache_tokens_left`` as its free cache over one block's keys (``bytes_left`` / (hidden size ×
     dtype size / key-value groups)): a session of T tokens over B blocks takes 2 × B × T of them."""
-    if probe.room is None:
-        return None
-    return probe.room // (2 * max(1, probe.blocks))
+    return session_room(probe.room, probe.blocks)
 
 
 def refused_with_room(probe: ServerProbe) -> bool:

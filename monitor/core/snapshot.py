@@ -15,6 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+def session_room(cache_tokens_left: Optional[int], blocks: int) -> Optional[int]:
+    """How many tokens of one session a server has attention-cache room for, through ``blocks`` of
+    its blocks (None: it announces nothing). Petals announces ``cache_tokens_left`` as its free
+    cache over one block's keys (``bytes_left`` / one token's keys of one block), and a session
+    keeps the keys and the values of every block it runs there: petals' own client asks for
+    ``2 × blocks × tokens`` of it (``RemoteSequenceManager._has_cache_for``)."""
+    if not isinstance(cache_tokens_left, int) or isinstance(cache_tokens_left, bool) or cache_tokens_left < 0:
+        return None
+    return cache_tokens_left // (2 * max(1, blocks))
+
+
 # Server states as petals' ServerState names them, worst first.
 OFFLINE, JOINING, ONLINE = "OFFLINE", "JOINING", "ONLINE"
 STATES = (OFFLINE, JOINING, ONLINE)

@@ -22,7 +22,8 @@ from monitor.core.assessment import BROKEN, DEGRADED, Assessment
 from monitor.core.generation import GenerationCheck
 from monitor.core.leadership import PollerStatus, takeover_within
 from monitor.core.scores import PeerScore
-from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, Snapshot, unreachable
+from monitor.core.snapshot import (JOINING, OFFLINE, ONLINE, ModelInfo, ReachabilityResult, ServerRow, Snapshot,
+                                   session_room, unreachable)
 
 ROW_STATES = ("online", "joining", "offline", "unreachable")
 
@@ -106,7 +107,7 @@ def server_rows(model: ModelInfo, rows: Sequence[ServerRow], reachability: Mappi
         }
         if row.cache_tokens_left is not None and row.length > 0:
             # keys and values: two cache entries per token per block, as health.petals.dev divides
-            entry["cache_tokens_left_per_block"] = row.cache_tokens_left // (row.length * 2)
+            entry["cache_tokens_left_per_block"] = session_room(row.cache_tokens_left, row.length)
         result.append(entry)
     return result
 
