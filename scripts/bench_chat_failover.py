@@ -110,7 +110,7 @@ class Client:
             form["edit"] = str(self.answered)  # the question again, where the conversation stands
         posted = self.web.post(self.proxy + "/chat/turns", data=form, headers={"X-CSRFToken": self._csrf}, timeout=30)
         if posted.status_code != 200:
-            return False, posted.headers.get("X-Chat-Worker", ""), f"HTTP {posted.status_code}"
+            return False, posted.headers.get("X-Chat-Worker", ""), f"HTTP {posted.status_code} {_said(posted.text)}"
         self.conversation_id = re.search(r'id="conversation-id" value="([^"]*)"', posted.text).group(1)
         stream = re.search(r'data-chat-stream="([^"]+)"', posted.text).group(1)
         response = self.web.get(self.proxy + stream, stream=True, timeout=60)
@@ -135,7 +135,7 @@ class Client:
         response = self.web.post(self.proxy + "/v1/chat/completions", json=body, stream=True, timeout=60)
         worker = response.headers.get("X-Chat-Worker", "")
         if response.status_code != 200:
-            return False, worker, f"HTTP {response.status_code}"
+            return False, worker, f"HTTP {response.status_code} {_said(response.text)}"
         finished = False
         for line in response.iter_lines():
             if line.startswith(b"data: {"):
@@ -155,6 +155,11 @@ class Client:
         if response.status_code != 200:
             return []
         return [m["content"] for m in response.json()["messages"] if m["role"] == "assistant"]
+
+
+def _said(text: str) -> str:
+    """An error answer's first words (tags dropped), to tell its kind."""
+    return re.sub(r"<[^>]+>|\s+", " ", text).strip()[:60]
 
 
 def metric(base: str, name: str) -> float:
@@ -188,6 +193,17 @@ def one_run(chat, clients: list[Client], victim: str) -> dict:
     for process in (master, worker):
         process.send_signal(signal.SIGKILL)
     killed = time.monotonic()
+    gone_at: list[float] = []
+
+    def watch_orphans() -> None:  # from the kill on, every 0.1 s
+        while time.monotonic() - killed < ORPHANS_GONE + 5:
+            if not any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE for h in helpers):
+                gone_at.append(time.monotonic() - killed)
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch_orphans, daemon=True)
+    watcher.start()
     chat.procs[victim].wait(10)
     forgotten = None
     while time.monotonic() - killed < 20:
@@ -200,12 +216,8 @@ def one_run(chat, clients: list[Client], victim: str) -> dict:
         client.stopping.set()
     for thread in threads:
         thread.join(90)
-    orphans_gone = None
-    while time.monotonic() - killed < ORPHANS_GONE + 5:
-        if not any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE for h in helpers):
-            orphans_gone = time.monotonic() - killed
-            break
-        time.sleep(0.5)
+    watcher.join(ORPHANS_GONE + 10)
+    orphans_gone = gone_at[0] if gone_at else None
     left = [f"{h.name()} {h.pid}" for h in helpers if h.is_running() and h.status() != psutil.STATUS_ZOMBIE]
     for h in helpers:  # (ours: never left behind, whatever the figure)
         if h.is_running():
@@ -216,7 +228,7 @@ def one_run(chat, clients: list[Client], victim: str) -> dict:
         broke = [e for e in client.events if not e[2] and e[1] >= killed]
         for e in client.events:
             if not e[2] and e[4]:
-                errors[e[4].split(":")[0]] = errors.get(e[4].split(":")[0], 0) + 1
+                errors[e[4][:70]] = errors.get(e[4][:70], 0) + 1
         in_flight = [e for e in client.events if e[0] < killed <= e[1]]
         if broke or (in_flight and not in_flight[0][2]):
             after = next((e for e in client.events if e[2] and e[1] > killed), None)
@@ -247,6 +259,7 @@ def main(argv=None) -> None:
     from monitor.harness.tiny_model import TINY_DHT_PREFIX, TINY_NUM_BLOCKS, ensure_tiny_model
     from monitor.store import Store
 
+    bc.stop_on_sigterm()  # (kill PID: everything started is stopped)
     print(bc.machine(), flush=True)
     data = Path(os.environ.get("SWARM_MONITOR_TEST_DATA", Path.home() / ".cache" / "petals-swarm-monitor-tests"))
     model = ensure_tiny_model(data)

@@ -184,6 +184,7 @@ def big_client_side(data_dir: Path) -> str:
     from monitor.harness.tiny_model import wide_model
     from monitor.store import Store
 
+    bc.stop_on_sigterm()  # (kill PID: everything started is stopped)
     print(bc.machine(), flush=True)
     wide = wide_model(data_dir, "70b")
     cluster = start_cluster()

@@ -212,3 +212,64 @@ def test_regenerate_and_edit_refuse_what_the_conversation_does_not_have():
         rewind(messages("q0"), "", regenerate=True, edit=None)
     with pytest.raises(InvalidRequest, match="no answer to regenerate"):
         rewind([], "", regenerate=True, edit=None)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_nul_character_is_kept_as_unknown_and_workers_starting_at_once_share_one_secret(kind, tmp_path, request):
+    """PostgreSQL's text holds no NUL: a model's answer that carries one (the tiny model's do) was
+    refused whole, the conversation not kept. Stored, it reads U+FFFD. And chat workers that start
+    at once, each making the chat's visitor secret, agree on one (the loser's insert yields)."""
+    import threading
+
+    from monitor.store import conversations as sql
+    from support import open_migrated_store
+
+    url = f"sqlite:///{tmp_path / 'monitor.db'}" if kind == "sqlite" else request.getfixturevalue("postgres").create_database()
+    store = open_migrated_store(url)
+    try:
+        kept = ConversationStore(store, ConversationLimits(per_visitor=3, max_chars=5000, retention_days=30))
+        visitor, _ = kept.new_visitor("127.0.0.1")
+        kept.save(visitor, "c1", model="m", system="be\x00brief", messages=messages("why\x00?", "because\x00"))
+        found = kept.get(visitor, "c1")
+        assert [m["content"] for m in found["messages"]] == ["why\ufffd?", "because\ufffd"]
+        assert found["system"] == "be\ufffdbrief" and kept.listed(visitor, "because")
+        assert kept.rename(visitor, "c1", "a\x00title") and kept.get(visitor, "c1")["title"] == "a\ufffdtitle"
+
+        with store.db.write("a fresh secret") as conn:  # (as if no worker had made it yet)
+            conn.execute(sql.StoreMetaRow.__table__.delete().where(sql.StoreMetaRow.__table__.c.key == sql.SECRET_KEY))
+        gate, made = threading.Barrier(4), []
+
+        def make() -> None:
+            gate.wait()
+            with store.db.write("reading the chat's visitor secret") as conn:
+                made.append(sql.visitor_secret(conn))
+
+        threads = [threading.Thread(target=make) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(made) == 4 and len(set(made)) == 1
+    finally:
+        store.close()
+
+
+def test_a_turn_whose_stream_never_came_gives_way_to_the_next_and_a_running_one_does_not():
+    """The page's Regenerate after a lost connection asks again at once: a turn still waiting for
+    its stream (its page gave up on it) gives way; one being written is refused with a message."""
+    from chat.engine import GenerationParams
+    from chat.http.page import _Conversations, _Turn
+
+    conversations = _Conversations(per_visitor=3, max_visitors=10)
+    conversation = conversations.get_or_create("visitor", None)
+    first = _Turn("t1", conversation, "m", [1, 2], GenerationParams())
+    conversations.start_turn(conversation, {"role": "user", "content": "q"}, first)
+    again = _Turn("t2", conversation, "m", [1, 2], GenerationParams())
+    conversations.start_turn(conversation, {"role": "user", "content": "q"}, again, keep=0)
+    assert conversations.claim("visitor", "t1") is None  # given way: its stream finds nothing
+    assert conversations.claim("visitor", "t2") is again  # (now being written)
+    with pytest.raises(InvalidRequest, match="still being written"):
+        conversations.start_turn(conversation, {"role": "user", "content": "q"},
+                                 _Turn("t3", conversation, "m", [1, 2], GenerationParams()), keep=0)
+    assert [m["content"] for m in conversation.messages] == ["q"]

@@ -182,7 +182,8 @@ class _Conversations:
         edited turn replaces the ones after), then the question."""
         with self._lock:
             busy = conversation.turn
-            if busy is not None and busy.active(time.monotonic()):
+            # (a turn whose stream never came — its page lost the connection — gives way to the next)
+            if busy is not None and busy.state == "running":
                 raise InvalidRequest("message", "the previous answer is still being written; wait for it or stop it")
             if busy is not None:
                 self._turns.pop(busy.id, None)

@@ -39,14 +39,15 @@ def nginx_config(workdir: Path, port: int, dashboard_port: int, workers: dict[st
     """nginx in front: the chat's routes to the worker a request's handle or cookie names (its
     backup: the others), a new visitor to any worker, everything else to the dashboard."""
     def upstream(tag: str) -> str:
-        others = " ".join(f"server 127.0.0.1:{p} backup;" for t, p in workers.items() if t != tag)
-        return f"  upstream chat_{tag} {{ server 127.0.0.1:{workers[tag]}; {others} }}"
+        others = " ".join(f"server 127.0.0.1:{p} backup max_fails=0;" for t, p in workers.items() if t != tag)
+        return f"  upstream chat_{tag} {{ server 127.0.0.1:{workers[tag]} max_fails=0; {others} }}"
 
     tags = list(workers)
     by_handle = " ".join(f"~^{t}\\. chat_{t};" for t in tags)
     by_cookie = " ".join(f"{t} chat_{t};" for t in tags)
     chat = """      proxy_pass http://$chat_upstream;
       proxy_next_upstream error timeout http_503 non_idempotent;
+      proxy_connect_timeout 2s;
       proxy_set_header Host $host;
       proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;"""
     return f"""worker_processes 1;
@@ -60,7 +61,7 @@ http {{
   client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy; fastcgi_temp_path {workdir}/fcgi;
   uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
 {chr(10).join(upstream(t) for t in tags)}
-  upstream monitor_chat {{ {" ".join(f"server 127.0.0.1:{p};" for p in workers.values())} }}
+  upstream monitor_chat {{ {" ".join(f"server 127.0.0.1:{p} max_fails=0;" for p in workers.values())} }}
   upstream monitor_web {{ server 127.0.0.1:{dashboard_port}; }}
   map $http_x_petals_session $chat_by_handle {{ {by_handle} default ""; }}
   map $cookie_swarm_monitor_chat_worker $chat_by_cookie {{ {by_cookie} default monitor_chat; }}

@@ -17,14 +17,37 @@ LIST_COLUMNS = ("id", "title", "model", "chars", "created_at", "updated_at")
 
 
 def visitor_secret(conn: Connection) -> str:
-    """The chat page's own secret (made once, kept in ``store_meta``, shared by every web worker):
-    not derived from the operator's token, so rotating that token keeps every visitor's conversations."""
+    """The chat page's own secret (made once, kept in ``store_meta``, shared by every web and chat
+    worker): not derived from the operator's token, so rotating that token keeps every visitor's
+    conversations. Workers that start at once agree on the first one's (the insert yields to it)."""
     meta = StoreMetaRow.__table__
     found = conn.execute(sa.select(meta.c.value).where(meta.c.key == SECRET_KEY)).scalar()
     if found:
         return found
-    value = secrets.token_urlsafe(32)
-    conn.execute(sa.insert(meta).values(key=SECRET_KEY, value=value))
+    conn.execute(_insert(conn, meta).values(key=SECRET_KEY, value=secrets.token_urlsafe(32))
+                 .on_conflict_do_nothing(index_elements=[meta.c.key]))
+    return conn.execute(sa.select(meta.c.value).where(meta.c.key == SECRET_KEY)).scalar_one()
+
+
+def _insert(conn: Connection, table):
+    """The dialect's INSERT, which can yield to a row inserted meanwhile (``on_conflict_do_nothing``)."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table)
+
+
+def without_nul(value):
+    """``value`` with every NUL character of its strings (in lists and dicts too) replaced by U+FFFD:
+    PostgreSQL's text holds none, and a model's answer, a question or an imported file may carry
+    one — the conversation is kept, the character shown as unknown."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {k: without_nul(v) for k, v in value.items()}
     return value
 
 
@@ -75,6 +98,7 @@ def save(conn: Connection, row: dict) -> bool:
     """Insert or replace the visitor's conversation ``row["id"]``; False, and nothing written, when
     that id is another visitor's (the update names the visitor)."""
     t = ChatConversationRow.__table__
+    row = without_nul(row)
     updated = conn.execute(sa.update(t).where(t.c.id == row["id"], t.c.visitor == row["visitor"])
                            .values(**{k: v for k, v in row.items() if k not in ("id", "visitor", "created_at")}))
     if not updated.rowcount:
@@ -89,7 +113,7 @@ def save(conn: Connection, row: dict) -> bool:
 def rename(conn: Connection, visitor: str, conversation: str, title: str) -> bool:
     t = ChatConversationRow.__table__
     return bool(conn.execute(sa.update(t).where(t.c.id == conversation, t.c.visitor == visitor)
-                             .values(title=title)).rowcount)
+                             .values(title=without_nul(title))).rowcount)
 
 
 def delete(conn: Connection, visitor: str, conversation: Optional[str] = None) -> int:
