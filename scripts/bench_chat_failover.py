@@ -158,6 +158,10 @@ class Client:
         return [m["content"] for m in response.json()["messages"] if m["role"] == "assistant"]
 
 
+def _as_streamed(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _said(text: str) -> str:
     """An error answer's first words (tags dropped), to tell its kind."""
     return re.sub(r"<[^>]+>|\s+", " ", text).strip()[:60]
@@ -240,8 +244,12 @@ def one_run(chat, clients: list[Client], victim: str) -> dict:
         if client.page:
             stored = client.stored()
             checked += len(client.seen)
-            seen = [text.replace("\x00", "\ufffd") for text in client.seen]  # (kept as unknown: without_nul)
-            lost += sum((Counter(seen) - Counter(stored)).values())
+            # as kept (NUL as unknown: without_nul) and as an event stream carries it (CR and CR LF as LF)
+            seen = Counter(_as_streamed(text.replace("\x00", "\ufffd")) for text in client.seen)
+            missing = seen - Counter(_as_streamed(text) for text in stored)
+            lost += sum(missing.values())
+            for text in missing:
+                print("not in the store:", repr(text)[:300], "stored:", [repr(t)[:300] for t in stored], flush=True)
             fewer += max(0, len(client.seen) - len(stored))  # (the same by count: text aside)
     answered = sum(1 for c in clients for e in c.events if e[2])
     return {"victim": victim, "recovered": sorted(recovered), "forgotten": forgotten, "orphans_gone": orphans_gone,
