@@ -255,11 +255,11 @@ def big_report(found: dict[str, list[dict]]) -> str:
             f"{BIG_USERS // 2} through each; {BIG_ROUNDS} rounds in turn):\n\n"
             + bc.table(["chat workers", "aggregate tokens/s (median)", "each round", "tokens/s per answer",
                         "p95 first token", "failed"], rows)
-            + f"\n\ntwo / one: **{two / one:.2f}×**. What this shows on a 2-core machine: each worker batches "
-              f"its own answers into one head step per token (issue: the chat at the size of the models people "
-              f"serve), so two workers make two smaller batches on the same two cores — no more compute, and "
-              f"half the batching. On a host where each worker has its own cores (or its own machine) the head "
-              f"steps run side by side and the aggregate adds up, until the swarm is the bottleneck.\n\n"
+            + f"\n\ntwo / one: **{two / one:.2f}×**. Both chat workers, both servers and this script share the "
+              f"same two cores: each worker batches its own answers into one head step per token, so two workers "
+              f"make two smaller batches on the same cores, and the two bfloat16 servers of the 8192-wide block "
+              f"compute on them too. The figure says that a second worker costs the aggregate nothing here; it "
+              f"cannot show what a second host's cores add.\n\n"
               "Run: `.venv/bin/python scripts/bench_chat_workers.py --big`.\n")
 
 
