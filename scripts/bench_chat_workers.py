@@ -217,7 +217,9 @@ def big_client_side(data_dir: Path) -> str:
                 chat.close()
     finally:
         cluster.close()
-    return big_report(found)
+    from chat.client_side import fast_bfloat16
+
+    return big_report(found, "bfloat16" if fast_bfloat16() else "float32")
 
 
 def _answers_at_once(bases: list[str], prefix: str) -> dict:
@@ -239,7 +241,7 @@ def _answers_at_once(bases: list[str], prefix: str) -> dict:
             "per_answer": bc.median([r["tokens_per_s"] for r in good if r["tokens_per_s"]]) if good else None}
 
 
-def big_report(found: dict[str, list[dict]]) -> str:
+def big_report(found: dict[str, list[dict]], dtype: str) -> str:
     rows = []
     for mode, runs in found.items():
         rows.append([mode, f"{bc.median([r['tokens_per_s'] for r in runs]):.2f}",
@@ -250,7 +252,8 @@ def big_report(found: dict[str, list[dict]]) -> str:
     one = bc.median([r["tokens_per_s"] for r in found["one worker"]])
     two = bc.median([r["tokens_per_s"] for r in found["two workers"]])
     return (f"**One and two chat workers on the big client side** (70B's client side: hidden 8192, vocabulary "
-            f"128,256, bfloat16; two servers; two gunicorn chat workers on PostgreSQL and Redis, 16 slots each; "
+            f"128,256, bfloat16 on disk, computed in **{dtype}** by the chat on this host (`chat_dtype` auto: "
+            f"bfloat16 only where the CPU has AVX-512 BF16 or AMX); two servers; two gunicorn chat workers on PostgreSQL and Redis, 16 slots each; "
             f"{BIG_USERS} concurrent streamed answers of {BIG_TOKENS} tokens all through one worker, or "
             f"{BIG_USERS // 2} through each; {BIG_ROUNDS} rounds in turn):\n\n"
             + bc.table(["chat workers", "aggregate tokens/s (median)", "each round", "tokens/s per answer",
