@@ -332,13 +332,12 @@ def report(runs: list[dict]) -> str:
     return (f"**A chat worker killed** (`kill -9` of its gunicorn master and worker by PID, after {WARM:.0f} s of "
             f"traffic; two workers behind nginx on PostgreSQL and Redis, 8 slots each; 4 chat-page conversations "
             f"pinned by cookie, 2 to each worker, and 4 OpenAI clients through any worker, {TOKENS}-token answers, "
-            f"{THINK:.0f} s between a client's turns, each asking again at once what broke). *Answered again*: "
-            f"from the kill to the next whole answer of every client whose request broke or went to the dead "
-            f"worker (target ≤ {ANSWERED_WITHIN:.0f} s each); *lost*: answered turns the store does not hold "
+            f"{THINK:.0f} s between a client's turns, each asking again at once what broke). *Its clients*: those whose last answer came from the dead worker or whose request broke; *answered again*: "
+            f"from the kill to each one's next whole answer, from the other worker (target ≤ {ANSWERED_WITHIN:.0f} s each); *lost*: answered turns the store does not hold "
             f"(target 0); *forgotten*: until the survivor stops counting the dead one (target ≤ "
             f"{FORGOTTEN_WITHIN:.0f} s); *orphans*: when the dead worker's DHT process and p2pd were gone "
             f"(target: within {ORPHANS_GONE:.0f} s).\n\n"
-            + bc.table(["run", "killed", "clients broken", "first answered again", "last answered again",
+            + bc.table(["run", "killed", "its clients", "first answered again", "last answered again",
                         "stored turns lost", "forgotten", "orphans gone", "answers", "errors clients saw", ""], rows)
             + f"\n\nEvery client answered again: p95 {bc.fmt(bc.percentile(every, 95)) if every else '–'}, worst "
               f"{bc.fmt(max(every)) if every else '–'} (target ≤ {ANSWERED_WITHIN:.0f} s): {bc.verdict(ok)}.\n\n"
