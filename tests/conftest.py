@@ -47,12 +47,14 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
 def _ast_parse_in_turn() -> None:
-    """CPython 3.11 keeps the AST constructor's recursion depth in per-interpreter state, so two
-    threads inside ``ast.parse`` at once (a garbage-collection finalizer can switch threads midway)
-    fail with "SystemError: AST constructor recursion depth mismatch" (cpython gh-106905 and its
-    kin). Werkzeug parses a snippet for every route while ``create_app`` registers it, and specs make
-    apps while other specs' threads still run: in this process the parses take turns. (A web worker
-    makes its one app before it serves anything.)"""
+    """CPython 3.11.7 keeps the AST constructor's recursion depth in per-interpreter state (fixed in
+    later releases: cpython gh-106905), so a second conversion that starts while one is midway — in
+    another thread, or in this one from a garbage-collection finalizer — makes the first fail with
+    "SystemError: AST constructor recursion depth mismatch". Werkzeug parses a snippet for every
+    route while ``create_app`` registers it, and specs make apps while other specs' threads still run:
+    in this process the parses take turns, and a parse that a finalizer's (or an unlocked caller's)
+    conversion upset is parsed again — parsing is pure, so the second answer is the answer. (A web
+    worker makes its one app before it serves anything.)"""
     import ast
     import threading
 
@@ -60,7 +62,12 @@ def _ast_parse_in_turn() -> None:
 
     def parse_in_turn(*args, **kwargs):
         with lock:
-            return parse(*args, **kwargs)
+            for attempt in range(3):
+                try:
+                    return parse(*args, **kwargs)
+                except SystemError as error:
+                    if "recursion depth mismatch" not in str(error) or attempt == 2:
+                        raise
 
     ast.parse = parse_in_turn
 
