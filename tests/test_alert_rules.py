@@ -539,27 +539,33 @@ def test_what_an_alert_told_is_stored_so_that_a_new_leader_repeats_no_news(tmp_p
     store.close()
 
 
-def test_a_poller_that_takes_over_recalls_the_servers_that_left_from_the_stored_polls(tmp_path):
-    """The alert job's memory of who served a model lately starts from the stored polls, so a new
-    leader still names a server that left before it took over (and ``lost-servers`` does not
-    resolve falsely)."""
+def test_the_servers_a_model_lost_are_drawn_from_the_stored_polls_and_stored_with_its_assessment(tmp_path):
+    """What a model lost (its servers of the last hour that do not serve now) is drawn by the assess
+    step from the stored polls and stored with the assessment, so a poller that takes over names a
+    server that left before it took over, as the leader would (and ``lost-servers`` does not resolve
+    falsely); a server gone for two hours is not lost any more."""
     import time
 
-    from monitor.app.alerter import PeerMemory
+    from monitor.app.alerter import WatchedPeers, read_view
+    from monitor.app.assessing import assess_poll
     from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, Snapshot
     from monitor.store import Store
+    from support import web_settings
 
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     store.migrate()
+    settings = web_settings(models=[{"dht_prefix": "llama", "num_blocks": 4}])
     now = time.time()
     llama = ModelInfo("llama", 4)
     rows = (ServerRow("QmServer1", "llama", 0, 4, ONLINE, public_name="server-1"),
             ServerRow("QmServer2", "llama", 0, 4, ONLINE, public_name="server-2"))
-    store.record_poll(Snapshot(taken_at=now - 600, duration=1.0, models=(llama,), servers=rows))
-    store.record_poll(Snapshot(taken_at=now - 7200, duration=1.0, models=(llama,), servers=(
-        ServerRow("QmLongGone", "llama", 0, 4, ONLINE),)))
-    store.record_poll(Snapshot(taken_at=now - 60, duration=1.0, models=(llama,), servers=rows[:1]))
-    memory = PeerMemory()
-    memory.recall(store, now)
-    assert memory.lost("llama", {"QmServer1"}) == (("QmServer2", "server-2"),)  # not the one gone for 2 h
+    for at, servers in ((now - 7200, (ServerRow("QmLongGone", "llama", 0, 4, ONLINE),)), (now - 600, rows)):
+        store.record_poll(Snapshot(taken_at=at, duration=1.0, models=(llama,), servers=servers))
+    latest = Snapshot(taken_at=now - 60, duration=1.0, models=(llama,), servers=rows[:1])
+    store.record_poll(latest, assess_poll(store, settings, latest, {}, now=now - 59))
+    assessment = store.latest_assessments()["llama"]
+    assert assessment.lost == {"QmServer2": "server-2"}  # not the one gone for 2 h
+    assert not assessment.trouble_confirmed  # a server that left: told after the hold, not at once
+    view = read_view(store, settings, watching_since=now, now=now, watched=WatchedPeers())  # a new leader
+    assert [(c.peer, c.name, c.why) for c in view.models[0].troubled] == [("QmServer2", "server-2", core.LEFT)]
     store.close()

@@ -114,11 +114,15 @@ def test_a_poller_checks_the_servers_its_first_poll_finds_at_once_not_a_reachabi
         swarm, sqlite_store, tmp_path):
     """The verdict stored for a server may be older than the poller: "full" was found unreachable
     before this poller started (stopped then, as the demo's chaos does, and back since). The first
-    poll finds it ONLINE and checks it at once, so the diagnosis counts it within seconds, though
-    the next reachability round is ten minutes away."""
+    poll finds it ONLINE and checks it before the poll is assessed, so the poll's one assessment
+    counts it — within seconds, though the next reachability round is ten minutes away."""
     full = swarm.peer_id("full")
     sqlite_store.record_reachability(ReachabilityBatch(time.time() - 60, 1.0, (
         ReachabilityResult(full, "server", False, error="failed to dial: connection refused"),)))
+    stored_with: list = []  # the assessments each poll is stored with (its first, before any other input)
+    record_poll = sqlite_store.record_poll
+    sqlite_store.record_poll = lambda snapshot, assessments=(): (stored_with.append(assessments),
+                                                                   record_poll(snapshot, assessments))[1]
     poller = Poller(make_settings(swarm, tmp_path, scrape_period=600, reachability_period=600, score_period=600),
                     sqlite_store, swarm.dht)
     started = time.monotonic()
@@ -129,6 +133,8 @@ def test_a_poller_checks_the_servers_its_first_poll_finds_at_once_not_a_reachabi
         assert counted, sqlite_store.latest_assessments()
         assert counted.state == "healthy" and counted.min_redundancy == 2, counted.reasons
         assert sqlite_store.latest_reachability()[full].ok
+        first = next(a for a in stored_with[0] if a.model == TINY_DHT_PREFIX)
+        assert full not in first.excluded_peers and first.state == "healthy", first.reasons  # assessed once, right
         print(f"\n{full[:8]}… counted {time.monotonic() - started:.1f} s after the poller started")
     finally:
         poller.shutdown()

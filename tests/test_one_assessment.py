@@ -4,7 +4,8 @@ At the edge of the probe window a verdict drawn again from the raw probes at the
 ``now`` would differ from the stored one: a failing server whose failed probes have just aged out
 of the window. The model page, the state API, /metrics, the alerts' view and the chat's routing
 weights all say what the stored assessment says — failing until the poller assesses the poll
-again, then not failing, together. Through a real store (SQLite), the real web app, the alert
+again, then not failing, together; /metrics and the alerts say alike whether the model's state
+rests on confirmed verdicts, and a poller that just took over says what the leader says. Through a real store (SQLite), the real web app, the alert
 job's reader, the chat's StoreWeights and the routing view other petals clients read.
 """
 
@@ -17,7 +18,7 @@ import pytest
 
 from chat.feedback import UNUSABLE_SCORE, StoreWeights, store_assessment_check
 from monitor.app import assessing
-from monitor.app.alerter import read_view
+from monitor.app.alerter import WatchedPeers, read_view
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, Assessment
 from monitor.core.probes import SERVER_ERROR, ServerProbe, failing_servers, recent_window
 from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
@@ -47,12 +48,22 @@ def readers_say_failing(store, settings, client) -> dict[str, bool]:
     shown = dict(re.findall(r'data-peer-id="([^"]+)" data-state="[^"]*" data-cause="([^"]+)"', page))
     metrics = client.get("/metrics").get_data(as_text=True)
     view = read_view(store, settings, watching_since=0.0, now=time.time())
+    taken_over = read_view(store, settings, watching_since=time.time(), now=time.time(), watched=WatchedPeers())
     weights = StoreWeights(store, period=3600).refresh()
+    behind = [(cause.peer, cause.why, cause.confirmed) for view_ in (view, taken_over)
+              for cause in next(m for m in view_.models if m.dht_prefix == TINY.dht_prefix).troubled]
     return {
         "state API": bool(failing_report(client)),
         "model page": shown.get(full) == "failing",
         "/metrics": bool(re.search(r"^swarm_monitor_servers_failing 1\.0$", metrics, re.M)),
+        # the model's state rests on a confirmed verdict (told at once): /metrics and the alerts alike
+        "/metrics confirmed": bool(re.search(rf'^swarm_monitor_model_confirmed{{model="{TINY.dht_prefix}"}} 1\.0$',
+                                             metrics, re.M)),
         "alerts": next(p for p in view.peers if p.peer_id == full).failing is not None,
+        "alerts confirmed": next(m for m in view.models if m.dht_prefix == TINY.dht_prefix).confirmed,
+        # a poller that just took over (nothing of its own in memory) says what the leader says
+        "alerts after a take-over": behind == [(full, CAUSE_FAILING, True)] * 2
+        and next(m for m in taken_over.models if m.dht_prefix == TINY.dht_prefix).confirmed,
         "chat": full in weights and weights[full].score == UNUSABLE_SCORE,
         "routing view": any(entry["peer_id"] == full and entry["failing"] and entry["score"] == UNUSABLE_SCORE
                             for entry in client.get(f"/api/v1/routing/{TINY.dht_prefix}").get_json()["peers"]),

@@ -57,54 +57,18 @@ def _reachable(check: Optional[ReachabilityResult]) -> Optional[bool]:
     return check.ok
 
 
-LOST_WITHIN = HOUR  # a server that served a model this recently and does not now is one it lost
-
-
-class PeerMemory:
-    """What the alert job remembers of peers a poll no longer shows: their public name, the
-    models they served (a stopped server's alerts still concern its model: labels, inhibition)
-    and when a poll last saw each serve them (what a model lost lately: ``lost``). Learned from
-    every poll; a watched peer not seen since the job started is looked up once."""
+class WatchedPeers:
+    """The watched peers (``targets``: ids or names of the peer rules) that neither the latest poll
+    nor a model's lost servers show, looked up in the store once each: their public name and the
+    models they served, for the alerts' labels. A cache of stored facts, not a memory: a poller
+    that takes over looks them up the same."""
 
     def __init__(self) -> None:
         self.known: dict[str, tuple[Optional[str], tuple[str, ...]]] = {}  # peer id -> (name, models)
-        self.serving: dict[tuple[str, str], float] = {}  # (model, peer id) -> last poll that saw it ONLINE
         self._looked_up: set[str] = set()
-        self._recalled = False
 
-    def recall(self, store, now: float) -> None:
-        """Once, before the first poll it learns: the servers the stored polls saw serving within
-        ``LOST_WITHIN`` — a poller that takes over (or restarts) still knows who left."""
-        if self._recalled:
-            return
-        for peer, name, model, at in store.serving_since(now - LOST_WITHIN):  # (a failed read: again next time)
-            self.serving[(model, peer)] = max(at, self.serving.get((model, peer), at))
-            known_name, models = self.known.get(peer, (None, ()))
-            self.known[peer] = (known_name or name, tuple(sorted({*models, model})))
-        self._recalled = True
-
-    def learn(self, snapshot: Optional[Snapshot]) -> None:
-        seen: dict[str, tuple[Optional[str], set]] = {}
-        for row in snapshot.servers if snapshot else ():
-            name, models = seen.setdefault(row.peer_id, (row.public_name, set()))
-            models.add(row.model)
-            if name is None and row.public_name:
-                seen[row.peer_id] = (row.public_name, models)
-            if row.state == ONLINE:
-                self.serving[(row.model, row.peer_id)] = snapshot.taken_at
-        for peer, (name, models) in seen.items():
-            self.known[peer] = (name, tuple(sorted(models)))
-        if snapshot is not None:
-            for key in [k for k, at in self.serving.items() if snapshot.taken_at - at > LOST_WITHIN]:
-                del self.serving[key]
-
-    def lost(self, model: str, serving_now: set[str]) -> tuple[tuple[str, Optional[str]], ...]:
-        """(peer id, name) of the model's servers of the last hour not in ``serving_now``."""
-        return tuple((peer, self.known.get(peer, (None, ()))[0])
-                     for (m, peer), _ in sorted(self.serving.items()) if m == model and peer not in serving_now)
-
-    def look_up(self, store, targets, present: set[str]) -> None:
-        """Watched targets (ids or names) no poll showed since the start: from the store, once."""
+    def look_up(self, store, targets, present: set[str]) -> dict[str, tuple[Optional[str], tuple[str, ...]]]:
+        """peer id -> (name, models) of the watched ``targets`` not ``present`` (ids and names)."""
         names = {name for name, _ in self.known.values() if name}
         for target in targets:
             if target in present or target in self.known or target in names or target in self._looked_up:
@@ -117,11 +81,22 @@ class PeerMemory:
                 models = tuple(sorted({a.model for a in store.last_announcements(peer)}))
                 if record is not None or models:
                     self.known[peer] = (record.public_name if record else None, models)
+        return self.known
+
+
+def lost_known(assessments: dict) -> dict[str, tuple[Optional[str], tuple[str, ...]]]:
+    """peer id -> (name, the models it served) of the servers the assessments say were lost."""
+    found: dict[str, tuple[Optional[str], tuple[str, ...]]] = {}
+    for prefix, assessment in sorted(assessments.items()):
+        for peer, name in assessment.lost.items():
+            known_name, models = found.get(peer, (None, ()))
+            found[peer] = (known_name or name, tuple(sorted({*models, prefix})))
+    return found
 
 
 def _peer_views(snapshot: Optional[Snapshot], reachability: dict[str, ReachabilityResult], scores: dict,
-                wrong: dict[str, str], failing: dict[str, str],
-                memory: Optional[PeerMemory] = None, assessments: Optional[dict] = None) -> tuple[core.PeerView, ...]:
+                wrong: dict[str, str], failing: dict[str, str], known: dict,
+                assessments: Optional[dict] = None) -> tuple[core.PeerView, ...]:
     names: dict[str, Optional[str]] = {}
     states: dict[str, str] = {}
     models: dict[str, set] = {}
@@ -130,7 +105,6 @@ def _peer_views(snapshot: Optional[Snapshot], reachability: dict[str, Reachabili
         models.setdefault(row.peer_id, set()).add(row.model)
         if _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(states.get(row.peer_id), 0):
             states[row.peer_id] = row.state
-    known = memory.known if memory is not None else {}
     confirmed = {peer for assessment in (assessments or {}).values()
                  for peer, server in assessment.servers.items() if server.confirmed}
     reachability = assessed_reachability(reachability, assessments or {})  # as the assessments judged it
@@ -165,43 +139,39 @@ def model_causes(assessment, lost, names: dict[str, str]) -> tuple[core.Cause, .
 
 
 def read_view(store, settings, watching_since: float, now: float, needs_peers: bool = True,
-              memory: Optional[PeerMemory] = None,
-              targets: tuple[str, ...] = ()) -> core.SwarmView:
-    """The latest successful poll, its assessments, the latest reachability checks and scores (read
-    in one transaction, ``Store.latest_state``), as a SwarmView; ``memory`` learns the poll's peers
-    and looks up the watched ``targets`` it does not show."""
+              watched: Optional[WatchedPeers] = None, targets: tuple[str, ...] = ()) -> core.SwarmView:
+    """The latest successful poll, its assessments (with the servers each model lost and whether its
+    state rests on confirmed verdicts), the latest reachability checks and scores (read in one
+    transaction, ``Store.latest_state``), as a SwarmView: every verdict as the assess step stored it,
+    so a poller that takes over reads what the leader read. ``watched``: the watched ``targets`` no
+    poll or lost server shows, looked up once."""
     state = store.latest_state()
     snapshot = state.snapshot
-    if memory is not None:
-        memory.recall(store, now)
-        memory.learn(snapshot)
-        present = {v for row in (snapshot.servers if snapshot else ()) for v in (row.peer_id, row.public_name) if v}
-        memory.look_up(store, targets, present)
     reachability = state.reachability
-    diagnoses = state.assessments
-    def serving(prefix: str) -> set[str]:
-        excluded = diagnoses[prefix].excluded_peers
-        return {row.peer_id for row in snapshot.servers
-                if row.model == prefix and row.state == ONLINE and row.peer_id not in excluded}
+    assessments = state.assessments
+    known = lost_known(assessments)
+    if watched is not None:
+        present = {v for row in (snapshot.servers if snapshot else ()) for v in (row.peer_id, row.public_name) if v}
+        present |= {v for peer, (name, _) in known.items() for v in (peer, name) if v}
+        known = {**watched.look_up(store, targets, present), **known}
 
     def model_view(model) -> core.ModelView:
-        assessment = diagnoses[model.dht_prefix]
-        lost = memory.lost(model.dht_prefix, serving(model.dht_prefix)) if memory is not None else ()
+        assessment = assessments[model.dht_prefix]
         return core.ModelView(dht_prefix=model.dht_prefix, name=model.name or model.dht_prefix,
                               state=assessment.state, reasons=tuple(assessment.reasons),
-                              troubled=model_causes(assessment, lost, names),
-                              confirmed=assessment.confirmed(peer for peer, _ in lost))
+                              troubled=model_causes(assessment, tuple(assessment.lost.items()), names),
+                              confirmed=assessment.trouble_confirmed)
 
     names = {row.peer_id: row.public_name for row in (snapshot.servers if snapshot else ()) if row.public_name}
 
-    models = tuple(model_view(model) for model in (snapshot.models if snapshot else ()) if model.dht_prefix in diagnoses)
+    models = tuple(model_view(model) for model in (snapshot.models if snapshot else ()) if model.dht_prefix in assessments)
     configured = set(settings.resolved_initial_peers)
     bootstrap = tuple(
         core.BootstrapView(peer_id=check.peer_id or (check.address or "?"), up=check.ok, error=check.error)
         for check in reachability.values() if check.kind == "bootstrap" and check.address in configured
     )
-    peers = _peer_views(snapshot, reachability, state.scores, flagged(diagnoses, CAUSE_WRONG),
-                        flagged(diagnoses, CAUSE_FAILING), memory, diagnoses) if needs_peers else ()
+    peers = _peer_views(snapshot, reachability, state.scores, flagged(assessments, CAUSE_WRONG),
+                        flagged(assessments, CAUSE_FAILING), known, assessments) if needs_peers else ()
     return core.SwarmView(at=now, scrape_period=settings.scrape_period,
                           last_ok_poll_at=snapshot.taken_at if snapshot else None, watching_since=watching_since,
                           models=models, peers=peers, bootstrap=bootstrap)
@@ -234,7 +204,7 @@ class Alerter:
         self.stopping = stopping
         self._needs_peers = any(rule.kind in core.PEER_KINDS for rule in self.rules)
         self._targets = tuple(dict.fromkeys(t for rule in self.rules for t in rule.peers))
-        self._peer_memory = PeerMemory()
+        self._watched = WatchedPeers()
         self.inhibit = self.config.inhibit_in_force()
         self._resent_at: dict[str, float] = {}  # Alertmanager webhook -> its latest re-send
         self._evaluating = threading.Lock()
@@ -262,7 +232,7 @@ class Alerter:
             now = time.time() if now is None else now
             try:
                 view = read_view(self.store, self.settings, self.watching_since, now, self._needs_peers,
-                                 self._peer_memory, self._targets)
+                                 self._watched, self._targets)
                 result = core.evaluate(self.rules, view, self.store.alerts(), now, self.mutes(now))
                 if result.notices:
                     with self.store.db.read("reading owners' webhooks") as conn:

@@ -5,7 +5,8 @@ assessments land in one transaction); every other input of that poll — a reach
 probe round, a compute-check round that changed a verdict, a generation check — is followed by ``assess_latest``, which assesses the newest
 stored poll again with the newest inputs and stores that against the same poll (readers take the
 newest). Each reads its inputs at one ``now``: the server probes and compute checks of their
-windows and the generation checks. petals' own routing prices the routes (``monitor.swarm.routing``).
+windows, the generation checks and the servers the stored polls saw serving within the last hour
+(what each model lost). petals' own routing prices the routes (``monitor.swarm.routing``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import time
 from typing import Mapping, Optional
 
-from monitor.core.assess import Thresholds, assess
+from monitor.core.assess import LOST_WITHIN, Thresholds, assess
 from monitor.core.assessment import Assessment
 from monitor.core.compute_checks import away_ended, suspects, window as compute_window
 from monitor.core.probes import recent_window
@@ -71,7 +72,22 @@ def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, 
         log.warning("server history not read, compute checks taken as they are: %s", e)
         away = {}
     return assess(snapshot, reachability, probes, checks, now=now, thresholds=limits, routing=PETALS_ROUTING,
-                  compute=computed, away=away)
+                  compute=computed, away=away, served_lately=served_lately(store, snapshot.taken_at))
+
+
+def served_lately(store, poll_at: float) -> dict[str, dict[str, Optional[str]]]:
+    """model -> peer id -> public name: the servers the stored polls saw serving each model within
+    ``LOST_WITHIN`` of the poll assessed (what it lost is drawn from them). A failed read: nothing
+    lost, logged (the next assessment reads again)."""
+    try:
+        found: dict[str, dict[str, Optional[str]]] = {}
+        for peer, name, model, _ in store.serving_since(poll_at - LOST_WITHIN):
+            served = found.setdefault(model, {})
+            served[peer] = served.get(peer) or name
+        return found
+    except StoreError as e:
+        log.warning("the servers of the last hour not read, assessing without what the models lost: %s", e)
+        return {}
 
 
 def assess_latest(store, settings, snapshot: Optional[Snapshot] = None) -> bool:

@@ -157,6 +157,7 @@ class Poller:
             why = short_error(e, 1000)
             self._with_db_retry(lambda: self.store.record_failed_poll(time.time(), why), job="scrape")
             return None
+        self.check_newly_online(snapshot)  # first: the poll is then assessed once, with their checks
         with self._lock:
             assessments = self.assess(snapshot, self._latest_reachability())
             stored = self._with_db_retry(lambda: self.store.record_poll(snapshot, assessments), job="scrape")
@@ -171,7 +172,6 @@ class Poller:
             self.leadership.last_poll_at = snapshot.taken_at
         if self.heartbeat is not None:
             self.heartbeat.beat()
-        self.check_newly_online(snapshot)
         return snapshot
 
     def _record_unstored(self, snapshot: Snapshot, error: Optional[BaseException]) -> None:
@@ -233,10 +233,10 @@ class Poller:
         return batch
 
     def check_newly_online(self, snapshot: Snapshot) -> Optional[ReachabilityBatch]:
-        """After a stored poll: the servers it found ONLINE that no reachability check of this
-        poller has covered since they were last ONLINE (all at its first poll; a server back, or
-        new) are checked at once, and the poll assessed again (a failure from before a server left
-        counts for nothing meanwhile: ``compute_checks.since_away``); the next round is up to
+        """Before a poll is assessed: the servers it found ONLINE that no reachability check of this
+        poller has covered since they were last ONLINE (all at its first poll; a server back, or new)
+        are checked at once, so that the poll is assessed once, with them (a failure from before a
+        server left counts for nothing: ``compute_checks.since_away``); the next round is up to
         ``reachability_period`` away. At most one batch (``reachability_concurrency``) per poll,
         those with a stored failure first: peers announcing fresh ids every poll cost the scrape
         job one ``reachability_timeout`` at most, and the rest wait for the round."""
@@ -253,16 +253,17 @@ class Poller:
             log.exception("reachability check of the newly online servers failed")
             self.stats.failed("reachability", e)
             return None
-        if self._store_checks(batch):
+        if self._store_checks(batch, assess=False):
             self._checked_servers = (self._checked_servers or frozenset()) | frozenset(chosen)
         return batch
 
-    def _store_checks(self, batch: ReachabilityBatch) -> bool:
-        """Store a reachability batch and, once stored, assess the newest poll again with it (an
+    def _store_checks(self, batch: ReachabilityBatch, assess: bool = True) -> bool:
+        """Store a reachability batch and then (``assess``) assess the newest poll again with it (an
         unreachable peer changes the verdict); False if it could not be stored."""
         if not self._with_db_retry(lambda: self.store.record_reachability(batch), job="reachability").ok:
             return False
-        self.assess_latest()
+        if assess:
+            self.assess_latest()
         return True
 
     def _check(self, servers: list[str]) -> ReachabilityBatch:

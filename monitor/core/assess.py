@@ -16,7 +16,10 @@ reads what was stored. Which input makes which figure of the model page:
   pings, the speed probes' measurements, the reachability checks' RTTs (petals' own routing);
 - each server's cause (failing, wrong outputs, slow, disagrees, unreachable): the probes and the
   compute checks (``server_assessments``, one window per kind);
-- "broken" after a failed generation check: a current check only.
+- "broken" after a failed generation check: a current check only;
+- the servers the model lost (served it within ``LOST_WITHIN``, by the stored polls and this one,
+  and do not serve now) and whether its state rests on confirmed verdicts only
+  (``Assessment.with_lost``): what the alerts and /metrics read.
 
 Scores are not assessed here: the score job reads history and the stored assessments' verdicts.
 """
@@ -30,14 +33,16 @@ from typing import Mapping, Optional, Sequence
 from monitor.core import coverage, generation
 from monitor.core.assessment import (CAUSE_FAILING, CAUSE_PHRASE, CAUSE_SERVING, CAUSE_SLOW, CAUSE_UNREACHABLE,
                                      CAUSE_WRONG, Assessment, ServerAssessment)
-from monitor.core.common import short_error
+from monitor.core.common import HOUR, short_error
 from monitor.core.compute_checks import ComputeCheck, ComputeVerdicts, failing_with, reachability_with, since_away
 from monitor.core.compute_checks import verdicts as compute_verdicts
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import RecentProbes, ServerProbe, latest_per_peer, slowness
-from monitor.core.snapshot import ReachabilityResult, Snapshot
+from monitor.core.snapshot import ONLINE, ReachabilityResult, ServerRow, Snapshot
 
 log = logging.getLogger(__name__)
+
+LOST_WITHIN = HOUR  # a server that served a model this recently and does not now is one it lost
 
 
 @dataclass(frozen=True)
@@ -90,12 +95,14 @@ def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[
 def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], probes: Sequence[ServerProbe],
            checks: Mapping[str, GenerationCheck], *, now: float, thresholds: Thresholds,
            routing: coverage.Routing, compute: Sequence[ComputeCheck] = (),
-           away: Mapping[str, float] = {}) -> list[Assessment]:
+           away: Mapping[str, float] = {},
+           served_lately: Mapping[str, Mapping[str, Optional[str]]] = {}) -> list[Assessment]:
     """Each polled model's assessment at ``now``. ``compute``: the compute checks of the window
     (``compute_checks``: their confirmed verdicts count as the newest evidence of whether a server
     answers and computes; ``away``: when each suspect — a server whose newest compute or
     reachability check failed — last came back from away, ``Store.last_away``: a failure before it
-    counts against nobody).
+    counts against nobody; ``served_lately``: model -> the servers the stored polls saw serving it
+    within ``LOST_WITHIN``, peer id -> public name, ``Store.serving_since``).
     A model whose diagnosis fails (a bug, or a value the DHT edge should
     have bounded) is assessed as not diagnosed, with the error, so that every reader shows it and
     none diagnoses by itself; the other models are not affected."""
@@ -126,8 +133,22 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
         except Exception as e:  # noqa: BLE001 - one model's failure costs only its own assessment
             log.exception("assessing %s failed; stored as not diagnosed", prefix)  # (a bug: its traceback)
             assessment, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}
-        assessed.append(replace(assessment, servers=servers, assessed_at=now, poll_at=snapshot.taken_at))
+        assessment = replace(assessment, servers=servers, assessed_at=now, poll_at=snapshot.taken_at)
+        assessed.append(assessment.with_lost(lost_servers(rows, served_lately.get(prefix, {}),
+                                                          assessment.excluded_peers)))
     return assessed
+
+
+def lost_servers(rows: Sequence[ServerRow], served_lately: Mapping[str, Optional[str]],
+                 excluded: Mapping[str, str]) -> dict[str, Optional[str]]:
+    """peer id -> public name of the model's servers that served it lately (``served_lately``, or
+    ONLINE in this poll's ``rows``) and do not serve now: not ONLINE in this poll, or ONLINE but
+    ``excluded`` (unreachable, failing, wrong outputs). The name this poll announces, else the
+    stored one."""
+    names = {row.peer_id: row.public_name for row in rows if row.public_name}
+    serving = {row.peer_id for row in rows if row.state == ONLINE and row.peer_id not in excluded}
+    lately = {*served_lately, *(row.peer_id for row in rows if row.state == ONLINE)}
+    return {peer: names.get(peer) or served_lately.get(peer) for peer in sorted(lately - serving)}
 
 
 def flagged(assessments: Mapping[str, Assessment], cause: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ readers take the newest (``Store.latest_assessments``) and never draw a verdict 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Iterator, Mapping, Optional
 
 from monitor.core.compute_checks import ComputeCheck
@@ -166,6 +166,11 @@ class Assessment:
     servers: dict[str, ServerAssessment] = field(default_factory=dict)
     assessed_at: Optional[float] = None  # the one ``now`` every window was read at
     poll_at: Optional[float] = None  # the poll it describes (``Snapshot.taken_at``)
+    # the servers the model lost: served it within ``LOST_WITHIN`` and do not now (peer id -> its public
+    # name), and whether the state rests on confirmed verdicts only (``confirmed``): what the alerts
+    # and /metrics read, so that every reader — and a standby that takes over — says the same
+    lost: dict[str, Optional[str]] = field(default_factory=dict)
+    trouble_confirmed: bool = False
 
     def flagged(self, cause: str) -> dict[str, str]:
         """peer -> why, for the servers of this cause: CAUSE_FAILING (their own error), CAUSE_WRONG
@@ -190,6 +195,11 @@ class Assessment:
             return False
         return all(s.confirmed for s in self.servers.values() if s.cause == CAUSE_SLOW)
 
+    def with_lost(self, lost: Mapping[str, Optional[str]]) -> "Assessment":
+        """This assessment with the servers the model lost (``lost_servers``) and whether its state
+        rests on confirmed verdicts only: the one place that is decided."""
+        return replace(self, lost=dict(lost), trouble_confirmed=self.confirmed(lost))
+
     @classmethod
     def not_diagnosed(cls, model: str, num_blocks: int, error: str) -> "Assessment":
         """What is stored when diagnosing the model failed: the failure, for every reader to show."""
@@ -208,7 +218,7 @@ class Assessment:
         def spans(key):
             return tuple(tuple(span) for span in data[key])
 
-        return cls(
+        assessment = cls(
             model=data["model"], state=data["state"], reasons=tuple(data["reasons"]),
             coverage_pct=data["coverage_pct"], servers_online=data["servers_online"],
             min_redundancy=data["min_redundancy"],
@@ -222,4 +232,8 @@ class Assessment:
             speed_source=data.get("speed_source"),
             servers={peer: ServerAssessment.from_dict(s) for peer, s in (data.get("servers") or {}).items()},
             assessed_at=data.get("assessed_at"), poll_at=data.get("poll_at"),
+            lost=dict(data.get("lost") or {}), trouble_confirmed=bool(data.get("trouble_confirmed")),
         )
+        if "trouble_confirmed" not in data:  # (rows stored before it was: what /metrics then said)
+            assessment = replace(assessment, trouble_confirmed=assessment.confirmed(assessment.excluded_peers))
+        return assessment

@@ -112,8 +112,8 @@ def last_announcements(conn: Connection, peer_id: str, *, models: int = 16) -> l
 
 def serving_since(conn: Connection, since: float, *, limit: int = 20_000) -> list[tuple[str, Optional[str], str, float]]:
     """(peer id, public name, model, the newest poll that saw it ONLINE) of every server a poll saw
-    serving since ``since``: what the alert job's memory of recent servers starts from
-    (``app.alerter.PeerMemory.recall``), so a poller that takes over knows who left."""
+    serving since ``since``: what the assess step draws the servers a model lost from
+    (``app.assessing.served_lately``), so that a poller that takes over knows who left."""
     observations, peers = ServerObservationRow.__table__, Peer.__table__
     o, p, polls = observations.c, peers.c, Poll.__table__.c
     recent = sa.select(polls.id).where(polls.at >= since).scalar_subquery()

@@ -148,8 +148,9 @@ def model_families(cur: queries.Current) -> Iterable:
                                     labels=["model", "state"])
     confirmed = GaugeMetricFamily("swarm_monitor_model_confirmed",
                                   "1 when the model's degraded or broken state rests only on confirmed checks of the "
-                                  "servers it announces (two failed compute checks, failing probes, wrong outputs, "
-                                  "two slow probes): alert at once", labels=["model"])
+                                  "servers it lost within the hour and those measured slow (two failed compute checks, "
+                                  "failing probes, wrong outputs, two slow probes): the alerts tell it at once",
+                                  labels=["model"])
     coverage = GaugeMetricFamily("swarm_monitor_model_coverage_percent", "Blocks served by an online, reachable server",
                                  labels=["model"])
     redundancy = GaugeMetricFamily("swarm_monitor_model_min_redundancy",
@@ -175,7 +176,7 @@ def model_families(cur: queries.Current) -> Iterable:
             model_state.add_metric([model, name], 1.0 if state_api.monitor_state(assessment) == name else 0.0)
         if assessment is None:
             continue
-        confirmed.add_metric([model], 1.0 if assessment.confirmed(assessment.excluded_peers) else 0.0)
+        confirmed.add_metric([model], 1.0 if assessment.trouble_confirmed else 0.0)
         if finite(assessment.coverage_pct) is not None:
             coverage.add_metric([model], finite(assessment.coverage_pct))
         if assessment.min_redundancy is not None:
