@@ -24,22 +24,37 @@ def given(load=1.0, tps=(10.0, 8.0, 12.0), ttft=None, wait=0.0) -> Given:
                  time_to_first_token=Told(*([ttft] * 5)) if ttft else Told(), wait=Told(wait, None, None, None, None))
 
 
-def test_the_conformal_quantile_is_the_ceil_of_n_plus_one_times_0_8_th_smallest_score():
-    scores = [float(i) / 10 for i in range(1, 21)]  # 0.1 .. 2.0, n = 20: rank ceil(21 * 0.8) = 17
-    assert cal.conformal_shift(scores) == 1.7
+def test_each_end_takes_the_weighted_conformal_quantile_of_its_scores_the_newest_weighing_most():
+    scores = [float(i) / 10 for i in range(1, 21)]  # 0.1 .. 2.0, n = 20
+    # unweighted: the ceil((n + 1) * 0.9)-th smallest = the 19th
+    assert cal.conformal_shift(scores, half_life=None) == 1.9
+    assert cal.conformal_shift(scores, level=0.8, half_life=None) == 1.7  # ceil(21 * 0.8) = 17th
     assert cal.conformal_shift(scores[:19]) is None  # fewer than MIN_CALIBRATION: none
+    # weighted by recency (half-life 10 requests): 100 old scores of 1.0, then 100 new of 0.2. The new
+    # ones weigh about 13.9 together, the old 0.014, the next request 1: 90 % of the 14.9 is reached
+    # within the new ones. Unweighted, the 181st smallest is 1.0 either way.
+    old_wide, new_tight = [1.0] * 100, [0.2] * 100
+    assert cal.conformal_shift(old_wide + new_tight, half_life=10) == 0.2
+    assert cal.conformal_shift(new_tight + old_wide, half_life=10) == 1.0
+    assert cal.conformal_shift(old_wide + new_tight, half_life=None) == 1.0
+    # half-life 1: the next request alone outweighs every past one, so the quantile lies past the
+    # last score: the largest shift allowed
+    assert cal.conformal_shift([0.1] * 30, half_life=1.0) == cal.MAX_SHIFT
     assert cal.conformal_shift([10.0] * 30) == cal.MAX_SHIFT and cal.conformal_shift([-10.0] * 30) == -cal.MAX_SHIFT
 
 
-def test_a_range_widens_after_misses_and_then_holds_what_it_missed():
-    # every request got 5 tokens/s where the requests alike said 8-12: 8 / 5 outside, on a log scale
+def test_a_range_widens_after_misses_on_the_side_they_fell_and_then_holds_what_it_missed():
+    # every request got 5 tokens/s where the requests alike said 8-12: 8 / 5 below the low end, on a
+    # log scale, and 12 / 5 inside the high end
     record = [Scored(given(), {"tokens_per_second": 5.0}) for _ in range(30)]
-    assert math.isclose(cal.score("tokens_per_second", record[0].given.tokens_per_second, 5.0), math.log(8.0 / 5.0))
+    low, high = cal.scores("tokens_per_second", record[0].given.tokens_per_second, 5.0)
+    assert math.isclose(low, math.log(8.0 / 5.0)) and math.isclose(high, math.log(5.0 / 12.0))
     calibration = cal.calibrate(record)
     shift, on = calibration.shift(1.0, "tokens_per_second")
-    assert on == 30 and math.isclose(shift, math.log(1.6))
+    assert on == 30 and math.isclose(shift[0], math.log(1.6)) and math.isclose(shift[1], math.log(5.0 / 12.0))
     told = cal.widen("tokens_per_second", 10.0, (8.0, 12.0), shift)
-    assert math.isclose(told.low, 5.0) and math.isclose(told.high, 12.0 * 1.6) and (told.base_low, told.base_high) == (8.0, 12.0)
+    # the low end moves down to what they got; the high end comes in, but never past the median
+    assert math.isclose(told.low, 5.0) and told.high == 10.0 and (told.base_low, told.base_high) == (8.0, 12.0)
 
 
 def test_a_range_narrows_after_hits_but_never_past_its_median():
@@ -47,11 +62,11 @@ def test_a_range_narrows_after_hits_but_never_past_its_median():
     rng = random.Random(3)
     record = [Scored(given(tps=(10.0, 2.0, 50.0)), {"tokens_per_second": rng.uniform(9.0, 11.0)}) for _ in range(50)]
     shift, _ = cal.calibrate(record).shift(1.0, "tokens_per_second")
-    assert shift < 0
+    assert max(shift) < 0
     told = cal.widen("tokens_per_second", 10.0, (2.0, 50.0), shift)
     assert 2.0 < told.low <= 10.0 <= told.high < 50.0
     assert told.high / told.low < 3  # sharp: about the spread the requests really had
-    inward = cal.widen("tokens_per_second", 10.0, (9.9, 10.1), -cal.MAX_SHIFT)  # pulled in hard: stops at the median
+    inward = cal.widen("tokens_per_second", 10.0, (9.9, 10.1), (-cal.MAX_SHIFT, -cal.MAX_SHIFT))  # stops at the median
     assert inward.low == inward.high == 10.0
 
 
@@ -59,7 +74,7 @@ def test_each_load_band_calibrates_on_its_own_and_a_thin_band_borrows_the_models
     alone = [Scored(given(load=1.0), {"tokens_per_second": 10.0}) for _ in range(40)]  # hits, dead centre
     busy = [Scored(given(load=16.0), {"tokens_per_second": 2.0}) for _ in range(25)]  # misses by 4x
     calibration = cal.calibrate(alone + busy)
-    assert calibration.shift(1.0, "tokens_per_second")[0] < 0 < calibration.shift(16.0, "tokens_per_second")[0]
+    assert max(calibration.shift(1.0, "tokens_per_second")[0]) < 0 < calibration.shift(16.0, "tokens_per_second")[0][0]
     shared = calibration.shift(3.0, "tokens_per_second")  # no request of that band: the model's, over all 65
     assert shared == calibration.shifts[cal.ALL]["tokens_per_second"] and shared[1] == 65
     assert cal.Calibration().shift(1.0, "wait") == (None, 0)

@@ -4,14 +4,19 @@ Every request row keeps the forecast it was given at admission (``Told``: for it
 first token and tokens/s, the median, the range it was told, and the range the requests alike gave
 before calibration). How those forecasts fared is the record a range is calibrated on:
 
-- **the score of one answered request** for one figure is how far its real value fell outside the
-  range the requests alike gave (negative: how far inside), on a log scale — ``log`` for first token
-  and tokens/s, ``log1p`` for the wait, which is often 0 (``score``). A forecast without a range
-  (from the probes, or too few requests alike) has its median as its range.
-- **the calibration** of a model and load band is the 80 % conformal quantile of the scores of its
-  newest ``CALIBRATION_REQUESTS`` answered requests (split-conformal: the ``ceil((n+1)·0.8)``-th
-  smallest, so that a new request, exchangeable with them, falls within with probability ≥ 80 %).
-  A new forecast's range is the requests alike's range moved outward by it (inward when it is
+- **the scores of one answered request** for one figure are how far its real value fell below the
+  low end of the range the requests alike gave, and how far above its high end (negative: how far
+  inside), on a log scale — ``log`` for first token and tokens/s, ``log1p`` for the wait, which is
+  often 0 (``scores``). A forecast without a range (from the probes, or too few requests alike) has
+  its median as its range.
+- **the calibration** of a model and load band moves each end of the range on its own: the low end
+  by the conformal ``1 − (1 − COVERAGE) / 2`` quantile of the low-end scores, the high end by that of
+  the high-end scores (so at most one request in ten falls below, one in ten above: eight in ten
+  within), over its newest ``CALIBRATION_REQUESTS`` answered requests weighted by recency (a weight
+  that halves every ``HALF_LIFE`` requests: weighted split-conformal, which follows a change of load
+  within tens of requests rather than hundreds). Two ends calibrated apart keep a range sharp where
+  the misses fall on one side (a median that runs low under load widens the high end only). The
+  range stated is the requests alike's range with each end moved outward by its shift (inward when
   negative: the ranges were wider than they needed to be), never past the median, at most
   ``MAX_SHIFT`` either way (``widen``). Bands: the load the request meets (``BANDS``: alone, shared,
   busy), because the scatter under load is not the scatter alone; a band with fewer than
@@ -32,6 +37,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 COVERAGE = 0.8  # the share of requests a stated range is for
 FIGURES = ("wait", "time_to_first_token", "tokens_per_second")
 CALIBRATION_REQUESTS = 200  # the newest answered requests with a stored forecast a calibration rests on, per band
+HALF_LIFE = 60.0  # requests: a scored request's weight in the calibration halves with every this many newer ones
+END_LEVEL = 1.0 - (1.0 - COVERAGE) / 2  # each end of a range: at most one request in ten beyond it
 MIN_CALIBRATION = 20  # scored requests a band needs for a calibration of its own
 MAX_SHIFT = math.log(8.0)  # a range moves at most ×8 (or ÷8) outward or inward
 BANDS = (("alone", 1.0), ("shared", 4.0), ("busy", math.inf))  # by the load the request meets, at most
@@ -119,36 +126,49 @@ def _unscale(name: str, value: float) -> float:
     return max(0.0, math.expm1(value)) if name == "wait" else math.exp(value)
 
 
-def score(name: str, told: Told, got: Optional[float]) -> Optional[float]:
-    """How far ``got`` fell outside the range the requests alike gave (negative: inside), on the
-    figure's scale; None when there is nothing to score."""
+def scores(name: str, told: Told, got: Optional[float]) -> Optional[tuple[float, float]]:
+    """How far ``got`` fell below the low end and above the high end of the range the requests
+    alike gave (negative: inside), on the figure's scale; None when there is nothing to score."""
     if got is None or told.median is None or not math.isfinite(got) or got < 0:
         return None
     low = told.base_low if told.base_low is not None else told.median
     high = told.base_high if told.base_high is not None else told.median
     value = _scale(name, got)
-    return max(_scale(name, low) - value, value - _scale(name, high))
+    return _scale(name, low) - value, value - _scale(name, high)
 
 
-def conformal_shift(scores: Sequence[float]) -> Optional[float]:
-    """The ``COVERAGE`` split-conformal quantile of the scores (None below ``MIN_CALIBRATION``),
-    bounded by ``MAX_SHIFT``."""
+def conformal_shift(scores: Sequence[float], *, level: float = END_LEVEL,
+                    half_life: Optional[float] = HALF_LIFE) -> Optional[float]:
+    """The weighted split-conformal ``level`` quantile of ``scores`` (oldest first; None below
+    ``MIN_CALIBRATION``), bounded by ``MAX_SHIFT``: the smallest score whose weight, with that of
+    every smaller one, reaches ``level`` of the total weight including the next request's own (1:
+    the newest score weighs 1/2^(1/half_life), the one before it less...). Without a half-life every
+    score weighs 1: the ``ceil((n + 1) · level)``-th smallest. Past the last score: ``MAX_SHIFT``."""
     if len(scores) < MIN_CALIBRATION:
         return None
-    ordered = sorted(scores)
-    rank = min(len(ordered), math.ceil((len(ordered) + 1) * COVERAGE))
-    return max(-MAX_SHIFT, min(MAX_SHIFT, ordered[rank - 1]))
+    n = len(scores)
+    weights = [1.0 if half_life is None else 0.5 ** ((n - i) / half_life) for i in range(n)]
+    needed = level * (sum(weights) + 1.0)
+    reached = 0.0
+    for value, weight in sorted(zip(scores, weights)):
+        reached += weight
+        if reached >= needed - 1e-12:
+            return max(-MAX_SHIFT, min(MAX_SHIFT, value))
+    return MAX_SHIFT
+
+
+Shift = tuple[float, float]  # (the low end's shift, the high end's): outward when positive
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """A model's calibration: per band (and ``ALL``), per figure, the shift and how many scored
-    requests it rests on."""
+    """A model's calibration: per band (and ``ALL``), per figure, the shifts of the two ends and how
+    many scored requests they rest on."""
 
-    shifts: Mapping[str, Mapping[str, tuple[float, int]]] = field(default_factory=dict)
+    shifts: Mapping[str, Mapping[str, tuple[Shift, int]]] = field(default_factory=dict)
 
-    def shift(self, load: float, name: str) -> tuple[Optional[float], int]:
-        """(shift, requests it rests on) for a request meeting ``load``: its band's, else the
+    def shift(self, load: float, name: str) -> tuple[Optional[Shift], int]:
+        """(shifts, requests they rest on) for a request meeting ``load``: its band's, else the
         model's over all bands, else (None, 0)."""
         for key in (band(load), ALL):
             found = self.shifts.get(key, {}).get(name)
@@ -160,28 +180,28 @@ class Calibration:
 def calibrate(scored: Iterable[Scored]) -> Calibration:
     """The calibration from answered requests' forecasts and figures, oldest first (the newest
     ``CALIBRATION_REQUESTS`` of each band count, and of all)."""
-    by_band: dict[str, dict[str, list[float]]] = {}
+    by_band: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for item in scored:
         for key in (band(item.given.load), ALL):
             for name in FIGURES:
-                s = score(name, getattr(item.given, name), item.got.get(name))
-                if s is not None:
-                    by_band.setdefault(key, {}).setdefault(name, []).append(s)
-    shifts: dict[str, dict[str, tuple[float, int]]] = {}
+                found = scores(name, getattr(item.given, name), item.got.get(name))
+                if found is not None:
+                    by_band.setdefault(key, {}).setdefault(name, []).append(found)
+    shifts: dict[str, dict[str, tuple[Shift, int]]] = {}
     for key, figures in by_band.items():
         for name, values in figures.items():
             newest = values[-CALIBRATION_REQUESTS:]
-            shift = conformal_shift(newest)
-            if shift is not None:
-                shifts.setdefault(key, {})[name] = (shift, len(newest))
+            low, high = conformal_shift([v[0] for v in newest]), conformal_shift([v[1] for v in newest])
+            if low is not None and high is not None:
+                shifts.setdefault(key, {})[name] = ((low, high), len(newest))
     return Calibration(shifts)
 
 
 def widen(name: str, median: Optional[float], base: Optional[tuple[float, float]],
-          shift: Optional[float]) -> Told:
+          shift: Optional[Shift]) -> Told:
     """The range told for one figure: the requests alike's range (``base``; the median alone when
-    None) moved outward by ``shift`` (inward when negative), never past the median; without a shift,
-    the base range as it is."""
+    None) with its low end moved down by ``shift[0]`` and its high end up by ``shift[1]`` (inward when
+    negative), never past the median; without a shift, the base range as it is."""
     if median is None:
         return Told()
     low, high = base if base is not None else (None, None)
@@ -189,8 +209,8 @@ def widen(name: str, median: Optional[float], base: Optional[tuple[float, float]
         return Told(median, low, high, low, high)
     start_low = low if low is not None else median
     start_high = high if high is not None else median
-    told_low = min(median, _unscale(name, _scale(name, start_low) - shift))
-    told_high = max(median, _unscale(name, _scale(name, start_high) + shift))
+    told_low = min(median, _unscale(name, _scale(name, start_low) - shift[0]))
+    told_high = max(median, _unscale(name, _scale(name, start_high) + shift[1]))
     return Told(median, told_low, told_high, low, high)
 
 
