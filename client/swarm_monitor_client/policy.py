@@ -119,18 +119,12 @@ def relative_penalties(announced: Mapping[str, float], weights: Mapping[str, Pee
 # ---- which peers a route leaves out -----------------------------------------------------------
 
 
-def uncovered(spans: Iterable[tuple[int, int]], start: int, end: int) -> list[int]:
-    """The blocks of [start, end) that none of these [start, end) spans serves: the one place that
-    decides whether spans cover every block (the chat's and the monitor's route rules ask it too)."""
+def covers(spans: Iterable[tuple[int, int]], start: int, end: int) -> bool:
+    """Do these [start, end) spans together cover every block in [start, end)?"""
     covered: set[int] = set()
     for span_start, span_end in spans:
         covered.update(range(max(span_start, start), min(span_end, end)))
-    return [block for block in range(start, end) if block not in covered]
-
-
-def covers(spans: Iterable[tuple[int, int]], start: int, end: int) -> bool:
-    """Do these [start, end) spans together cover every block in [start, end)?"""
-    return not uncovered(spans, start, end)
+    return len(covered) == end - start
 
 
 def peers_to_leave_out(spans: Spans, start: int, end: int, weights: Mapping[str, PeerWeight],

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from monitor.core.assessment import format_ranges, ranges
-from swarm_monitor_client.policy import uncovered
 
 SORTS = ("speed", "latency", "score")
 MAX_PEERS = 64  # peer ids in ``only`` or ``ignore``
@@ -154,7 +153,12 @@ def allowed(choice: RouteChoice, peers: Iterable[str], *, verified: Iterable[str
 
 def missing(spans: Mapping[str, tuple[int, int]], num_blocks: int, peers: Iterable[str]) -> list[int]:
     """The blocks none of ``peers`` serves (``spans``: peer -> [start, end))."""
-    return uncovered([spans[peer] for peer in peers if peer in spans], 0, num_blocks)
+    covered: set[int] = set()
+    for peer in peers:
+        if peer in spans:
+            start, end = spans[peer]
+            covered.update(range(max(0, start), min(num_blocks, end)))
+    return [block for block in range(num_blocks) if block not in covered]
 
 
 @dataclass(frozen=True)
