@@ -26,7 +26,9 @@ Swarm: the demo's layout (three servers: all blocks, first half, second half) of
     had not seen): the share within the stated range for first token, tokens/s and wait (on queued
     requests, as the point target: ``queued``), overall and
     per load band (80 ± 7 % each), and the median range width against the median 10th-90th
-    percentile spread of the requests that ran beside each (at most 1.25×). A fifth condition, *big
+    percentile spread of the requests that ran beside each (at most 1.25×). Beside them, the
+    calibration before and after side by side in the same run (``replay``: each condition's stored
+    requests, each told the range each method would have told it from the same stored forecast). A fifth condition, *big
     client side*: 16 users at once on a checkpoint with Llama-3.1-70B's client side (the head of
     128,256 × 8192) served by two servers.
 (spread) 16 concurrent streamed answers through the chat's engine, every server throttled to half
@@ -167,6 +169,103 @@ def calibrated(measured: list, every: list) -> dict:
     return out
 
 
+def stored_rows(workdir: Path, prefix: str) -> list:
+    """Every request row the service stored for the model (with the forecast it was given), oldest
+    first: what a replay of the calibration reads."""
+    from monitor.store import Store
+    from monitor.store import requests as request_rows
+
+    store = Store(f"sqlite:///{workdir / 'monitor.db'}")
+    try:
+        with store.db.read("the bench's replay") as conn:
+            return [r for r in request_rows.since(conn, 0.0, model=prefix) if r.forecast is not None]
+    finally:
+        store.close()
+
+
+def symmetric_calibration(scored: list):
+    """The calibration before #49's two-ended one (kept here for the side by side): one score per
+    request, how far outside the range it fell on either side, and the range moved outward on both
+    sides by the 80 % conformal quantile of the newest 200 per band (unweighted)."""
+    import math
+
+    from monitor.core import calibration as cal
+
+    by_band: dict = {}
+    for item in scored:
+        for key in (cal.band(item.given.load), cal.ALL):
+            for figure in cal.FIGURES:
+                found = cal.scores(figure, getattr(item.given, figure), item.got.get(figure))
+                if found is not None:
+                    by_band.setdefault(key, {}).setdefault(figure, []).append(max(found))
+    shifts: dict = {}
+    for key, figures in by_band.items():
+        for figure, values in figures.items():
+            newest = sorted(values[-cal.CALIBRATION_REQUESTS:])
+            if len(newest) >= cal.MIN_CALIBRATION:
+                rank = min(len(newest), math.ceil((len(newest) + 1) * cal.COVERAGE))
+                shift = max(-cal.MAX_SHIFT, min(cal.MAX_SHIFT, newest[rank - 1]))
+                shifts.setdefault(key, {})[figure] = ((shift, shift), len(newest))
+    return cal.Calibration(shifts)
+
+
+def replay(rows: list, warm: int) -> dict:
+    """The calibration methods side by side on the same stored requests (one run): each request's
+    range as each method would have told it, calibrated on the requests that had ended before it
+    arrived (as the service's refresh does, a few seconds late at most), from the same medians and
+    the same ranges of the requests alike (its stored forecast); scored past the first ``warm``
+    requests as the live figures are. Methods: *before* (``symmetric_calibration``), *after* (the
+    service's, ``core/calibration.py``) and *after, unweighted* (its two ends without the recency
+    weight). Per method and figure: the share within, and the median
+    width relative to the median 10th-90th spread of the requests that ran beside each."""
+    from monitor.core import calibration as cal
+    from monitor.core.forecast import scored as scored_rows
+    from monitor.core.requests import OK
+
+    def end(r) -> float:
+        tokens = max(0, (r.tokens or 1) - 1)
+        return r.at + (r.waited or 0.0) + (r.time_to_first_token or 0.0) + (
+            tokens / r.tokens_per_second if r.tokens_per_second else 0.0)
+
+    rows = sorted(rows, key=lambda r: r.at)
+    ends = [end(r) for r in rows]
+    got_of = lambda r: {"wait": r.waited, "time_to_first_token": r.time_to_first_token,  # noqa: E731
+                        "tokens_per_second": r.tokens_per_second if r.tokens > 1 else None}
+    methods = {"before": symmetric_calibration, "after": cal.calibrate,
+               "after, unweighted": lambda history: cal.calibrate(history, half_life=None)}
+    found: dict = {m: {f: [] for f in cal.FIGURES} for m in methods}
+    for i, r in enumerate(rows):
+        if i < warm or r.outcome != OK:
+            continue
+        history = scored_rows([o for o, e in zip(rows[:i], ends[:i]) if e <= r.at])
+        beside = [o for o, e in zip(rows, ends) if o is not r and min(e, ends[i]) - max(o.at, r.at)
+                  >= (ends[i] - r.at) / 2]
+        for method, calibrate in methods.items():
+            calibration = calibrate(history)
+            for figure in cal.FIGURES:
+                told, got = getattr(r.forecast, figure), got_of(r)[figure]
+                if got is None or told.median is None:
+                    continue
+                if figure == "wait" and told.median < 1.0 and got < 1.0:
+                    continue  # (the wait is scored on queued requests: ``queued``)
+                base = (told.base_low, told.base_high) if told.base_low is not None else None
+                shift, _ = calibration.shift(r.forecast.load, figure)
+                stated = cal.widen(figure, told.median, base, shift)
+                values = sorted(v for v in (got_of(o)[figure] for o in beside) if v is not None)
+                spread_ = (values[int(0.9 * (len(values) - 1))] - values[int(0.1 * (len(values) - 1))]
+                           if len(values) >= 5 else None)
+                found[method][figure].append((cal.within(stated, got), stated.high - stated.low, spread_))
+    out: dict = {}
+    for method, figures in found.items():
+        for figure, items in figures.items():
+            widths = [w for _, w, s in items if s is not None]
+            spreads = [s for _, w, s in items if s is not None]
+            out.setdefault(method, {})[figure] = {
+                "told": len(items), "within": sum(h for h, _, _ in items) / len(items) if items else None,
+                "width_ratio": (bc.median(widths) / bc.median(spreads)) if widths and bc.median(spreads) else None}
+    return out
+
+
 def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path, users: int, slots: int,
                   requests: int, timeout: float = 300) -> dict:
     env = {"SWARM_MONITOR_CHAT_SLOTS": str(slots), "SWARM_MONITOR_MAX_SLOTS_SHARE": "1",
@@ -208,6 +307,7 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
         everyone_done.set()
         for t in threads:
             t.join()
+        side_by_side = replay(stored_rows(svc["workdir"], prefix), warm * users)
     good = [r for r in results if r["ok"]]
     waiting = queued(good)
     got_key = {"time_to_first_token": "ttft", "tokens_per_second": "tokens_per_s", "wait": "waited"}
@@ -216,15 +316,15 @@ def run_condition(swarm, name: str, *, prefix: str, num_blocks: int, path: Path,
     ceiling = hindsight(good, [r for r in everyone if r["ok"]])
     in_range = lambda key, got: (sum(in_spread(r["forecast"].get(key), r[got]) for r in good)  # noqa: E731
                                  / len(good)) if good else None
-    print("requests", name, json.dumps([{k: r[k] for k in ("ok", "ttft", "tokens_per_s", "waited", "at", "end",
-                                                           "planned", "route")}
+    print("requests", name, json.dumps([{k: r[k] for k in ("ok", "error", "ttft", "tokens_per_s", "waited", "at",
+                                                           "end", "planned", "route")}
                                         | {"forecast": r["forecast"]} for r in results]), flush=True)
     return {"name": name, "requests": len(results), "failed": len(results) - len(good),
             "ttft_share": share(good, "time_to_first_token", TTFT_TOLERANCE) if good else None,
             "speed_share": share(good, "tokens_per_second", SPEED_TOLERANCE) if good else None,
             "wait_share": share(waiting, "wait", WAIT_TOLERANCE), "queued": len(waiting), "hindsight": ceiling,
             "in_range": (in_range("time_to_first_token_range", "ttft"), in_range("tokens_per_second_range", "tokens_per_s")),
-            "calibrated": calibrated(good, [r for r in everyone if r["ok"]]),
+            "calibrated": calibrated(good, [r for r in everyone if r["ok"]]), "replay": side_by_side,
             "sources": dict(Counter(r["forecast"]["source"] for r in good)),
             "forecast_speed": bc.median([r["forecast"]["tokens_per_second"] for r in good
                                          if r["forecast"]["tokens_per_second"]] or [0]),
@@ -394,6 +494,29 @@ def calibration_table(found: list[dict]) -> str:
                  f"{RANGE_TARGET:.0%} ± {RANGE_SLACK:.0%} each, width ≤ {WIDTH_CEILING}×"], rows))
 
 
+def replay_table(found: list[dict]) -> str:
+    """The calibration before and after, replayed on the same stored requests of each condition."""
+    rows = []
+    for r in found:
+        for method, figures in r["replay"].items():
+            shares = [figures[k]["within"] for k in ("time_to_first_token", "tokens_per_second", "wait")]
+            widths = [figures[k]["width_ratio"] for k in ("time_to_first_token", "tokens_per_second")]
+            ok = all(v is None or abs(v - RANGE_TARGET) <= RANGE_SLACK for v in shares) \
+                and all(w is None or w <= WIDTH_CEILING for w in widths)
+            rows.append([r["name"], method,
+                         " / ".join(f"{pct(figures[k]['within'])} of {figures[k]['told']}"
+                                    for k in ("time_to_first_token", "tokens_per_second", "wait")),
+                         " / ".join("–" if w is None else f"{w:.2f}×" for w in widths), bc.verdict(ok)])
+    return ("**The calibration before and after, side by side** (replayed on each condition's stored requests: "
+            "the same medians and ranges of the requests alike, each request calibrated on those that had "
+            "ended before it arrived; *before*: one symmetric shift, the 80 % quantile of the newest 200; "
+            "*after*: each end on its own side, weighted by recency, as the service runs; *after, unweighted*: "
+            "the same without the weight):\n\n" + bc.table(
+                ["condition", "calibration", "within: first token / tokens/s / wait (queued)",
+                 "median width ÷ spread in hindsight: first token / tokens/s",
+                 f"{RANGE_TARGET:.0%} ± {RANGE_SLACK:.0%}, width ≤ {WIDTH_CEILING}×"], rows))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=("accuracy", "spread", "fallback"),
@@ -427,6 +550,7 @@ def main(argv=None) -> None:
             + "\n\nThe point targets hold for idle, throttled and queued; under 16 users at once no figure known "
               "before a request can (the ceiling in hindsight), and the ranges below carry the promise.")
         sections.append(calibration_table(found))
+        sections.append(replay_table(found))
     if "spread" in args.parts:
         r = spread(args.model, args.data_dir)
         best, spread_ = r["best route"], r["spread"]

@@ -173,6 +173,7 @@ def record_servers(store: Store, at: float, causes: dict) -> None:
     """A poll of two servers of llama, each with the cause its assessment gives it (confirmed)."""
     from dataclasses import replace
 
+    from monitor.core.assess import lost_servers
     from monitor.core.assessment import ServerAssessment
 
     bad = {peer: cause for peer, cause in causes.items() if cause != "serving"}
@@ -184,9 +185,11 @@ def record_servers(store: Store, at: float, causes: dict) -> None:
                                         failing="CUDA error" if cause == "failing" else None,
                                         wrong_outputs="returns wrong outputs" if cause == "wrong outputs" else None)
                  for peer, cause in causes.items()})
-    store.record_poll(Snapshot(taken_at=at, duration=1.0, models=(MODEL,), servers=tuple(
-        ServerRow(peer_id=peer, model="llama", start=0, end=4, state="ONLINE", public_name=name)
-        for peer, name in ((PEER, "a"), (OTHER, "b")))), [health])
+    rows = tuple(ServerRow(peer_id=peer, model="llama", start=0, end=4, state="ONLINE", public_name=name)
+                 for peer, name in ((PEER, "a"), (OTHER, "b")))
+    # what the model lost, as the assess step draws it (the excluded servers this poll shows ONLINE)
+    health = health.with_lost(lost_servers(rows, {}, health.excluded_peers))
+    store.record_poll(Snapshot(taken_at=at, duration=1.0, models=(MODEL,), servers=rows), [health])
 
 
 @pytest.mark.timeout(300)

@@ -148,6 +148,7 @@ def test_an_owner_subscribes_by_email_confirms_the_link_and_hears_of_their_faili
     from dataclasses import replace
 
     from monitor.app.alerter import Alerter
+    from monitor.core.assess import lost_servers
     from monitor.core.assessment import CAUSE_FAILING, CAUSE_SERVING, Assessment, ServerAssessment
     from monitor.core.snapshot import ModelInfo, ServerRow, Snapshot
     from support import Smtp
@@ -186,6 +187,7 @@ def test_an_owner_subscribes_by_email_confirms_the_link_and_hears_of_their_faili
                          excluded_peers={peer: "failing: CUDA error"}, excluded_causes={peer: CAUSE_FAILING}, servers={
             peer: ServerAssessment(peer, CAUSE_FAILING, failing="CUDA error", confirmed=True),
             other: ServerAssessment(other, CAUSE_SERVING)})
+        broken = broken.with_lost(lost_servers(rows, {}, broken.excluded_peers))  # as the assess step draws it
         store.record_poll(Snapshot(taken_at=now, duration=1.0, models=(model,), servers=rows), [broken])
         assert [n.event for n in alerter.evaluate(now + 1).notices] == ["firing"]
         alerter.deliver(now + 2)

@@ -177,9 +177,9 @@ class Calibration:
         return None, 0
 
 
-def calibrate(scored: Iterable[Scored]) -> Calibration:
+def calibrate(scored: Iterable[Scored], *, half_life: Optional[float] = HALF_LIFE) -> Calibration:
     """The calibration from answered requests' forecasts and figures, oldest first (the newest
-    ``CALIBRATION_REQUESTS`` of each band count, and of all)."""
+    ``CALIBRATION_REQUESTS`` of each band count, and of all; ``half_life``: ``conformal_shift``'s)."""
     by_band: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for item in scored:
         for key in (band(item.given.load), ALL):
@@ -191,7 +191,8 @@ def calibrate(scored: Iterable[Scored]) -> Calibration:
     for key, figures in by_band.items():
         for name, values in figures.items():
             newest = values[-CALIBRATION_REQUESTS:]
-            low, high = conformal_shift([v[0] for v in newest]), conformal_shift([v[1] for v in newest])
+            low = conformal_shift([v[0] for v in newest], half_life=half_life)
+            high = conformal_shift([v[1] for v in newest], half_life=half_life)
             if low is not None and high is not None:
                 shifts.setdefault(key, {})[name] = ((low, high), len(newest))
     return Calibration(shifts)
