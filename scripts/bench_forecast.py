@@ -61,6 +61,8 @@ RANGE_TARGET, RANGE_SLACK = 0.80, 0.07  # within the stated range: 80 ± 7 %
 WIDTH_CEILING = 1.25  # the median stated width, at most this times the spread in hindsight
 WARM_REQUESTS = 48  # unmeasured requests first per condition: the forecasts' record the calibration starts from
 CONDITIONS = ("idle", "16 users", "queued", "throttled", "big")
+SIXTEEN, BIG = "16 users", "big client side (16 users, 70B's head)"
+AT_ONCE = (SIXTEEN, BIG)  # no point target: their point figures are reported beside the ceiling in hindsight
 TARGET_SPREAD = 1.5
 TARGET_FALLBACK = 1.0  # seconds added at most
 TOKENS = 32
@@ -347,7 +349,7 @@ def accuracy(model: str, data_dir: Path, requests: int, conditions=CONDITIONS) -
         if "idle" in conditions:
             found.append(run_condition(swarm, "idle", users=1, slots=4, **kw))
         if "16 users" in conditions:
-            found.append(run_condition(swarm, "16 users", users=16, slots=16, **kw))
+            found.append(run_condition(swarm, SIXTEEN, users=16, slots=16, **kw))
         if "queued" in conditions:
             found.append(run_condition(swarm, "queued (16 users, 4 slots)", users=16, slots=4, **kw))
         if "throttled" in conditions:
@@ -359,7 +361,7 @@ def accuracy(model: str, data_dir: Path, requests: int, conditions=CONDITIONS) -
         wide = wide_model(data_dir, "70b")
         with LocalSwarm(wide.path, wide.dht_prefix) as swarm:
             swarm.start([ServerSpec(f"server-{i + 1}", 0, wide.num_blocks, torch_dtype="bfloat16") for i in range(2)])
-            found.append(run_condition(swarm, "big client side (16 users, 70B's head)", users=16, slots=16,
+            found.append(run_condition(swarm, BIG, users=16, slots=16,
                                        prefix=wide.dht_prefix, num_blocks=wide.num_blocks, path=wide.path,
                                        requests=requests, timeout=900))
     for r in found:
@@ -539,6 +541,7 @@ def main(argv=None) -> None:
                  f"{pct(r['hindsight'][0])} / {pct(r['hindsight'][1])}",
                  f"{pct(r['in_range'][0])} / {pct(r['in_range'][1])}",
                  f"{pct(r['wait_share'])} of {r['queued']}" if r["queued"] else "–",
+                 "reported (beside the ceiling in hindsight)" if r["name"] in AT_ONCE else
                  bc.verdict(all(s is not None and s >= TARGET_SHARE for s in (r["ttft_share"], r["speed_share"]))
                             and (r["wait_share"] is None or r["wait_share"] >= TARGET_SHARE))]
                 for r in found]
@@ -546,7 +549,7 @@ def main(argv=None) -> None:
             ["condition", "requests", "failed", "forecast from", "first token, forecast / got (medians)",
              "tokens/s, forecast / got (medians)", "first token within ±30 %", "tokens/s within ±20 %",
              "in hindsight: first token / tokens/s", "within the forecast's range: first token / tokens/s",
-             "wait within ±25 % (queued)", "≥ 80 % each"], rows)
+             "wait within ±25 % (queued)", "≥ 80 % each (idle, throttled, queued)"], rows)
             + "\n\nThe point targets hold for idle, throttled and queued; under 16 users at once no figure known "
               "before a request can (the ceiling in hindsight), and the ranges below carry the promise.")
         sections.append(calibration_table(found))
