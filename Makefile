@@ -1,7 +1,8 @@
 # The two front-door commands (see README.md): `make demo` and `make test`.
 # `make test-fast`: the specs that need no swarm, PostgreSQL, browser or Redis (markers: pyproject.toml).
-# `make lint`: ruff over every Python file (pyproject.toml: [tool.ruff]); `make test` runs it first.
-.PHONY: demo test test-fast lint setup system-deps
+# `make lint`: ruff over every Python file, then mypy over the typed layers (pyproject.toml: [tool.ruff],
+# [tool.mypy]); `make test` runs it first. `make types-all`: mypy over every package.
+.PHONY: demo test test-fast lint types-all setup system-deps
 
 setup:
 	@scripts/setup
@@ -20,6 +21,10 @@ PYTEST = .venv/bin/python -m pytest $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS
 
 lint: setup
 	.venv/bin/ruff check monitor chat client scripts tests
+	.venv/bin/mypy
+
+types-all: setup  # the types of every package, the layers not in [tool.mypy] files yet too
+	.venv/bin/mypy monitor chat client/swarm_monitor_client
 
 test: setup system-deps lint
 	$(PYTEST) $(ARGS)

@@ -366,6 +366,7 @@ class SpanRecorder:
         self._seen: set[int] = set()  # id() of server sessions that already stepped once
         self._decode: dict[tuple, list[float]] = {}  # (peer, start, end) -> seconds per 1-token step
         self._prefill: dict[tuple, float] = {}
+        self._answered: dict[tuple, float] = {}  # (peer, start, end) -> when it last answered a step (wall clock)
         self.failures = 0  # spans that failed (petals then replaced their server): the session's failovers
 
     def begin_step(self, n_tokens: int) -> None:
@@ -386,6 +387,7 @@ class SpanRecorder:
             return
         span = server_session.span
         key = (peer_id.to_base58(), span.start, span.end)
+        self._answered[key] = time.time()
         if id(server_session) in self._seen and self._tokens == 1:
             self._decode.setdefault(key, []).append(elapsed)
         else:
@@ -408,17 +410,20 @@ class SpanRecorder:
         return result
 
     def flush(self) -> None:
-        """Report one ok outcome per (peer, span) timed since the last flush; start afresh."""
+        """Report one ok outcome per (peer, span) timed since the last flush, at when it last answered
+        a step (the assess step reads a server that answered users after its failed checks as busy,
+        not gone: a server that froze mid-answer answered last before it froze); start afresh."""
         now = time.time()
         outcomes = []
         for key in {*self._prefill, *self._decode}:
             peer, start, end = key
             values = self._decode.get(key)
             seconds = sum(values) / len(values) if values else self._prefill[key]
-            outcomes.append(ChatOutcome(at=now, peer_id=peer, model=self.model, start=start, end=end,
-                                        ok=True, seconds_per_token=seconds))
+            outcomes.append(ChatOutcome(at=self._answered.get(key, now), peer_id=peer, model=self.model, start=start,
+                                        end=end, ok=True, seconds_per_token=seconds))
         self._decode.clear()
         self._prefill.clear()
+        self._answered.clear()
         for outcome in outcomes:
             self._emit(outcome)
 

@@ -50,7 +50,7 @@ def documented(summary: str, tag: str, answers: Mapping[int, Any], **kwargs) -> 
                                          for status, a in answers.items()}, **kwargs)
 
     def declare(view: Callable) -> Callable:
-        view.openapi = operation
+        setattr(view, "openapi", operation)  # read back by ``operations``
         return view
 
     return declare

@@ -327,7 +327,7 @@ class Settings(BaseModel):
     @classmethod
     def _durations(cls, value: Any, info: ValidationInfo) -> Any:
         """Every time setting takes "90s", "5m", "2h", "30d", or a number in its own unit."""
-        unit = unit_of(info.field_name)
+        unit = unit_of(info.field_name or "")
         return value if unit is None else parse_duration(value, unit)
 
     @model_validator(mode="before")
@@ -399,7 +399,7 @@ log = logging.getLogger(__name__)
 def section_of(name: str) -> str:
     """The TOML section of setting ``name`` (an old name: its new name's)."""
     field = Settings.model_fields[RENAMED.get(name, name)]
-    return field.json_schema_extra["section"]  # type: ignore[index]
+    return str(field.json_schema_extra["section"])  # type: ignore[index]
 
 
 def fields_in(section: str) -> list[str]:

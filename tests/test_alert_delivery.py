@@ -155,31 +155,30 @@ def test_the_alert_tables_match_the_models_and_old_notices_are_pruned(store, rec
         assert conn.execute(sa.text("SELECT count(*) FROM alerts")).scalar() == 1  # the alert itself stays
 
 
-def test_a_scheduler_running_the_alert_jobs_shuts_down_while_rounds_end(store, tmp_path):
+def test_a_runner_running_the_alert_jobs_shuts_down_while_rounds_end(store, tmp_path):
     """Regression: waking a job from the after-round listener (``modify_job``) deadlocked with
-    ``shutdown``, which holds the job stores' lock while it waits for the thread of the round."""
-    from types import SimpleNamespace
+    ``shutdown``, which holds the job stores' lock while it waits for the thread of the round. The
+    alert jobs as the table has them (every period, and after each scrape and reachability round)."""
+    from monitor.app.job_context import JobContext, JobStats
+    from monitor.app.job_table import BY_NAME, Every, Job
+    from monitor.app.runner import Runner, with_db_retry
 
-    from apscheduler.schedulers.background import BackgroundScheduler
-
-    from monitor.app.alerter import schedule_alerts
-    from monitor.app.jobs import JobStats
-
-    poller = SimpleNamespace(settings=alert_settings(tmp_path), store=store, stats=JobStats(), leads=lambda: True)
+    stats = JobStats()
     record_state(store, time.time(), "healthy")
     for _ in range(10):
-        scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True})
-        scheduler.add_job(lambda: time.sleep(0.01), "interval", seconds=0.02, id="scrape")
-        scheduler.add_job(lambda: time.sleep(0.01), "interval", seconds=0.02, id="reachability")
-        alerter = schedule_alerts(scheduler, poller)
-        scheduler.start()
+        rounds = [Job(name, "a round", lambda ctx: time.sleep(0.01), (Every(lambda s: 0.02),))
+                  for name in ("scrape", "reachability")]
+        ctx = JobContext(settings=alert_settings(tmp_path), store=store, stats=stats,
+                         db=lambda call, job: with_db_retry(stats, call, job), assess_step=lambda ctx: False)
+        runner = Runner(ctx, rounds + [BY_NAME["alerts"], BY_NAME["alert-delivery"]])
+        runner.start()
         time.sleep(0.3)
-        done = threading.Thread(target=scheduler.shutdown)
+        done = threading.Thread(target=runner.shutdown)
         done.start()
         done.join(15)
-        assert not done.is_alive(), "the scheduler did not shut down"
-        assert alerter.stopping()
-    assert poller.stats.runs["alerts"] >= 10 and not poller.stats.failures
+        assert not done.is_alive(), "the runner did not shut down"
+        assert ctx.alerter.stopping()
+    assert stats.runs["alerts"] >= 10 and not stats.failures
 
 
 # ---- the web -----------------------------------------------------------------------------------

@@ -118,6 +118,74 @@ def test_a_reachability_round_that_caught_a_server_stopping_names_nobody_once_it
         assert not assessed_reachability(failed, {TINY.dht_prefix: named})[FULL].ok
 
 
+def test_the_assessment_keeps_each_server_s_reachability_as_it_judged_it_and_readers_read_that():
+    """#48: the judgment of reachability is made once, in the assess step, and stored with the
+    assessment (``Assessment.reachability``); the pages, /metrics and the alerts read it
+    (``judged_reachability``), not the raw rounds — the bootstrap peers and unassessed servers
+    excepted, and assessments stored before it was kept, which are judged from the rounds as then."""
+    from dataclasses import replace
+
+    from monitor.core.assess import judged_reachability
+    from monitor.core.assessment import Assessment
+
+    settings = web_settings()
+    snapshot = Snapshot(taken_at=NOW, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+    failed = {FULL: ReachabilityResult(FULL, "server", False, error="connection refused", at=NOW - 40)}
+    boot = ReachabilityResult("boot", "bootstrap", True, rtt=0.01, address="/ip4/127.0.0.1/tcp/1", at=NOW - 5)
+
+    def judged(away):
+        (assessment,) = assess(snapshot, failed, [], {}, now=NOW, thresholds=assessing.thresholds(settings),
+                               routing=PETALS_ROUTING, away=away)
+        return assessment
+
+    named, stale = judged({}), judged({FULL: NOW - 30})  # never away / a restart since the failure
+    assert not named.reachability[FULL].ok and FULL not in stale.reachability
+    for assessment in (named, stale):  # stored whole: read back as judged
+        assert Assessment.from_dict(assessment.to_dict()).reachability == assessment.reachability
+    # readers read the stored judgment: the raw round no longer needed, nor able to overrule it
+    assert not judged_reachability({"boot": boot}, {TINY.dht_prefix: named})[FULL].ok
+    assert FULL not in judged_reachability({**failed, "boot": boot}, {TINY.dht_prefix: stale})
+    assert judged_reachability({**failed, "boot": boot}, {TINY.dht_prefix: stale})["boot"] == boot
+    older = replace(stale, reachability=None)  # stored before the judgment was kept
+    assert Assessment.from_dict({k: v for k, v in older.to_dict().items() if k != "reachability"}).reachability is None
+    assert FULL not in judged_reachability(failed, {TINY.dht_prefix: older})
+    assert not judged_reachability(failed, {TINY.dht_prefix: replace(named, reachability=None)})[FULL].ok
+
+
+def test_a_server_that_answered_users_after_its_failed_checks_is_busy_not_unreachable():
+    """Under sixteen sessions at once a small server can take longer than a check's timeout to get to
+    it while it serves every request it has (#49's forecast bench: the chat refused a hundred requests
+    as "not fully served" while streaming through the servers it called unreachable). Unanswered
+    compute checks or a failed round older than the server's newest successful chat span
+    (``compute_checks.answered``) name nobody; answers before them change nothing (a server that
+    froze answered last before it froze), nor do they excuse the server's own errors."""
+    from monitor.core.compute_checks import answered
+
+    settings = web_settings()
+    snapshot = Snapshot(taken_at=NOW, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
+    silent = [check(-10, False, TIMEOUT), check(-5, False, TIMEOUT)]
+    erring = [check(-10, False, SERVER_ERROR, error=OOM), check(-5, False, SERVER_ERROR, error=OOM)]
+    failed_round = {FULL: ReachabilityResult(FULL, "server", False, error="Failed to connect in 5 sec", at=NOW - 3)}
+
+    def cause(compute, reachability, chats):
+        (assessment,) = assess(snapshot, reachability, [], {}, now=NOW, thresholds=assessing.thresholds(settings),
+                               routing=PETALS_ROUTING, compute=compute, answered=answered(chats))
+        return assessment.servers[FULL].cause, assessment
+
+    def chat(at: float, ok: bool = True):
+        return ChatOutcome(NOW + at, FULL, TINY.dht_prefix, 0, 8, ok=ok, seconds_per_token=0.05 if ok else None)
+
+    assert cause(silent, {}, [])[0] == CAUSE_UNREACHABLE
+    assert cause(silent, {}, [chat(-20), chat(-1, ok=False)])[0] == CAUSE_UNREACHABLE  # before, or a failure
+    busy, assessment = cause(silent, {}, [chat(-20), chat(-2)])  # it answered a user after its checks
+    assert busy == CAUSE_SERVING and assessment.state != "broken"
+    assert cause([], failed_round, [])[0] == CAUSE_UNREACHABLE
+    heard, assessment = cause([], failed_round, [chat(-1)])
+    assert heard == CAUSE_SERVING and assessment.reachability[FULL].ok  # and the pages say it answers
+    assert cause(erring, {}, [chat(-1)])[0] == CAUSE_FAILING  # its own error stands
+    assert answered([chat(-9), chat(-2), chat(-1, ok=False), chat(-30)]) == {FULL: NOW - 2}
+
+
 def test_a_user_s_failure_asks_for_a_compute_check_and_a_slow_span_for_a_probe():
     failed = ChatOutcome(NOW, FULL, TINY.dht_prefix, 0, 8, ok=False, error=OOM)
     request = confirming_request(failed, None)

@@ -183,13 +183,13 @@ def test_a_poll_the_database_refuses_is_recorded_as_failed_with_its_real_cause(h
 
     refuse_successful_polls(store, True)  # the database itself now refuses every successful poll
     try:
-        with caplog.at_level(logging.WARNING, logger="monitor.app.jobs"):
+        with caplog.at_level(logging.WARNING, logger="monitor.app.runner"):
             assert poller.poll_once() is not None
         last = store.last_poll()
         assert not last.ok
         [error] = last.errors
         assert error.startswith("storing the poll failed: the database refused its data (") and "refuse" in error
-        logged = [r.getMessage() for r in caplog.records if r.name == "monitor.app.jobs"]
+        logged = [r.getMessage() for r in caplog.records if r.name == "monitor.app.runner"]
         assert any("refused the data" in line for line in logged), logged
         assert not any("unavailable" in line for line in logged), logged
 

@@ -71,7 +71,7 @@ def test_every_line_of_a_serve_that_polls_and_chats_is_one_json_object(swarm, ti
 
 
 def test_a_line_inside_a_request_or_a_job_says_which(tmp_path):
-    """The context (``monitor.logs.about``): the poller's jobs run inside it (``Job.run``), and every
+    """The context (``monitor.logs.about``): the poller's jobs run inside it (``Runner.run``), and every
     request of the web app (its first hook)."""
     import io
     import logging
@@ -88,11 +88,13 @@ def test_a_line_inside_a_request_or_a_job_says_which(tmp_path):
     said.addHandler(handler)
     said.propagate = False
     try:
-        class Poller:
-            def job_scrape(self):
-                said.warning("inside the job")
+        from monitor.app.job_context import JobContext, JobStats
+        from monitor.app.runner import Runner, with_db_retry
 
-        Job("scrape", "a job", lambda s: 1.0).run(Poller())
+        stats = JobStats()
+        job = Job("scrape", "a job", lambda ctx: said.warning("inside the job"))
+        Runner(JobContext(settings=Settings(), store=None, stats=stats, db=lambda call, name: with_db_retry(stats, call, name),
+                          assess_step=lambda ctx: False), [job]).run(job)
         said.warning("outside")
 
         from monitor.web import create_app

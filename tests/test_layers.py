@@ -135,6 +135,21 @@ def test_no_layer_imports_one_it_must_not():
     assert not wrong, "\n".join(sorted(wrong))
 
 
+# the poll side's job modules (``monitor/app/job_table.py``): plain functions over the job context
+JOB_MODULES = ("monitor.app.polling", "monitor.app.probing", "monitor.app.compute_checking",
+               "monitor.app.generation_check", "monitor.app.alerter")
+
+
+def test_no_job_module_imports_the_runner_the_table_or_another_job():
+    """A job neither schedules nor calls another: its module imports neither the runner, the
+    poller, the table nor another job's module (what it needs comes in its context)."""
+    graph = findings()["graph"]
+    banned = ("monitor.app.runner", "monitor.app.jobs", "monitor.app.job_table", *JOB_MODULES)
+    wrong = [f"{module} imports {dep}" for module in JOB_MODULES for dep in graph[module]
+             if dep in banned and dep != module]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
 def test_every_module_has_a_layer_with_its_rule():
     """No module escapes the rules: each of ours (the client package's too) falls within a layer
     above, or is a root package's ``__init__`` that imports nothing of ours."""

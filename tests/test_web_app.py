@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor.app import assessing
 from monitor.app.jobs import Poller
 from monitor.core.scores import PeerScore
 from monitor.core.snapshot import ReachabilityBatch, ReachabilityResult, Snapshot
@@ -303,6 +304,7 @@ def test_pages_reuse_what_they_read_until_a_poll_a_reachability_round_or_a_score
 
     store.record_reachability(ReachabilityBatch(taken_at=now, duration=0.1, results=(
         ReachabilityResult(PEERS["first"], "server", False, error="Failed to connect in 5 sec"),)))
+    assessing.assess_latest(store, settings, None)  # as the poller's assess step does after every round
     assert first_row()["state"] == "unreachable"
 
     rows = [replace(row, throughput=77.0) if row.peer_id == PEERS["first"] else row for row in poll_rows(2)]

@@ -1,6 +1,7 @@
 """The alert jobs: rules evaluated over what the store holds, notices delivered to webhooks.
 
-Two APScheduler jobs in the poller's scheduler (``schedule_alerts``, called by ``Poller.start``):
+Two jobs of the poller's table (``app/job_table.py``; a running poller's ``Alerter`` is
+``running_alerter``'s):
 
 - ``alerts`` evaluates every rule (``monitor/core/alert_rules.py``, pure) over the latest stored poll,
   diagnoses, reachability checks and scores, right after every scrape and reachability round and at
@@ -31,7 +32,7 @@ from monitor.app import apprise_notify, owner_hooks, webhooks
 from monitor.alert_settings import WebhookConfig
 from monitor.core import alert_rules as core
 from monitor.core import muting
-from monitor.core.assess import assessed_reachability, flagged
+from monitor.core.assess import judged_reachability, flagged
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_JOINING, CAUSE_OFFLINE, CAUSE_SLOW, CAUSE_WRONG
 from monitor.core.common import DAY, HOUR, short_error
 from monitor.core.snapshot import JOINING, OFFLINE, ONLINE, ReachabilityResult, Snapshot
@@ -103,11 +104,11 @@ def _peer_views(snapshot: Optional[Snapshot], reachability: dict[str, Reachabili
     for row in snapshot.servers if snapshot else ():
         names[row.peer_id] = names.get(row.peer_id) or row.public_name
         models.setdefault(row.peer_id, set()).add(row.model)
-        if _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(states.get(row.peer_id), 0):
+        if _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(states.get(row.peer_id, ""), 0):
             states[row.peer_id] = row.state
     confirmed = {peer for assessment in (assessments or {}).values()
                  for peer, server in assessment.servers.items() if server.confirmed}
-    reachability = assessed_reachability(reachability, assessments or {})  # as the assessments judged it
+    reachability = judged_reachability(reachability, assessments or {})  # as the assessments judged it
     peers = sorted(set(names) | {p for p, check in reachability.items() if check.kind == "server"} | set(scores)
                    | set(wrong) | set(failing) | set(known))
     return tuple(
@@ -436,34 +437,24 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def schedule_alerts(scheduler, poller) -> Optional[Alerter]:
-    """Add the alert jobs to the poller's scheduler (before it starts): evaluation every
-    ``check_period`` and right after every scrape and reachability round, delivery every ``check_period``
-    (retries) and as soon as an evaluation made a notice. None when alerts are disabled.
+def running_alerter(ctx) -> Alerter:
+    """The alerter of a running poller (the runner's, at its start): it judges and sends nothing
+    while the poller stops or does not lead (the leader does), and a notice's first delivery
+    attempt runs at once in a thread of its own."""
+    found = Alerter(ctx.settings, ctx.store, stats=ctx.stats, stopping=lambda: ctx.stopping or not ctx.leads())
+    found.deliver_soon = lambda: threading.Thread(target=found.deliver, name="alert-delivery", daemon=True).start()
+    return found
 
-    Nothing here calls the scheduler from its own threads (``modify_job`` from a listener deadlocks
-    with ``shutdown``, which holds the job stores' lock while it waits for those threads): the
-    evaluation after a round runs in the listener, in the thread that ran the round; a notice's
-    first delivery attempt in a thread of its own."""
-    from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_SCHEDULER_STARTED
-    from apscheduler.schedulers import base
 
-    settings = poller.settings
-    if not settings.alerts.enabled:
-        return None
-    started = threading.Event()  # (a scheduler not started yet is "stopped" too)
-    alerter = Alerter(settings, poller.store, stats=poller.stats, stopping=lambda: (
-        started.is_set() and scheduler.state == base.STATE_STOPPED) or not poller.leads())
-    period = settings.alerts.check_period
-    scheduler.add_job(alerter.evaluate, "interval", seconds=period, id="alerts", next_run_time=_now())
-    scheduler.add_job(alerter.deliver, "interval", seconds=period, id="alert-delivery", next_run_time=_now())
+def _alerter(ctx) -> Alerter:
+    return ctx.alerter or Alerter(ctx.settings, ctx.store, stats=ctx.stats)
 
-    def after_round(event) -> None:
-        if event.job_id in ("scrape", "reachability"):
-            alerter.evaluate()
 
-    scheduler.add_listener(lambda event: started.set(), EVENT_SCHEDULER_STARTED)
-    alerter.deliver_soon = lambda: threading.Thread(target=alerter.deliver, name="alert-delivery",
-                                                    daemon=True).start()
-    scheduler.add_listener(after_round, EVENT_JOB_EXECUTED)
-    return alerter
+def alerts(ctx) -> Optional[core.Evaluation]:
+    """The ``alerts`` job: every rule evaluated over the stored state; what changed stored."""
+    return _alerter(ctx).evaluate()
+
+
+def alert_delivery(ctx):
+    """The ``alert-delivery`` job: the pending notices sent (retries with backoff)."""
+    return _alerter(ctx).deliver()

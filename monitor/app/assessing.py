@@ -71,8 +71,14 @@ def assess_poll(store, settings, snapshot: Snapshot, reachability: Mapping[str, 
     except StoreError as e:
         log.warning("server history not read, compute checks taken as they are: %s", e)
         away = {}
+    try:  # the servers that answered users' requests since the oldest failure read: busy, not gone
+        answered = store.answered_since(since)
+    except StoreError as e:
+        log.warning("chat outcomes not read, assessing by the checks alone: %s", e)
+        answered = {}
     return assess(snapshot, reachability, probes, checks, now=now, thresholds=limits, routing=PETALS_ROUTING,
-                  compute=computed, away=away, served_lately=served_lately(store, snapshot.taken_at))
+                  compute=computed, away=away, served_lately=served_lately(store, snapshot.taken_at),
+                  answered=answered)
 
 
 def served_lately(store, poll_at: float) -> dict[str, dict[str, Optional[str]]]:

@@ -250,33 +250,28 @@ def _poll_once_report(poller, spelling: str) -> str:
     return poll_report(snapshot, poller.store.latest_assessments(), poller.store.latest_scores())
 
 
-def _job_names() -> list[str]:
-    from monitor.app.job_table import JOBS
-
-    return [job.name for job in JOBS]
-
-
 @main.command()
-@click.argument("name", type=click.Choice(_job_names()), metavar="[NAME]", required=False)
+@click.argument("name", metavar="[NAME]", required=False)
 @click.option("--once", is_flag=True, help="Run the job once against the configured store, then exit.")
-@click.option("--list", "list_jobs", is_flag=True, help="List the jobs: name, period, who runs it, what it does.")
+@click.option("--list", "list_jobs", is_flag=True, help="List the jobs: name, trigger, who runs it, what it does.")
 @config_option
 def job(name, once, list_jobs) -> None:
     """Run one of the poller's jobs once, or list them.
 
     `swarm-monitor job scrape --once` runs it against the configured store, as a cron line or an
-    operator would; `--list` (or no NAME) lists them all. A job only the leader runs refuses while
-    another poller leads the database.
+    operator would — any job of the table, those run only when triggered too; `--list` (or no NAME)
+    lists them all. A job only the leader runs refuses while another poller leads the database.
     """
     from monitor.app.job_table import BY_NAME, JOBS
 
     settings = _settings()
     if list_jobs or name is None:
         for entry in JOBS:
-            period = entry.period(settings)
-            every = f"every {period:g} s" if period else "when triggered"
-            click.echo(f"{entry.name:<17} {every:<16} {'leader' if entry.leader_only else 'any poller':<11} {entry.what}")
+            click.echo(f"{entry.name:<17} {entry.when(settings):<28} "
+                       f"{'leader' if entry.leader_only else 'any poller':<11} {entry.what}")
         return
+    if name not in BY_NAME:
+        raise click.BadParameter(f"no job named {name!r}; the jobs: {', '.join(BY_NAME)}", param_hint="NAME")
     if not once:
         raise click.UsageError("say --once: a job runs on its schedule inside `swarm-monitor poll` or `serve`")
     entry = BY_NAME[name]
@@ -296,7 +291,7 @@ def job(name, once, list_jobs) -> None:
                 dht.start(retry=False)
             except BootstrapUnreachable as e:
                 raise click.ClickException(f"job {name}: {e}") from None
-        poller = Poller(settings, store, dht, leadership=for_settings(store, settings))
+        poller = Poller(settings, store, dht, leadership=for_settings(store, settings), jobs=JOBS)
         try:
             if entry.leader_only:
                 poller.leadership.start()
@@ -306,7 +301,7 @@ def job(name, once, list_jobs) -> None:
                     raise click.ClickException(f"{who} leads this database and runs job {name} itself; "
                                                "stop it first, or point --config at another database")
             started = time.monotonic()
-            result = entry.run(poller)
+            result = poller.run(name)
             failed = poller.stats.failures
             if failed:
                 job_name, _ = next(iter(failed.items()))
@@ -322,6 +317,8 @@ def job(name, once, list_jobs) -> None:
 
 def _job_result(result) -> str:
     """A few words on what a job returned (a count, or a poll), for `job NAME --once`."""
+    if isinstance(result, tuple) and result and hasattr(result[0], "servers"):  # (scrape: the poll, stored)
+        result = result[0]
     if result is None or result is True:
         return ""
     if result is False:

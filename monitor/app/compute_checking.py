@@ -162,39 +162,47 @@ def _targets(snapshot: Snapshot, *, by: Optional[str] = None) -> list[ForwardTar
     return list(found.values())
 
 
-def start_compute_checks(poller, *, run_now: bool = True) -> ComputeChecker:
-    """Start the job for the poller: its own thread, stopped by ``ComputeChecker.close``."""
-    def recovered(peers: set) -> None:
-        if poller.prober is not None:
-            poller.prober.due_now(peers)
-
-    checker = _own_checker(poller)
-    checker.on_recovered = recovered
-    return checker.start(stats=poller.stats, run_now=run_now)
+# ---- the jobs (``app/job_table.py``) ----------------------------------------------------------
 
 
-def _own_checker(poller) -> ComputeChecker:
-    return ComputeChecker(poller.settings, poller.store, poller.dht, snapshot=poller.latest_snapshot,
-                          after_change=poller.assess_latest)
+def start_compute_checks(ctx, run_now: bool = True) -> ComputeChecker:
+    """The ``compute-checks`` rounds: a thread of its own, stopped by ``ComputeChecker.close``; a
+    server that answers again is probed next (``JobContext.probe_soon``)."""
+    checker = _own_checker(ctx)
+    checker.on_recovered = ctx.probe_soon
+    return checker.start(stats=ctx.stats, run_now=run_now)
 
 
-def run_round(poller) -> list[ComputeCheck]:
+def _own_checker(ctx) -> ComputeChecker:
+    return ComputeChecker(ctx.settings, ctx.store, ctx.dht, snapshot=ctx.latest_snapshot,
+                          after_change=ctx.assess_latest)
+
+
+def compute_checks(ctx) -> list[ComputeCheck]:
     """``swarm-monitor job compute-checks --once``: one round, by a checker of its own."""
-    checker = _own_checker(poller)
+    checker = _own_checker(ctx)
     try:
         return checker.run_once()
     finally:
         checker.close()
 
 
-def check_now(poller, peers: list[str], *, by: Optional[str] = None) -> list[ComputeCheck]:
+def compute_check(ctx) -> list[ComputeCheck]:
+    """Out of turn, every ONLINE server of the newest poll (a request names its servers instead)."""
+    snapshot = ctx.latest_snapshot()
+    online = sorted({row.peer_id for row in (snapshot.servers if snapshot else ()) if row.state == ONLINE})
+    return check_now(ctx, online, "operator")
+
+
+def check_now(ctx, peers: list[str], by: Optional[str] = None) -> list[ComputeCheck]:
     """A compute check of ``peers`` now (a request through the store), by the running checker (whose
     confirmations follow) or by one of its own; only while the poller leads and its DHT is up."""
-    if not poller.leads() or poller.swarm_problem() is not None or not peers:
+    if not ctx.leads() or ctx.swarm_problem() is not None or not peers:
         return []
-    if poller.compute_checker is not None:
-        return poller.compute_checker.check_now(peers, by=by)
-    checker = _own_checker(poller)
+    running = ctx.workers.get("compute-checks")
+    if running is not None:
+        return running.check_now(peers, by=by)
+    checker = _own_checker(ctx)
     try:
         return checker.check_now(peers, by=by)
     finally:

@@ -200,9 +200,12 @@ class _OwnEngine:
             self.engine = self.weights = None
 
 
-def run_round(poller) -> list:
+# ---- the job (``app/job_table.py``) -----------------------------------------------------------
+
+
+def generation_check(ctx) -> list:
     """``swarm-monitor job generation-check --once``: one round, by a checker of its own."""
-    checker = generation_checker(poller)
+    checker = generation_checker(ctx)
     if checker is None:
         return []
     try:
@@ -211,21 +214,21 @@ def run_round(poller) -> list:
         checker.close()
 
 
-def generation_checker(poller) -> Optional[GenerationChecker]:
-    """The generation check job for the poller, not started (None if no model has a path): the
-    engine is the poller's ``chat_engine`` if the process serves a chat, else one of its own."""
-    if not any(m.path is not None for m in poller.settings.models):
+def generation_checker(ctx) -> Optional[GenerationChecker]:
+    """The generation check job, not started (None if no model has a path): the engine is the
+    process's ``chat_engine`` if it serves a chat, else one of its own."""
+    if not any(m.path is not None for m in ctx.settings.models):
         return None
-    own = _OwnEngine(poller.settings, poller.store, poller.dht)
+    own = _OwnEngine(ctx.settings, ctx.store, ctx.dht)
 
     def engine():
-        return poller.chat_engine if poller.chat_engine is not None else own()
+        return ctx.chat_engine if ctx.chat_engine is not None else own()
 
-    return GenerationChecker(poller.settings, poller.store, engine=engine, after_round=poller.assess_latest,
+    return GenerationChecker(ctx.settings, ctx.store, engine=engine, after_round=ctx.assess_latest,
                              close_engine=own.close)
 
 
-def start_generation_checks(poller, *, run_now: bool = True) -> Optional[GenerationChecker]:
-    """Start the generation check job for the poller on a thread of its own (None if no model has a path)."""
-    checker = generation_checker(poller)
-    return checker.start(stats=poller.stats, run_now=run_now) if checker is not None else None
+def start_generation_checks(ctx, run_now: bool = True) -> Optional[GenerationChecker]:
+    """The ``generation-check`` rounds on a thread of their own (None if no model has a path)."""
+    checker = generation_checker(ctx)
+    return checker.start(stats=ctx.stats, run_now=run_now) if checker is not None else None

@@ -129,13 +129,15 @@ class Leadership:
         if leading:
             how = term.summary() if term is not None else f"renewed its lease (epoch {self._epoch})"
             log.info("this poller leads now: %s", how)
-            if self.on_lead is not None:
-                self._transitions.put(lambda: self.on_lead(term))
+            lead = self.on_lead
+            if lead is not None:
+                self._transitions.put(lambda: lead(term))
         else:
             why = self._why_not()
             log.warning("this poller stops leading: %s; standing by", why)
-            if self.on_standby is not None:
-                self._transitions.put(lambda: self.on_standby(why))
+            stand_by = self.on_standby
+            if stand_by is not None:
+                self._transitions.put(lambda: stand_by(why))
 
     def _why_not(self) -> str:
         lease = self.lease

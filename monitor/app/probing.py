@@ -238,8 +238,8 @@ class ServerProber:
     def _cross_verdicts(self, probes: list[ServerProbe], segments: set, now: float) -> list[ServerProbe]:
         verdicts = {}
         for model, start, end in segments:
-            for peer, verdict in self.cross.verdicts(model, start, end, now).items():
-                verdicts[(peer, model, start, end)] = verdict
+            for peer, said in self.cross.verdicts(model, start, end, now).items():
+                verdicts[(peer, model, start, end)] = said
         judged = []
         for probe in probes:
             found = verdicts.get((probe.peer_id, probe.model, probe.start, probe.end))
@@ -284,22 +284,29 @@ class ServerProber:
             self._loop = None
 
 
-# ---- wiring into the poller ----------------------------------------------------------------------
+# ---- the job (``app/job_table.py``) -----------------------------------------------------------
 
 
-def start_probing(poller, *, run_now: bool = True) -> ServerProber:
-    """Start the measuring job for the poller: its own thread (never delays a scrape, and a long
-    round simply delays the next one), stopped by ``ServerProber.close``."""
-    prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=poller.latest_snapshot,
-                              after_round=poller.assess_latest)
-    return prober.start(stats=poller.stats, run_now=run_now)
+def _prober(ctx) -> ServerProber:
+    return ServerProber(ctx.settings, ctx.store, ctx.dht, snapshot=ctx.latest_snapshot, after_round=ctx.assess_latest)
 
 
-def run_round(poller) -> list[ServerProbe]:
-    """``swarm-monitor job probes --once``: one round of the servers that are due, by a prober of its own."""
-    prober = ServerProber(poller.settings, poller.store, poller.dht, snapshot=poller.latest_snapshot,
-                          after_round=poller.assess_latest)
+def start_probing(ctx, run_now: bool = True) -> ServerProber:
+    """The job's rounds: its own thread (never delays a scrape, and a long round simply delays the
+    next one), stopped by ``ServerProber.close``."""
+    return _prober(ctx).start(stats=ctx.stats, run_now=run_now)
+
+
+def probes(ctx) -> list[ServerProbe]:
+    """One round of the servers that are due (``swarm-monitor job probes --once``: all of them, by a
+    prober of its own)."""
+    prober = _prober(ctx)
     try:
         return prober.run_once()
     finally:
         prober.close()
+
+
+def probe_soon(ctx, peers: list, by=None) -> None:
+    """Requested probes of these servers: the running rounds probe them next."""
+    ctx.probe_soon(peers)

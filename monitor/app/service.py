@@ -18,7 +18,7 @@ import gc
 import logging
 import signal
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from monitor import compat  # noqa: F401  (must precede petals)
 from monitor.settings import Settings
@@ -33,18 +33,19 @@ class Service:
         self.run_poller = run_poller
         self.enable_chat = enable_chat
         self.demo_controls = demo_controls
-        self.store = None
-        self.dht_client = None
-        self.dht = None  # the hivemind DHT, once the DHT client is up
-        self.migration = None
-        self.poller = None
-        self.engine = None
-        self.weights = None
-        self.requests = None
-        self.forecasts = None
-        self.worker_beat = None  # the chat worker's report of itself (the overview's chat workers)
-        self.app = None
-        self._server = None
+        # each set by ``start`` (None until then, and where the process has none)
+        self.store: Any = None  # monitor.store.Store
+        self.dht_client: Any = None  # monitor.swarm.DhtClient
+        self.dht: Any = None  # the hivemind DHT, once the DHT client is up
+        self.migration: Any = None
+        self.poller: Any = None  # monitor.app.jobs.Poller
+        self.engine: Any = None  # chat.engine.ChatEngine
+        self.weights: Any = None
+        self.requests: Any = None
+        self.forecasts: Any = None
+        self.worker_beat: Any = None  # the chat worker's report of itself (the overview's chat workers)
+        self.app: Any = None  # the Flask app
+        self._server: Any = None
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> "Service":

@@ -187,6 +187,7 @@ def severity_for(kind: str, state: str) -> str:
 
 
 def _model_condition(rule: Rule, dht_prefix: str, model: Optional[ModelView]) -> Condition:
+    reasons: tuple[str, ...]
     if model is None:  # named by the rule but in no poll: nobody serves it
         label = dht_prefix
         state, reasons = BROKEN, ("no server announces the model in the latest poll",)

@@ -44,7 +44,7 @@ No I/O, no SQL, no petals: plain dataclasses in, plain dataclasses out.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from monitor.core import muting
 from monitor.core.common import short_error
@@ -63,6 +63,14 @@ from monitor.core.alert_conditions import (  # noqa: F401  (the rules' vocabular
 class _Labelled:
     """What silences and inhibition rules match an alert or a notice by (``muting.labels``): the
     same labels from the same fields, so a notice is muted exactly as its alert is."""
+
+    rule: str
+    kind: str
+    severity: str
+    subject: str
+    models: tuple[str, ...]
+    peer: Optional[str]
+    peer_name: Optional[str]
 
     @property
     def labels(self) -> dict[str, tuple[str, ...]]:
@@ -171,7 +179,7 @@ def step(rule: Rule, alert: Optional[Alert], condition: Optional[Condition], now
         return None, _notice(alert, RESOLVED, now, previous=alert.state, condition=condition)
     before = alert.causes if alert is not None else ()
     causes = _remember(condition.causes or before, before, now)  # (a new leader may not know who left yet)
-    text = dict(label=condition.label, summary=condition.summary, details=condition.details,
+    text: dict[str, Any] = dict(label=condition.label, summary=condition.summary, details=condition.details,
                 # a peer no poll sees any more still concerns what it served
                 models=condition.models or (alert.models if alert is not None else ()),
                 peer=condition.peer or (alert.peer if alert is not None else None),

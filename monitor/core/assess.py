@@ -34,7 +34,8 @@ from monitor.core import coverage, generation
 from monitor.core.assessment import (CAUSE_FAILING, CAUSE_PHRASE, CAUSE_SERVING, CAUSE_SLOW, CAUSE_UNREACHABLE,
                                      CAUSE_WRONG, Assessment, ServerAssessment)
 from monitor.core.common import HOUR, short_error
-from monitor.core.compute_checks import ComputeCheck, ComputeVerdicts, failing_with, reachability_with, since_away
+from monitor.core.compute_checks import (ComputeCheck, ComputeVerdicts, failing_with, heard_from, reachability_with,
+                                         since_away)
 from monitor.core.compute_checks import verdicts as compute_verdicts
 from monitor.core.generation import GenerationCheck
 from monitor.core.probes import RecentProbes, ServerProbe, latest_per_peer, slowness
@@ -81,7 +82,7 @@ def server_assessments(recent: RecentProbes, model: str, announced_rps: Mapping[
         slow = slowness(speeds.get(peer), rps, others, confirmed=peer in confirmed,
                         blocks=timed[peer].blocks if peer in timed else None)
         cause = causes.get(peer) or (CAUSE_SLOW if slow is not None and slow.slow else CAUSE_SERVING)
-        settled = (cause in (CAUSE_FAILING, CAUSE_WRONG) or (cause == CAUSE_SLOW and slow.confirmed)
+        settled = (cause in (CAUSE_FAILING, CAUSE_WRONG) or (cause == CAUSE_SLOW and slow is not None and slow.confirmed)
                      or (cause == CAUSE_UNREACHABLE and compute is not None and peer in compute.silent))
         servers[peer] = ServerAssessment(
             peer_id=peer, cause=cause, measured=speeds.get(peer), round_trip=round_trips.get(peer),
@@ -96,21 +97,27 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
            checks: Mapping[str, GenerationCheck], *, now: float, thresholds: Thresholds,
            routing: coverage.Routing, compute: Sequence[ComputeCheck] = (),
            away: Mapping[str, float] = {},
-           served_lately: Mapping[str, Mapping[str, Optional[str]]] = {}) -> list[Assessment]:
+           served_lately: Mapping[str, Mapping[str, Optional[str]]] = {},
+           answered: Mapping[str, float] = {}) -> list[Assessment]:
     """Each polled model's assessment at ``now``. ``compute``: the compute checks of the window
     (``compute_checks``: their confirmed verdicts count as the newest evidence of whether a server
     answers and computes; ``away``: when each suspect — a server whose newest compute or
     reachability check failed — last came back from away, ``Store.last_away``: a failure before it
     counts against nobody; ``served_lately``: model -> the servers the stored polls saw serving it
-    within ``LOST_WITHIN``, peer id -> public name, ``Store.serving_since``).
+    within ``LOST_WITHIN``, peer id -> public name, ``Store.serving_since``; ``answered``: peer -> when
+    it last answered a user's request, ``Store.answered_since``: a failed round or unanswered compute
+    checks older than that name nobody, ``compute_checks.heard_from``).
     A model whose diagnosis fails (a bug, or a value the DHT edge should
     have bounded) is assessed as not diagnosed, with the error, so that every reader shows it and
     none diagnoses by itself; the other models are not affected."""
+    raw = reachability
     recent = RecentProbes(probes, now, thresholds.probe_window)
     found = compute_verdicts(compute, now=now, max_age=thresholds.compute_window, poll_at=snapshot.taken_at,
                              away=away)
     current_reachability = since_away(reachability, away)
     back = {peer: away[peer] for peer in reachability if peer not in current_reachability}  # (set aside)
+    current_reachability, found = heard_from(current_reachability, found, answered)
+    heard, _ = heard_from(raw, found, answered)  # (what readers are shown of it: ``assessed_reachability``)
     reachability = reachability_with(current_reachability, found)
     current = {model: check for model, check in checks.items()
                if generation.is_current(check, now, thresholds.generation_check_period)}
@@ -134,6 +141,8 @@ def assess(snapshot: Snapshot, reachability: Mapping[str, ReachabilityResult], p
             log.exception("assessing %s failed; stored as not diagnosed", prefix)  # (a bug: its traceback)
             assessment, servers = Assessment.not_diagnosed(prefix, model.num_blocks, short_error(e)), {}
         assessment = replace(assessment, servers=servers, assessed_at=now, poll_at=snapshot.taken_at)
+        judged = assessed_reachability(heard, {prefix: assessment})
+        assessment = replace(assessment, reachability={peer: judged[peer] for peer in servers if peer in judged})
         assessed.append(assessment.with_lost(lost_servers(rows, served_lately.get(prefix, {}),
                                                           assessment.excluded_peers)))
     return assessed
@@ -184,6 +193,24 @@ def assessed_reachability(reachability: Mapping[str, ReachabilityResult], assess
             elif check.ok and known is not None and not known.ok and not known.joining:
                 merged[peer] = ReachabilityResult(peer, "server", True, rtt=check.duration, at=check.at)
     return merged
+
+
+def judged_reachability(reachability: Mapping[str, ReachabilityResult], assessments: Mapping[str, Assessment]
+                        ) -> dict[str, ReachabilityResult]:
+    """What readers show of each peer's reachability: for the servers of an assessment, what it
+    judged (stored with it: ``Assessment.reachability``); for the other peers (bootstrap peers, the
+    servers of models not assessed), the newest round as stored. An assessment stored before it
+    kept its judgment is judged from the rounds as then (``assessed_reachability``)."""
+    merged = dict(reachability)
+    older = {model: a for model, a in assessments.items() if a.reachability is None}
+    for assessment in assessments.values():
+        if assessment.reachability is not None:
+            for peer in assessment.servers:
+                merged.pop(peer, None)
+    for assessment in assessments.values():
+        if assessment.reachability is not None:
+            merged.update(assessment.reachability)
+    return assessed_reachability(merged, older) if older else merged
 
 
 def round_trip_speeds(assessments: Mapping[str, Assessment]) -> dict[str, tuple[float, float]]:

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Mapping, Optional
 from monitor.core.compute_checks import ComputeCheck
 from monitor.core.common import jsonable
 from monitor.core.probes import WRONG, ServerProbe, Slowness, describe_verdict
+from monitor.core.snapshot import ReachabilityResult
 
 HEALTHY, DEGRADED, BROKEN = "healthy", "degraded", "broken"
 NOT_DIAGNOSED = "unknown"  # the diagnosis itself failed: stored and shown as such, never as healthy
@@ -171,6 +172,10 @@ class Assessment:
     # and /metrics read, so that every reader — and a standby that takes over — says the same
     lost: dict[str, Optional[str]] = field(default_factory=dict)
     trouble_confirmed: bool = False
+    # each of its servers' reachability as this assessment judged it (``assess.assessed_reachability``:
+    # what the pages and alerts show, not the raw round); a server absent has none to show; None: an
+    # assessment stored before it was kept (readers judge those from the raw rounds, as then)
+    reachability: Optional[dict[str, ReachabilityResult]] = None
 
     def flagged(self, cause: str) -> dict[str, str]:
         """peer -> why, for the servers of this cause: CAUSE_FAILING (their own error), CAUSE_WRONG
@@ -233,6 +238,8 @@ class Assessment:
             servers={peer: ServerAssessment.from_dict(s) for peer, s in (data.get("servers") or {}).items()},
             assessed_at=data.get("assessed_at"), poll_at=data.get("poll_at"),
             lost=dict(data.get("lost") or {}), trouble_confirmed=bool(data.get("trouble_confirmed")),
+            reachability=None if data.get("reachability") is None else {
+                peer: ReachabilityResult(**result) for peer, result in data["reachability"].items()},
         )
         if "trouble_confirmed" not in data:  # (rows stored before it was: what /metrics then said)
             assessment = replace(assessment, trouble_confirmed=assessment.confirmed(assessment.excluded_peers))

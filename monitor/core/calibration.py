@@ -216,9 +216,10 @@ def widen(name: str, median: Optional[float], base: Optional[tuple[float, float]
 
 
 def within(told: Told, got: Optional[float]) -> Optional[bool]:
-    if got is None or told.range is None:
+    bounds = told.range
+    if got is None or bounds is None:
         return None
-    return told.low - 1e-9 <= got <= told.high + 1e-9
+    return bounds[0] - 1e-9 <= got <= bounds[1] + 1e-9
 
 
 def track_record(scored: Sequence[Scored]) -> dict:

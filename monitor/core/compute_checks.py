@@ -176,6 +176,34 @@ def reachability_with(reachability: Mapping[str, ReachabilityResult], found: Com
     return merged
 
 
+def answered(outcomes: Iterable[ChatOutcome]) -> dict[str, float]:
+    """peer -> when it last answered a user's request (its newest successful chat span)."""
+    found: dict[str, float] = {}
+    for outcome in outcomes:
+        if outcome.ok and outcome.at > found.get(outcome.peer_id, float("-inf")):
+            found[outcome.peer_id] = outcome.at
+    return found
+
+
+def heard_from(reachability: Mapping[str, ReachabilityResult], found: ComputeVerdicts,
+               answered_at: Mapping[str, float]) -> tuple[dict[str, ReachabilityResult], ComputeVerdicts]:
+    """A server that answered users' requests after its failed checks is busy, not gone: a failed
+    reachability round, or compute checks that went unanswered, older than its newest successful
+    chat span (``answered``) name nobody (under sixteen sessions at once a small server can take
+    longer than a check's timeout to get to it, while it serves every request it has). A frozen
+    or killed server answers nobody: its failures stand. Failures with the server's own error are
+    not touched (it answered: wrongly)."""
+    def newer(peer: str, at: Optional[float]) -> bool:
+        return at is not None and answered_at.get(peer, float("-inf")) > at
+
+    merged = {peer: check if check.ok or check.joining or not newer(peer, check.at) else
+              ReachabilityResult(peer, check.kind, True, at=answered_at[peer])
+              for peer, check in reachability.items()}
+    silent = {peer: why for peer, why in found.silent.items()
+              if not (peer in found.newest and newer(peer, found.newest[peer].at))}
+    return merged, ComputeVerdicts(failing=found.failing, silent=silent, newest=found.newest)
+
+
 def failing_with(failing: Mapping[str, str], found: ComputeVerdicts) -> dict[str, str]:
     """The servers failing every step: the probes' verdicts (``probes.failing_servers``: an inference
     session fails, which a forward step may not show; a newer successful probe ends it) and the

@@ -86,7 +86,8 @@ def basis(at: float, servers: Iterable[ServerRow], assessments: Mapping[str, Ass
         serving = online and judged is not None and judged.cause == CAUSE_SERVING
         verdict = judged.verdict if judged is not None else None
         verified = serving and verdict is not None and verdict.verdict == CORRECT and verdict.at >= at - VERIFIED_WITHIN
-        measured = judged.measured if serving and judged.measured is not None and math.isfinite(judged.measured) else None
+        measured = (judged.measured if judged is not None and serving and judged.measured is not None
+                    and math.isfinite(judged.measured) else None)
         out.setdefault(row.model, {})[row.peer_id] = [max(0, row.end - row.start), int(online), int(serving),
                                                        int(verified), measured]
     return out

@@ -357,7 +357,7 @@ def _who_serves(model: ModelInfo, rows: Sequence[ServerRow], reachability: Mappi
         cause = _cause(row, reachability, wrong, failing)
         if cause is not None:
             causes[row.peer_id] = cause
-            excluded[row.peer_id] = _why_not_serving(row, reachability, wrong, failing)
+            excluded[row.peer_id] = _why_not_serving(row, reachability, wrong, failing) or cause
     serving = [row for row in rows if row.peer_id not in excluded]
     return _Served(rows=rows, labels={row.peer_id: peer_label(row) for row in rows}, excluded=excluded,
                    causes=causes, serving=serving, blocks=_block_coverage(model.num_blocks, serving))
@@ -374,7 +374,7 @@ def _speed(model: ModelInfo, served: _Served, reachability: Mapping[str, Reachab
     tokens_per_s = 1.0 / seconds if seconds > 0 else math.inf
     estimate = f"{tokens_per_s:.2f} tokens/s" + {
         "measured": ", measured", "partly measured": ", partly measured (the rest as announced)",
-        "announced": ", as announced (not measured yet)"}.get(source, "")
+        "announced": ", as announced (not measured yet)"}.get(source or "", "")
     return _Speed(route=route, tokens_per_s=tokens_per_s, source=source, estimate=estimate)
 
 
@@ -439,7 +439,7 @@ def _degraded_reasons(served: _Served, speed: _Speed, *, measured: Mapping[str, 
         reasons.append(f"slow {_blocks_phrase(slow_blocks)}: even the fastest measured server there is at least "
                        f"{SLOW_FACTOR:g}× slower than the model's median block")
     for start, end in low_cache:
-        least = min(blocks[i].cache_tokens_left for i in range(start, end))
+        least = min(blocks[i].cache_tokens_left or 0 for i in range(start, end))
         reasons.append(
             f"{_blocks_phrase([(start, end)])} {'have' if end - start > 1 else 'has'} as few as {least} cache "
             f"tokens left across its servers, below {min_cache_tokens} — new chat sessions may be refused"

@@ -220,7 +220,7 @@ def forecast(known: ForecastInputs, *, wait: float, prompt_tokens: int, max_toke
         source, ttft, speed, based_on = NONE, None, None, 0
     if speed and ttft is None:  # the prompt's prefill, roughly a step
         ttft = 1.0 / speed
-    total = wait + ttft + max(0, max_tokens - 1) / speed if speed else None
+    total = wait + ttft + max(0, max_tokens - 1) / speed if speed and ttft is not None else None
     room = None if known.session_room is None else known.session_room >= prompt_tokens + max_tokens
     load_met = float(load if load is not None else 1)
     told, rested = {}, 0

@@ -183,7 +183,7 @@ def _cron_starts(expression: str, tz: str, since: float, until: float, limit: in
 
 def _weekly_starts(rec: Recurrence, since: float, until: float, limit: int) -> list[float]:
     tz = zone(rec.timezone)
-    hour, minute = (int(part) for part in rec.at.split(":"))
+    hour, minute = (int(part) for part in (rec.at or "00:00").split(":"))  # (a weekly recurrence has its "at")
     day = datetime.fromtimestamp(since, tz).date() - timedelta(days=1)
     last = datetime.fromtimestamp(until, tz).date() + timedelta(days=1)
     wanted = set(rec.weekdays)

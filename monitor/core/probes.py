@@ -233,8 +233,14 @@ def measured_speeds(probes: Iterable[ServerProbe], *, now: float, max_age: float
     successful probes no older than ``max_age`` seconds (of three, the middle one; of two, the
     faster), so a speed far from the rest counts only once two probes say so: one noisy probe
     moves nothing, two slow ones do. What ``coverage.diagnose`` takes as ``measured``."""
-    return {peer: statistics.median_low(p.seconds_per_token_per_block for p in kept)
-            for peer, kept in recent_per_peer(probes, now=now, max_age=max_age, model=model).items()}
+    return {peer: statistics.median_low(values)
+            for peer, kept in recent_per_peer(probes, now=now, max_age=max_age, model=model).items()
+            if (values := _present(p.seconds_per_token_per_block for p in kept))}
+
+
+def _present(values: Iterable[Optional[float]]) -> list[float]:
+    """(a timed probe's figures are there: ``recent_per_peer`` keeps timed probes only)"""
+    return [v for v in values if v is not None]
 
 
 def confirmed_peers(probes: Iterable[ServerProbe], *, now: float, max_age: float,
@@ -296,7 +302,7 @@ def failing_servers(probes: Iterable[ServerProbe], *, now: float, max_age: float
             found[peer] = kept[0].error or "the server answered with an error"
         elif len(refusals) == REFUSING_CONFIRMATIONS and all(refused_with_room(p) for p in refusals):
             found[peer] = (f"refuses every session as cache full while announcing room for "
-                           f"{min(room_tokens(p) for p in refusals)} tokens ({kept[0].error or 'no room'})")
+                           f"{min(room_tokens(p) or 0 for p in refusals)} tokens ({kept[0].error or 'no room'})")
     return found
 
 
@@ -447,10 +453,13 @@ def worth_confirming(speed: Optional[float], before: Optional[float], announced_
     second probe's own time; confirmed within half a period, within two periods."""
     if speed is None or speed <= 0:
         return False
-    alone = slowness(speed, announced_rps, others, blocks=blocks)
-    if before is None or before <= 0:
+    alone, earlier = slowness(speed, announced_rps, others, blocks=blocks), slowness(before, announced_rps, others,
+                                                                                     blocks=blocks)
+    if alone is None:  # (not for a speed > 0)
+        return False
+    if earlier is None or before is None:
         return alone.beyond_factor
-    if alone.beyond_factor != slowness(before, announced_rps, others, blocks=blocks).beyond_factor:
+    if alone.beyond_factor != earlier.beyond_factor:
         return True
     return max(speed / before, before / speed) >= SLOW_FACTOR
 
@@ -471,8 +480,9 @@ class RecentProbes:
     def round_trip_speeds(self, model: Optional[str] = None) -> dict[str, float]:
         """peer -> the median of its newest probes' one-token steps per block, round trip included
         (the chats' own measure, what the scores compare with chats)."""
-        return {peer: statistics.median(p.round_trip_per_block for p in kept)
-                for peer, kept in recent_per_peer(self.probes, now=self.now, max_age=self.max_age, model=model).items()}
+        return {peer: statistics.median(values)
+                for peer, kept in recent_per_peer(self.probes, now=self.now, max_age=self.max_age, model=model).items()
+                if (values := _present(p.round_trip_per_block for p in kept))}
 
     def wrong(self, model: Optional[str] = None) -> dict[str, str]:
         return wrong_outputs(self.probes, now=self.now, max_age=self.max_age, model=model)

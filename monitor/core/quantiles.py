@@ -63,7 +63,7 @@ class Histogram:
         raise IndexError(rank)
 
 
-def histogram(values: Iterable[float]) -> Histogram:
+def histogram(values: Iterable[Optional[float]]) -> Histogram:
     """The histogram of ``values`` (None and non-finite values are left out)."""
     return from_bins((bucket(v), 1, v) for v in values if v is not None and math.isfinite(v))
 

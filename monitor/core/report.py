@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from monitor.core.snapshot import ServerRow, Snapshot
 from monitor.core.timefmt import duration, utc
@@ -30,7 +30,7 @@ def _peer_label(row: ServerRow) -> str:
     return f"{name[:18]:<18} {row.peer_id[-8:]}" if name else f"{'':<18} {row.peer_id[-8:]}"
 
 
-def model_report(model, assessment, rows: Sequence[ServerRow], scores: Mapping[str, object] = {}) -> str:
+def model_report(model, assessment, rows: Sequence[ServerRow], scores: Mapping[str, Any] = {}) -> str:
     lines = [f"{model.name or model.dht_prefix} ({model.dht_prefix}, {model.num_blocks} blocks): "
              f"{assessment.state.upper()}"]
     for reason in assessment.reasons:

@@ -66,7 +66,7 @@ class RequestRecord:
         return frozenset(peer for peer, _, _ in self.route)
 
 
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
+def percentile(values: Sequence[Optional[float]], q: float) -> Optional[float]:
     """The ``q``-th percentile by nearest rank (a value that occurred); None for no values."""
     ordered = sorted(v for v in values if v is not None and math.isfinite(v))
     if not ordered:
@@ -75,7 +75,7 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
     return ordered[rank - 1]
 
 
-def _quantiles(values: list[float]) -> dict[str, Optional[float]]:
+def _quantiles(values: Sequence[Optional[float]]) -> dict[str, Optional[float]]:
     return {f"p{q}": percentile(values, q) for q in PERCENTILES}
 
 

@@ -182,19 +182,20 @@ def best_route(spans: Mapping[str, tuple[int, int]], num_blocks: int, seconds_pe
     best: list[Optional[tuple[float, tuple[str, ...]]]] = [None] * (num_blocks + 1)
     best[0] = (0.0, ())
     for block in range(num_blocks):
-        if best[block] is None:
+        here = best[block]
+        if here is None:
             continue
-        cost, hops = best[block]
+        cost, hops = here
         for peer in usable:
             start, end = spans[peer]
             if start <= block < end:
                 stop = min(end, num_blocks)
                 total = cost + HOP_SECONDS + (stop - block) * seconds_per_block[peer]
-                if best[stop] is None or total < best[stop][0]:
+                there = best[stop]
+                if there is None or total < there[0]:
                     best[stop] = (total, hops + (peer,))
-    if best[num_blocks] is None:
-        return None
-    return RouteEstimate(*best[num_blocks])
+    done = best[num_blocks]
+    return None if done is None else RouteEstimate(*done)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from monitor.core.assess import flagged, round_trip_speeds
 from monitor.core.assessment import CAUSE_FAILING, CAUSE_SLOW, CAUSE_UNREACHABLE, CAUSE_WRONG, Assessment
@@ -96,7 +96,8 @@ def peer_routing(*, scores: Mapping[str, float], outcomes: list[ChatOutcome], as
         found[peer] = replace(found.get(peer, PeerRouting()), seconds_per_token_per_block=seconds)
     for cause, flag in ((CAUSE_WRONG, "wrong"), (CAUSE_FAILING, "failing"), (CAUSE_UNREACHABLE, "unreachable")):
         for peer in flagged(assessments, cause):
-            found[peer] = replace(found.get(peer, PeerRouting()), score=UNUSABLE_SCORE, **{flag: True})
+            marked: dict[str, Any] = {flag: True}
+            found[peer] = replace(found.get(peer, PeerRouting()), score=UNUSABLE_SCORE, **marked)
     for assessment in assessments.values():
         for peer, server in assessment.servers.items():
             if server.cause == CAUSE_SLOW:

@@ -310,7 +310,7 @@ def score(agg: PeerAggregates, now: float, *, reference_sec_per_block: Optional[
     }
     components = {name: (q, float(WEIGHTS[name]), WEIGHTS[name] * q) for name, q in qualities.items()}
     total = round(sum(points for _, _, points in components.values()), 1)
-    explanation = (uptime_text, reachability_text, flap_text, chat_text)
+    explanation: tuple[str, ...] = (uptime_text, reachability_text, flap_text, chat_text)
     if wrong_outputs:
         total = 0.0
         explanation += (f"outputs: {wrong_outputs} — score 0 until a probe finds them correct",)

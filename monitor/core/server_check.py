@@ -217,7 +217,7 @@ def _useful(facts: ServerFacts, row: ServerRow, names: Mapping[str, str]) -> Che
     excluded = assessment.excluded_peers.get(facts.peer_id)
     if excluded:
         return Check("useful", BAD, f"{model}: the monitor does not count it as serving its blocks: {excluded}.",
-                     _EXCLUDED_ADVICE.get(assessment.excluded_causes.get(facts.peer_id)))
+                     _EXCLUDED_ADVICE.get(assessment.excluded_causes.get(facts.peer_id, "")))
     blocks = [b for b in assessment.blocks if row.start <= b.index < row.end]
     others = {b.index: b.online - (1 if facts.peer_id in b.peers else 0) for b in blocks}
     sole = ranges(i for i, n in others.items() if n <= 0)

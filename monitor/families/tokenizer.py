@@ -171,7 +171,7 @@ def _convert_pre_tokenizer(spec: dict, file: Path) -> Optional[str]:
     no 0.14 equivalent."""
     node = spec.get("pre_tokenizer")
     in_sequence = isinstance(node, dict) and node.get("type") == "Sequence"
-    items = list(node.get("pretokenizers") or []) if in_sequence else [node]
+    items = list(node.get("pretokenizers") or []) if isinstance(node, dict) and in_sequence else [node]
     prefix = None
     for index, item in enumerate(items):
         if not (isinstance(item, dict) and item.get("type") == "Metaspace") or _native("pre_tokenizer", item):
@@ -196,7 +196,7 @@ def _convert_pre_tokenizer(spec: dict, file: Path) -> Optional[str]:
             prefix = replacement
     items = [item for item in items if item is not None]
     if in_sequence:
-        spec["pre_tokenizer"] = {**node, "pretokenizers": items} if items else None
+        spec["pre_tokenizer"] = {**(node or {}), "pretokenizers": items} if items else None
     else:
         spec["pre_tokenizer"] = items[0] if items else None
     return prefix
@@ -464,8 +464,8 @@ class _Encoding:
 
     @classmethod
     def of(cls, encoding: Any) -> _Encoding:
-        return cls(*(list(getattr(encoding, row)) for row in cls._ROWS),
-                   overflowing=[cls.of(o) for o in encoding.overflowing])
+        rows = {row: list(getattr(encoding, row)) for row in cls._ROWS}
+        return cls(**rows, overflowing=[cls.of(o) for o in encoding.overflowing])
 
     def take(self, positions) -> _Encoding:
         positions = list(positions)

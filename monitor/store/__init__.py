@@ -227,6 +227,10 @@ class Store:
         with self.db.read("reading recent chat outcomes") as conn:
             return latest.recent_chat_outcomes(conn, since, limit)
 
+    def answered_since(self, since: float) -> dict[str, float]:  # (``latest.answered_since``)
+        with self.db.read("reading which servers answered requests") as conn:
+            return latest.answered_since(conn, since)
+
     def recent_server_probes(self, since: float, *, until: Optional[float] = None, model: Optional[str] = None,
                              peer_id: Optional[str] = None, limit: int = 20_000) -> list[ServerProbe]:
         """Server probes since ``since`` (newest ``limit``, oldest first), of one model and/or peer

@@ -191,6 +191,14 @@ def recent_chat_outcomes(conn: Connection, since: float, limit: int) -> list[Cha
                         seconds_per_token=r[6], error=r[7]) for r in reversed(rows)]
 
 
+def answered_since(conn: Connection, since: float) -> dict[str, float]:
+    """peer id -> when it last answered a chat request since ``since`` (its newest successful span)."""
+    t, peers = ChatOutcomeRow.__table__.c, Peer.__table__
+    query = (sa.select(peers.c.peer_id, sa.func.max(t.at)).join(peers, peers.c.id == t.peer)
+             .where(t.at >= since, t.ok).group_by(peers.c.peer_id))
+    return {peer: float(at) for peer, at in conn.execute(query)}
+
+
 def peer_policies(conn: Connection) -> dict[str, str]:
     """peer id -> "pinned" or "blocked", as operators set them from the dashboard."""
     t = PeerPolicyRow.__table__.c

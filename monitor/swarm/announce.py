@@ -143,9 +143,13 @@ class _Bounds:
     def __init__(self) -> None:
         self.clamped = 0
 
-    def rps(self, name: str, value: Any, *, required: bool = False) -> Optional[float]:
-        if value is None and not required:
+    def rps(self, name: str, value: Any) -> Optional[float]:
+        if value is None:
             return None
+        return self.number(name, value)
+
+    def number(self, name: str, value: Any) -> float:
+        """A required rate: a finite, non-negative number, capped."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidRecord(f"{name} must be a number, got {type(value).__name__}")
         if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
@@ -204,7 +208,7 @@ def parse_server_record(raw: Any, *, num_blocks: int, peer_id: str) -> ParsedSer
     # Bound the numbers first: petals' pydantic model accepts what we cannot store.
     bounds = _Bounds()
     numbers = {name: bounds.rps(name, extra.get(name)) for name in ("network_rps", "forward_rps", "inference_rps")}
-    throughput = bounds.rps("throughput", throughput, required=True)
+    throughput = bounds.number("throughput", throughput)
     cache_tokens = bounds.tokens(extra.get("cache_tokens_left"))
     next_pings = {}
     for peer, rtt in (pings or {}).items():
@@ -236,7 +240,7 @@ def parse_server_record(raw: Any, *, num_blocks: int, peer_id: str) -> ParsedSer
         network_rps=numbers["network_rps"],
         forward_rps=numbers["forward_rps"],
         inference_rps=numbers["inference_rps"],
-        adapters=tuple(clean_text(name) for name in info.adapters),
+        adapters=tuple(name for name in map(clean_text, info.adapters) if name is not None),
         using_relay=info.using_relay,
         cache_tokens_left=cache_tokens,
         next_pings=next_pings,

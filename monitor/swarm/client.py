@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before hivemind/petals users)
 from monitor.swarm.dht_options import NO_NAT_TRAVERSAL, loopback_maddrs
@@ -53,7 +53,7 @@ def start_dht(initial_peers: Sequence[str], *, client_mode: bool = True, startup
     import hivemind
 
     start_shared_memory_manager_off_stderr()
-    options = dict(NO_NAT_TRAVERSAL)
+    options: dict[str, Any] = dict(NO_NAT_TRAVERSAL)
     options.update(kwargs)
     options.setdefault("host_maddrs", loopback_maddrs())
     dht = hivemind.DHT(
@@ -262,6 +262,6 @@ def submit(dht, coroutine) -> concurrent.futures.Future:
     try:
         return dht.run_coroutine(coroutine, return_future=True)
     except Exception as e:  # noqa: BLE001 - e.g. BrokenPipeError after the DHT process died
-        failed = concurrent.futures.Future()
+        failed: concurrent.futures.Future = concurrent.futures.Future()
         failed.set_exception(RuntimeError(f"the DHT client process is not running ({e!r}); restart the monitor"))
         return failed

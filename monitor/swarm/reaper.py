@@ -45,10 +45,11 @@ def _ensure_watchdog() -> subprocess.Popen:
 def guard(pids) -> None:
     """Kill these processes when the current process dies."""
     with _lock:
-        watchdog = _ensure_watchdog()
+        pipe = _ensure_watchdog().stdin
+        assert pipe is not None  # (the watchdog reads its stdin: started with a pipe)
         for pid in pids:
-            watchdog.stdin.write(f"{pid}\n")
-        watchdog.stdin.flush()
+            pipe.write(f"{pid}\n")
+        pipe.flush()
 
 
 def guard_dht_daemons(dht) -> None:

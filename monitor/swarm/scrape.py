@@ -146,7 +146,9 @@ def _parsed_index(candidates: list, raw):
 def batches_by_size(uids: list[str], max_count: int, max_bytes: int = MAX_CALL_BYTES) -> list[list[str]]:
     """Cut the block uids into DHT calls of at most ``max_count`` uids and ~``max_bytes`` bytes:
     prefixes are announced by peers and may be long, and a large call kills hivemind's DHT process."""
-    batches, current, size = [], [], 0
+    batches: list[list[str]] = []
+    current: list[str] = []
+    size = 0
     for uid in uids:
         if current and (len(current) >= max_count or size + len(uid) + 8 > max_bytes):
             batches.append(current)

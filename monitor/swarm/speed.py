@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from monitor import compat  # noqa: F401  (before petals)
 from monitor.core.common import cache_full, remote_error, short_error
@@ -67,7 +67,7 @@ class SpanTarget:
     model: str
     start: int
     end: int
-    inputs: Optional[object] = None  # torch.Tensor
+    inputs: Any = None  # a torch.Tensor (torch is imported where a probe runs)
     keep_outputs: bool = False
 
     @property
@@ -267,7 +267,7 @@ async def _probe_one(p2p, semaphore: asyncio.Semaphore, target: SpanTarget, time
             return _failed(target, at, time.perf_counter() - started, text, kind)
 
 
-async def _schema(stub, uid: str, timeout: float) -> tuple[int, object, object]:
+async def _schema(stub, uid: str, timeout: float) -> tuple[int, Any, Any]:
     """(hidden size, dtype, compression) of the block's inference input, from its rpc_info."""
     import torch
     from hivemind import MSGPackSerializer

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from monitor.settings import Settings
-from monitor.core.assess import assessed_reachability
+from monitor.core.assess import judged_reachability
 from monitor.core.common import DAY, is_stale
 from monitor.core.assessment import Assessment
 from monitor.core.generation import GenerationCheck
@@ -101,7 +101,7 @@ def _read_current(store, settings: Settings, marks: tuple) -> Current:
         return Current(snapshot=None, reachability=state.reachability, last_poll=state.last_poll, marks=marks)
     return Current(
         snapshot=state.snapshot,
-        reachability=assessed_reachability(state.reachability, state.assessments),  # as the assessments judged it
+        reachability=judged_reachability(state.reachability, state.assessments),  # as the assessments judged it
         scores=state.scores,  # written by the poller's score job; none before it ran
         assessments=with_undiagnosed(state.snapshot, state.assessments),
         generation=state.generation,

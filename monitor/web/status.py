@@ -97,10 +97,10 @@ def model_statuses(d, cur, now: float) -> list[StatusPageRow]:
             outages = d.store.outage_intervals(model.dht_prefix, since, minute)
             mine = uptime.compact(points.get(model.dht_prefix, []))
             in_force = maintenance.active(covering, now)
-            health = cur.assessments.get(model.dht_prefix)
+            assessment = cur.assessments.get(model.dht_prefix)
             found.append(StatusPageRow(
                 dht_prefix=model.dht_prefix, name=state_api.model_name(model),
-                state=uptime.MAINTENANCE if in_force else state_api.monitor_state(health),
+                state=uptime.MAINTENANCE if in_force else state_api.monitor_state(assessment),
                 days=uptime.days(mine, minute, count=DAYS, maintenance=left_out, outages=outages),
                 uptimes=uptime.uptimes(mine, minute, left_out), maintenance_now=in_force))
         return found

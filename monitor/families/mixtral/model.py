@@ -9,7 +9,7 @@ layers replaced by the swarm, as petals 2.2 does for Llama.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from monitor import compat  # noqa: F401  (must precede petals)
 import hivemind
@@ -38,6 +38,7 @@ class DistributedMixtralModel(FromPretrainedMixin, PTuneMixin, MistralModel):
     _keys_to_ignore_on_load_unexpected = [r"^model\.layers\."]
 
     config_class = DistributedMixtralConfig
+    layers: Any  # RemoteSequential once built (transformers' ModuleList of no layers before)
 
     def __init__(self, config: DistributedMixtralConfig, *, dht: Optional[hivemind.DHT] = None):
         n_layer, config.num_hidden_layers = config.num_hidden_layers, 0  # no local layers
@@ -66,7 +67,7 @@ class DistributedMixtralModel(FromPretrainedMixin, PTuneMixin, MistralModel):
             raise ValueError("You cannot specify both input_ids and inputs_embeds at the same time")
         elif input_ids is not None:
             input_shape = input_ids.size()
-            input_ids = input_ids.view(-1, input_shape[-1])
+            input_ids = input_ids.view(-1, input_shape[-1])  # type: ignore[assignment]  # torch's view: a Tensor
         elif inputs_embeds is not None:
             input_shape = inputs_embeds.size()[:-1]
         else:
@@ -88,7 +89,7 @@ class DistributedMixtralModel(FromPretrainedMixin, PTuneMixin, MistralModel):
         use_prompts = self.config.tuning_mode and "ptune" in self.config.tuning_mode and self.layers.position == 0
         if use_prompts:
             prompts, intermediate_prompts = self.get_prompt(inputs_embeds.shape[0])
-            inputs_embeds = torch.cat([prompts, inputs_embeds], dim=1)
+            inputs_embeds = torch.cat([prompts, inputs_embeds], dim=1)  # type: ignore[assignment]  # a Tensor
         else:
             prompts = intermediate_prompts = None
 
