@@ -219,6 +219,8 @@ class Admission:
             in_flight = self.server_load.in_flight()
             busiest = max(in_flight.get(peer, 0) for peer in route)
             load = max(1, busiest) if wait > 0 else busiest + 1
+            if wait > 0:  # ... on whichever route frees first, not the one planned now: like requests on any route
+                route = []
         else:  # beside those generating now; one that waits, beside a full house
             slots = self.slots.load()
             load = slots.limit if wait > 0 else min(slots.limit, slots.busy + 1)

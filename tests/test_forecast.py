@@ -161,3 +161,28 @@ def test_a_forecast_s_cache_room_is_what_one_session_may_hold_on_every_block():
     assert forecast(known, wait=0, prompt_tokens=24, max_tokens=1001).cache_room is False
     known = inputs(STORE_LLAMA.dht_prefix, [], store_health(STORE_LLAMA, "healthy"), now=10.0)  # nothing announced
     assert known.session_room is None and forecast(known, wait=0, prompt_tokens=24, max_tokens=1001).cache_room is None
+
+
+def test_a_request_that_will_wait_is_forecast_on_any_route_at_that_load_not_the_route_planned_now():
+    """One that waits for a slot takes a leaver's place, on whichever route frees first: the chat
+    forecasts it from requests alike on any route (the forecast bench's queued condition: 177 of the
+    181 requests that took the slower route had been forecast on the faster one planned when they
+    asked, 20 % too fast). One that starts at once is forecast on its route."""
+    from chat.admission import Admission
+    from chat.capacity import Capacity, Slots
+    from chat.server_load import ServerLoad
+    from swarm_monitor_client.policy import RoutingSettings
+
+    fast = [Observed(route=(A,), load=2.0, time_to_first_token=0.3, tokens_per_second=5.0) for _ in range(10)]
+    slow = [Observed(route=(B, C), load=2.0, time_to_first_token=0.4, tokens_per_second=4.0) for _ in range(10)]
+    known = ForecastInputs("m", requests=20, observed=tuple(fast + slow))
+    slots, server_load = Slots(Capacity(slots=2, slots_share=1.0)), ServerLoad()
+    admission = Admission(None, slots, server_load, routing=RoutingSettings(), forecast_source=lambda: {"m": known})
+    held = slots.try_acquire("someone")
+    server_load.enter([A])
+    at_once = admission._forecast("m", 10, 32, [A])
+    assert at_once.wait == 0 and at_once.tokens_per_second == 5.0  # its route, beside the one there
+    other = slots.try_acquire("another")
+    assert held is not None and other is not None and slots.expected_wait() > 0
+    queued = admission._forecast("m", 10, 32, [A])
+    assert queued.wait > 0 and 4.0 <= queued.tokens_per_second < 5.0  # any route
