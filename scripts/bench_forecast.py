@@ -550,8 +550,8 @@ def main(argv=None) -> None:
              "tokens/s, forecast / got (medians)", "first token within ±30 %", "tokens/s within ±20 %",
              "in hindsight: first token / tokens/s", "within the forecast's range: first token / tokens/s",
              "wait within ±25 % (queued)", "≥ 80 % each (idle, throttled, queued)"], rows)
-            + "\n\nThe point targets hold for idle, throttled and queued; under 16 users at once no figure known "
-              "before a request can (the ceiling in hindsight), and the ranges below carry the promise.")
+            + "\n\nThe point targets are for idle, throttled and queued; under 16 users at once no figure known "
+              "before a request can meet them (the ceiling in hindsight), and the ranges below carry the promise.")
         sections.append(calibration_table(found))
         sections.append(replay_table(found))
     if "spread" in args.parts:
