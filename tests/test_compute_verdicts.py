@@ -152,14 +152,24 @@ def test_the_assessment_keeps_each_server_s_reachability_as_it_judged_it_and_rea
     assert not judged_reachability(failed, {TINY.dht_prefix: replace(named, reachability=None)})[FULL].ok
 
 
-def test_a_server_that_answered_users_after_its_failed_checks_is_busy_not_unreachable():
+def test_a_server_that_answered_users_after_its_failed_checks_is_busy_not_unreachable(tmp_path):
     """Under sixteen sessions at once a small server can take longer than a check's timeout to get to
     it while it serves every request it has (#49's forecast bench: the chat refused a hundred requests
     as "not fully served" while streaming through the servers it called unreachable). Unanswered
     compute checks or a failed round older than the server's newest successful chat span
-    (``compute_checks.answered``) name nobody; answers before them change nothing (a server that
+    (``Store.answered_since``) name nobody; answers before them change nothing (a server that
     froze answered last before it froze), nor do they excuse the server's own errors."""
-    from monitor.core.compute_checks import answered
+    from support import sqlite_store
+
+    def answered(chats):  # what the assess step reads: a fresh store's newest successful span per peer
+        here = tmp_path / str(len(list(tmp_path.iterdir())))
+        here.mkdir()
+        store = sqlite_store(here)
+        try:
+            store.record_chat_outcomes(chats)
+            return store.answered_since(NOW - 60)
+        finally:
+            store.close()
 
     settings = web_settings()
     snapshot = Snapshot(taken_at=NOW, duration=0.5, models=(TINY,), servers=tuple(poll_rows(1)))
@@ -184,6 +194,7 @@ def test_a_server_that_answered_users_after_its_failed_checks_is_busy_not_unreac
     assert heard == CAUSE_SERVING and assessment.reachability[FULL].ok  # and the pages say it answers
     assert cause(erring, {}, [chat(-1)])[0] == CAUSE_FAILING  # its own error stands
     assert answered([chat(-9), chat(-2), chat(-1, ok=False), chat(-30)]) == {FULL: NOW - 2}
+    assert answered([chat(-90)]) == {}  # (before the window read)
 
 
 def test_a_user_s_failure_asks_for_a_compute_check_and_a_slow_span_for_a_probe():

@@ -176,20 +176,11 @@ def reachability_with(reachability: Mapping[str, ReachabilityResult], found: Com
     return merged
 
 
-def answered(outcomes: Iterable[ChatOutcome]) -> dict[str, float]:
-    """peer -> when it last answered a user's request (its newest successful chat span)."""
-    found: dict[str, float] = {}
-    for outcome in outcomes:
-        if outcome.ok and outcome.at > found.get(outcome.peer_id, float("-inf")):
-            found[outcome.peer_id] = outcome.at
-    return found
-
-
 def heard_from(reachability: Mapping[str, ReachabilityResult], found: ComputeVerdicts,
                answered_at: Mapping[str, float]) -> tuple[dict[str, ReachabilityResult], ComputeVerdicts]:
     """A server that answered users' requests after its failed checks is busy, not gone: a failed
     reachability round, or compute checks that went unanswered, older than its newest successful
-    chat span (``answered``) name nobody (under sixteen sessions at once a small server can take
+    chat span (``answered_at``: ``Store.answered_since``) name nobody (under sixteen sessions at once a small server can take
     longer than a check's timeout to get to it, while it serves every request it has). A frozen
     or killed server answers nobody: its failures stand. Failures with the server's own error are
     not touched (it answered: wrongly)."""
