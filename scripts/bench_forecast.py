@@ -222,49 +222,38 @@ def stored_rows(workdir: Path, prefix: str) -> list:
         store.close()
 
 
-def alike_range_scores(figure: str, told, got):
-    """How far ``got`` fell below the low end and above the high end of the requests alike's range
-    (what the calibration scored from b1b1c3e until 2026-12-07; the median when there was none)."""
+def median_scores(figure: str, told, got):
+    """How far ``got`` fell below and above the median told (the calibration tried on 2026-12-07:
+    ends placed from the median; its live run is this section's table, and the replay below shows
+    it against the service's, which stayed)."""
     from monitor.core import calibration as cal
 
     if got is None or told.median is None or got < 0:
         return None
-    low = told.base_low if told.base_low is not None else told.median
-    high = told.base_high if told.base_high is not None else told.median
-    value = cal._scale(figure, got)
-    return cal._scale(figure, low) - value, value - cal._scale(figure, high)
+    middle, value = cal._scale(figure, told.median), cal._scale(figure, got)
+    return middle - value, value - middle
 
 
-def moved(figure: str, told, shift):
-    """The requests alike's range with its low end moved down by ``shift[0]`` and its high end up by
-    ``shift[1]`` (inward when negative), never past the median: how ranges were drawn until
-    2026-12-07."""
-    from monitor.core import calibration as cal
-
-    if shift is None or told.median is None:
-        return cal.widen(figure, told.median, (told.base_low, told.base_high) if told.base_low is not None else None, None)
-    low = told.base_low if told.base_low is not None else told.median
-    high = told.base_high if told.base_high is not None else told.median
-    return cal.Told(told.median, min(told.median, cal._unscale(figure, cal._scale(figure, low) - shift[0])),
-                    max(told.median, cal._unscale(figure, cal._scale(figure, high) + shift[1])), told.base_low,
-                    told.base_high)
+def around_median_calibration(scored: list):
+    return alike_range_calibration(scored, score=median_scores)
 
 
-def alike_range_calibration(scored: list, *, symmetric: bool = False):
+def alike_range_calibration(scored: list, *, symmetric: bool = False, score=None):
     """The calibrations drawn from the requests alike's ranges, kept here for the side by side: each
-    end moved by the weighted conformal quantile of its own side's ``alike_range_scores`` (b1b1c3e
-    until 2026-12-07), or — ``symmetric``, before #49's two-ended one — one score per request, how
+    end moved by the weighted conformal quantile of its own side's scores (``score``: the service's
+    ``calibration.scores`` unless given), or — ``symmetric``, before #49's two-ended one — one score per request, how
     far outside the range it fell on either side, both ends moved by the 80 % conformal quantile of
     the newest 200 per band (unweighted)."""
     import math
 
     from monitor.core import calibration as cal
 
+    score = score or cal.scores
     by_band: dict = {}
     for item in scored:
         for key in (cal.band(item.given.load), cal.ALL):
             for figure in cal.FIGURES:
-                found = alike_range_scores(figure, getattr(item.given, figure), item.got.get(figure))
+                found = score(figure, getattr(item.given, figure), item.got.get(figure))
                 if found is not None:
                     by_band.setdefault(key, {}).setdefault(figure, []).append(found)
     shifts: dict = {}
@@ -308,11 +297,20 @@ def replay(rows: list, warm: int) -> dict:
     ends = [end(r) for r in rows]
     got_of = lambda r: {"wait": r.waited, "time_to_first_token": r.time_to_first_token,  # noqa: E731
                         "tokens_per_second": r.tokens_per_second if r.tokens > 1 else None}
-    around_median = lambda figure, told, shift: cal.widen(  # noqa: E731
-        figure, told.median, (told.base_low, told.base_high) if told.base_low is not None else None, shift)
+    base_of = lambda told: (told.base_low, told.base_high) if told.base_low is not None else None  # noqa: E731
+
+    def around_median(figure, told, shift):
+        if shift is None or told.median is None:
+            return cal.widen(figure, told.median, base_of(told), None)
+        middle = cal._scale(figure, told.median)
+        return cal.Told(told.median, min(told.median, cal._unscale(figure, middle - shift[0])),
+                        max(told.median, cal._unscale(figure, middle + shift[1])), told.base_low, told.base_high)
+    def moved(figure, told, shift):
+        return cal.widen(figure, told.median, base_of(told), shift)
+
     methods = {"one symmetric shift": (lambda history: alike_range_calibration(history, symmetric=True), moved),
-               "two ends moved from the requests alike's range": (alike_range_calibration, moved),
-               "two ends around the median (now)": (cal.calibrate, around_median)}
+               "two ends moved from the requests alike's range (the service's)": (cal.calibrate, moved),
+               "two ends around the median (tried 2026-12-07)": (around_median_calibration, around_median)}
     found: dict = {m: {f: [] for f in cal.FIGURES} for m in methods}
     as_dicts = [{"at": r.at, "end": e} for r, e in zip(rows, ends)]
     for i, r in enumerate(rows):
@@ -603,8 +601,9 @@ def replay_table(found: list[dict]) -> str:
             "the same medians and ranges of the requests alike, each request calibrated on those that had "
             "ended before it arrived; *one symmetric shift*: the requests alike's range moved outward on both "
             "sides by the 80 % quantile of the newest 200; *two ends moved from the requests alike's range*: "
-            "each end by the weighted 90 % quantile of its own side (until 2026-12-07); *two ends around the "
-            "median*: each end placed from the median told, as the service runs now):\n\n" + bc.table(
+            "each end by the weighted 90 % quantile of its own side, as the service runs; *two ends around the "
+            "median*: each end placed from the median told, tried on 2026-12-07 and not kept — it is what "
+            "the table above ran live):\n\n" + bc.table(
                 ["condition", "calibration", "within: first token / tokens/s / wait (queued)",
                  "median width ÷ spread in hindsight: first token / tokens/s",
                  f"{RANGE_TARGET:.0%} ± {RANGE_SLACK:.0%}, width ≤ {WIDTH_CEILING}×"], rows))

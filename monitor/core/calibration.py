@@ -5,26 +5,23 @@ first token and tokens/s, the median, the range it was told, and the range the r
 before calibration). How those forecasts fared is the record a range is calibrated on:
 
 - **the scores of one answered request** for one figure are how far its real value fell below the
-  median it was told and how far above it (negative: on the other side), on a log scale — ``log``
-  for first token and tokens/s, ``log1p`` for the wait, which is often 0 (``scores``).
-- **the calibration** of a model and load band places each end of the range on its own, at its
-  distance from the median: the low end by the conformal ``1 − (1 − COVERAGE) / 2`` quantile of the
-  scores below, the high end by that of the scores above (so at most one request in ten falls below,
-  one in ten above: eight in ten within), over its newest ``CALIBRATION_REQUESTS`` answered requests
-  weighted by recency (a weight that halves every ``HALF_LIFE`` requests: weighted split-conformal,
-  which follows a change of load within tens of requests rather than hundreds). The range is drawn
-  around the median the request is told, not around the requests alike's 10th-90th percentiles: the
-  medians follow the route and the load a request meets, while the percentiles of the twenty
-  requests alike are too few to place an end (a slow one among them moves an end by half), so a
-  range drawn from them and then moved needed to be wider by what they scattered (the forecast
-  bench's replay shows both). Two ends placed apart keep a range sharp where the misses fall on one
-  side (a median that runs low under load moves the high end only). The range stated is the median
-  with its low end ``shift[0]`` below it and its high end ``shift[1]`` above it, never past the
-  median, at most ``MAX_SHIFT`` either way (``widen``). Bands: the load the request meets
-  (``BANDS``: alone, shared, busy), because the scatter under load is not the scatter alone; a band
-  with fewer than ``MIN_CALIBRATION`` scored requests borrows the model's overall calibration; fewer
-  than that in all, and the range is stated as the requests alike gave it (their 10th to 90th
-  percentile), "not calibrated yet".
+  low end of the range the requests alike gave, and how far above its high end (negative: how far
+  inside), on a log scale — ``log`` for first token and tokens/s, ``log1p`` for the wait, which is
+  often 0 (``scores``). A forecast without a range (from the probes, or too few requests alike) has
+  its median as its range.
+- **the calibration** of a model and load band moves each end of the range on its own: the low end
+  by the conformal ``1 − (1 − COVERAGE) / 2`` quantile of the low-end scores, the high end by that of
+  the high-end scores (so at most one request in ten falls below, one in ten above: eight in ten
+  within), over its newest ``CALIBRATION_REQUESTS`` answered requests weighted by recency (a weight
+  that halves every ``HALF_LIFE`` requests: weighted split-conformal, which follows a change of load
+  within tens of requests rather than hundreds). Two ends calibrated apart keep a range sharp where
+  the misses fall on one side (a median that runs low under load widens the high end only). The
+  range stated is the requests alike's range with each end moved outward by its shift (inward when
+  negative: the ranges were wider than they needed to be), never past the median, at most
+  ``MAX_SHIFT`` either way (``widen``). Bands: the load the request meets (``BANDS``: alone, shared,
+  busy), because the scatter under load is not the scatter alone; a band with fewer than
+  ``MIN_CALIBRATION`` scored requests borrows the model's overall calibration; fewer than that in
+  all, and the range is stated as the requests alike gave it, "not calibrated yet".
 - **the record** (``track_record``): over a window, the share of answered requests whose real
   figure fell within the range they were told, and the median relative error of the medians; when
   the share over the newest ``WATCH`` falls below ``WRONG_BELOW`` for a figure, the forecast says it
@@ -43,7 +40,7 @@ CALIBRATION_REQUESTS = 200  # the newest answered requests with a stored forecas
 HALF_LIFE = 60.0  # requests: a scored request's weight in the calibration halves with every this many newer ones
 END_LEVEL = 1.0 - (1.0 - COVERAGE) / 2  # each end of a range: at most one request in ten beyond it
 MIN_CALIBRATION = 20  # scored requests a band needs for a calibration of its own
-MAX_SHIFT = math.log(8.0)  # an end lies at most ×8 (or ÷8) from the median
+MAX_SHIFT = math.log(8.0)  # a range moves at most ×8 (or ÷8) outward or inward
 BANDS = (("alone", 1.0), ("shared", 4.0), ("busy", math.inf))  # by the load the request meets, at most
 ALL = "all"
 WATCH = 100  # the newest answered requests the forecast's health is judged on
@@ -130,12 +127,14 @@ def _unscale(name: str, value: float) -> float:
 
 
 def scores(name: str, told: Told, got: Optional[float]) -> Optional[tuple[float, float]]:
-    """How far ``got`` fell below the median it was told and how far above it (the one negative when
-    the other is not), on the figure's scale; None when there is nothing to score."""
+    """How far ``got`` fell below the low end and above the high end of the range the requests
+    alike gave (negative: inside), on the figure's scale; None when there is nothing to score."""
     if got is None or told.median is None or not math.isfinite(got) or got < 0:
         return None
-    middle, value = _scale(name, told.median), _scale(name, got)
-    return middle - value, value - middle
+    low = told.base_low if told.base_low is not None else told.median
+    high = told.base_high if told.base_high is not None else told.median
+    value = _scale(name, got)
+    return _scale(name, low) - value, value - _scale(name, high)
 
 
 def conformal_shift(scores: Sequence[float], *, level: float = END_LEVEL,
@@ -158,7 +157,7 @@ def conformal_shift(scores: Sequence[float], *, level: float = END_LEVEL,
     return MAX_SHIFT
 
 
-Shift = tuple[float, float]  # how far below the median the low end lies, and above it the high end (scaled)
+Shift = tuple[float, float]  # (the low end's shift, the high end's): outward when positive
 
 
 @dataclass(frozen=True)
@@ -201,18 +200,18 @@ def calibrate(scored: Iterable[Scored], *, half_life: Optional[float] = HALF_LIF
 
 def widen(name: str, median: Optional[float], base: Optional[tuple[float, float]],
           shift: Optional[Shift]) -> Told:
-    """The range told for one figure: with a calibration (``shift``), the median with its low end
-    ``shift[0]`` below it and its high end ``shift[1]`` above it on the figure's scale, never past
-    the median; without one, the requests alike's range (``base``; None: the median alone) as it is.
-    The requests alike's range is kept beside it either way (``Told.base_low``/``base_high``)."""
+    """The range told for one figure: the requests alike's range (``base``; the median alone when
+    None) with its low end moved down by ``shift[0]`` and its high end up by ``shift[1]`` (inward when
+    negative), never past the median; without a shift, the base range as it is."""
     if median is None:
         return Told()
     low, high = base if base is not None else (None, None)
     if shift is None:
         return Told(median, low, high, low, high)
-    middle = _scale(name, median)
-    told_low = min(median, _unscale(name, middle - shift[0]))
-    told_high = max(median, _unscale(name, middle + shift[1]))
+    start_low = low if low is not None else median
+    start_high = high if high is not None else median
+    told_low = min(median, _unscale(name, _scale(name, start_low) - shift[0]))
+    told_high = max(median, _unscale(name, _scale(name, start_high) + shift[1]))
     return Told(median, told_low, told_high, low, high)
 
 

@@ -15,11 +15,11 @@ for a request that would take ``route`` beside the requests on its busiest serve
 answered requests most like it, the first group with at least ``MIN_REQUESTS``: the same route at a
 similar load (within ``LOAD_MARGIN``), a similar load on any route, the same route at any load, all
 of them; the medians of that group are its figures, and what eight in ten of it got (``SPREAD``)
-their ranges until the forecasts have a record (``core/calibration.py``): each request row keeps
-the forecast it was given (``Forecast.given``), and the model's recent answered requests say how far
-below and above their medians the real figures fell, per load band; from then on each end of a
-range lies as far from the median as that record says, so that eight in ten requests do fall within
-it. The wait has a range too: around the queue's figure, calibrated the same way.
+their ranges — as calibrated on how the forecasts' own ranges fared (``core/calibration.py``): each
+request row keeps the forecast it was given (``Forecast.given``), and the model's recent answered
+requests say how far outside (or inside) the requests alike's ranges the real figures fell, per load
+band; the stated range is moved by that, so that eight in ten requests do fall within it. The wait
+has a range too: the queue's figure, calibrated the same way.
 """
 
 from __future__ import annotations
