@@ -194,10 +194,11 @@ def calibrated(measured: list, every: list) -> dict:
         for r, hit in hits:
             bands.setdefault(band(r["forecast"].get("load") or 1.0), []).append(hit)
         ratios = {}
-        for estimator, read in (("width_ratio", spread_of), ("width_ratio_nearest_rank", nearest_rank_spread)):
+        for estimator, group, read in (("width_ratio", around, spread_of),
+                                       ("width_ratio_nearest_rank", beside, nearest_rank_spread)):
             widths, spreads = [], []
             for r, bounds in rows:
-                spread_ = read([o[got] for o in (around(r, every) if read is spread_of else beside(r, every))])
+                spread_ = read([o[got] for o in group(r, every)])
                 if spread_ is not None:
                     widths.append(bounds[1] - bounds[0])
                     spreads.append(spread_)
@@ -234,43 +235,29 @@ def median_scores(figure: str, told, got):
     return middle - value, value - middle
 
 
-def around_median_calibration(scored: list):
-    return alike_range_calibration(scored, score=median_scores)
-
-
-def alike_range_calibration(scored: list, *, symmetric: bool = False, score=None):
-    """The calibrations drawn from the requests alike's ranges, kept here for the side by side: each
-    end moved by the weighted conformal quantile of its own side's scores (``score``: the service's
-    ``calibration.scores`` unless given), or — ``symmetric``, before #49's two-ended one — one score per request, how
-    far outside the range it fell on either side, both ends moved by the 80 % conformal quantile of
-    the newest 200 per band (unweighted)."""
+def symmetric_calibration(scored: list):
+    """The calibration before #49's two-ended one (kept here for the side by side): one score per
+    request, how far outside the requests alike's range it fell on either side, and both ends moved
+    outward by the 80 % conformal quantile of the newest 200 per band (unweighted)."""
     import math
 
     from monitor.core import calibration as cal
 
-    score = score or cal.scores
     by_band: dict = {}
     for item in scored:
         for key in (cal.band(item.given.load), cal.ALL):
             for figure in cal.FIGURES:
-                found = score(figure, getattr(item.given, figure), item.got.get(figure))
+                found = cal.scores(figure, getattr(item.given, figure), item.got.get(figure))
                 if found is not None:
-                    by_band.setdefault(key, {}).setdefault(figure, []).append(found)
+                    by_band.setdefault(key, {}).setdefault(figure, []).append(max(found))
     shifts: dict = {}
     for key, figures in by_band.items():
         for figure, values in figures.items():
-            newest = values[-cal.CALIBRATION_REQUESTS:]
-            if len(newest) < cal.MIN_CALIBRATION:
-                continue
-            if symmetric:
-                ordered = sorted(max(v) for v in newest)
-                rank = min(len(ordered), math.ceil((len(ordered) + 1) * cal.COVERAGE))
-                shift = max(-cal.MAX_SHIFT, min(cal.MAX_SHIFT, ordered[rank - 1]))
+            newest = sorted(values[-cal.CALIBRATION_REQUESTS:])
+            if len(newest) >= cal.MIN_CALIBRATION:
+                rank = min(len(newest), math.ceil((len(newest) + 1) * cal.COVERAGE))
+                shift = max(-cal.MAX_SHIFT, min(cal.MAX_SHIFT, newest[rank - 1]))
                 shifts.setdefault(key, {})[figure] = ((shift, shift), len(newest))
-            else:
-                low = cal.conformal_shift([v[0] for v in newest])
-                high = cal.conformal_shift([v[1] for v in newest])
-                shifts.setdefault(key, {})[figure] = ((low, high), len(newest))
     return cal.Calibration(shifts)
 
 
@@ -279,9 +266,10 @@ def replay(rows: list, warm: int) -> dict:
     range as each method would have told it, calibrated on the requests that had ended before it
     arrived (as the service's refresh does, a few seconds late at most), from the same medians and
     the same ranges of the requests alike (its stored forecast); scored past the first ``warm``
-    requests as the live figures are. Methods: *one symmetric shift* and *two ends moved from the
-    requests alike's range* (``alike_range_calibration``: the calibrations before), *two ends around
-    the median* (the service's, ``core/calibration.py``). Per method and figure: the share within,
+    requests as the live figures are. Methods: *one symmetric shift* (``symmetric_calibration``,
+    before #49's), *two ends moved from the requests alike's range* (the service's,
+    ``core/calibration.py``) and *two ends around the median* (``median_scores``, tried on
+    2026-12-07 and not kept). Per method and figure: the share within,
     and the median width relative to the median 10th-90th spread of the requests around each
     (``spread_of``)."""
     from monitor.core import calibration as cal
@@ -305,20 +293,21 @@ def replay(rows: list, warm: int) -> dict:
         middle = cal._scale(figure, told.median)
         return cal.Told(told.median, min(told.median, cal._unscale(figure, middle - shift[0])),
                         max(told.median, cal._unscale(figure, middle + shift[1])), told.base_low, told.base_high)
+
     def moved(figure, told, shift):
         return cal.widen(figure, told.median, base_of(told), shift)
 
-    methods = {"one symmetric shift": (lambda history: alike_range_calibration(history, symmetric=True), moved),
+    methods = {"one symmetric shift": (symmetric_calibration, moved),
                "two ends moved from the requests alike's range (the service's)": (cal.calibrate, moved),
-               "two ends around the median (tried 2026-12-07)": (around_median_calibration, around_median)}
+               "two ends around the median (tried 2026-12-07)": (
+                   lambda history: cal.calibrate(history, score=median_scores), around_median)}
     found: dict = {m: {f: [] for f in cal.FIGURES} for m in methods}
-    as_dicts = [{"at": r.at, "end": e} for r, e in zip(rows, ends)]
+    spans = [{"at": r.at, "end": e, "row": r} for r, e in zip(rows, ends)]  # as ``around`` reads them
     for i, r in enumerate(rows):
         if i < warm or r.outcome != OK:
             continue
         history = scored_rows([o for o, e in zip(rows[:i], ends[:i]) if e <= r.at])
-        near = {id(o) for o in around(as_dicts[i], as_dicts)}
-        others = [o for o, d in zip(rows, as_dicts) if id(d) in near]
+        others = [span["row"] for span in around(spans[i], spans)]
         for method, (calibrate, tell) in methods.items():
             calibration = calibrate(history)
             for figure in cal.FIGURES:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 COVERAGE = 0.8  # the share of requests a stated range is for
 FIGURES = ("wait", "time_to_first_token", "tokens_per_second")
@@ -177,14 +177,18 @@ class Calibration:
         return None, 0
 
 
-def calibrate(scored: Iterable[Scored], *, half_life: Optional[float] = HALF_LIFE) -> Calibration:
+def calibrate(scored: Iterable[Scored], *, half_life: Optional[float] = HALF_LIFE,
+              score: Optional[Callable[[str, Told, Optional[float]], Optional[tuple[float, float]]]] = None) -> Calibration:
     """The calibration from answered requests' forecasts and figures, oldest first (the newest
-    ``CALIBRATION_REQUESTS`` of each band count, and of all; ``half_life``: ``conformal_shift``'s)."""
+    ``CALIBRATION_REQUESTS`` of each band count, and of all; ``half_life``: ``conformal_shift``'s;
+    ``score``: how one request is scored, ``scores`` unless given — the forecast bench replays
+    other ways of scoring beside it)."""
+    score = score or scores
     by_band: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for item in scored:
         for key in (band(item.given.load), ALL):
             for name in FIGURES:
-                found = scores(name, getattr(item.given, name), item.got.get(name))
+                found = score(name, getattr(item.given, name), item.got.get(name))
                 if found is not None:
                     by_band.setdefault(key, {}).setdefault(name, []).append(found)
     shifts: dict[str, dict[str, tuple[Shift, int]]] = {}
