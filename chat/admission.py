@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import AbstractSet, Callable, Mapping, Optional, Sequence
 
 from monitor.core.assessment import format_ranges, ranges
 from monitor.core.forecast import Forecast, ForecastInputs, forecast
-from monitor.core.route_choice import RouteChoice, allowed, unmet
+from monitor.core.route_choice import RouteChoice, RouteSeconds, allowed, unmet
 
 from chat.capacity import Slots
 from chat.client_side import ClientSideTooLarge
@@ -23,11 +23,60 @@ from chat.errors import Busy, ModelNotServed, RouteUnmet, SessionTooLong
 from chat.models import Model, Models
 from chat.policy import PETALS_DEFAULT_SECONDS_PER_BLOCK, RouteHop, RoutingSettings, penalty
 from chat.server_load import ServerLoad
-from monitor.core.snapshot import session_room
+from monitor.core.snapshot import ONLINE, ModelInfo, ServerRow, session_room
 
 logger = logging.getLogger(__name__)
 
 AssessmentCheck = Callable[[str], tuple[bool, str]]  # dht_prefix -> (served?, why not, for people)
+
+
+def server_rows(name: str, spans: Sequence) -> list[ServerRow]:
+    """The sequence manager's spans (petals' ``RemoteSpanInfo``, from the DHT through petals' own
+    parsing) as the rows the monitor's route estimator reads: ONLINE, one per peer."""
+    rows = []
+    for span in spans:
+        info = span.server_info
+        rows.append(ServerRow(peer_id=span.peer_id.to_base58(), model=name, start=span.start, end=span.end,
+                              state=ONLINE, throughput=getattr(info, "throughput", None),
+                              inference_rps=getattr(info, "inference_rps", None),
+                              cache_tokens_left=getattr(info, "cache_tokens_left", None),
+                              public_name=getattr(info, "public_name", None),
+                              next_pings=dict(getattr(info, "next_pings", None) or {})))
+    return rows
+
+
+def client_rtts(manager) -> dict[str, float]:
+    """peer id -> the round trip petals' client measured to it (its ping aggregator), where known."""
+    try:
+        return {peer.to_base58(): float(rtt) for peer, rtt in manager.ping_aggregator.to_dict().items()
+                if rtt is not None and 0 <= rtt < float("inf")}
+    except Exception:  # noqa: BLE001 - no pings: petals' own default per hop
+        return {}
+
+
+def route_pricer(name: str, num_blocks: int, spans: Sequence, *, weights: Mapping, client_rtts: Mapping[str, float],
+                 cache_tokens_needed: Optional[int]) -> RouteSeconds:
+    """The one route estimator (``monitor.core.coverage.route_speed``, by petals' own routing) over
+    the chat's view of the swarm: for some peers, the seconds per token of the best route through
+    them, measured speeds in place of announced ones; None when they do not cover every block, or
+    when the estimator cannot say (an announcement petals' routing refuses): the request tries."""
+    from monitor.swarm.routing import route_speed
+
+    rows = server_rows(name, spans)
+    measured = {peer: w.seconds_per_token_per_block for peer, w in weights.items()
+                if w.seconds_per_token_per_block is not None and w.seconds_per_token_per_block > 0}
+    model_info = ModelInfo(dht_prefix=name, num_blocks=num_blocks)
+
+    def priced(peers: AbstractSet[str]) -> Optional[float]:
+        try:
+            found = route_speed(model_info, [row for row in rows if row.peer_id in peers], client_rtts=client_rtts,
+                                cache_tokens_needed=cache_tokens_needed, measured=measured)
+        except Exception as e:  # noqa: BLE001 - not known: let the request try
+            logger.debug("no route estimate for %s: %r", name, e)
+            return None
+        return found.seconds_per_token if found.route else None
+
+    return priced
 
 
 @dataclass(frozen=True)
@@ -134,17 +183,12 @@ class Admission:
             num_blocks = len(manager)
         spans = {span.peer_id.to_base58(): (span.start, span.end) for span in found}
         weights = manager.peer_weights()
-        seconds = {}
-        for span in found:
-            peer = span.peer_id.to_base58()
-            weight = weights.get(peer)
-            rps = getattr(span.server_info, "inference_rps", None)
-            measured = weight.seconds_per_token_per_block if weight is not None else None
-            seconds[peer] = measured or (1.0 / rps if rps else PETALS_DEFAULT_SECONDS_PER_BLOCK)
         verified = {peer for peer, weight in weights.items() if weight.verified}
         usable = allowed(choice, spans, verified=verified)
         known = self.forecast(name, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
-        problem = unmet(choice, spans=spans, num_blocks=num_blocks, seconds_per_block=seconds, allowed_peers=usable,
+        priced = route_pricer(name, num_blocks, found, weights=weights, client_rtts=client_rtts(manager),
+                              cache_tokens_needed=prompt_tokens + max_tokens)
+        problem = unmet(choice, spans=spans, num_blocks=num_blocks, route_seconds=priced, allowed_peers=usable,
                         all_peers=spans, time_to_first_token=known.time_to_first_token, wait=known.wait, field=field)
         if problem is not None:
             raise RouteUnmet(problem.field, problem.message)

@@ -12,7 +12,7 @@ import pytest
 
 from chat.server_load import ServerLoad, cache_factor
 from monitor.core.route_choice import (
-    MAX_PEERS, ChoiceError, RouteChoice, allowed, best_route, missing, parse_choice, unmet,
+    MAX_PEERS, ChoiceError, RouteChoice, allowed, missing, parse_choice, unmet,
 )
 from support import PEERS
 
@@ -52,22 +52,52 @@ def test_choices_narrow_what_the_operator_allows_never_widen_it():
     assert missing(SPANS, 8, {A}) == [4, 5, 6, 7]
 
 
+def chat_view(seconds: dict, announced: dict) -> list:
+    """The chat's view of SPANS as petals' sequence manager holds it (``RemoteSpanInfo``)."""
+    from hivemind import PeerID
+    from petals.data_structures import RemoteSpanInfo, ServerInfo, ServerState
+
+    return [RemoteSpanInfo(peer_id=PeerID.from_base58(peer), start=start, end=end,
+                           server_info=ServerInfo(state=ServerState.ONLINE, throughput=1.0,
+                                                  inference_rps=announced.get(peer)))
+            for peer, (start, end) in SPANS.items()]
+
+
 def test_the_best_route_and_what_the_swarm_offers_when_a_choice_is_unmet():
+    """The chat prices the routes a choice allows with the assessment's one route estimator
+    (``coverage.route_speed``, by petals' own routing): measured speeds in full, a route costs its
+    measured seconds per block times its blocks (no pings known: no round trips added)."""
+    from chat.admission import route_pricer, server_rows
+    from chat.policy import PeerWeight
+    from monitor.core.snapshot import ModelInfo
+    from monitor.swarm.routing import route_speed
+
     seconds = {A: 0.01, B: 0.01, C: 0.05}
-    route = best_route(SPANS, 8, seconds, SPANS)
-    assert route.hops == (A, B) and route.seconds_per_token == pytest.approx(8 * 0.01 + 2 * 0.018)
-    assert best_route(SPANS, 8, seconds, {C}).hops == (C,) and best_route(SPANS, 8, seconds, {A}) is None
-    gap = unmet(RouteChoice(only=(A,)), spans=SPANS, num_blocks=8, seconds_per_block=seconds, allowed_peers={A},
+    weights = {peer: PeerWeight(seconds_per_token_per_block=value) for peer, value in seconds.items()}
+    priced = route_pricer("m", 8, chat_view(seconds, {}), weights=weights, client_rtts={}, cache_tokens_needed=None)
+    assert priced(frozenset(SPANS)) == pytest.approx(8 * 0.01)  # through A then B, as petals would route
+    assert priced(frozenset({C})) == pytest.approx(8 * 0.05) and priced(frozenset({A})) is None
+    same = route_speed(ModelInfo("m", 8), server_rows("m", chat_view(seconds, {})), measured=seconds)
+    assert [hop.peer_id for hop in same.route] == [A, B] and same.source == "measured"  # the assessment's
+    # not measured: priced as announced by petals' routing (its costs per hop included), and still a price
+    announced = route_pricer("m", 8, chat_view({}, {A: 100.0, B: 100.0, C: 20.0}), weights={}, client_rtts={},
+                             cache_tokens_needed=None)
+    assert announced(frozenset({A, B})) > 8 / 100.0 and announced(frozenset({C})) > 8 / 20.0
+
+    gap = unmet(RouteChoice(only=(A,)), spans=SPANS, num_blocks=8, route_seconds=priced, allowed_peers={A},
                 all_peers=SPANS, time_to_first_token=None)
     assert gap.field == "petals.only" and "blocks 4:8" in gap.message
-    slow = unmet(RouteChoice(only=(C,), min_tokens_per_s=5), spans=SPANS, num_blocks=8, seconds_per_block=seconds,
+    slow = unmet(RouteChoice(only=(C,), min_tokens_per_s=5), spans=SPANS, num_blocks=8, route_seconds=priced,
                  allowed_peers={C}, all_peers=SPANS, time_to_first_token=None)
-    assert slow.field == "petals.min_tokens_per_s" and "2.39 tokens/s" in slow.message  # 1 / (0.4 + 0.018)
+    assert slow.field == "petals.min_tokens_per_s" and "2.5 tokens/s" in slow.message  # 1 / (8 × 0.05)
     late = unmet(RouteChoice(only=(C,), max_time_to_first_token=1.0), spans=SPANS, num_blocks=8,
-                 seconds_per_block=seconds, allowed_peers={C}, all_peers=SPANS, time_to_first_token=0.3, wait=0.2)
-    assert late.field == "petals.max_time_to_first_token"  # 0.2 + 0.3 × 0.418 / 0.116 = 1.28 s
-    assert unmet(RouteChoice(max_time_to_first_token=1.0), spans=SPANS, num_blocks=8, seconds_per_block=seconds,
+                 route_seconds=priced, allowed_peers={C}, all_peers=SPANS, time_to_first_token=0.3, wait=0.2)
+    assert late.field == "petals.max_time_to_first_token" and "1.7 s" in late.message  # 0.2 + 0.3 × 0.4 / 0.08
+    assert unmet(RouteChoice(max_time_to_first_token=1.0), spans=SPANS, num_blocks=8, route_seconds=priced,
                  allowed_peers=SPANS, all_peers=SPANS, time_to_first_token=0.3, wait=0.2) is None
+    unknown = unmet(RouteChoice(only=(C,), min_tokens_per_s=5), spans=SPANS, num_blocks=8,
+                    route_seconds=lambda peers: None, allowed_peers={C}, all_peers=SPANS, time_to_first_token=None)
+    assert unknown is None  # the estimator cannot say: the request tries
 
 
 def test_the_load_of_requests_in_flight_makes_a_server_cost_more_and_directed_ones_are_bounded():

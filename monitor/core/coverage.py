@@ -234,6 +234,32 @@ def best_route(
     return routing.fastest_path(num_blocks, online, dict(client_rtts or {}), cache_tokens_needed)
 
 
+@dataclass(frozen=True)
+class RouteSpeed:
+    """The best route through some servers and what a client waits per token on it."""
+
+    route: list[RouteHop]  # [] when some block has no ONLINE server
+    seconds_per_token: float  # math.inf without a route
+    source: Optional[str]  # what it rests on: measured | partly measured | announced (None: no route)
+
+
+def route_speed(model_info: ModelInfo, rows: Sequence[ServerRow], *, routing: Routing,
+                client_rtts: Optional[Mapping[str, float]] = None, cache_tokens_needed: Optional[int] = None,
+                measured: Mapping[str, float] = {}) -> RouteSpeed:
+    """The one route estimator (the assessment's speed, and the chat's price of a route a request's
+    choices allow): the route petals' min-latency routing would take (``best_route``) and what a
+    client waits per token on it — when every hop's speed was measured, each hop's measured seconds
+    per token per block times its blocks plus the client's RTT to it; else petals' own cost of the
+    route (announced speeds where not measured)."""
+    rtts = dict(client_rtts or {})
+    route, seconds = best_route(model_info, rows, routing=routing, client_rtts=rtts,
+                                cache_tokens_needed=cache_tokens_needed, measured=measured)
+    source = _speed_source(route, measured) if route else None
+    if source == "measured":
+        seconds = sum(measured[peer] * (end - start) + rtts.get(peer, 0.0) for peer, start, end in route)
+    return RouteSpeed(route=route, seconds_per_token=seconds, source=source)
+
+
 def _as_measured(row: ServerRow, measured: Mapping[str, float]) -> ServerRow:
     """The row with the speed we measured in place of the one it announces (petals' graph prices a
     block at ``1 / inference_rps``)."""
@@ -367,10 +393,8 @@ def _speed(model: ModelInfo, served: _Served, reachability: Mapping[str, Reachab
            measured: Mapping[str, float], routing: Routing) -> _Speed:
     """The best route through the serving servers and what a client waits per token on it."""
     client_rtts = {peer: p.rtt for peer, p in reachability.items() if p.ok and p.rtt is not None}
-    route, seconds = best_route(model, served.serving, routing=routing, client_rtts=client_rtts, measured=measured)
-    source = _speed_source(route, measured) if route else None
-    if source == "measured":  # what a client waits per token on that route, all of it measured
-        seconds = sum(measured[peer] * (end - start) + client_rtts.get(peer, 0.0) for peer, start, end in route)
+    found = route_speed(model, served.serving, routing=routing, client_rtts=client_rtts, measured=measured)
+    route, seconds, source = found.route, found.seconds_per_token, found.source
     tokens_per_s = 1.0 / seconds if seconds > 0 else math.inf
     estimate = f"{tokens_per_s:.2f} tokens/s" + {
         "measured": ", measured", "partly measured": ", partly measured (the rest as announced)",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import AbstractSet, Any, Callable, Iterable, Mapping, Optional
 
 from monitor.core.assessment import format_ranges, ranges
 
@@ -30,7 +30,6 @@ MAX_PEERS = 64  # peer ids in ``only`` or ``ignore``
 PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{20,128}")  # base58, as libp2p writes peer ids
 FIELDS = ("only", "ignore", "sort", "min_tokens_per_s", "max_time_to_first_token", "verified_only",
           "allow_fallbacks")
-HOP_SECONDS = 0.018  # what petals adds per hop of a route (its default network delay), per token
 MAX_TOKENS_PER_S = 1e6
 MAX_SECONDS = 3600.0
 
@@ -161,41 +160,11 @@ def missing(spans: Mapping[str, tuple[int, int]], num_blocks: int, peers: Iterab
     return [block for block in range(num_blocks) if block not in covered]
 
 
-@dataclass(frozen=True)
-class RouteEstimate:
-    """The best route through some peers, as the measurements price it."""
-
-    seconds_per_token: float  # its blocks' measured (else announced) seconds plus HOP_SECONDS per hop
-    hops: tuple[str, ...]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return 1.0 / self.seconds_per_token if self.seconds_per_token > 0 else float("inf")
-
-
-def best_route(spans: Mapping[str, tuple[int, int]], num_blocks: int, seconds_per_block: Mapping[str, float],
-               peers: Iterable[str]) -> Optional[RouteEstimate]:
-    """The fastest route through ``peers`` over every block (a shortest path over blocks: a hop
-    costs ``HOP_SECONDS`` and each block the server's seconds per token per block); None if they do
-    not cover every block."""
-    usable = [p for p in peers if p in spans and p in seconds_per_block]
-    best: list[Optional[tuple[float, tuple[str, ...]]]] = [None] * (num_blocks + 1)
-    best[0] = (0.0, ())
-    for block in range(num_blocks):
-        here = best[block]
-        if here is None:
-            continue
-        cost, hops = here
-        for peer in usable:
-            start, end = spans[peer]
-            if start <= block < end:
-                stop = min(end, num_blocks)
-                total = cost + HOP_SECONDS + (stop - block) * seconds_per_block[peer]
-                there = best[stop]
-                if there is None or total < there[0]:
-                    best[stop] = (total, hops + (peer,))
-    done = best[num_blocks]
-    return None if done is None else RouteEstimate(*done)
+RouteSeconds = Callable[[AbstractSet[str]], Optional[float]]
+"""Seconds per token of the best route through some peers over every block, as the one route
+estimator prices it (``monitor.core.coverage.best_route``: petals' own min-latency routing, measured
+speeds in place of announced ones); None when they do not cover every block or it cannot say. The
+caller supplies it: this module is pure."""
 
 
 @dataclass(frozen=True)
@@ -207,10 +176,11 @@ class Unmet:
 
 
 def unmet(choice: RouteChoice, *, spans: Mapping[str, tuple[int, int]], num_blocks: int,
-          seconds_per_block: Mapping[str, float], allowed_peers: Iterable[str], all_peers: Iterable[str],
+          route_seconds: RouteSeconds, allowed_peers: Iterable[str], all_peers: Iterable[str],
           time_to_first_token: Optional[float], wait: float = 0.0, field: str = "petals") -> Optional[Unmet]:
     """Why no route can meet ``choice`` now, if none can: the blocks its peers leave unserved, or
-    the best allowed route's expected speed or first token against the bounds.
+    the best allowed route's expected speed or first token against the bounds (``route_seconds``:
+    the one route estimator's price of the best route through some peers).
     ``time_to_first_token``: what the model's requests get on their usual route (the forecast's),
     scaled by how much slower the allowed route is; ``wait``: the queue's wait before it."""
     name = (lambda key: f"{field}.{key}") if field else (lambda key: key)
@@ -224,16 +194,16 @@ def unmet(choice: RouteChoice, *, spans: Mapping[str, tuple[int, int]], num_bloc
                             f"allows{offered}")
     if choice.min_tokens_per_s is None and choice.max_time_to_first_token is None:
         return None
-    route = best_route(spans, num_blocks, seconds_per_block, allowed_peers)
-    usual = best_route(spans, num_blocks, seconds_per_block, all_peers)
-    if route is None or usual is None:
-        return None  # not measured enough to tell: let the request try
-    if choice.min_tokens_per_s is not None and route.tokens_per_second < choice.min_tokens_per_s:
+    route = route_seconds(frozenset(allowed_peers))
+    usual = route_seconds(frozenset(all_peers))
+    if route is None or usual is None or not (0 < route < float("inf")) or not (0 < usual < float("inf")):
+        return None  # not known well enough to tell: let the request try
+    if choice.min_tokens_per_s is not None and 1.0 / route < choice.min_tokens_per_s:
         return Unmet(name("min_tokens_per_s"),
                      f"no route meets {name('min_tokens_per_s')} {choice.min_tokens_per_s:g}: the best route it may "
-                     f"take is expected at {route.tokens_per_second:.3g} tokens/s")
+                     f"take is expected at {1.0 / route:.3g} tokens/s")
     if choice.max_time_to_first_token is not None and time_to_first_token is not None:
-        expected = wait + time_to_first_token * route.seconds_per_token / usual.seconds_per_token
+        expected = wait + time_to_first_token * route / usual
         if expected > choice.max_time_to_first_token:
             return Unmet(name("max_time_to_first_token"),
                          f"no route meets {name('max_time_to_first_token')} {choice.max_time_to_first_token:g} s: "
