@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -212,6 +213,75 @@ def test_a_chat_that_meets_a_failing_server_asks_for_its_confirming_check(checke
         engine.close()
     checker.next_due[(victim, TINY_DHT_PREFIX)] = 0.0
     checker.run_once()
+    assert causes(store)[victim] == CAUSE_SERVING
+
+
+def test_a_server_frozen_mid_answer_is_named_unreachable_though_users_heard_from_it_until_then(checked, tiny_model):
+    """The assess step reads a server that answered users after its failed checks as busy, not gone
+    (``compute_checks.heard_from``). A server that freezes while it answers a user must not pass
+    for busy: the chat stamps the span it answered at its last answered step, before the freeze,
+    not when the answer gave up on it after the checks had failed."""
+    from chat.decoding import Delta
+    from chat.engine import ChatEngine, ChatError, GenerationParams
+    from chat.feedback import store_outcome_sink
+    from chat.policy import RoutingSettings
+    from monitor.settings import ModelConfig
+
+    swarm, poller, checker, store = checked
+    victim, pid = swarm.peer_id("frozen"), swarm.pid("frozen")
+    engine = ChatEngine(swarm.dht, [ModelConfig(dht_prefix=TINY_DHT_PREFIX, path=tiny_model)],
+                        outcome_sink=store_outcome_sink(store), routing=RoutingSettings(pinned=(victim,)),
+                        max_retries=1, request_timeout=3)
+    froze, ended = threading.Event(), threading.Event()
+    got: list = []
+    frozen_at: list = []
+
+    def user() -> None:  # five tokens come through it, then it freezes mid-answer
+        try:
+            ids = engine.encode(TINY_DHT_PREFIX, "Petals runs large language models")
+            with engine.answer(TINY_DHT_PREFIX, ids, GenerationParams(max_new_tokens=120)) as answer:
+                for event in answer:
+                    got.append(event)
+                    if not froze.is_set() and sum(isinstance(e, Delta) for e in got) >= 5:
+                        os.kill(pid, signal.SIGSTOP)
+                        frozen_at.append(time.time())
+                        froze.set()
+        except ChatError as e:
+            got.append(e)
+        finally:
+            ended.set()
+
+    started = time.time()
+    thread = threading.Thread(target=user, daemon=True)
+    thread.start()
+    try:
+        assert froze.wait(60) and not ended.is_set(), got  # frozen while a user's answer goes through it
+        checks = []
+        for attempt in range(2):  # its check and the confirmation, while the user's answer still waits on it
+            checker.next_due[(victim, TINY_DHT_PREFIX)] = 0.0
+            (check,) = checker.run_once()
+            assert not check.ok and check.error_kind == TIMEOUT, check
+            checks.append(check)
+            if attempt == 0:
+                polled_again(poller, store)
+        assert ended.wait(60), "the answer did not give up on its frozen server"
+        assert isinstance(got[-1], ChatError), got[-1]  # its only server froze
+        answered = store.answered_since(started).get(victim)
+        assert answered is not None and started < answered <= frozen_at[0]  # it did answer users, until it froze
+        assert answered < checks[0].at
+        poller.assess_latest()  # on everything stored since, the user's spans included
+        server = store.latest_assessments()[TINY_DHT_PREFIX].servers[victim]
+        assert server.cause == CAUSE_UNREACHABLE, server
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        thread.join(30)
+        engine.close()
+
+    def answers():
+        checker.next_due[(victim, TINY_DHT_PREFIX)] = 0.0
+        return all(c.ok for c in checker.run_once())
+
+    wait_until(answers, timeout=30, step=1)
     assert causes(store)[victim] == CAUSE_SERVING
 
 
