@@ -189,6 +189,34 @@ def queued(rows: list) -> list:
     return [r for r in rows if r["forecast"]["wait"] >= 1.0 or (r["waited"] or 0.0) >= 1.0]
 
 
+JUST_BEFORE = 30  # the newest requests ended before one arrived: what a forecast that follows them knows
+
+
+def before_tells(measured: list, every: list) -> dict:
+    """How much the requests that ended just before a request tell of what it got: for first token
+    and tokens/s, the 10th-90th percentile width of log(what it got / the median of the newest
+    ``JUST_BEFORE`` requests that ended before it arrived — on its route, when it knew its route at
+    admission and some had taken it), over that of log(what it got) itself. 1: they tell nothing a
+    range fixed for the whole condition does not; well under 1: a forecast that follows them can be
+    sharper than any fixed range. None: under 20 requests to judge."""
+    out: dict = {}
+    ordered = sorted((o for o in every if o["end"]), key=lambda o: o["end"])
+    for key, got in RANGE_KEYS[:2]:
+        errors, values = [], []
+        for r in measured:
+            if not r[got]:
+                continue
+            ended = [o for o in ordered if o is not r and o[got] and o["end"] <= r["at"]]
+            if r["planned"] and r["forecast"]["wait"] < 1.0:
+                ended = [o for o in ended if o["route"] == r["planned"]] or ended
+            if len(ended) >= JUST_BEFORE:
+                errors.append(math.log(r[got] / statistics.median(o[got] for o in ended[-JUST_BEFORE:])))
+                values.append(math.log(r[got]))
+        width = lambda xs: (lambda q: q[-1] - q[0])(statistics.quantiles(xs, n=10))  # noqa: E731
+        out[key] = width(errors) / width(values) if len(errors) >= 20 and width(values) else None
+    return out
+
+
 def calibrated(measured: list, every: list) -> dict:
     """How the stated (calibrated) ranges held: for each figure, over the measured requests whose
     forecast was calibrated (the wait: those of them ``queued``), the share within the stated range,
@@ -198,7 +226,7 @@ def calibrated(measured: list, every: list) -> dict:
     from monitor.core.calibration import band
 
     scored = [r for r in measured if r["forecast"].get("calibrated_on")]
-    out = {"scored": len(scored), "figures": {}}
+    out = {"scored": len(scored), "figures": {}, "before_tells": before_tells(measured, every)}
     for key, got in RANGE_KEYS:
         rows = [(r, r["forecast"].get(f"{key}_range")) for r in (queued(scored) if key == "wait" else scored)
                 if r[got] is not None]
@@ -571,6 +599,8 @@ def calibration_table(found: list[dict]) -> str:
                      " / ".join(f"{pct(figures[k]['within'])} of {figures[k]['told']}" for k, _ in RANGE_KEYS),
                      bands or "–",
                      ratios(figures, "width_ratio"), ratios(figures, "width_ratio_fixed"),
+                     " / ".join("–" if c.get("before_tells", {}).get(k) is None else f"{c['before_tells'][k]:.2f}"
+                                for k in ("time_to_first_token", "tokens_per_second")),
                      ratios(figures, "width_ratio_nearest_rank"),
                      bc.verdict(ok)])
     return ("**Calibrated ranges** (#49: each request told ranges for 8 in 10, calibrated on the stored forecasts "
@@ -579,6 +609,7 @@ def calibration_table(found: list[dict]) -> str:
                  "per load band (first token / tokens/s / wait (queued), requests)",
                  "median width ÷ spread in hindsight: first token / tokens/s / wait (queued)",
                  "the narrowest range fixed in hindsight that holds 8 in 10, ÷ the same spread",
+                 "what the requests just before tell: first token / tokens/s (1: nothing)",
                  "median width ÷ the spread read at nearest ranks (until 2026-12-07)",
                  f"{RANGE_TARGET:.0%} ± {RANGE_SLACK:.0%} each, width ≤ {WIDTH_CEILING}×"], rows)
             + "\n\nThe spread in hindsight: the 10th to 90th percentile of the requests that ran beside each "
@@ -588,7 +619,10 @@ def calibration_table(found: list[dict]) -> str:
               "percentiles, a 70 % spread held against an 80 % range. The narrowest range fixed in hindsight: "
               "one range for the whole condition, set knowing every request's figure, that holds 8 in 10 of "
               "them (``narrowest``) — where it is wider than the target, a forecast can meet the target only by "
-              "knowing before each request what makes it differ from the others.")
+              "knowing before each request what makes it differ from the others. What the requests just "
+              "before tell (``before_tells``): the 10th-90th percentile width of the log error of the median of "
+              "the newest 30 requests that ended before each one arrived (of its route, when it knew it), over "
+              "the width of the figure's own log; near 1, the freshest figures a forecast has say no more of a request than a fixed range.")
 
 
 def ratios(figures: dict, key: str) -> str:
