@@ -185,6 +185,23 @@ def test_best_route_skips_a_slow_server_when_a_hop_is_cheaper():
     assert best_route(MODEL, rows[1:2]) == ([], float("inf"))  # 4:8 missing
 
 
+def test_a_server_announcing_no_inference_speed_at_all_costs_only_itself():
+    """petals divides by a server's announced inference_rps; one announcing 0 (our edge keeps it:
+    non-negative) must not take the whole model's diagnosis down with it: it is priced as the
+    slowest server there can be, routed around, and the model is still diagnosed."""
+    rows = [
+        row("peerA", 0, 8, inference_rps=0.0),
+        row("peerB", 0, 4, inference_rps=100.0),
+        row("peerC", 4, 8, inference_rps=100.0),
+    ]
+    route, seconds = best_route(MODEL, rows)
+    assert [hop.peer_id for hop in route] == ["peerB", "peerC"] and seconds < 1.0
+    alone, cost = best_route(MODEL, rows[:1])
+    assert [hop.peer_id for hop in alone] == ["peerA"] and cost >= 8 * 1e9  # still a price, the worst
+    assert diagnose(MODEL, rows).est_tokens_per_s == pytest.approx(1 / seconds)
+    assert diagnose(MODEL, rows[:1]).state == DEGRADED  # slower than min_tokens_per_s, not undiagnosed
+
+
 # ---- redundancy, bottlenecks, recommendation -------------------------------------------------
 
 

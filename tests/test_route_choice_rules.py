@@ -100,6 +100,33 @@ def test_the_best_route_and_what_the_swarm_offers_when_a_choice_is_unmet():
     assert unknown is None  # the estimator cannot say: the request tries
 
 
+def test_hostile_announcements_cost_the_chat_s_route_price_only_their_own_servers():
+    """What the chat prices comes from peers' announcements as petals parsed them: a speed of 0,
+    absurd speeds and pings, made-up peers in ``next_pings``, no cache at all, and pings of its own
+    client that are out of range. Every price stays a number or "not known", never an error, and an
+    honest route is still priced."""
+    from hivemind import PeerID
+    from petals.data_structures import RemoteSpanInfo, ServerInfo, ServerState
+
+    from chat.admission import route_pricer
+    from chat.policy import PeerWeight
+
+    infos = {A: ServerInfo(state=ServerState.ONLINE, throughput=0.0, inference_rps=0.0,
+                           next_pings={"not a peer": float("inf"), B: 1e300}),
+             B: ServerInfo(state=ServerState.ONLINE, throughput=1e300, inference_rps=1e300, next_pings={A: 1e300}),
+             C: ServerInfo(state=ServerState.ONLINE, throughput=1.0, inference_rps=50.0, cache_tokens_left=0)}
+    view = [RemoteSpanInfo(peer_id=PeerID.from_base58(peer), start=start, end=end, server_info=infos[peer])
+            for peer, (start, end) in SPANS.items()]
+    for weights in ({}, {A: PeerWeight(seconds_per_token_per_block=1e300), B: PeerWeight(seconds_per_token_per_block=1e-300)}):
+        for rtts in ({}, {A: 1e300, C: 0.0}):
+            priced = route_pricer("m", 8, view, weights=weights, client_rtts=rtts, cache_tokens_needed=None)
+            for peers in (frozenset(SPANS), frozenset({A, B}), frozenset({C})):
+                value = priced(peers)
+                assert value is not None and 0 < value < float("inf"), (weights, rtts, peers, value)
+            assert priced(frozenset({A})) is None  # blocks 4:8 unserved
+            assert priced(frozenset({C})) >= 8 / 50.0  # its 8 blocks at its announced 50 per second, hops beside
+
+
 def test_the_load_of_requests_in_flight_makes_a_server_cost_more_and_directed_ones_are_bounded():
     load = ServerLoad(directed_limit=2)
     load.enter([A, B])

@@ -162,7 +162,7 @@ def missing(spans: Mapping[str, tuple[int, int]], num_blocks: int, peers: Iterab
 
 RouteSeconds = Callable[[AbstractSet[str]], Optional[float]]
 """Seconds per token of the best route through some peers over every block, as the one route
-estimator prices it (``monitor.core.coverage.best_route``: petals' own min-latency routing, measured
+estimator prices it (``monitor.core.coverage.route_speed``: petals' own min-latency routing, measured
 speeds in place of announced ones); None when they do not cover every block or it cannot say. The
 caller supplies it: this module is pure."""
 

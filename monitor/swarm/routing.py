@@ -33,6 +33,9 @@ from petals.data_structures import RemoteModuleInfo, ServerInfo, ServerState
 from petals.server.block_selection import choose_best_blocks
 
 
+SLOWEST_RPS = 1e-9  # a server announcing no inference speed at all: a block costs it 1e9 s per token
+
+
 def _peer_ids(rows: Sequence[ServerRow]) -> dict[str, PeerID]:
     """Row peer id -> PeerID. Ids that are not base58 still get a stable PeerID of their bytes."""
     ids = {}
@@ -64,7 +67,9 @@ def _module_infos(num_blocks: int, rows: Sequence[ServerRow]) -> tuple[list[Remo
             start_block=row.start,
             end_block=row.end,
             public_name=row.public_name,
-            inference_rps=None if row.inference_rps is None else float(row.inference_rps),
+            # petals prices a block at 1 / inference_rps and divides by zero on a server announcing 0
+            # (our edge keeps it: non-negative): priced as the slowest a speed can be, not a crash
+            inference_rps=None if row.inference_rps is None else max(float(row.inference_rps), SLOWEST_RPS),
             cache_tokens_left=row.cache_tokens_left,
             next_pings=next_pings,
         )
