@@ -609,14 +609,15 @@ def day_start(now: float, days_ago: int) -> float:
 
 def write_status_history(store: Store, now: float) -> None:
     """``STATUS_PLAN`` through the poller's write path, then the hourly rollup and retention."""
-    last = None
+    last = STATUS_PLAN[0][0]  # today's state, even in the first minutes after midnight (no poll of today yet)
     for days_ago in sorted(STATUS_PLAN, reverse=True):
         for k, state in enumerate(STATUS_PLAN[days_ago]):
             at = day_start(now, days_ago) + k * STATUS_POLL_EVERY + 600
             if at > now - 120:
                 break
             store.record_poll(Snapshot(taken_at=at, duration=0.5, models=(TINY,), servers=()), [status_health(state)])
-            last = state
+            if days_ago == 0:
+                last = state
     # today's last poll, a minute ago (today always has one, whatever the hour now)
     store.record_poll(Snapshot(taken_at=now - 60, duration=0.5, models=(TINY,), servers=()), [status_health(last)])
     store.rollup_and_prune(now, raw_retention_days=2, rollup_retention_days=90)
